@@ -1,0 +1,13 @@
+//! # attune-policy: which pages go where, as pure functions
+//!
+//! Mechanism (how pages move) lives in the `attune` crate; this crate only decides.
+//! Inputs are plain values (tier state, region flags, heat), outputs are plans. Nothing
+//! here touches the kernel, so every decision is unit-tested table-driven.
+#![forbid(unsafe_code)]
+
+pub mod flags;
+pub mod plan;
+pub mod victim;
+
+pub use flags::Flags;
+pub use plan::{plan_allocation, AllocationPlan, TierView};

@@ -1,0 +1,244 @@
+//! Mappings, advice and raw-address file I/O.
+
+use crate::{Errno, SysResult};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// Maps `len` bytes of private anonymous memory. `noreserve` skips commit accounting, for
+/// large reservations whose pages are placed one by one.
+pub fn map_anon(len: usize, noreserve: bool) -> SysResult<usize> {
+    let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    if noreserve {
+        flags |= libc::MAP_NORESERVE;
+    }
+    // SAFETY: a fresh anonymous mapping at a kernel-chosen address aliases nothing.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        Err(Errno::last())
+    } else {
+        Ok(p as usize)
+    }
+}
+
+/// Maps anonymous memory aligned to `align` (a power of two), trimming the excess.
+pub fn map_anon_aligned(len: usize, align: usize, noreserve: bool) -> SysResult<usize> {
+    let ps = crate::page_size();
+    let align = align.max(ps);
+    let len = len.checked_add(ps - 1).ok_or(Errno(libc::ENOMEM))? & !(ps - 1);
+    let total = len.checked_add(align).ok_or(Errno(libc::ENOMEM))?;
+    let raw = map_anon(total, noreserve)?;
+    let start = (raw + align - 1) & !(align - 1);
+    if start > raw {
+        unmap(raw, start - raw)?;
+    }
+    let end = start + len;
+    let raw_end = raw + total;
+    if raw_end > end {
+        unmap(end, raw_end - end)?;
+    }
+    Ok(start)
+}
+
+/// Unmaps a range this process mapped.
+pub fn unmap(addr: usize, len: usize) -> SysResult<()> {
+    // SAFETY: the caller owns the range; nothing in Rust references it.
+    if unsafe { libc::munmap(addr as *mut libc::c_void, len) } == 0 {
+        Ok(())
+    } else {
+        Err(Errno::last())
+    }
+}
+
+/// `madvise(2)`: signal-safe.
+pub fn advise(addr: usize, len: usize, advice: i32) -> SysResult<()> {
+    // SAFETY: advice on a range the caller owns; DONTNEED drops contents the caller no
+    // longer needs (its callers only use it on staging or freed ranges).
+    if unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) } == 0 {
+        Ok(())
+    } else {
+        Err(Errno::last())
+    }
+}
+
+pub use libc::{MADV_DONTFORK, MADV_DONTNEED, MADV_HUGEPAGE, MADV_NOHUGEPAGE, MADV_POPULATE_WRITE};
+
+/// Counts the pages of `[addr, addr+len)` that are resident, using mincore(2).
+pub fn resident_pages(addr: usize, len: usize) -> SysResult<usize> {
+    let ps = crate::page_size();
+    let n = len.div_ceil(ps);
+    let mut vec = vec![0u8; n];
+    // SAFETY: vec has one byte per page of the range.
+    if unsafe { libc::mincore(addr as *mut libc::c_void, len, vec.as_mut_ptr()) } != 0 {
+        return Err(Errno::last());
+    }
+    Ok(vec.iter().filter(|b| **b & 1 == 1).count())
+}
+
+/// Copies `len` bytes between two runtime-owned, resident ranges (staging buffers, far
+/// tier slots). Never call it on application-visible managed memory.
+///
+/// # Safety
+/// Both ranges must be mapped, resident or fault-free for the runtime, and not overlap.
+pub unsafe fn copy_raw(dst: usize, src: usize, len: usize) {
+    std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len);
+}
+
+/// Fills a runtime-owned range with zeros.
+///
+/// # Safety
+/// As for [`copy_raw`].
+pub unsafe fn zero_raw(dst: usize, len: usize) {
+    std::ptr::write_bytes(dst as *mut u8, 0, len);
+}
+
+/// Opens an anonymous file in `dir`: `O_TMPFILE` where the file system has it (no name, so
+/// nothing is left behind even after SIGKILL); otherwise a named file removed at once.
+/// Mode 0600: the file holds the process's memory and no one else may read it.
+pub fn open_private_file(dir: &std::path::Path, direct: bool) -> SysResult<(OwnedFd, bool)> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let cdir = CString::new(dir.as_os_str().as_bytes()).map_err(|_| Errno(libc::EINVAL))?;
+    let base = libc::O_RDWR | libc::O_CLOEXEC;
+    let mut tries: Vec<(i32, bool)> = Vec::new();
+    if direct {
+        tries.push((base | libc::O_DIRECT, true));
+    }
+    tries.push((base, false));
+    let mut last = Errno(libc::EINVAL);
+    for (flags, is_direct) in &tries {
+        // SAFETY: cdir is NUL-terminated.
+        let fd = unsafe { libc::open(cdir.as_ptr(), flags | libc::O_TMPFILE, 0o600) };
+        if fd >= 0 {
+            // SAFETY: fresh owned fd.
+            return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, *is_direct));
+        }
+        last = Errno::last();
+    }
+    // Named fallback: attune-<pid>-<nanos>, unlinked at once. A crash between open and
+    // unlink leaves a file that `clean_stale_files` removes at the next start.
+    for (flags, is_direct) in &tries {
+        let name = dir.join(format!(
+            "attune-{}-{}",
+            std::process::id(),
+            crate::os::now_ns()
+        ));
+        let cname = CString::new(name.as_os_str().as_bytes()).map_err(|_| Errno(libc::EINVAL))?;
+        // SAFETY: cname is NUL-terminated.
+        let fd = unsafe { libc::open(cname.as_ptr(), flags | libc::O_CREAT | libc::O_EXCL, 0o600) };
+        if fd >= 0 {
+            // SAFETY: as above.
+            unsafe { libc::unlink(cname.as_ptr()) };
+            return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, *is_direct));
+        }
+        last = Errno::last();
+    }
+    Err(last)
+}
+
+/// Removes `attune-<pid>-*` files in `dir` whose process is gone. Returns how many.
+pub fn clean_stale_files(dir: &std::path::Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(rest) = name.strip_prefix("attune-") else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        if !crate::os::pid_alive(pid) && std::fs::remove_file(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// pwrite(2) from a runtime-owned address; retries short writes. Signal-safe.
+pub fn pwrite_raw(fd: &OwnedFd, src: usize, len: usize, off: u64) -> SysResult<()> {
+    let mut done = 0usize;
+    while done < len {
+        // SAFETY: src..src+len is a runtime-owned readable range.
+        let n = unsafe {
+            libc::pwrite(
+                fd.as_raw_fd(),
+                (src + done) as *const libc::c_void,
+                len - done,
+                (off + done as u64) as i64,
+            )
+        };
+        if n < 0 {
+            let e = Errno::last();
+            if e.0 == libc::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(Errno(libc::ENOSPC));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// pread(2) into a runtime-owned address; bytes past end of file read as zero. Signal-safe.
+pub fn pread_raw(fd: &OwnedFd, dst: usize, len: usize, off: u64) -> SysResult<()> {
+    let mut done = 0usize;
+    while done < len {
+        // SAFETY: dst..dst+len is a runtime-owned writable range.
+        let n = unsafe {
+            libc::pread(
+                fd.as_raw_fd(),
+                (dst + done) as *mut libc::c_void,
+                len - done,
+                (off + done as u64) as i64,
+            )
+        };
+        if n < 0 {
+            let e = Errno::last();
+            if e.0 == libc::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            // Past end of file: the rest was never written, so it is zero.
+            // SAFETY: as above.
+            unsafe { zero_raw(dst + done, len - done) };
+            return Ok(());
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// Frees the file blocks of `[off, off+len)` (sparse hole). Errors are ignored by callers
+/// that only want to give space back.
+pub fn punch_hole(fd: &OwnedFd, off: u64, len: u64) -> SysResult<()> {
+    // SAFETY: fallocate on an owned fd.
+    let r = unsafe {
+        libc::fallocate(
+            fd.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off as i64,
+            len as i64,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(Errno::last())
+    }
+}

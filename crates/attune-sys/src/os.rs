@@ -1,0 +1,205 @@
+//! Small helpers: clocks, eventfds, thread signal masks, process facts.
+
+use crate::{Errno, SysResult};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// Monotonic time in nanoseconds. Signal-safe.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Kernel thread id of the caller. Signal-safe.
+pub fn gettid() -> i32 {
+    // SAFETY: no arguments.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
+/// Yields the CPU. Signal-safe.
+pub fn yield_now() {
+    // SAFETY: no arguments.
+    unsafe { libc::sched_yield() };
+}
+
+/// Whether a process with this pid exists.
+pub fn pid_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks existence.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || Errno::last().0 == libc::EPERM
+}
+
+/// A full signal set minus the synchronous fault signals: a fault signal that arrives
+/// while blocked makes the kernel kill the process, and the runtime's own SIGBUS resolver
+/// must still run on its threads.
+fn async_signal_set() -> libc::sigset_t {
+    // SAFETY: set is initialised by sigfillset before use.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for s in [
+            libc::SIGBUS,
+            libc::SIGSEGV,
+            libc::SIGFPE,
+            libc::SIGILL,
+            libc::SIGTRAP,
+        ] {
+            libc::sigdelset(&mut set, s);
+        }
+        set
+    }
+}
+
+/// Blocks every asynchronous signal on the calling thread. Runtime threads call this first so that an
+/// application signal handler never runs on them (it could touch managed memory while the
+/// thread holds runtime locks).
+pub fn block_all_signals() {
+    let set = async_signal_set();
+    // SAFETY: set is a valid signal set.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+}
+
+/// Blocks all signals until the guard drops (for short critical sections in API calls
+/// that hold locks the fault path also takes).
+pub struct SignalGuard {
+    old: libc::sigset_t,
+}
+
+impl SignalGuard {
+    pub fn new() -> SignalGuard {
+        let set = async_signal_set();
+        // SAFETY: both sets are valid; the old mask is restored on drop.
+        unsafe {
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            SignalGuard { old }
+        }
+    }
+}
+
+impl Default for SignalGuard {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for SignalGuard {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved in `new`.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
+    }
+}
+
+/// A non-blocking eventfd used to wake runtime threads (written from signal handlers).
+pub struct EventFd(OwnedFd);
+
+impl EventFd {
+    pub fn new() -> SysResult<EventFd> {
+        // SAFETY: eventfd returns an owned fd or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(Errno::last());
+        }
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+    /// Signal-safe.
+    pub fn notify(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a local.
+        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+    /// Waits until notified or `timeout_ms` passes; returns whether it was notified.
+    pub fn wait(&self, timeout_ms: i32) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+        if r > 0 {
+            let mut v: u64 = 0;
+            // SAFETY: reads 8 bytes into a local.
+            unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            true
+        } else {
+            false
+        }
+    }
+    pub fn raw_fd(&self) -> i32 {
+        self.0.as_raw_fd()
+    }
+}
+
+/// Waits for any of `fds` to become readable; returns the readiness mask per fd.
+pub fn poll_readable(fds: &[i32], timeout_ms: i32) -> Vec<bool> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: pfds is a valid array of pollfd.
+    let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
+    if r <= 0 {
+        return vec![false; fds.len()];
+    }
+    pfds.iter()
+        .map(|p| p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0)
+        .collect()
+}
+
+/// Total memory of the machine in bytes (from sysinfo).
+pub fn total_memory() -> u64 {
+    // SAFETY: sysinfo fills a zeroed struct.
+    unsafe {
+        let mut si: libc::sysinfo = std::mem::zeroed();
+        if libc::sysinfo(&mut si) == 0 {
+            si.totalram as u64 * si.mem_unit as u64
+        } else {
+            0
+        }
+    }
+}
+
+/// Free bytes available to unprivileged users on the file system holding `path`.
+pub fn fs_available(path: &std::path::Path) -> SysResult<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno(libc::EINVAL))?;
+    // SAFETY: c is NUL-terminated; st is an out-parameter.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
+            return Err(Errno::last());
+        }
+        Ok(st.f_bavail as u64 * st.f_frsize as u64)
+    }
+}
+
+/// Busy-waits for `ns` nanoseconds (emulated medium delay; no syscall, signal-safe).
+pub fn spin_for_ns(ns: u64) {
+    if ns == 0 {
+        return;
+    }
+    let end = now_ns() + ns;
+    while now_ns() < end {
+        std::hint::spin_loop();
+    }
+}
+
+/// Runs `f` on the raw fd of an OwnedFd (keeps AsRawFd out of callers' imports).
+pub fn raw(fd: &OwnedFd) -> i32 {
+    fd.as_raw_fd()
+}
+
+/// Writes bytes to stderr with one write(2). Signal-safe.
+pub fn write_stderr(b: &[u8]) {
+    // SAFETY: writes a caller-provided buffer.
+    unsafe { libc::write(2, b.as_ptr().cast(), b.len()) };
+}

@@ -1,0 +1,397 @@
+//! userfaultfd: opening, feature negotiation, registration and the resolving ioctls.
+//!
+//! Layouts follow `include/uapi/linux/userfaultfd.h` of Linux 6.8+ (UFFDIO_MOVE); they are
+//! declared here because the distribution headers may be older than the running kernel.
+//! Every resolving ioctl below is *signal-safe* (see the crate contract).
+
+use crate::{Errno, SysResult};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+const UFFD_API: u64 = 0xAA;
+const UFFDIO: u64 = 0xAA;
+
+const fn iowr(nr: u64, size: usize) -> u64 {
+    (3 << 30) | ((size as u64) << 16) | (UFFDIO << 8) | nr
+}
+const fn ior(nr: u64, size: usize) -> u64 {
+    (2 << 30) | ((size as u64) << 16) | (UFFDIO << 8) | nr
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct UffdioRegister {
+    range: UffdioRange,
+    mode: u64,
+    ioctls: u64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct UffdioCopy {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    copy: i64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct UffdioZeropage {
+    range: UffdioRange,
+    mode: u64,
+    zeropage: i64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct UffdioMove {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    moved: i64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
+}
+
+const UFFDIO_API: u64 = iowr(0x3F, std::mem::size_of::<UffdioApi>());
+const UFFDIO_REGISTER: u64 = iowr(0x00, std::mem::size_of::<UffdioRegister>());
+const UFFDIO_UNREGISTER: u64 = ior(0x01, std::mem::size_of::<UffdioRange>());
+const UFFDIO_WAKE: u64 = ior(0x02, std::mem::size_of::<UffdioRange>());
+const UFFDIO_COPY: u64 = iowr(0x03, std::mem::size_of::<UffdioCopy>());
+const UFFDIO_ZEROPAGE: u64 = iowr(0x04, std::mem::size_of::<UffdioZeropage>());
+const UFFDIO_MOVE: u64 = iowr(0x05, std::mem::size_of::<UffdioMove>());
+const UFFDIO_WRITEPROTECT: u64 = iowr(0x06, std::mem::size_of::<UffdioWriteprotect>());
+const UFFDIO_POISON: u64 = iowr(0x08, std::mem::size_of::<UffdioPoison>());
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioPoison {
+    range: UffdioRange,
+    mode: u64,
+    updated: i64,
+}
+/// `USERFAULTFD_IOC_NEW` on `/dev/userfaultfd` (`_IO(0xAA, 0x00)`).
+const USERFAULTFD_IOC_NEW: u64 = 0xAA00;
+
+/// Feature bits (`UFFD_FEATURE_*`).
+pub mod feature {
+    pub const EVENT_REMAP: u64 = 1 << 2;
+    pub const SIGBUS: u64 = 1 << 7;
+    pub const THREAD_ID: u64 = 1 << 8;
+    pub const EXACT_ADDRESS: u64 = 1 << 11;
+    pub const WP_UNPOPULATED: u64 = 1 << 13;
+    pub const WP_ASYNC: u64 = 1 << 15;
+    pub const POISON: u64 = 1 << 14;
+    pub const MOVE: u64 = 1 << 16;
+}
+
+/// Registration modes (`UFFDIO_REGISTER_MODE_*`).
+pub mod mode {
+    pub const MISSING: u64 = 1;
+    pub const WP: u64 = 2;
+}
+
+const COPY_MODE_DONTWAKE: u64 = 1;
+const MOVE_MODE_DONTWAKE: u64 = 1;
+const MOVE_MODE_ALLOW_SRC_HOLES: u64 = 2;
+
+/// `uffd_msg.event` for a page fault.
+pub const EVENT_PAGEFAULT: u8 = 0x12;
+/// `uffd_msg.event` for an mremap of a registered range (with `EVENT_REMAP`).
+pub const EVENT_REMAP: u8 = 0x14;
+/// Page-fault flag: the access was a write.
+pub const PAGEFAULT_FLAG_WRITE: u64 = 1;
+
+/// One message read from a userfaultfd (`struct uffd_msg`, 32 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Msg {
+    pub event: u8,
+    _r1: u8,
+    _r2: u16,
+    _r3: u32,
+    /// For a page fault: flags, address, thread id. For remap: from, to, len.
+    pub arg: [u64; 3],
+}
+
+/// How faults on a userfaultfd are delivered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// Faulting threads sleep in the kernel; a handler thread reads messages and resolves them.
+    /// Kernel accesses (system calls on managed buffers) are resolved too.
+    Thread,
+    /// The faulting thread gets SIGBUS and resolves its own fault (no hand-off). Kernel
+    /// accesses to missing pages fail with EFAULT instead.
+    Signal,
+}
+
+/// An open, API-negotiated userfaultfd.
+pub struct Uffd {
+    fd: OwnedFd,
+    features: u64,
+    /// True when the fd only sees user-mode faults (unprivileged fallback).
+    pub user_mode_only: bool,
+}
+
+/// What a failed [`Uffd::open`] tried, for the error message shown to users.
+#[derive(Debug)]
+pub struct OpenError {
+    pub errno: Errno,
+    pub missing_features: u64,
+}
+
+impl Uffd {
+    /// Opens a userfaultfd with `wanted` features, trying in turn the system call, the
+    /// system call restricted to user-mode faults (allowed to unprivileged users when
+    /// `vm.unprivileged_userfaultfd=0`), and `/dev/userfaultfd`.
+    pub fn open(delivery: Delivery, wanted: u64) -> Result<Uffd, OpenError> {
+        let mut wanted = wanted | feature::MOVE;
+        if delivery == Delivery::Signal {
+            wanted |= feature::SIGBUS;
+        }
+        let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+        let mut last = Errno(libc::ENOSYS);
+        let candidates: [(bool, i32); 2] =
+            [(false, flags), (true, flags | 1 /* UFFD_USER_MODE_ONLY */)];
+        for (user_only, fl) in candidates {
+            // SAFETY: userfaultfd(2) takes an int flag argument and returns an fd or -1.
+            let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, fl) };
+            if fd >= 0 {
+                // SAFETY: fd is a freshly returned, owned descriptor.
+                let owned = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+                return Self::negotiate(owned, wanted, user_only);
+            }
+            last = Errno::last();
+        }
+        // /dev/userfaultfd: access is granted by file permissions instead of a sysctl.
+        let path = b"/dev/userfaultfd\0";
+        // SAFETY: path is NUL-terminated.
+        let dev = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if dev >= 0 {
+            // SAFETY: dev is an owned descriptor; the ioctl takes the flags by value.
+            let dev = unsafe { OwnedFd::from_raw_fd(dev) };
+            let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as _, flags) };
+            if fd >= 0 {
+                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                return Self::negotiate(owned, wanted, false);
+            }
+            last = Errno::last();
+        }
+        Err(OpenError {
+            errno: last,
+            missing_features: 0,
+        })
+    }
+
+    fn negotiate(fd: OwnedFd, wanted: u64, user_mode_only: bool) -> Result<Uffd, OpenError> {
+        let mut api = UffdioApi {
+            api: UFFD_API,
+            features: wanted,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_API reads and writes a UffdioApi.
+        let r = unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, &mut api) };
+        if r != 0 {
+            let errno = Errno::last();
+            // Ask what the kernel has, to name what is missing.
+            let probe = Self::probe_features().unwrap_or(0);
+            return Err(OpenError {
+                errno,
+                missing_features: wanted & !probe,
+            });
+        }
+        Ok(Uffd {
+            fd,
+            features: api.features,
+            user_mode_only,
+        })
+    }
+
+    /// The feature bits the running kernel offers (0 when userfaultfd cannot be opened).
+    pub fn probe_features() -> SysResult<u64> {
+        // SAFETY: as in `open`.
+        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | 1) };
+        if fd < 0 {
+            return Err(Errno::last());
+        }
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        let mut api = UffdioApi {
+            api: UFFD_API,
+            features: 0,
+            ioctls: 0,
+        };
+        // SAFETY: as above.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, &mut api) } != 0 {
+            return Err(Errno::last());
+        }
+        Ok(api.features)
+    }
+
+    pub fn features(&self) -> u64 {
+        self.features
+    }
+
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    fn ioctl<T>(&self, req: u64, arg: &mut T) -> SysResult<()> {
+        // SAFETY: every caller passes the structure that matches `req`.
+        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), req as _, arg as *mut T) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(Errno::last())
+        }
+    }
+
+    /// Registers `[start, start+len)` with the given `mode` bits.
+    pub fn register(&self, start: usize, len: usize, mode: u64) -> SysResult<()> {
+        let mut reg = UffdioRegister {
+            range: UffdioRange {
+                start: start as u64,
+                len: len as u64,
+            },
+            mode,
+            ioctls: 0,
+        };
+        self.ioctl(UFFDIO_REGISTER, &mut reg)
+    }
+
+    pub fn unregister(&self, start: usize, len: usize) -> SysResult<()> {
+        let mut r = UffdioRange {
+            start: start as u64,
+            len: len as u64,
+        };
+        self.ioctl(UFFDIO_UNREGISTER, &mut r)
+    }
+
+    /// Wakes threads sleeping on faults in the range (signal-safe).
+    pub fn wake(&self, start: usize, len: usize) -> SysResult<()> {
+        let mut r = UffdioRange {
+            start: start as u64,
+            len: len as u64,
+        };
+        self.ioctl(UFFDIO_WAKE, &mut r)
+    }
+
+    /// Copies `len` bytes from `src` into the missing range at `dst` (signal-safe).
+    /// Returns the bytes placed; `EEXIST` when a page was already present.
+    pub fn copy(&self, dst: usize, src: usize, len: usize, wake: bool) -> SysResult<usize> {
+        let mut c = UffdioCopy {
+            dst: dst as u64,
+            src: src as u64,
+            len: len as u64,
+            mode: if wake { 0 } else { COPY_MODE_DONTWAKE },
+            copy: 0,
+        };
+        match self.ioctl(UFFDIO_COPY, &mut c) {
+            Ok(()) => Ok(c.copy.max(0) as usize),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Maps zero pages over a missing range (signal-safe).
+    pub fn zeropage(&self, dst: usize, len: usize) -> SysResult<()> {
+        let mut z = UffdioZeropage {
+            range: UffdioRange {
+                start: dst as u64,
+                len: len as u64,
+            },
+            mode: 0,
+            zeropage: 0,
+        };
+        self.ioctl(UFFDIO_ZEROPAGE, &mut z)
+    }
+
+    /// Moves the pages of `[src, src+len)` to `dst` without copying (signal-safe).
+    /// Both ranges must be private anonymous memory registered with this fd. With
+    /// `allow_holes`, absent source pages are skipped. Returns the bytes accounted
+    /// (moved pages and skipped holes); a short count comes back as `Ok` with the
+    /// partial length when the kernel reports progress before an error.
+    pub fn move_pages(
+        &self,
+        dst: usize,
+        src: usize,
+        len: usize,
+        allow_holes: bool,
+        wake: bool,
+    ) -> SysResult<usize> {
+        let mut m = UffdioMove {
+            dst: dst as u64,
+            src: src as u64,
+            len: len as u64,
+            mode: (if allow_holes {
+                MOVE_MODE_ALLOW_SRC_HOLES
+            } else {
+                0
+            }) | (if wake { 0 } else { MOVE_MODE_DONTWAKE }),
+            moved: 0,
+        };
+        match self.ioctl(UFFDIO_MOVE, &mut m) {
+            Ok(()) => Ok(m.moved.max(0) as usize),
+            Err(e) if m.moved > 0 => {
+                let _ = e;
+                Ok(m.moved as usize)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sets (`protect`) or clears write protection on a registered range.
+    pub fn writeprotect(&self, start: usize, len: usize, protect: bool) -> SysResult<()> {
+        let mut w = UffdioWriteprotect {
+            range: UffdioRange {
+                start: start as u64,
+                len: len as u64,
+            },
+            mode: protect as u64,
+        };
+        self.ioctl(UFFDIO_WRITEPROTECT, &mut w)
+    }
+
+    /// Marks a missing range as poisoned: any access raises SIGBUS in the accessing thread.
+    /// Used when a page's only copy cannot be read back (the failure is made loud).
+    pub fn poison(&self, start: usize, len: usize) -> SysResult<()> {
+        let mut p = UffdioPoison {
+            range: UffdioRange {
+                start: start as u64,
+                len: len as u64,
+            },
+            mode: 0,
+            updated: 0,
+        };
+        self.ioctl(UFFDIO_POISON, &mut p)
+    }
+
+    /// Reads pending messages into `buf` without blocking; returns how many were read.
+    pub fn read_msgs(&self, buf: &mut [Msg]) -> SysResult<usize> {
+        let bytes = std::mem::size_of_val(buf);
+        // SAFETY: buf is a valid writable buffer of `bytes` bytes of plain-old-data.
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), bytes) };
+        if n < 0 {
+            let e = Errno::last();
+            if e.0 == libc::EAGAIN {
+                return Ok(0);
+            }
+            return Err(e);
+        }
+        Ok(n as usize / std::mem::size_of::<Msg>())
+    }
+}

@@ -1,0 +1,391 @@
+//! The engine: the process-wide state of the runtime (tiers, regions, budget) and the
+//! operations on regions that are not on the fault path (allocate, free, pin, prefetch).
+//! The fault path is in `fault.rs`, replacement in `evict.rs`.
+
+use crate::config::{Config, FaultMode, Mode};
+use crate::pool::BufferPool;
+use crate::region::{Region, RegionKind, Where, PIN};
+use crate::tier::{FarTier, IoContext};
+use attune_policy::Flags;
+use attune_sys::uffd::{feature, mode, Delivery, Uffd};
+use attune_sys::{mem, os, Errno};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// Largest run moved in one operation (the zero, staging and bounce buffers' size).
+pub const MAX_RUN: usize = 2 << 20;
+
+/// Options of one allocation (`attune_alloc`).
+#[derive(Clone, Debug, Default)]
+pub struct AllocOptions {
+    pub flags: Flags,
+    /// Far tier for this region's evicted chunks (index), or None for the policy's choice.
+    pub preferred_tier: Option<usize>,
+    /// Bytes from the start to pin and pre-fault (None: `pin_fraction` for LAT/SHL).
+    pub pin_bytes: Option<usize>,
+    /// Pre-fault the whole region now (up to the budget).
+    pub prefault: bool,
+    pub chunk_size: Option<usize>,
+    pub fault_mode: Option<FaultMode>,
+}
+
+/// Counters of the whole engine.
+#[derive(Default)]
+pub struct EngineCounters {
+    pub faults: AtomicU64,
+    pub evictions: AtomicU64,
+    pub evicted_bytes: AtomicU64,
+    pub fetched_bytes: AtomicU64,
+    pub direct_reclaims: AtomicU64,
+    /// Times the budget was exceeded because nothing could be evicted (all pinned or all
+    /// tiers full): the application keeps running, the overrun is reported.
+    pub budget_overruns: AtomicU64,
+    pub load_errors: AtomicU64,
+}
+
+/// Clock hand over all regions.
+#[derive(Default)]
+pub struct ClockState {
+    pub region_cursor: usize,
+}
+
+pub struct Engine {
+    pub cfg: Config,
+    pub(crate) uffd_thread: Uffd,
+    pub(crate) uffd_signal: Uffd,
+    /// Registered over the memory tier arena and the staging buffers (MOVE destinations).
+    pub(crate) uffd_internal: Uffd,
+    pub tiers: Vec<FarTier>,
+    pub(crate) staging: BufferPool,
+    pub(crate) bounce: BufferPool,
+    pub(crate) zero: BufferPool,
+    /// Sorted by base address.
+    pub(crate) regions: RwLock<Vec<Arc<Region>>>,
+    /// Freed regions waiting until no fault handler holds them (dropped by the evictor).
+    pub(crate) retired: Mutex<Vec<Arc<Region>>>,
+    pub(crate) clock: Mutex<ClockState>,
+    /// Resident managed bytes (the DRAM tier's use).
+    pub resident: AtomicU64,
+    /// Bytes of dedicated regions allocated (capacity check).
+    pub committed: AtomicU64,
+    pub budget: u64,
+    pub capacity: u64,
+    pub(crate) wake_evictor: os::EventFd,
+    pub counters: EngineCounters,
+    next_id: AtomicU32,
+    pub(crate) shutdown: AtomicBool,
+}
+
+/// Why the engine could not start.
+#[derive(Debug)]
+pub struct InitError(pub String);
+
+impl Engine {
+    /// Builds the engine: userfaultfds, tiers, buffers. Threads are started by `start`.
+    pub fn new(cfg: Config) -> Result<Engine, InitError> {
+        let open = |d: Delivery| {
+            Uffd::open(d, feature::POISON).map_err(|e| {
+                InitError(format!(
+                    "userfaultfd is not available ({}{}). Attune needs it to move pages between tiers. \
+                     Enable it with `sysctl vm.unprivileged_userfaultfd=1`, or grant access to /dev/userfaultfd, \
+                     or allow the userfaultfd system call in the container's seccomp profile. \
+                     Without it, set ATTUNE_DISABLE_UFFD=1 to run with plain DRAM (no tiering, no budget).",
+                    e.errno,
+                    if e.missing_features != 0 { format!("; missing kernel features {:#x}, Linux 6.8 or newer is needed", e.missing_features) } else { String::new() }
+                ))
+            })
+        };
+        let uffd_thread = open(Delivery::Thread)?;
+        let uffd_signal = open(Delivery::Signal)?;
+        let uffd_internal = open(Delivery::Signal)?;
+        let far_capacity: u64 = cfg.tiers.iter().map(|t| t.capacity).sum();
+        let capacity = cfg.dram.saturating_add(far_capacity);
+        // Offset space of each tier: enough for every byte that can be allocated at once.
+        let space = capacity.min(1 << 45) + (64 << 20);
+        let mut tiers = Vec::new();
+        for (i, t) in cfg.tiers.iter().enumerate() {
+            tiers.push(FarTier::open(t.clone(), i, space, &uffd_internal).map_err(InitError)?);
+        }
+        let pool = |n, registered: bool| -> Result<BufferPool, InitError> {
+            let p = BufferPool::new(n, MAX_RUN)
+                .map_err(|e| InitError(format!("cannot map runtime buffers: {e}")))?;
+            if registered {
+                uffd_internal
+                    .register(p.base(), p.len(), mode::MISSING)
+                    .map_err(|e| InitError(format!("cannot register staging buffers: {e}")))?;
+            }
+            Ok(p)
+        };
+        let staging = pool(16, true)?;
+        let bounce = pool(32, false)?;
+        let zero = pool(1, false)?;
+        Ok(Engine {
+            budget: cfg.dram,
+            capacity,
+            cfg,
+            uffd_thread,
+            uffd_signal,
+            uffd_internal,
+            tiers,
+            staging,
+            bounce,
+            zero,
+            regions: RwLock::new(Vec::new()),
+            retired: Mutex::new(Vec::new()),
+            clock: Mutex::new(ClockState::default()),
+            resident: AtomicU64::new(0),
+            committed: AtomicU64::new(0),
+            wake_evictor: os::EventFd::new().map_err(|e| InitError(format!("eventfd: {e}")))?,
+            counters: EngineCounters::default(),
+            next_id: AtomicU32::new(1),
+            shutdown: AtomicBool::new(false),
+        })
+    }
+
+    pub(crate) fn uffd_for(&self, d: Delivery) -> &Uffd {
+        match d {
+            Delivery::Thread => &self.uffd_thread,
+            Delivery::Signal => &self.uffd_signal,
+        }
+    }
+
+    pub(crate) fn io(&self) -> IoContext<'_> {
+        IoContext {
+            internal: &self.uffd_internal,
+            staging: &self.staging,
+            bounce: &self.bounce,
+        }
+    }
+
+    /// Zeroed buffer of MAX_RUN bytes (never written after start).
+    pub(crate) fn zero_addr(&self) -> usize {
+        self.zero.base()
+    }
+
+    pub(crate) fn internal_contains(&self, addr: usize) -> bool {
+        self.staging.contains(addr)
+    }
+
+    /// Free DRAM headroom the evictor keeps: evict above `high`, down to `low`.
+    pub fn watermarks(&self) -> (u64, u64) {
+        let low = self.budget.saturating_sub(self.cfg.headroom);
+        let high = self.budget.saturating_sub(self.cfg.headroom / 2);
+        (high, low)
+    }
+
+    /// Whether flags protect a region in the current mode.
+    pub fn is_protected(&self, r: &Region) -> bool {
+        self.cfg.mode == Mode::Attuned && r.flags().is_protected()
+    }
+
+    /// The region containing `addr` (lock held only for the lookup). Signal-safe.
+    pub fn find(&self, addr: usize) -> Option<Arc<Region>> {
+        let t = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        let i = t.partition_point(|r| r.base <= addr);
+        if i == 0 {
+            return None;
+        }
+        let r = &t[i - 1];
+        if r.contains(addr) {
+            Some(r.clone())
+        } else {
+            None
+        }
+    }
+
+    /// Creates a region of at least `size` bytes.
+    pub fn alloc_region(
+        &self,
+        size: usize,
+        opts: &AllocOptions,
+        kind: RegionKind,
+        align: usize,
+    ) -> Result<Arc<Region>, Errno> {
+        let chunk = opts.chunk_size.unwrap_or(self.cfg.chunk_size);
+        if crate::config::validate_chunk(chunk).is_err() {
+            return Err(Errno(libc::EINVAL));
+        }
+        if size == 0 {
+            return Err(Errno(libc::EINVAL));
+        }
+        let len = size.checked_add(chunk - 1).ok_or(Errno(libc::ENOMEM))? / chunk * chunk;
+        if kind == RegionKind::Dedicated {
+            let prev = self.committed.fetch_add(len as u64, AcqRel);
+            if prev + len as u64 > self.capacity {
+                self.committed.fetch_sub(len as u64, AcqRel);
+                return Err(Errno(libc::ENOMEM));
+            }
+        }
+        let undo_commit = || {
+            if kind == RegionKind::Dedicated {
+                self.committed.fetch_sub(len as u64, AcqRel);
+            }
+        };
+        let align = align.max(if len >= 2 << 20 { 2 << 20 } else { chunk });
+        let base = match mem::map_anon_aligned(len, align, true) {
+            Ok(b) => b,
+            Err(e) => {
+                undo_commit();
+                return Err(e);
+            }
+        };
+        let _ = mem::advise(base, len, mem::MADV_DONTFORK);
+        let _ = mem::advise(base, len, mem::MADV_NOHUGEPAGE);
+        let delivery = match opts.fault_mode.unwrap_or(self.cfg.fault_mode) {
+            FaultMode::Thread => Delivery::Thread,
+            FaultMode::Signal => Delivery::Signal,
+        };
+        if let Err(e) = self.uffd_for(delivery).register(base, len, mode::MISSING) {
+            let _ = mem::unmap(base, len);
+            undo_commit();
+            return Err(e);
+        }
+        let mut slots = Vec::with_capacity(self.tiers.len());
+        for t in &self.tiers {
+            match t.reserve(len as u64) {
+                Some(o) => slots.push(o),
+                None => {
+                    for (i, o) in slots.iter().enumerate() {
+                        self.tiers[i].release(*o, len as u64);
+                    }
+                    let _ = mem::unmap(base, len);
+                    undo_commit();
+                    return Err(Errno(libc::ENOMEM));
+                }
+            }
+        }
+        let home = self.home_tier(opts);
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let r = Arc::new(Region::new(
+            id, base, len, size, chunk, opts.flags, delivery, kind, slots, home,
+        ));
+        {
+            let _g = os::SignalGuard::new();
+            let mut t = self.regions.write().unwrap_or_else(|p| p.into_inner());
+            let i = t.partition_point(|x| x.base < base);
+            t.insert(i, r.clone());
+        }
+        // Pin and pre-fault: LAT/SHL get `pin_fraction` by default (IMME Algorithm 1).
+        let pin = match opts.pin_bytes {
+            Some(p) => p.min(len),
+            None if self.cfg.mode == Mode::Attuned && opts.flags.is_protected() => {
+                (len as f64 * self.cfg.pin_fraction) as usize
+            }
+            None => 0,
+        };
+        if pin > 0 {
+            self.pin(&r, base, pin, true);
+        }
+        if opts.prefault {
+            let room = self.budget.saturating_sub(self.resident.load(Relaxed)) as usize;
+            self.prefetch(&r, base, len.min(room));
+        }
+        Ok(r)
+    }
+
+    fn home_tier(&self, opts: &AllocOptions) -> usize {
+        if let Some(t) = opts.preferred_tier {
+            if t < self.tiers.len() {
+                return t;
+            }
+        }
+        // CAP data goes to the biggest pageable tier; everything else to the fastest.
+        let pageable: Vec<&FarTier> = self.tiers.iter().filter(|t| t.is_pageable()).collect();
+        if self.cfg.mode == Mode::Attuned
+            && opts.flags.contains(Flags::CAP)
+            && !opts.flags.is_protected()
+        {
+            if let Some(t) = pageable.iter().max_by_key(|t| t.cfg.capacity) {
+                return t.index;
+            }
+        }
+        pageable.first().map(|t| t.index).unwrap_or(0)
+    }
+
+    /// Frees a dedicated region that starts exactly at `ptr`.
+    pub fn free_region(&self, r: &Arc<Region>) {
+        // The clock lock keeps the evictor out of this region while it goes away.
+        let _g = os::SignalGuard::new();
+        let _clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        {
+            let mut t = self.regions.write().unwrap_or_else(|p| p.into_inner());
+            t.retain(|x| !Arc::ptr_eq(x, r));
+        }
+        r.freed.store(true, Release);
+        let _ = self.uffd_for(r.delivery).unregister(r.base, r.len);
+        let _ = mem::unmap(r.base, r.len);
+        let mut resident = 0u64;
+        for c in 0..r.chunks() {
+            let s = r.state(c);
+            match s.place() {
+                Where::Resident | Where::Fetching | Where::Evicting => resident += r.chunk as u64,
+                Where::Far => {
+                    if let Some(t) = self.tiers.get(s.tier()) {
+                        t.forget(r.chunk as u64);
+                    }
+                }
+                Where::Fresh => {}
+            }
+        }
+        let _ = self
+            .resident
+            .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(resident)));
+        for (i, o) in r.slots.iter().enumerate() {
+            self.tiers[i].release(*o, r.len as u64);
+        }
+        if r.kind == RegionKind::Dedicated {
+            self.committed.fetch_sub(r.len as u64, AcqRel);
+        }
+        self.retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(r.clone());
+    }
+
+    /// Makes `[addr, addr+len)` resident and, with `pin`, never evicted.
+    pub fn pin(&self, r: &Region, addr: usize, len: usize, pin: bool) {
+        let (c0, c1) = chunk_span(r, addr, len);
+        for c in c0..c1 {
+            if pin {
+                r.set_bits(c, PIN, 0);
+            } else {
+                r.set_bits(c, 0, PIN);
+            }
+        }
+        if pin {
+            self.prefetch(r, addr, len);
+        }
+    }
+
+    /// Brings `[addr, addr+len)` into DRAM now (as if faulted), within the budget.
+    pub fn prefetch(&self, r: &Region, addr: usize, len: usize) {
+        let (c0, c1) = chunk_span(r, addr, len);
+        for c in c0..c1 {
+            crate::fault::fetch_chunk(self, r, c);
+        }
+    }
+
+    /// Starts the background threads (evictor, fault handler).
+    pub fn start(self: &'static Self) -> Result<(), InitError> {
+        std::thread::Builder::new()
+            .name("attune-evict".into())
+            .spawn(move || crate::evict::evictor_loop(self))
+            .map_err(|e| InitError(format!("cannot start the evictor thread: {e}")))?;
+        std::thread::Builder::new()
+            .name("attune-fault".into())
+            .spawn(move || crate::fault::handler_loop(self))
+            .map_err(|e| InitError(format!("cannot start the fault thread: {e}")))?;
+        attune_sys::signal::install(crate::fault::on_sigbus)
+            .map_err(|e| InitError(format!("cannot install the SIGBUS handler: {e}")))?;
+        Ok(())
+    }
+}
+
+pub(crate) fn chunk_span(r: &Region, addr: usize, len: usize) -> (usize, usize) {
+    let start = addr.max(r.base);
+    let end = addr.saturating_add(len).min(r.base + r.len);
+    if end <= start {
+        return (0, 0);
+    }
+    (r.chunk_of(start), r.chunk_of(end - 1) + 1)
+}

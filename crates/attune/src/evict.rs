@@ -1,0 +1,182 @@
+//! Replacement: the CLOCK over all regions' resident chunks, and the background evictor
+//! that keeps a free headroom under the DRAM budget so faulting threads rarely evict.
+//!
+//! Decisions come from `attune_policy::victim::clock_decide` (pinned chunks never,
+//! LAT/SHL regions only as a last resort); this module only moves pages.
+
+use crate::engine::{Engine, MAX_RUN};
+use crate::region::{Region, Where, REF};
+use attune_policy::victim::{clock_decide, ChunkView, ClockAction};
+use attune_sys::os;
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+
+/// Evicts until at least `want` bytes are freed or nothing more can go. Returns bytes
+/// freed. Signal-safe (called from the fault path for direct reclaim).
+pub fn reclaim(e: &Engine, want: u64) -> u64 {
+    let mut clock = e.clock.lock().unwrap_or_else(|p| p.into_inner());
+    let table = e.regions.read().unwrap_or_else(|p| p.into_inner());
+    if table.is_empty() {
+        return 0;
+    }
+    let mut freed = 0u64;
+    // Passes 0 and 1: ordinary (the second gives referenced chunks their second chance);
+    // pass 2: last resort, pageable chunks of protected regions too.
+    for pass in 0..3 {
+        let last_resort = pass == 2;
+        for _ in 0..table.len() {
+            let ri = clock.region_cursor % table.len();
+            let r = &table[ri];
+            freed += sweep_region(e, r, want - freed, last_resort);
+            if freed >= want {
+                return freed;
+            }
+            clock.region_cursor = ri + 1;
+        }
+    }
+    freed
+}
+
+/// Sweeps one region once from its hand; returns bytes evicted.
+fn sweep_region(e: &Engine, r: &Region, want: u64, last_resort: bool) -> u64 {
+    let n = r.chunks();
+    if n == 0 || r.freed.load(Acquire) {
+        return 0;
+    }
+    let protected = e.is_protected(r);
+    let max_run = (MAX_RUN / r.chunk).clamp(1, e.cfg.evict_batch);
+    let mut freed = 0u64;
+    let mut run_start = 0usize;
+    let mut run_len = 0usize;
+    let start = r.hand.load(Relaxed) % n;
+    let mut i = 0;
+    while i < n {
+        let c = (start + i) % n;
+        i += 1;
+        // A run must be contiguous and not wrap around the region's end.
+        if run_len > 0 && (c != run_start + run_len || run_len == max_run) {
+            freed += flush_run(e, r, run_start, run_len);
+            run_len = 0;
+            if freed >= want {
+                r.hand.store(c, Relaxed);
+                return freed;
+            }
+        }
+        let s = r.state(c);
+        let view = ChunkView {
+            resident: s.place() == Where::Resident,
+            pinned: s.pinned(),
+            referenced: s.referenced(),
+            protected_region: protected,
+        };
+        match clock_decide(view, last_resort) {
+            ClockAction::Skip => {}
+            ClockAction::SecondChance => {
+                let _ = r.cas(c, s, s.with_bits(0, REF));
+            }
+            ClockAction::Evict => {
+                if r.cas(c, s, s.with(Where::Evicting, 0)) {
+                    if run_len == 0 {
+                        run_start = c;
+                    }
+                    run_len += 1;
+                }
+            }
+        }
+    }
+    if run_len > 0 {
+        freed += flush_run(e, r, run_start, run_len);
+    }
+    r.hand.store(start, Relaxed);
+    freed
+}
+
+/// Stores chunks `[c, c+n)` (claimed Evicting by this thread) in a far tier: the home
+/// tier first, then the others fastest first. On failure they stay resident.
+fn flush_run(e: &Engine, r: &Region, c: usize, n: usize) -> u64 {
+    let len = n * r.chunk;
+    let src = r.chunk_addr(c);
+    let home = r.home_tier.load(Relaxed);
+    let order = std::iter::once(home).chain((0..e.tiers.len()).filter(move |&t| t != home));
+    let uffd = e.uffd_for(r.delivery);
+    let mut hashes = [0u64; MAX_RUN / 4096];
+    for t in order {
+        let Some(tier) = e.tiers.get(t) else { continue };
+        if !tier.is_pageable() {
+            continue;
+        }
+        let off = r.slots[t] + (c * r.chunk) as u64;
+        let keeps = tier.keeps_copy();
+        let mut already_there = |staged: usize| -> bool {
+            if !keeps {
+                return false;
+            }
+            let mut same = true;
+            for i in 0..n {
+                let h = crate::hash::chunk_hash(staged + i * r.chunk, r.chunk);
+                hashes[i] = h;
+                if r.file_hash[c + i].load(Relaxed) != h {
+                    same = false;
+                }
+            }
+            same
+        };
+        match tier.store(&e.io(), uffd, src, off, len, &mut already_there) {
+            Ok(()) => {
+                for i in 0..n {
+                    if keeps {
+                        if r.file_hash[c + i].load(Relaxed) == hashes[i] {
+                            r.counters.clean_skips.fetch_add(1, Relaxed);
+                        }
+                        r.file_hash[c + i].store(hashes[i], Relaxed);
+                    }
+                    r.settle(c + i, Where::Far, t, 0);
+                    r.set_bits(c + i, 0, REF);
+                }
+                let _ = e
+                    .resident
+                    .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(len as u64)));
+                e.counters.evictions.fetch_add(n as u64, Relaxed);
+                e.counters.evicted_bytes.fetch_add(len as u64, Relaxed);
+                r.counters.evictions.fetch_add(n as u64, Relaxed);
+                r.counters.evicted_bytes.fetch_add(len as u64, Relaxed);
+                return len as u64;
+            }
+            Err(err) if err.0 == libc::ENOSPC || err.0 == libc::EOPNOTSUPP => continue,
+            Err(_) => break,
+        }
+    }
+    for i in 0..n {
+        r.settle(c + i, Where::Resident, 0, 0);
+    }
+    0
+}
+
+/// The background evictor: keeps `headroom` free below the budget.
+pub fn evictor_loop(e: &'static Engine) {
+    os::block_all_signals();
+    while !e.shutdown.load(Relaxed) {
+        e.wake_evictor.wait(50);
+        drop_retired(e);
+        let (high, low) = e.watermarks();
+        if e.resident.load(Acquire) <= high {
+            continue;
+        }
+        loop {
+            let cur = e.resident.load(Acquire);
+            if cur <= low {
+                break;
+            }
+            let want = (cur - low).min((e.cfg.evict_batch * e.cfg.chunk_size) as u64);
+            if reclaim(e, want) == 0 {
+                break;
+            }
+        }
+    }
+}
+
+/// Frees regions that no fault handler references any more.
+fn drop_retired(e: &Engine) {
+    let mut ret = e.retired.lock().unwrap_or_else(|p| p.into_inner());
+    ret.retain(|r| Arc::strong_count(r) > 1);
+}

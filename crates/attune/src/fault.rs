@@ -1,0 +1,279 @@
+//! The fault path: a thread touched a managed page that is not mapped.
+//!
+//! Two deliveries reach the same [`resolve`]:
+//! * **thread** regions: the kernel queues a message on the thread-mode userfaultfd and
+//!   puts the faulting thread to sleep; [`handler_loop`] reads it and resolves it.
+//! * **signal** regions: the kernel raises SIGBUS in the faulting thread and
+//!   [`on_sigbus`] resolves the fault right there (no hand-off to another thread).
+//!
+//! Everything reachable from here is signal-safe: no allocation, no I/O buffering, locks
+//! only ones that no thread holds while it could take a SIGBUS (see docs/design.md).
+//!
+//! Resolution of chunk c:
+//! 1. claim c by CAS Fresh/Far -> Fetching (others wait on Fetching/Evicting);
+//! 2. extend the claim ahead on sequential faults (read-ahead, same source only);
+//! 3. reserve DRAM: over the budget, evict synchronously (direct reclaim);
+//! 4. place the run: zero-fill (Fresh) or load from its tier (Far), one ioctl per run;
+//! 5. publish Resident|REF and bump the heat of c.
+
+use crate::engine::{Engine, MAX_RUN};
+use crate::region::{Region, Where, REF};
+use attune_sys::uffd::{Delivery, Msg, EVENT_PAGEFAULT};
+use attune_sys::{os, Errno};
+use std::sync::atomic::Ordering::*;
+
+/// Outcome of claiming a chunk.
+enum Claim {
+    /// This thread owns the chunk (was Fresh or Far in `tier`).
+    Owned(Where, usize),
+    /// Already resident.
+    Resident,
+}
+
+fn claim(r: &Region, c: usize, wait: bool) -> Option<Claim> {
+    let mut spins = 0u32;
+    loop {
+        let s = r.state(c);
+        match s.place() {
+            Where::Fresh | Where::Far => {
+                if r.cas(c, s, s.with(Where::Fetching, s.tier())) {
+                    return Some(Claim::Owned(s.place(), s.tier()));
+                }
+            }
+            Where::Resident => return Some(Claim::Resident),
+            Where::Fetching | Where::Evicting => {
+                if !wait {
+                    return None;
+                }
+                spins += 1;
+                if spins > 64 {
+                    os::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+}
+
+/// Resolves a fault at `addr` in region `r`.
+pub fn resolve(e: &Engine, r: &Region, addr: usize) {
+    e.counters.faults.fetch_add(1, Relaxed);
+    r.counters.faults.fetch_add(1, Relaxed);
+    let c = r.chunk_of(addr);
+    match claim(r, c, true) {
+        Some(Claim::Owned(src, tier)) => {
+            let n = 1 + readahead(e, r, c, src, tier);
+            place_run(e, r, c, n, src, tier);
+        }
+        Some(Claim::Resident) | None => {
+            // We believe it is mapped. Either another thread placed it after this fault was
+            // raised (the copy below finds the page: EEXIST, wake the sleeper), or the
+            // application discarded it with MADV_DONTNEED/munmap-like advice: then it reads
+            // as zero, exactly as the kernel would give it.
+            let ps = attune_sys::page_size();
+            let page = addr & !(ps - 1);
+            let uffd = e.uffd_for(r.delivery);
+            match uffd.copy(page, e.zero_addr(), ps, true) {
+                Ok(_) => {
+                    r.counters.discarded.fetch_add(1, Relaxed);
+                }
+                Err(_) => {
+                    let _ = uffd.wake(page, ps);
+                }
+            }
+        }
+    }
+}
+
+/// Places chunk `c` if it is not resident (prefetch and pin).
+pub fn fetch_chunk(e: &Engine, r: &Region, c: usize) {
+    if let Some(Claim::Owned(src, tier)) = claim(r, c, true) {
+        place_run(e, r, c, 1, src, tier);
+    }
+}
+
+/// Claims chunks after `c` when faults are sequential; returns how many were claimed.
+fn readahead(e: &Engine, r: &Region, c: usize, src: Where, tier: usize) -> usize {
+    let last = r.last_fault.swap(c, Relaxed);
+    let max_chunks = (e.cfg.readahead.min(MAX_RUN) / r.chunk).max(1) - 1;
+    if max_chunks == 0 {
+        return 0;
+    }
+    let window = r.ra_chunks.load(Relaxed);
+    // Sequential if this fault is right after the previous one or its read-ahead window.
+    let sequential = c > last && c <= last.saturating_add(window + 1);
+    let want = if sequential {
+        (window * 2).clamp(1, max_chunks)
+    } else {
+        0
+    };
+    r.ra_chunks.store(want, Relaxed);
+    let mut got = 0;
+    while got < want {
+        let n = c + 1 + got;
+        if n >= r.chunks() {
+            break;
+        }
+        let s = r.state(n);
+        let same = s.place() == src && (src == Where::Fresh || s.tier() == tier);
+        if !same || !r.cas(n, s, s.with(Where::Fetching, s.tier())) {
+            break;
+        }
+        got += 1;
+    }
+    if got > 0 {
+        r.counters.readahead_chunks.fetch_add(got as u64, Relaxed);
+    }
+    got
+}
+
+/// Reserves DRAM for `bytes`, evicting synchronously when the budget is exceeded.
+fn reserve_dram(e: &Engine, bytes: u64) {
+    let now = e.resident.fetch_add(bytes, AcqRel) + bytes;
+    let (high, _) = e.watermarks();
+    if now > e.budget {
+        e.counters.direct_reclaims.fetch_add(1, Relaxed);
+        let want = now - e.budget;
+        let freed = crate::evict::reclaim(e, want);
+        if freed < want {
+            e.counters.budget_overruns.fetch_add(1, Relaxed);
+        }
+    }
+    if now > high {
+        e.wake_evictor.notify();
+    }
+}
+
+/// Places chunks `[c, c+n)` (all claimed by this thread, same source) and publishes them.
+fn place_run(e: &Engine, r: &Region, c: usize, n: usize, src: Where, tier: usize) {
+    let len = n * r.chunk;
+    reserve_dram(e, len as u64);
+    let dst = r.chunk_addr(c);
+    let uffd = e.uffd_for(r.delivery);
+    let result: Result<(), Errno> = match src {
+        Where::Far => match e.tiers.get(tier) {
+            Some(t) => {
+                let off = r.slots[tier] + (c * r.chunk) as u64;
+                let keeps = t.keeps_copy();
+                let mut seen = |data: usize| {
+                    if keeps {
+                        record_hashes(r, c, n, data);
+                    }
+                };
+                let res = t.load(&e.io(), uffd, dst, off, len, &mut seen);
+                if res.is_ok() {
+                    e.counters.fetched_bytes.fetch_add(len as u64, Relaxed);
+                    r.counters.fetched_bytes.fetch_add(len as u64, Relaxed);
+                }
+                res
+            }
+            None => Err(Errno(libc::EINVAL)),
+        },
+        _ => {
+            r.counters.zero_fills.fetch_add(n as u64, Relaxed);
+            match uffd.copy(dst, e.zero_addr(), len, true) {
+                Ok(_) => Ok(()),
+                // Part of the run is mapped (the application's own data after a discard
+                // race is impossible here: the chunks were Fresh). Place page by page.
+                Err(Errno(libc::EEXIST)) => {
+                    copy_pages(uffd, dst, e.zero_addr(), len);
+                    Ok(())
+                }
+                Err(x) => Err(x),
+            }
+        }
+    };
+    match result {
+        Ok(()) => {
+            r.settle_heated(c, Where::Resident, 0, REF);
+            for i in 1..n {
+                r.settle(c + i, Where::Resident, 0, REF);
+            }
+        }
+        Err(err) => {
+            // The only copy cannot be read back. Never hand the application wrong data:
+            // poison the range so the access fails loudly with SIGBUS, and say why.
+            e.counters.load_errors.fetch_add(1, Relaxed);
+            let _ = e
+                .resident
+                .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(len as u64)));
+            crate::log::emit_static("attune: error: a page could not be read back from its tier; the access fails with SIGBUS\n");
+            let _ = err;
+            if r.delivery == Delivery::Thread {
+                let _ = uffd.poison(dst, len);
+            }
+            for i in 0..n {
+                r.settle(c + i, Where::Far, tier, 0);
+            }
+        }
+    }
+}
+
+fn copy_pages(uffd: &attune_sys::uffd::Uffd, dst: usize, src: usize, len: usize) {
+    let ps = attune_sys::page_size();
+    let mut off = 0;
+    while off < len {
+        let _ = uffd.copy(dst + off, src + off, ps, true);
+        off += ps;
+    }
+}
+
+/// Records the content hash of chunks just read from a tier that keeps its copy.
+fn record_hashes(r: &Region, c: usize, n: usize, data: usize) {
+    for i in 0..n {
+        let h = crate::hash::chunk_hash(data + i * r.chunk, r.chunk);
+        r.file_hash[c + i].store(h, Relaxed);
+    }
+}
+
+/// The fault-handler thread for thread-delivery regions.
+pub fn handler_loop(e: &'static Engine) {
+    os::block_all_signals();
+    let mut msgs = [Msg::default(); 64];
+    let fd = e.uffd_thread.raw_fd();
+    while !e.shutdown.load(Relaxed) {
+        let ready = os::poll_readable(&[fd], 200);
+        if !ready[0] {
+            continue;
+        }
+        let n = match e.uffd_thread.read_msgs(&mut msgs) {
+            Ok(n) => n,
+            Err(_) => continue,
+        };
+        for m in &msgs[..n] {
+            if m.event != EVENT_PAGEFAULT {
+                continue;
+            }
+            let addr = m.arg[1] as usize;
+            match e.find(addr) {
+                Some(r) => resolve(e, &r, addr),
+                None => {
+                    // The region went away while the fault was queued (freed by another
+                    // thread): let the thread go; it will see SIGSEGV on the unmapped range.
+                    let ps = attune_sys::page_size();
+                    let _ = e.uffd_thread.wake(addr & !(ps - 1), ps);
+                }
+            }
+        }
+    }
+}
+
+/// SIGBUS resolver for signal-delivery regions (and runtime staging buffers).
+pub fn on_sigbus(addr: usize) -> bool {
+    let Some(e) = crate::runtime::engine_if_started() else {
+        return false;
+    };
+    if e.internal_contains(addr) {
+        let ps = attune_sys::page_size();
+        let _ = e.uffd_internal.zeropage(addr & !(ps - 1), ps);
+        return true;
+    }
+    match e.find(addr) {
+        Some(r) if r.delivery == Delivery::Signal => {
+            resolve(e, &r, addr);
+            true
+        }
+        _ => false,
+    }
+}

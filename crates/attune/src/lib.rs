@@ -1,0 +1,27 @@
+//! # Attune runtime core
+//!
+//! Where things are:
+//! * `fault.rs`: the fault path (claim, read-ahead, place) and both deliveries.
+//! * `evict.rs`: the CLOCK and the background evictor (mechanism; decisions come from
+//!   the `attune-policy` crate).
+//! * `tier/`: far tiers (`memory`, `file`) behind one store/load interface.
+//! * `region.rs`: a region's chunks and their atomic state words.
+//! * `engine.rs`: allocation, free, pin, prefetch; `runtime.rs`: the API entry points.
+//! * `config.rs`: the options table, TOML file and environment.
+//! * `topology.rs`: discovery of NUMA memory tiers from /sys.
+
+pub mod config;
+pub mod engine;
+pub mod evict;
+pub mod fault;
+pub mod hash;
+pub mod log;
+pub mod pool;
+pub mod region;
+pub mod runtime;
+pub mod size;
+pub mod small;
+pub mod tier;
+pub mod topology;
+
+pub use attune_policy::Flags;

@@ -1,0 +1,255 @@
+//! A region: a range of managed virtual memory cut into equal chunks, each with one atomic
+//! state word. The state word is the only synchronisation between threads that fault,
+//! fetch ahead, evict or pin the same chunk.
+
+use attune_policy::Flags;
+use attune_sys::uffd::Delivery;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+
+/// Where a chunk's contents are (low 4 bits of the state word).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub enum Where {
+    /// Never written: reads as zero, nothing stored anywhere.
+    Fresh = 0,
+    /// Mapped in the region (in DRAM, counted against the budget).
+    Resident = 1,
+    /// Stored in the far tier named by the tier bits.
+    Far = 2,
+    /// Being placed by one thread; others wait.
+    Fetching = 3,
+    /// Being taken out by one thread; others wait.
+    Evicting = 4,
+}
+
+const WHERE_MASK: u64 = 0xF;
+const TIER_SHIFT: u64 = 4;
+const TIER_MASK: u64 = 0xF << TIER_SHIFT;
+/// Referenced since the clock hand last passed.
+pub const REF: u64 = 1 << 8;
+/// Never evicted (LAT/SHL pinned part, or `attune_pin`).
+pub const PIN: u64 = 1 << 9;
+const HEAT_SHIFT: u64 = 16;
+const HEAT_MASK: u64 = 0xFFFF << HEAT_SHIFT;
+
+/// Decoded view of a state word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct State(pub u64);
+
+impl State {
+    pub fn place(self) -> Where {
+        match self.0 & WHERE_MASK {
+            0 => Where::Fresh,
+            1 => Where::Resident,
+            2 => Where::Far,
+            3 => Where::Fetching,
+            _ => Where::Evicting,
+        }
+    }
+    pub fn tier(self) -> usize {
+        ((self.0 & TIER_MASK) >> TIER_SHIFT) as usize
+    }
+    pub fn pinned(self) -> bool {
+        self.0 & PIN != 0
+    }
+    pub fn referenced(self) -> bool {
+        self.0 & REF != 0
+    }
+    pub fn heat(self) -> u32 {
+        ((self.0 & HEAT_MASK) >> HEAT_SHIFT) as u32
+    }
+    /// Same flags and heat, new place (and tier).
+    pub fn with(self, w: Where, tier: usize) -> State {
+        State(
+            (self.0 & !(WHERE_MASK | TIER_MASK))
+                | w as u64
+                | ((tier as u64) << TIER_SHIFT & TIER_MASK),
+        )
+    }
+    pub fn with_bits(self, set: u64, clear: u64) -> State {
+        State((self.0 | set) & !clear)
+    }
+    pub fn heated(self) -> State {
+        let h = (self.heat() + 1).min(0xFFFF) as u64;
+        State((self.0 & !HEAT_MASK) | (h << HEAT_SHIFT))
+    }
+}
+
+/// What a region is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegionKind {
+    /// One allocation of `allocate_TM`/`attune_alloc` at or above the small threshold.
+    Dedicated,
+    /// The arena of a placement class for small allocations (mimalloc inside).
+    SmallArena,
+}
+
+/// Per-region counters.
+#[derive(Default)]
+pub struct RegionCounters {
+    pub faults: AtomicU64,
+    pub fetched_bytes: AtomicU64,
+    pub zero_fills: AtomicU64,
+    pub readahead_chunks: AtomicU64,
+    pub evictions: AtomicU64,
+    pub evicted_bytes: AtomicU64,
+    pub clean_skips: AtomicU64,
+    pub discarded: AtomicU64,
+}
+
+pub struct Region {
+    pub id: u32,
+    pub base: usize,
+    pub len: usize,
+    /// Bytes the application asked for (len is rounded up to chunks).
+    pub requested: usize,
+    pub chunk: usize,
+    pub chunk_shift: u32,
+    pub flags: AtomicU32,
+    pub delivery: Delivery,
+    pub kind: RegionKind,
+    states: Box<[AtomicU64]>,
+    /// Hash of the content held by the file tier for each chunk (0: none/unknown).
+    pub file_hash: Box<[AtomicU64]>,
+    /// Offset reserved for this region in each far tier.
+    pub slots: Vec<u64>,
+    /// Preferred far tier for evicted chunks (index into the engine's tiers).
+    pub home_tier: AtomicUsize,
+    pub counters: RegionCounters,
+    /// Sequential-fault detector for read-ahead.
+    pub last_fault: AtomicUsize,
+    pub ra_chunks: AtomicUsize,
+    /// Clock hand position (chunk index).
+    pub hand: AtomicUsize,
+    pub freed: AtomicBool,
+}
+
+impl Region {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: u32,
+        base: usize,
+        len: usize,
+        requested: usize,
+        chunk: usize,
+        flags: Flags,
+        delivery: Delivery,
+        kind: RegionKind,
+        slots: Vec<u64>,
+        home_tier: usize,
+    ) -> Region {
+        let n = len / chunk;
+        Region {
+            id,
+            base,
+            len,
+            requested,
+            chunk,
+            chunk_shift: chunk.trailing_zeros(),
+            flags: AtomicU32::new(flags.0),
+            delivery,
+            kind,
+            states: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            file_hash: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            slots,
+            home_tier: AtomicUsize::new(home_tier),
+            counters: RegionCounters::default(),
+            last_fault: AtomicUsize::new(usize::MAX - 1),
+            ra_chunks: AtomicUsize::new(0),
+            hand: AtomicUsize::new(0),
+            freed: AtomicBool::new(false),
+        }
+    }
+
+    pub fn chunks(&self) -> usize {
+        self.states.len()
+    }
+    pub fn contains(&self, addr: usize) -> bool {
+        addr >= self.base && addr < self.base + self.len
+    }
+    pub fn chunk_of(&self, addr: usize) -> usize {
+        (addr - self.base) >> self.chunk_shift
+    }
+    pub fn chunk_addr(&self, c: usize) -> usize {
+        self.base + (c << self.chunk_shift)
+    }
+    pub fn flags(&self) -> Flags {
+        Flags(self.flags.load(Relaxed))
+    }
+    pub fn state(&self, c: usize) -> State {
+        State(self.states[c].load(Acquire))
+    }
+    /// Compare-and-swap of a chunk's state word.
+    pub fn cas(&self, c: usize, old: State, new: State) -> bool {
+        self.states[c]
+            .compare_exchange(old.0, new.0, AcqRel, Acquire)
+            .is_ok()
+    }
+    /// Sets bits on a chunk whatever its place.
+    pub fn set_bits(&self, c: usize, set: u64, clear: u64) {
+        let _ = self.states[c].fetch_update(AcqRel, Acquire, |w| Some((w | set) & !clear));
+    }
+    /// Stores a new place for a chunk this thread owns (Fetching/Evicting), keeping flags.
+    pub fn settle(&self, c: usize, w: Where, tier: usize, extra: u64) {
+        let _ = self.states[c].fetch_update(AcqRel, Acquire, |old| {
+            Some(State(old).with(w, tier).with_bits(extra, 0).0)
+        });
+    }
+    /// Stores a new place and bumps the heat counter.
+    pub fn settle_heated(&self, c: usize, w: Where, tier: usize, extra: u64) {
+        let _ = self.states[c].fetch_update(AcqRel, Acquire, |old| {
+            Some(State(old).with(w, tier).with_bits(extra, 0).heated().0)
+        });
+    }
+    /// Bytes of this region per place: (resident, per far tier).
+    pub fn residency(&self, ntiers: usize) -> (u64, Vec<u64>) {
+        let mut res = 0u64;
+        let mut far = vec![0u64; ntiers];
+        for c in 0..self.chunks() {
+            let s = self.state(c);
+            match s.place() {
+                Where::Resident | Where::Evicting => res += self.chunk as u64,
+                Where::Far => {
+                    if let Some(f) = far.get_mut(s.tier()) {
+                        *f += self.chunk as u64
+                    }
+                }
+                _ => {}
+            }
+        }
+        (res, far)
+    }
+    pub fn pinned_chunks(&self) -> usize {
+        (0..self.chunks())
+            .filter(|&c| self.state(c).pinned())
+            .count()
+    }
+    /// The heat counters (faults per chunk since allocation), for statistics.
+    pub fn heat_total(&self) -> u64 {
+        (0..self.chunks())
+            .map(|c| self.state(c).heat() as u64)
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_word_round_trips() {
+        let s = State(0)
+            .with(Where::Far, 3)
+            .with_bits(PIN | REF, 0)
+            .heated()
+            .heated();
+        assert_eq!(s.place(), Where::Far);
+        assert_eq!(s.tier(), 3);
+        assert!(s.pinned() && s.referenced());
+        assert_eq!(s.heat(), 2);
+        let t = s.with(Where::Resident, 0).with_bits(0, REF);
+        assert_eq!(t.place(), Where::Resident);
+        assert!(t.pinned() && !t.referenced());
+        assert_eq!(t.heat(), 2);
+    }
+}

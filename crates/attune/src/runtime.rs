@@ -1,0 +1,470 @@
+//! The process-wide runtime: lazily started engine and the API the C library exposes.
+//!
+//! Every entry point returns `Result<_, Errno>`; the C layer turns that into a return
+//! code plus errno and keeps a readable message per thread ([`last_error`]).
+
+use crate::config::{self, Config};
+use crate::engine::{AllocOptions, Engine};
+use crate::region::{Region, RegionKind, Where};
+use crate::small::SmallAllocator;
+use attune_policy::Flags;
+use attune_sys::{mem, Errno};
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// How the runtime runs in this process.
+pub enum Runtime {
+    /// Tiered: the fault engine manages every allocation.
+    Tiered {
+        engine: &'static Engine,
+        small: SmallAllocator,
+    },
+    /// userfaultfd unavailable (or ATTUNE_DISABLE_UFFD=1): plain anonymous memory, no
+    /// budget and no tiers, so the application still runs as it would without Attune.
+    Plain {
+        cfg: Config,
+        maps: Mutex<BTreeMap<usize, usize>>,
+    },
+}
+
+/// The errno type of the API (re-exported for the C layer).
+pub type ErrnoT = Errno;
+
+/// Builds an errno value.
+pub fn errno(e: i32) -> Errno {
+    Errno(e)
+}
+
+static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
+static ENGINE_PTR: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Records a message for `attune_last_error` and returns the errno.
+pub fn fail(e: Errno, msg: impl Into<String>) -> Errno {
+    let m = msg.into();
+    LAST_ERROR.with(|l| *l.borrow_mut() = m);
+    e
+}
+
+/// The last error message of this thread.
+pub fn last_error() -> String {
+    LAST_ERROR.with(|l| l.borrow().clone())
+}
+
+/// The engine, if the runtime started in tiered mode (signal-safe, no initialisation).
+pub fn engine_if_started() -> Option<&'static Engine> {
+    let p = ENGINE_PTR.load(Acquire);
+    if p == 0 {
+        None
+    } else {
+        // SAFETY: ENGINE_PTR only ever holds a leaked &'static Engine.
+        Some(unsafe { &*(p as *const Engine) })
+    }
+}
+
+fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
+    let cfg = config::load_from_process(path).map_err(|e| e.0)?;
+    crate::log::set_level(cfg.log);
+    if std::env::var("ATTUNE_DISABLE_UFFD")
+        .map(|v| v == "1")
+        .unwrap_or(false)
+    {
+        crate::info!("ATTUNE_DISABLE_UFFD=1: plain DRAM, no tiering");
+        return Ok(Runtime::Plain {
+            cfg,
+            maps: Mutex::new(BTreeMap::new()),
+        });
+    }
+    match Engine::new(cfg.clone()) {
+        Ok(e) => {
+            let e: &'static Engine = Box::leak(Box::new(e));
+            ENGINE_PTR.store(e as *const Engine as usize, Release);
+            e.start().map_err(|x| x.0)?;
+            Ok(Runtime::Tiered {
+                engine: e,
+                small: SmallAllocator::new(),
+            })
+        }
+        Err(x) => {
+            crate::log::emit(
+                crate::log::Level::Error,
+                &format!("{}; continuing with plain DRAM (no tiering)", x.0),
+            );
+            Ok(Runtime::Plain {
+                cfg,
+                maps: Mutex::new(BTreeMap::new()),
+            })
+        }
+    }
+}
+
+/// Starts the runtime with a configuration file (or the environment and defaults).
+/// A second call returns the first result (the configuration cannot change).
+pub fn init(path: Option<&std::path::Path>) -> Result<&'static Runtime, Errno> {
+    let r = RUNTIME.get_or_init(|| start(path));
+    match r {
+        Ok(rt) => Ok(rt),
+        Err(m) => Err(fail(Errno(libc::EINVAL), m.clone())),
+    }
+}
+
+pub fn runtime() -> Result<&'static Runtime, Errno> {
+    init(None)
+}
+
+impl Runtime {
+    pub fn config(&self) -> &Config {
+        match self {
+            Runtime::Tiered { engine, .. } => &engine.cfg,
+            Runtime::Plain { cfg, .. } => cfg,
+        }
+    }
+    pub fn engine(&self) -> Option<&'static Engine> {
+        match self {
+            Runtime::Tiered { engine, .. } => Some(engine),
+            Runtime::Plain { .. } => None,
+        }
+    }
+}
+
+fn check_flags(bits: u32) -> Result<Flags, Errno> {
+    Flags::from_bits(bits).ok_or_else(|| {
+        fail(
+            Errno(libc::EINVAL),
+            format!(
+                "unknown flag bits {:#x} (valid: ATTUNE_LAT|ATTUNE_BW|ATTUNE_CAP|ATTUNE_SHL)",
+                bits & !Flags::ALL
+            ),
+        )
+    })
+}
+
+/// `allocate_TM` / `attune_alloc`.
+pub fn alloc(size: usize, flag_bits: u32, opts: Option<AllocOptions>) -> Result<usize, Errno> {
+    let flags = check_flags(flag_bits)?;
+    if size == 0 {
+        return Err(fail(Errno(libc::EINVAL), "size 0: nothing to allocate"));
+    }
+    let rt = runtime()?;
+    let mut opts = opts.unwrap_or_default();
+    opts.flags = flags;
+    match rt {
+        Runtime::Plain { maps, .. } => {
+            let a = mem::map_anon(size, false)
+                .map_err(|e| fail(e, format!("cannot map {size} bytes: {e}")))?;
+            maps.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(a, size);
+            Ok(a)
+        }
+        Runtime::Tiered { engine, small } => {
+            let plain = opts.preferred_tier.is_none()
+                && opts.pin_bytes.is_none()
+                && !opts.prefault
+                && opts.chunk_size.is_none()
+                && opts.fault_mode.is_none();
+            if size < engine.cfg.small_threshold && plain {
+                return small
+                    .alloc(engine, size, flags)
+                    .map_err(|e| fail(e, format!("small allocation of {size} bytes failed: {e}")));
+            }
+            if size as u64 > engine.capacity {
+                return Err(fail(
+                    Errno(libc::ENOMEM),
+                    format!(
+                        "{size} bytes is more than all tiers hold together ({} bytes)",
+                        engine.capacity
+                    ),
+                ));
+            }
+            let r = engine
+                .alloc_region(size, &opts, RegionKind::Dedicated, 0)
+                .map_err(|e| {
+                    let msg = if e.0 == libc::ENOMEM {
+                        format!(
+                            "{size} bytes do not fit in the tiers ({} of {} bytes allocated)",
+                            engine.committed.load(Relaxed),
+                            engine.capacity
+                        )
+                    } else {
+                        format!("allocation of {size} bytes failed: {e}")
+                    };
+                    fail(e, msg)
+                })?;
+            Ok(r.base)
+        }
+    }
+}
+
+/// What `ptr` is to the runtime.
+pub enum Lookup {
+    Region(Arc<Region>),
+    Small(Arc<Region>, usize),
+    Plain(usize),
+}
+
+fn lookup(ptr: usize) -> Result<Lookup, Errno> {
+    let rt = runtime()?;
+    match rt {
+        Runtime::Plain { maps, .. } => {
+            match maps.lock().unwrap_or_else(|p| p.into_inner()).get(&ptr) {
+                Some(&l) => Ok(Lookup::Plain(l)),
+                None => Err(fail(
+                    Errno(libc::EINVAL),
+                    format!("{ptr:#x} was not returned by allocate_TM"),
+                )),
+            }
+        }
+        Runtime::Tiered { engine, small } => {
+            if let Some(sz) = small.size_of(ptr) {
+                if let Some(r) = small.region_of(ptr) {
+                    return Ok(Lookup::Small(r, sz));
+                }
+            }
+            match engine.find(ptr) {
+                Some(r) if r.base == ptr && r.kind == RegionKind::Dedicated => Ok(Lookup::Region(r)),
+                Some(r) if r.kind == RegionKind::Dedicated => Err(fail(Errno(libc::EINVAL), format!("{ptr:#x} points inside an allocation starting at {:#x}", r.base))),
+                Some(_) => Err(fail(Errno(libc::EINVAL), format!("{ptr:#x} is not the start of a live allocation (freed twice, or an interior pointer)"))),
+                None => Err(fail(Errno(libc::EINVAL), format!("{ptr:#x} was not returned by allocate_TM (or was freed already)"))),
+            }
+        }
+    }
+}
+
+/// `free_TM` / `attune_free`. NULL is a no-op, as for free(3).
+pub fn free(ptr: usize) -> Result<(), Errno> {
+    if ptr == 0 {
+        return Ok(());
+    }
+    let rt = runtime()?;
+    match rt {
+        Runtime::Plain { maps, .. } => {
+            let l = maps.lock().unwrap_or_else(|p| p.into_inner()).remove(&ptr);
+            match l {
+                Some(l) => {
+                    let _ = mem::unmap(ptr, l);
+                    Ok(())
+                }
+                None => Err(fail(
+                    Errno(libc::EINVAL),
+                    format!("{ptr:#x} was not returned by allocate_TM (or was freed already)"),
+                )),
+            }
+        }
+        Runtime::Tiered { engine, small } => {
+            if small.owns(ptr) {
+                return small.free(ptr).map_err(|e| fail(e, format!("{ptr:#x} is not a live small allocation (freed twice, or an interior pointer)")));
+            }
+            match lookup(ptr)? {
+                Lookup::Region(r) => {
+                    engine.free_region(&r);
+                    Ok(())
+                }
+                _ => Err(Errno(libc::EINVAL)),
+            }
+        }
+    }
+}
+
+/// Range of `ptr` the runtime manages: (region, start, len) of the allocation.
+fn allocation(ptr: usize) -> Result<(Arc<Region>, usize, usize), Errno> {
+    match lookup(ptr)? {
+        Lookup::Region(r) => {
+            let (b, l) = (r.base, r.requested);
+            Ok((r, b, l))
+        }
+        Lookup::Small(r, sz) => Ok((r, ptr, sz)),
+        Lookup::Plain(_) => Err(fail(
+            Errno(libc::ENOTSUP),
+            "the runtime runs without userfaultfd: no tiers to manage",
+        )),
+    }
+}
+
+/// Changes a region's flags (dedicated allocations only).
+pub fn set_flags(ptr: usize, bits: u32) -> Result<(), Errno> {
+    let flags = check_flags(bits)?;
+    match lookup(ptr)? {
+        Lookup::Region(r) => {
+            r.flags.store(flags.0, Relaxed);
+            Ok(())
+        }
+        Lookup::Small(..) => Err(fail(
+            Errno(libc::EINVAL),
+            "small allocations share their class's flags; allocate with the flags you need",
+        )),
+        Lookup::Plain(_) => Ok(()),
+    }
+}
+
+fn range_in(ptr: usize, len: usize) -> Result<(Arc<Region>, &'static Engine), Errno> {
+    let rt = runtime()?;
+    let Some(e) = rt.engine() else {
+        return Err(fail(
+            Errno(libc::ENOTSUP),
+            "the runtime runs without userfaultfd",
+        ));
+    };
+    let r = e.find(ptr).ok_or_else(|| {
+        fail(
+            Errno(libc::EINVAL),
+            format!("{ptr:#x} is not managed memory"),
+        )
+    })?;
+    if len == 0 || ptr.checked_add(len).is_none_or(|end| end > r.base + r.len) {
+        return Err(fail(
+            Errno(libc::EINVAL),
+            format!("range {ptr:#x}+{len} is empty or leaves its allocation"),
+        ));
+    }
+    Ok((r, e))
+}
+
+/// Pins (or unpins) a range: resident and never evicted.
+pub fn pin(ptr: usize, len: usize, on: bool) -> Result<(), Errno> {
+    let (r, e) = range_in(ptr, len)?;
+    if on {
+        let pinned = (r.pinned_chunks() * r.chunk) as u64;
+        let resident_other = e.resident.load(Relaxed).saturating_sub(pinned);
+        let _ = resident_other;
+        let all_pinned: u64 = e
+            .regions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|x| (x.pinned_chunks() * x.chunk) as u64)
+            .sum();
+        if all_pinned + len as u64 > e.budget {
+            return Err(fail(Errno(libc::ENOMEM), format!("pinning {len} bytes would exceed the DRAM budget ({} bytes, {} pinned already)", e.budget, all_pinned)));
+        }
+    }
+    e.pin(&r, ptr, len, on);
+    Ok(())
+}
+
+/// Brings a range into DRAM now.
+pub fn prefetch(ptr: usize, len: usize) -> Result<(), Errno> {
+    let (r, e) = range_in(ptr, len)?;
+    e.prefetch(&r, ptr, len);
+    Ok(())
+}
+
+/// Statistics of one allocation's region.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct RegionStats {
+    pub size: u64,
+    pub chunk_size: u64,
+    pub flags: u32,
+    pub resident_bytes: u64,
+    /// Bytes stored in each far tier (same order as `tier_stats`).
+    pub tier_bytes: Vec<u64>,
+    pub pinned_bytes: u64,
+    pub faults: u64,
+    pub evictions: u64,
+    pub fetched_bytes: u64,
+    pub evicted_bytes: u64,
+    pub zero_fills: u64,
+    pub readahead_chunks: u64,
+    pub clean_skips: u64,
+    pub heat: u64,
+}
+
+pub fn region_stats(ptr: usize) -> Result<RegionStats, Errno> {
+    let (r, _, len) = allocation(ptr)?;
+    let e = runtime()?.engine().ok_or(Errno(libc::ENOTSUP))?;
+    let (res, far) = r.residency(e.tiers.len());
+    let c = &r.counters;
+    Ok(RegionStats {
+        size: len as u64,
+        chunk_size: r.chunk as u64,
+        flags: r.flags().0,
+        resident_bytes: res,
+        tier_bytes: far,
+        pinned_bytes: (r.pinned_chunks() * r.chunk) as u64,
+        faults: c.faults.load(Relaxed),
+        evictions: c.evictions.load(Relaxed),
+        fetched_bytes: c.fetched_bytes.load(Relaxed),
+        evicted_bytes: c.evicted_bytes.load(Relaxed),
+        zero_fills: c.zero_fills.load(Relaxed),
+        readahead_chunks: c.readahead_chunks.load(Relaxed),
+        clean_skips: c.clean_skips.load(Relaxed),
+        heat: r.heat_total(),
+    })
+}
+
+/// Statistics of one tier (index 0 is DRAM).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct TierStats {
+    pub name: String,
+    pub kind: String,
+    pub capacity: u64,
+    pub used_bytes: u64,
+    pub latency_ns: u64,
+    pub bandwidth: u64,
+    /// DRAM: faults resolved; far tier: loads.
+    pub faults: u64,
+    pub evictions: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub errors: u64,
+}
+
+pub fn tier_stats() -> Result<Vec<TierStats>, Errno> {
+    let rt = runtime()?;
+    let cfg = rt.config();
+    let mut v = Vec::new();
+    match rt.engine() {
+        None => v.push(TierStats {
+            name: "dram".into(),
+            kind: "dram".into(),
+            capacity: cfg.dram,
+            ..Default::default()
+        }),
+        Some(e) => {
+            let c = &e.counters;
+            v.push(TierStats {
+                name: "dram".into(),
+                kind: "dram".into(),
+                capacity: e.budget,
+                used_bytes: e.resident.load(Relaxed),
+                latency_ns: 100,
+                bandwidth: 0,
+                faults: c.faults.load(Relaxed),
+                evictions: c.evictions.load(Relaxed),
+                bytes_in: c.fetched_bytes.load(Relaxed),
+                bytes_out: c.evicted_bytes.load(Relaxed),
+                errors: c.budget_overruns.load(Relaxed),
+            });
+            for t in &e.tiers {
+                let k = &t.counters;
+                v.push(TierStats {
+                    name: t.cfg.name.clone(),
+                    kind: format!("{:?}", t.cfg.kind).to_lowercase(),
+                    capacity: t.cfg.capacity,
+                    used_bytes: k.stored.load(Relaxed),
+                    latency_ns: t.cfg.latency_ns,
+                    bandwidth: t.cfg.bandwidth,
+                    faults: k.loads.load(Relaxed),
+                    evictions: k.stores.load(Relaxed),
+                    bytes_in: k.bytes_out.load(Relaxed),
+                    bytes_out: k.bytes_in.load(Relaxed),
+                    errors: k.errors.load(Relaxed) + k.full.load(Relaxed),
+                });
+            }
+        }
+    }
+    Ok(v)
+}
+
+/// Where a chunk is, for tests and tools: None if not managed.
+pub fn chunk_place(ptr: usize) -> Option<(Where, usize)> {
+    let e = engine_if_started()?;
+    let r = e.find(ptr)?;
+    let s = r.state(r.chunk_of(ptr));
+    Some((s.place(), s.tier()))
+}

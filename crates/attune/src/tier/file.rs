@@ -1,0 +1,136 @@
+//! The `file` tier: pages in a private file on a file system (NVMe, Lustre, PMem fsdax).
+//!
+//! The file is unnamed (`O_TMPFILE`, mode 0600), so it disappears with the process even
+//! after SIGKILL; it is sparse, and `O_DIRECT` is used when configured and supported.
+//! Eviction moves the pages into a staging buffer (atomic: a concurrent write either lands
+//! before the move and is written out, or faults and waits) and writes them at the chunk's
+//! offset, unless the file already holds identical content (a content hash recorded when
+//! the chunk was last written or read, see docs/design.md "Dirty pages"). A fetch reads
+//! into a bounce buffer and copies into the region.
+
+use crate::config::TierConfig;
+use attune_sys::uffd::Uffd;
+use attune_sys::{mem, Errno, SysResult};
+use std::os::fd::OwnedFd;
+
+pub struct FileTier {
+    fd: OwnedFd,
+    pub direct: bool,
+}
+
+impl FileTier {
+    pub fn new(cfg: &TierConfig) -> Result<FileTier, String> {
+        let dir = cfg
+            .path
+            .as_deref()
+            .ok_or_else(|| format!("tier '{}' has no path", cfg.name))?;
+        let removed = mem::clean_stale_files(dir);
+        if removed > 0 {
+            crate::info!(
+                "tier '{}': removed {removed} stale file(s) left by dead processes in {}",
+                cfg.name,
+                dir.display()
+            );
+        }
+        let (fd, direct) = mem::open_private_file(dir, cfg.direct).map_err(|e| {
+            format!(
+                "tier '{}': cannot create a private file in {}: {e}",
+                cfg.name,
+                dir.display()
+            )
+        })?;
+        if cfg.direct && !direct {
+            crate::warn!(
+                "tier '{}': O_DIRECT is not supported in {}; using buffered I/O",
+                cfg.name,
+                dir.display()
+            );
+        }
+        Ok(FileTier { fd, direct })
+    }
+
+    /// Writes the pages at `src` (region memory) to `off`. `already_there(staging_addr)` is
+    /// asked after the move and returns true when the file holds this content already.
+    pub fn store(
+        &self,
+        io: &super::IoContext,
+        region_uffd: &Uffd,
+        src: usize,
+        off: u64,
+        len: usize,
+        already_there: &mut dyn FnMut(usize) -> bool,
+    ) -> SysResult<()> {
+        let slot = io.staging.claim(len).ok_or(Errno(libc::EAGAIN))?;
+        let st = slot.addr();
+        let moved = match io.internal.move_pages(st, src, len, true, false) {
+            Ok(m) => m,
+            Err(e) => return Err(e),
+        };
+        if moved < len {
+            let _ = region_uffd.move_pages(src, st, moved, true, false);
+            let _ = mem::advise(st, len, mem::MADV_DONTNEED);
+            return Err(Errno(libc::EBUSY));
+        }
+        let result = if already_there(st) {
+            Ok(())
+        } else {
+            let mut r = mem::pwrite_raw(&self.fd, st, len, off);
+            if matches!(r, Err(Errno(libc::EFAULT))) {
+                // Holes in the staged run (the application discarded pages with
+                // MADV_DONTNEED): fill them with zeros, as the application would read them.
+                fill_holes(io.internal, st, len);
+                r = mem::pwrite_raw(&self.fd, st, len, off);
+            }
+            r
+        };
+        if let Err(e) = result {
+            // Full disk or I/O error: give the pages back to the region. Nothing is lost.
+            let back = region_uffd
+                .move_pages(src, st, len, true, true)
+                .map(|m| m == len)
+                .unwrap_or(false);
+            let _ = mem::advise(st, len, mem::MADV_DONTNEED);
+            return Err(if back { e } else { Errno(libc::EIO) });
+        }
+        let _ = mem::advise(st, len, mem::MADV_DONTNEED);
+        Ok(())
+    }
+
+    /// Reads `len` bytes at `off` into the missing region range `dst`. `seen(bounce)` is
+    /// called with the data before it is placed (to record content hashes).
+    pub fn load(
+        &self,
+        io: &super::IoContext,
+        region_uffd: &Uffd,
+        dst: usize,
+        off: u64,
+        len: usize,
+        seen: &mut dyn FnMut(usize),
+    ) -> SysResult<()> {
+        let slot = io.bounce.claim(len).ok_or(Errno(libc::EAGAIN))?;
+        let b = slot.addr();
+        mem::pread_raw(&self.fd, b, len, off)?;
+        seen(b);
+        match region_uffd.copy(dst, b, len, true) {
+            Ok(_) => Ok(()),
+            Err(Errno(libc::EEXIST)) => {
+                let _ = region_uffd.wake(dst, len);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn discard(&self, off: u64, len: usize) {
+        let _ = mem::punch_hole(&self.fd, off, len as u64);
+    }
+}
+
+fn fill_holes(internal: &Uffd, st: usize, len: usize) {
+    let ps = attune_sys::page_size();
+    let mut a = st;
+    while a < st + len {
+        let _ = internal.zeropage(a, ps);
+        a += ps;
+    }
+}

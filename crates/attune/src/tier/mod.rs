@@ -1,0 +1,214 @@
+//! Tiers: places where the pages of a region can live when they are not in DRAM.
+//!
+//! The DRAM tier is the budget of resident managed memory (accounted in the engine).
+//! A far tier implements two signal-safe operations on whole runs of chunks:
+//! [`FarTier::store`] takes pages out of a region (the region range becomes missing) and
+//! [`FarTier::load`] places them back into a missing range. Slots are addressed by a byte
+//! offset reserved per region at allocation ([`FarTier::reserve`]).
+
+pub mod file;
+pub mod memory;
+pub mod slots;
+
+use crate::config::{TierConfig, TierKind};
+use attune_sys::uffd::Uffd;
+use attune_sys::{Errno, SysResult};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+/// Counters of one far tier.
+#[derive(Default)]
+pub struct TierCounters {
+    pub stored: AtomicU64,
+    pub loads: AtomicU64,
+    pub stores: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub errors: AtomicU64,
+    /// Stores refused because the medium was full (ENOSPC).
+    pub full: AtomicU64,
+}
+
+enum Backend {
+    Memory(memory::MemoryTier),
+    File(file::FileTier),
+    /// A NUMA node: pages stay mapped and are placed by the kernel (issue: placement).
+    /// The fault engine never stores into it.
+    Numa,
+}
+
+/// A far tier with its offset space and counters.
+pub struct FarTier {
+    pub cfg: TierConfig,
+    pub index: usize,
+    backend: Backend,
+    space: Mutex<slots::FreeList>,
+    pub counters: TierCounters,
+}
+
+/// Shared buffers the tiers use on the fault path (owned by the engine).
+pub struct IoContext<'a> {
+    /// The internal userfaultfd that the memory arena and staging are registered with.
+    pub internal: &'a Uffd,
+    pub staging: &'a crate::pool::BufferPool,
+    pub bounce: &'a crate::pool::BufferPool,
+}
+
+impl FarTier {
+    /// Opens a tier. `space` is the size of its offset space (the most bytes that regions
+    /// may reserve in it at once).
+    pub fn open(
+        cfg: TierConfig,
+        index: usize,
+        space: u64,
+        internal: &Uffd,
+    ) -> Result<FarTier, String> {
+        let backend = match cfg.kind {
+            TierKind::Memory => Backend::Memory(memory::MemoryTier::new(&cfg, space, internal)?),
+            TierKind::File => Backend::File(file::FileTier::new(&cfg)?),
+            TierKind::Numa => {
+                let node = cfg.node.unwrap_or(0);
+                if !std::path::Path::new(&format!("/sys/devices/system/node/node{node}")).exists() {
+                    return Err(format!(
+                        "tier '{}': NUMA node {node} does not exist on this machine",
+                        cfg.name
+                    ));
+                }
+                Backend::Numa
+            }
+            TierKind::Dram => return Err("the DRAM tier is implicit".into()),
+        };
+        Ok(FarTier {
+            cfg,
+            index,
+            backend,
+            space: Mutex::new(slots::FreeList::new(space)),
+            counters: TierCounters::default(),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.cfg.name
+    }
+
+    /// Whether the fault engine can store pages here.
+    /// Whether stored content survives a load (a file keeps its blocks; a memory slot is
+    /// emptied by the move), so that identical content need not be written again.
+    pub fn keeps_copy(&self) -> bool {
+        matches!(self.backend, Backend::File(_))
+    }
+
+    pub fn is_pageable(&self) -> bool {
+        !matches!(self.backend, Backend::Numa)
+    }
+
+    /// Bytes free on the tier by its configured capacity.
+    pub fn free_bytes(&self) -> u64 {
+        self.cfg
+            .capacity
+            .saturating_sub(self.counters.stored.load(Relaxed))
+    }
+
+    /// Reserves offset space for a region of `len` bytes (not on the fault path).
+    pub fn reserve(&self, len: u64) -> Option<u64> {
+        self.space
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .alloc(len)
+    }
+
+    /// Returns a region's offset space and frees what it stored there.
+    pub fn release(&self, base: u64, len: u64) {
+        self.discard(base, len as usize);
+        self.space
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .free(base, len);
+    }
+
+    /// Moves `len` bytes of region memory at `src` into slot `off`. Signal-safe.
+    /// On error nothing was taken from the region. `already_there(staged)` lets a file tier
+    /// skip writing content it holds already (clean pages).
+    pub fn store(
+        &self,
+        io: &IoContext,
+        region_uffd: &Uffd,
+        src: usize,
+        off: u64,
+        len: usize,
+        already_there: &mut dyn FnMut(usize) -> bool,
+    ) -> SysResult<()> {
+        if self.free_bytes() < len as u64 {
+            self.counters.full.fetch_add(1, Relaxed);
+            return Err(Errno(libc::ENOSPC));
+        }
+        let r = match &self.backend {
+            Backend::Memory(m) => m.store(io, region_uffd, src, off, len),
+            Backend::File(f) => f.store(io, region_uffd, src, off, len, already_there),
+            Backend::Numa => Err(Errno(libc::EOPNOTSUPP)),
+        };
+        match r {
+            Ok(()) => {
+                self.counters.stored.fetch_add(len as u64, Relaxed);
+                self.counters.stores.fetch_add(1, Relaxed);
+                self.counters.bytes_out.fetch_add(len as u64, Relaxed);
+            }
+            Err(e) => {
+                if e.0 == libc::ENOSPC {
+                    self.counters.full.fetch_add(1, Relaxed);
+                } else {
+                    self.counters.errors.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        r
+    }
+
+    /// Places `len` bytes of slot `off` into the missing region range at `dst`, through
+    /// the region's userfaultfd (which wakes threads waiting on it). Signal-safe.
+    /// `seen(data)` is called with the fetched bytes when the tier reads them through a
+    /// buffer (file), to record content hashes.
+    pub fn load(
+        &self,
+        io: &IoContext,
+        region_uffd: &Uffd,
+        dst: usize,
+        off: u64,
+        len: usize,
+        seen: &mut dyn FnMut(usize),
+    ) -> SysResult<()> {
+        let r = match &self.backend {
+            Backend::Memory(m) => m.load(region_uffd, dst, off, len),
+            Backend::File(f) => f.load(io, region_uffd, dst, off, len, seen),
+            Backend::Numa => Err(Errno(libc::EOPNOTSUPP)),
+        };
+        match r {
+            Ok(()) => {
+                self.counters.stored.fetch_sub(len as u64, Relaxed);
+                self.counters.loads.fetch_add(1, Relaxed);
+                self.counters.bytes_in.fetch_add(len as u64, Relaxed);
+            }
+            Err(_) => {
+                self.counters.errors.fetch_add(1, Relaxed);
+            }
+        }
+        r
+    }
+
+    /// Drops the stored copy of a slot range (region freed or chunk discarded).
+    pub fn discard(&self, off: u64, len: usize) {
+        match &self.backend {
+            Backend::Memory(m) => m.discard(off, len),
+            Backend::File(f) => f.discard(off, len),
+            Backend::Numa => {}
+        }
+    }
+
+    /// Forgets `len` stored bytes without touching the medium (the chunk's copy is stale).
+    pub fn forget(&self, len: u64) {
+        let _ = self
+            .counters
+            .stored
+            .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(len)));
+    }
+}

@@ -1,0 +1,197 @@
+//! Discovery of memory nodes and tiers from sysfs (`/sys/devices/system/node`,
+//! `/sys/devices/virtual/memory_tiering`, HMAT `access0/initiators`).
+//!
+//! Everything reads below a root directory so tests replay captured trees
+//! (`tests/fixtures/sysfs/*`), as hwloc does.
+
+use std::path::Path;
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct NumaNode {
+    pub id: u32,
+    /// False for a CPU-less node (CXL expander, PMem as kmem DAX).
+    pub has_cpus: bool,
+    pub mem_total: u64,
+    /// Linux memory tier id (lower is faster), if the kernel groups nodes into tiers.
+    pub memory_tier: Option<u32>,
+    /// HMAT access attributes from the nearest initiator (ns, MB/s).
+    pub read_latency_ns: Option<u64>,
+    pub write_latency_ns: Option<u64>,
+    pub read_bandwidth_mbps: Option<u64>,
+    pub write_bandwidth_mbps: Option<u64>,
+    /// SLIT distances to every node, in node order.
+    pub distance: Vec<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Topology {
+    pub nodes: Vec<NumaNode>,
+    /// Whether the kernel offers weighted interleave (`/sys/kernel/mm/mempolicy/weighted_interleave`).
+    pub weighted_interleave: bool,
+    /// Whether demotion between tiers is enabled (`/sys/kernel/mm/numa/demotion_enabled`).
+    pub demotion_enabled: Option<bool>,
+}
+
+impl Topology {
+    /// Nodes grouped by memory tier, fastest first; a machine without tier information
+    /// orders by HMAT latency, then distance from node 0.
+    pub fn tiers(&self) -> Vec<Vec<u32>> {
+        let mut nodes = self.nodes.clone();
+        nodes.sort_by_key(|n| {
+            (
+                n.memory_tier.unwrap_or(u32::MAX),
+                n.read_latency_ns.unwrap_or(0),
+                n.distance.first().copied().unwrap_or(0),
+                n.id,
+            )
+        });
+        let mut out: Vec<Vec<u32>> = Vec::new();
+        let mut last: Option<(Option<u32>, Option<u64>)> = None;
+        for n in nodes {
+            let key = (
+                n.memory_tier,
+                if n.memory_tier.is_some() {
+                    None
+                } else {
+                    n.read_latency_ns
+                },
+            );
+            if last == Some(key) {
+                out.last_mut().unwrap().push(n.id);
+            } else {
+                out.push(vec![n.id]);
+                last = Some(key);
+            }
+        }
+        out
+    }
+}
+
+fn read_trim(p: &Path) -> Option<String> {
+    std::fs::read_to_string(p)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+fn read_u64(p: &Path) -> Option<u64> {
+    read_trim(p)?.parse().ok()
+}
+
+/// Parses a kernel list like "0-3,8,10-11".
+pub fn parse_list(s: &str) -> Vec<u32> {
+    let mut v = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.parse::<u32>()) {
+                    v.extend(a..=b);
+                }
+            }
+            None => {
+                if let Ok(a) = part.parse() {
+                    v.push(a);
+                }
+            }
+        }
+    }
+    v
+}
+
+/// Reads the topology below `root` (use "/" for the running machine).
+pub fn discover(root: &Path) -> Topology {
+    let node_dir = root.join("sys/devices/system/node");
+    let mut ids: Vec<u32> = match read_trim(&node_dir.join("online")) {
+        Some(s) => parse_list(&s),
+        None => Vec::new(),
+    };
+    if ids.is_empty() {
+        if let Ok(rd) = std::fs::read_dir(&node_dir) {
+            ids = rd
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.strip_prefix("node")?.parse().ok())
+                .collect();
+            ids.sort();
+        }
+    }
+    // memory_tierN/nodelist
+    let mut tier_of = std::collections::HashMap::new();
+    if let Ok(rd) = std::fs::read_dir(root.join("sys/devices/virtual/memory_tiering")) {
+        for e in rd.flatten() {
+            let name = e.file_name();
+            let Some(t) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("memory_tier"))
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let list = read_trim(&e.path().join("nodelist"))
+                .or_else(|| read_trim(&e.path().join("nodes")))
+                .unwrap_or_default();
+            for n in parse_list(&list) {
+                tier_of.insert(n, t);
+            }
+        }
+    }
+    let mut nodes = Vec::new();
+    for id in ids {
+        let d = node_dir.join(format!("node{id}"));
+        if !d.is_dir() {
+            continue;
+        }
+        let has_cpus = read_trim(&d.join("cpulist"))
+            .map(|s| !parse_list(&s).is_empty())
+            .unwrap_or(false);
+        let mem_total = read_trim(&d.join("meminfo"))
+            .and_then(|m| {
+                m.lines().find(|l| l.contains("MemTotal:")).and_then(|l| {
+                    l.split_whitespace()
+                        .rev()
+                        .nth(1)
+                        .and_then(|v| v.parse::<u64>().ok())
+                })
+            })
+            .map(|kb| kb * 1024)
+            .unwrap_or(0);
+        let acc = d.join("access0/initiators");
+        let distance = read_trim(&d.join("distance"))
+            .map(|s| {
+                s.split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        nodes.push(NumaNode {
+            id,
+            has_cpus,
+            mem_total,
+            memory_tier: tier_of.get(&id).copied(),
+            read_latency_ns: read_u64(&acc.join("read_latency")),
+            write_latency_ns: read_u64(&acc.join("write_latency")),
+            read_bandwidth_mbps: read_u64(&acc.join("read_bandwidth")),
+            write_bandwidth_mbps: read_u64(&acc.join("write_bandwidth")),
+            distance,
+        });
+    }
+    let weighted_interleave = root
+        .join("sys/kernel/mm/mempolicy/weighted_interleave")
+        .is_dir();
+    let demotion_enabled = read_trim(&root.join("sys/kernel/mm/numa/demotion_enabled"))
+        .map(|s| s == "1" || s == "true" || s == "Y");
+    Topology {
+        nodes,
+        weighted_interleave,
+        demotion_enabled,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists() {
+        assert_eq!(parse_list("0-2,5,7-8"), vec![0, 1, 2, 5, 7, 8]);
+        assert_eq!(parse_list(""), Vec::<u32>::new());
+    }
+}
