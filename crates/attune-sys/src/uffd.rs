@@ -301,9 +301,22 @@ impl Uffd {
             mode: if wake { 0 } else { COPY_MODE_DONTWAKE },
             copy: 0,
         };
-        match self.ioctl(UFFDIO_COPY, &mut c) {
-            Ok(()) => Ok(c.copy.max(0) as usize),
-            Err(e) => Err(e),
+        let mut retries = 0;
+        loop {
+            match self.ioctl(UFFDIO_COPY, &mut c) {
+                Ok(()) => return Ok(c.copy.max(0) as usize),
+                Err(Errno(libc::EAGAIN)) if retries < 1000 => {
+                    // Partial progress: continue after what was copied.
+                    retries += 1;
+                    let done = c.copy.max(0) as u64;
+                    c = UffdioCopy { dst: c.dst + done, src: c.src + done, len: c.len - done, mode: c.mode, copy: 0 };
+                    if c.len == 0 {
+                        return Ok(len);
+                    }
+                    crate::os::yield_now();
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
 
@@ -325,33 +338,42 @@ impl Uffd {
     /// `allow_holes`, absent source pages are skipped. Returns the bytes accounted
     /// (moved pages and skipped holes); a short count comes back as `Ok` with the
     /// partial length when the kernel reports progress before an error.
-    pub fn move_pages(
-        &self,
-        dst: usize,
-        src: usize,
-        len: usize,
-        allow_holes: bool,
-        wake: bool,
-    ) -> SysResult<usize> {
-        let mut m = UffdioMove {
-            dst: dst as u64,
-            src: src as u64,
-            len: len as u64,
-            mode: (if allow_holes {
-                MOVE_MODE_ALLOW_SRC_HOLES
-            } else {
-                0
-            }) | (if wake { 0 } else { MOVE_MODE_DONTWAKE }),
-            moved: 0,
-        };
-        match self.ioctl(UFFDIO_MOVE, &mut m) {
-            Ok(()) => Ok(m.moved.max(0) as usize),
-            Err(e) if m.moved > 0 => {
-                let _ = e;
-                Ok(m.moved as usize)
+    pub fn move_pages(&self, dst: usize, src: usize, len: usize, allow_holes: bool, wake: bool) -> SysResult<usize> {
+        // The kernel may stop early with EAGAIN (a page briefly locked or in transition):
+        // continue from where it stopped, a bounded number of times.
+        let mut done = 0usize;
+        let mut retries = 0;
+        while done < len {
+            let mut m = UffdioMove {
+                dst: (dst + done) as u64,
+                src: (src + done) as u64,
+                len: (len - done) as u64,
+                mode: (if allow_holes { MOVE_MODE_ALLOW_SRC_HOLES } else { 0 }) | (if wake { 0 } else { MOVE_MODE_DONTWAKE }),
+                moved: 0,
+            };
+            let r = self.ioctl(UFFDIO_MOVE, &mut m);
+            if m.moved > 0 {
+                done += m.moved as usize;
             }
-            Err(e) => Err(e),
+            match r {
+                Ok(()) => {
+                    if m.moved <= 0 {
+                        break;
+                    }
+                }
+                Err(Errno(libc::EAGAIN)) if retries < 1000 => {
+                    retries += 1;
+                    crate::os::yield_now();
+                }
+                Err(e) => {
+                    if done > 0 {
+                        return Ok(done);
+                    }
+                    return Err(e);
+                }
+            }
         }
+        Ok(done)
     }
 
     /// Sets (`protect`) or clears write protection on a registered range.

@@ -307,7 +307,7 @@ pub fn load(
             let fc: FileConfig = toml::from_str(&text).map_err(|e| {
                 let line = e
                     .span()
-                    .map(|s| text[..s.start.min(text.len())].lines().count().max(1))
+                    .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
                     .unwrap_or(0);
                 ConfigError(format!("{}:{line}: {}", p.display(), e.message()))
             })?;

@@ -14,6 +14,10 @@ use std::sync::Arc;
 /// Evicts until at least `want` bytes are freed or nothing more can go. Returns bytes
 /// freed. Signal-safe (called from the fault path for direct reclaim).
 pub fn reclaim(e: &Engine, want: u64) -> u64 {
+    // Nowhere to put pages (every tier full): do not sweep for nothing.
+    if !e.tiers.iter().any(|t| t.accepts(4096)) {
+        return 0;
+    }
     let mut clock = e.clock.lock().unwrap_or_else(|p| p.into_inner());
     let table = e.regions.read().unwrap_or_else(|p| p.into_inner());
     if table.is_empty() {

@@ -12,7 +12,7 @@ use attune_sys::{mem, Errno};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering::*};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 /// How the runtime runs in this process.
 pub enum Runtime {
@@ -37,8 +37,14 @@ pub fn errno(e: i32) -> Errno {
     Errno(e)
 }
 
-static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
+/// The runtime of this process. A forked child starts its own on first use: the parent's
+/// userfaultfds belong to the parent's address space and its threads do not exist in the
+/// child (managed memory is not inherited, see docs/design.md "fork and exec").
+static RUNTIME: Mutex<Option<(u32, &'static Result<Runtime, String>)>> = Mutex::new(None);
 static ENGINE_PTR: AtomicUsize = AtomicUsize::new(0);
+static INIT_PID: AtomicUsize = AtomicUsize::new(0);
+/// Lock-free fast path to the current runtime (valid while INIT_PID is this process).
+static FAST: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
@@ -59,7 +65,7 @@ pub fn last_error() -> String {
 /// The engine, if the runtime started in tiered mode (signal-safe, no initialisation).
 pub fn engine_if_started() -> Option<&'static Engine> {
     let p = ENGINE_PTR.load(Acquire);
-    if p == 0 {
+    if p == 0 || INIT_PID.load(Acquire) != std::process::id() as usize {
         None
     } else {
         // SAFETY: ENGINE_PTR only ever holds a leaked &'static Engine.
@@ -106,7 +112,26 @@ fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
 /// Starts the runtime with a configuration file (or the environment and defaults).
 /// A second call returns the first result (the configuration cannot change).
 pub fn init(path: Option<&std::path::Path>) -> Result<&'static Runtime, Errno> {
-    let r = RUNTIME.get_or_init(|| start(path));
+    let pid = std::process::id();
+    let fast = FAST.load(Acquire);
+    let r: &'static Result<Runtime, String> = if fast != 0 && INIT_PID.load(Acquire) == pid as usize {
+        // SAFETY: FAST only holds a leaked &'static Result<Runtime, String>.
+        unsafe { &*(fast as *const Result<Runtime, String>) }
+    } else {
+        let mut g = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
+        match *g {
+            Some((p, r)) if p == pid => r,
+            _ => {
+                // First use in this process (or in a forked child): start a runtime.
+                ENGINE_PTR.store(0, Release);
+                INIT_PID.store(pid as usize, Release);
+                let r: &'static Result<Runtime, String> = Box::leak(Box::new(start(path)));
+                *g = Some((pid, r));
+                FAST.store(r as *const _ as usize, Release);
+                r
+            }
+        }
+    };
     match r {
         Ok(rt) => Ok(rt),
         Err(m) => Err(fail(Errno(libc::EINVAL), m.clone())),

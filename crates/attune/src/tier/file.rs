@@ -85,10 +85,7 @@ impl FileTier {
         };
         if let Err(e) = result {
             // Full disk or I/O error: give the pages back to the region. Nothing is lost.
-            let back = region_uffd
-                .move_pages(src, st, len, true, true)
-                .map(|m| m == len)
-                .unwrap_or(false);
+            let back = give_back(region_uffd, src, st, len);
             let _ = mem::advise(st, len, mem::MADV_DONTNEED);
             return Err(if back { e } else { Errno(libc::EIO) });
         }
@@ -124,6 +121,27 @@ impl FileTier {
     pub fn discard(&self, off: u64, len: usize) {
         let _ = mem::punch_hole(&self.fd, off, len as u64);
     }
+}
+
+/// Puts staged pages back into the region after a failed write: moved where possible,
+/// copied page by page otherwise (a page that cannot be placed is a lost write, reported
+/// as EIO by the caller).
+fn give_back(region_uffd: &Uffd, src: usize, st: usize, len: usize) -> bool {
+    let moved = region_uffd.move_pages(src, st, len, true, true).unwrap_or(0);
+    if moved >= len {
+        return true;
+    }
+    let ps = attune_sys::page_size();
+    let mut ok = true;
+    let mut off = moved & !(ps - 1);
+    while off < len {
+        match region_uffd.copy(src + off, st + off, ps, true) {
+            Ok(_) | Err(Errno(libc::EEXIST)) => {}
+            Err(_) => ok = false,
+        }
+        off += ps;
+    }
+    ok
 }
 
 fn fill_holes(internal: &Uffd, st: usize, len: usize) {

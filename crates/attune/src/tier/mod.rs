@@ -44,7 +44,13 @@ pub struct FarTier {
     backend: Backend,
     space: Mutex<slots::FreeList>,
     pub counters: TierCounters,
+    /// After the medium reported ENOSPC, stores are refused until this time (ns) so that
+    /// a full disk costs one failed write per interval, not one per eviction.
+    full_until: AtomicU64,
 }
+
+/// How long a tier whose medium is full is left alone.
+const FULL_BACKOFF_NS: u64 = 200_000_000;
 
 /// Shared buffers the tiers use on the fault path (owned by the engine).
 pub struct IoContext<'a> {
@@ -84,6 +90,7 @@ impl FarTier {
             backend,
             space: Mutex::new(slots::FreeList::new(space)),
             counters: TierCounters::default(),
+            full_until: AtomicU64::new(0),
         })
     }
 
@@ -100,6 +107,11 @@ impl FarTier {
 
     pub fn is_pageable(&self) -> bool {
         !matches!(self.backend, Backend::Numa)
+    }
+
+    /// Whether a store could succeed now (capacity left, medium not known to be full).
+    pub fn accepts(&self, len: u64) -> bool {
+        self.is_pageable() && self.free_bytes() >= len && attune_sys::os::now_ns() >= self.full_until.load(Relaxed)
     }
 
     /// Bytes free on the tier by its configured capacity.
@@ -138,8 +150,7 @@ impl FarTier {
         len: usize,
         already_there: &mut dyn FnMut(usize) -> bool,
     ) -> SysResult<()> {
-        if self.free_bytes() < len as u64 {
-            self.counters.full.fetch_add(1, Relaxed);
+        if !self.accepts(len as u64) {
             return Err(Errno(libc::ENOSPC));
         }
         let r = match &self.backend {
@@ -156,6 +167,7 @@ impl FarTier {
             Err(e) => {
                 if e.0 == libc::ENOSPC {
                     self.counters.full.fetch_add(1, Relaxed);
+                    self.full_until.store(attune_sys::os::now_ns() + FULL_BACKOFF_NS, Relaxed);
                 } else {
                     self.counters.errors.fetch_add(1, Relaxed);
                 }

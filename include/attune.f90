@@ -1,0 +1,25 @@
+! Fortran bindings of Attune (iso_c_binding). Compile this file with your program:
+!   gfortran -c $(pkg-config --variable=includedir attune)/attune.f90
+module attune
+  use iso_c_binding
+  implicit none
+  integer(c_int), parameter :: ATTUNE_LAT = 1, ATTUNE_BW = 2, ATTUNE_CAP = 4, ATTUNE_SHL = 8
+  interface
+    function allocate_TM(size, flags) bind(C, name="allocate_TM")
+      import :: c_ptr, c_size_t, c_int
+      integer(c_size_t), value :: size
+      integer(c_int), value :: flags
+      type(c_ptr) :: allocate_TM
+    end function
+    subroutine free_TM(ptr) bind(C, name="free_TM")
+      import :: c_ptr
+      type(c_ptr), value :: ptr
+    end subroutine
+    function attune_prefetch(ptr, len) bind(C, name="attune_prefetch")
+      import :: c_ptr, c_size_t, c_int
+      type(c_ptr), value :: ptr
+      integer(c_size_t), value :: len
+      integer(c_int) :: attune_prefetch
+    end function
+  end interface
+end module attune
