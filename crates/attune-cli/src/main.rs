@@ -1,1 +1,40 @@
-fn main() {}
+//! `attune`: the command-line front end. One module per sub-command in `cmd/`.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "attune",
+    version,
+    about = "Application-attuned tiered memory for HPC workflows"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the benchmark suite (the main job) and print a table; JSON goes to --out.
+    Bench(cmd::bench::Args),
+    /// Show the configuration in force, or the table of options.
+    Config(cmd::config::Args),
+    /// Show the memory nodes and tiers of this machine (or of a captured /sys tree).
+    Topology(cmd::topology::Args),
+    /// Internal: one benchmark scenario in a fresh process (used by `bench`).
+    #[command(hide = true, name = "__worker")]
+    Worker { scenario: String },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Bench(a) => cmd::bench::run(a),
+        Command::Config(a) => cmd::config::run(a),
+        Command::Topology(a) => cmd::topology::run(a),
+        Command::Worker { scenario } => cmd::bench::worker(&scenario),
+    };
+    std::process::exit(code);
+}

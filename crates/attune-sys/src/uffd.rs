@@ -309,7 +309,13 @@ impl Uffd {
                     // Partial progress: continue after what was copied.
                     retries += 1;
                     let done = c.copy.max(0) as u64;
-                    c = UffdioCopy { dst: c.dst + done, src: c.src + done, len: c.len - done, mode: c.mode, copy: 0 };
+                    c = UffdioCopy {
+                        dst: c.dst + done,
+                        src: c.src + done,
+                        len: c.len - done,
+                        mode: c.mode,
+                        copy: 0,
+                    };
                     if c.len == 0 {
                         return Ok(len);
                     }
@@ -338,7 +344,14 @@ impl Uffd {
     /// `allow_holes`, absent source pages are skipped. Returns the bytes accounted
     /// (moved pages and skipped holes); a short count comes back as `Ok` with the
     /// partial length when the kernel reports progress before an error.
-    pub fn move_pages(&self, dst: usize, src: usize, len: usize, allow_holes: bool, wake: bool) -> SysResult<usize> {
+    pub fn move_pages(
+        &self,
+        dst: usize,
+        src: usize,
+        len: usize,
+        allow_holes: bool,
+        wake: bool,
+    ) -> SysResult<usize> {
         // The kernel may stop early with EAGAIN (a page briefly locked or in transition):
         // continue from where it stopped, a bounded number of times.
         let mut done = 0usize;
@@ -348,7 +361,11 @@ impl Uffd {
                 dst: (dst + done) as u64,
                 src: (src + done) as u64,
                 len: (len - done) as u64,
-                mode: (if allow_holes { MOVE_MODE_ALLOW_SRC_HOLES } else { 0 }) | (if wake { 0 } else { MOVE_MODE_DONTWAKE }),
+                mode: (if allow_holes {
+                    MOVE_MODE_ALLOW_SRC_HOLES
+                } else {
+                    0
+                }) | (if wake { 0 } else { MOVE_MODE_DONTWAKE }),
                 moved: 0,
             };
             let r = self.ioctl(UFFDIO_MOVE, &mut m);

@@ -62,10 +62,16 @@ pub fn last_error() -> String {
     LAST_ERROR.with(|l| l.borrow().clone())
 }
 
+/// Runs in a forked child: the parent's runtime is not usable there.
+extern "C" fn forget_runtime_in_child() {
+    FAST.store(0, Release);
+    ENGINE_PTR.store(0, Release);
+}
+
 /// The engine, if the runtime started in tiered mode (signal-safe, no initialisation).
 pub fn engine_if_started() -> Option<&'static Engine> {
     let p = ENGINE_PTR.load(Acquire);
-    if p == 0 || INIT_PID.load(Acquire) != std::process::id() as usize {
+    if p == 0 {
         None
     } else {
         // SAFETY: ENGINE_PTR only ever holds a leaked &'static Engine.
@@ -112,12 +118,12 @@ fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
 /// Starts the runtime with a configuration file (or the environment and defaults).
 /// A second call returns the first result (the configuration cannot change).
 pub fn init(path: Option<&std::path::Path>) -> Result<&'static Runtime, Errno> {
-    let pid = std::process::id();
     let fast = FAST.load(Acquire);
-    let r: &'static Result<Runtime, String> = if fast != 0 && INIT_PID.load(Acquire) == pid as usize {
+    let r: &'static Result<Runtime, String> = if fast != 0 {
         // SAFETY: FAST only holds a leaked &'static Result<Runtime, String>.
         unsafe { &*(fast as *const Result<Runtime, String>) }
     } else {
+        let pid = std::process::id();
         let mut g = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
         match *g {
             Some((p, r)) if p == pid => r,
@@ -125,6 +131,7 @@ pub fn init(path: Option<&std::path::Path>) -> Result<&'static Runtime, Errno> {
                 // First use in this process (or in a forked child): start a runtime.
                 ENGINE_PTR.store(0, Release);
                 INIT_PID.store(pid as usize, Release);
+                attune_sys::os::on_fork_child(forget_runtime_in_child);
                 let r: &'static Result<Runtime, String> = Box::leak(Box::new(start(path)));
                 *g = Some((pid, r));
                 FAST.store(r as *const _ as usize, Release);

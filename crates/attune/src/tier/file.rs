@@ -127,7 +127,9 @@ impl FileTier {
 /// copied page by page otherwise (a page that cannot be placed is a lost write, reported
 /// as EIO by the caller).
 fn give_back(region_uffd: &Uffd, src: usize, st: usize, len: usize) -> bool {
-    let moved = region_uffd.move_pages(src, st, len, true, true).unwrap_or(0);
+    let moved = region_uffd
+        .move_pages(src, st, len, true, true)
+        .unwrap_or(0);
     if moved >= len {
         return true;
     }

@@ -111,7 +111,9 @@ impl FarTier {
 
     /// Whether a store could succeed now (capacity left, medium not known to be full).
     pub fn accepts(&self, len: u64) -> bool {
-        self.is_pageable() && self.free_bytes() >= len && attune_sys::os::now_ns() >= self.full_until.load(Relaxed)
+        self.is_pageable()
+            && self.free_bytes() >= len
+            && attune_sys::os::now_ns() >= self.full_until.load(Relaxed)
     }
 
     /// Bytes free on the tier by its configured capacity.
@@ -167,7 +169,8 @@ impl FarTier {
             Err(e) => {
                 if e.0 == libc::ENOSPC {
                     self.counters.full.fetch_add(1, Relaxed);
-                    self.full_until.store(attune_sys::os::now_ns() + FULL_BACKOFF_NS, Relaxed);
+                    self.full_until
+                        .store(attune_sys::os::now_ns() + FULL_BACKOFF_NS, Relaxed);
                 } else {
                     self.counters.errors.fetch_add(1, Relaxed);
                 }

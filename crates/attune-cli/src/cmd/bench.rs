@@ -1,0 +1,531 @@
+//! `attune bench`: the main job. Runs each scenario in a fresh process (its own runtime,
+//! budget and configuration), side by side with its baseline in the same run, and prints
+//! a table; `--out` gets JSON and a Markdown section for docs/benchmarks.md.
+//!
+//! Scenarios of the runtime core (issue "Runtime core"): fault-in latency against a plain
+//! handler-thread UFFDIO_COPY design, sequential and random passes over twice the budget,
+//! allocate_TM/free_TM against malloc/free, and the overhead when everything fits.
+//! The workflow suite of IMME's evaluation (DL, DM, DC, SC, kernel-swap environments)
+//! plugs in here as further scenarios.
+
+use attune::runtime;
+use attune_sys::{mem, os, uffd};
+use serde_json::{json, Value};
+use std::process::Command;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Also run the longer scenarios.
+    #[arg(long)]
+    full: bool,
+    /// Only scenarios whose name contains this text.
+    #[arg(long)]
+    only: Option<String>,
+    /// Directory for bench.json and benchmarks.md.
+    #[arg(long, default_value = "results")]
+    out: std::path::PathBuf,
+    /// Repetitions of each scenario (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+}
+
+/// (name, environment) of each scenario.
+fn scenarios(full: bool) -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
+    let mut v = vec![
+        ("fault-plain-copy", vec![]),
+        (
+            "fault-attune-thread",
+            vec![
+                ("ATTUNE_FAULT_MODE", "thread"),
+                ("ATTUNE_DRAM", "64M"),
+                ("ATTUNE_READAHEAD", "0"),
+            ],
+        ),
+        (
+            "fault-attune-signal",
+            vec![
+                ("ATTUNE_FAULT_MODE", "signal"),
+                ("ATTUNE_DRAM", "64M"),
+                ("ATTUNE_READAHEAD", "0"),
+            ],
+        ),
+        (
+            "seq-attune-thread",
+            vec![("ATTUNE_FAULT_MODE", "thread"), ("ATTUNE_DRAM", "256M")],
+        ),
+        (
+            "seq-attune-signal",
+            vec![("ATTUNE_FAULT_MODE", "signal"), ("ATTUNE_DRAM", "256M")],
+        ),
+        ("rand-dram", vec![]),
+        (
+            "rand-attune-thread",
+            vec![
+                ("ATTUNE_FAULT_MODE", "thread"),
+                ("ATTUNE_DRAM", "256M"),
+                ("ATTUNE_READAHEAD", "0"),
+            ],
+        ),
+        (
+            "rand-attune-signal",
+            vec![
+                ("ATTUNE_FAULT_MODE", "signal"),
+                ("ATTUNE_DRAM", "256M"),
+                ("ATTUNE_READAHEAD", "0"),
+            ],
+        ),
+        ("alloc-small", vec![]),
+        ("fit-overhead", vec![("ATTUNE_DRAM", "1G")]),
+    ];
+    if full {
+        v.push((
+            "seq-attune-64K",
+            vec![
+                ("ATTUNE_FAULT_MODE", "signal"),
+                ("ATTUNE_DRAM", "256M"),
+                ("ATTUNE_CHUNK_SIZE", "64K"),
+            ],
+        ));
+    }
+    v
+}
+
+pub fn run(a: Args) -> i32 {
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("attune bench: cannot find own executable: {e}");
+            return 2;
+        }
+    };
+    let list: Vec<_> = scenarios(a.full)
+        .into_iter()
+        .filter(|(n, _)| a.only.as_deref().is_none_or(|o| n.contains(o)))
+        .collect();
+    if list.is_empty() {
+        eprintln!("attune bench: no scenario matches {:?}", a.only);
+        return 2;
+    }
+    let mut results: Vec<Value> = Vec::new();
+    let mut failed = 0;
+    for (i, (name, env)) in list.iter().enumerate() {
+        let mut runs: Vec<Value> = Vec::new();
+        for rep in 0..a.reps.max(1) {
+            eprint!(
+                "\r[{}/{}] {name} (run {}/{})        ",
+                i + 1,
+                list.len(),
+                rep + 1,
+                a.reps
+            );
+            let mut cmd = Command::new(&exe);
+            cmd.arg("__worker").arg(name);
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            match cmd.output() {
+                Ok(o) if o.status.success() => match serde_json::from_slice::<Value>(&o.stdout) {
+                    Ok(v) => runs.push(v),
+                    Err(e) => eprintln!("\n{name}: bad output: {e}"),
+                },
+                Ok(o) => eprintln!(
+                    "\n{name}: failed ({}): {}",
+                    o.status,
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+                Err(e) => eprintln!("\n{name}: cannot start: {e}"),
+            }
+        }
+        if runs.is_empty() || runs.iter().any(|r| r["ok"] != json!(true)) {
+            failed += 1;
+            results.push(json!({"scenario": name, "ok": false, "env": env_json(env)}));
+            continue;
+        }
+        results.push(summarize(name, env, &runs));
+    }
+    eprintln!();
+    print_table(&results);
+    let doc = json!({"machine": machine(), "results": results});
+    if std::fs::create_dir_all(&a.out).is_ok() {
+        let _ = std::fs::write(
+            a.out.join("bench.json"),
+            serde_json::to_string_pretty(&doc).unwrap_or_default(),
+        );
+        let _ = std::fs::write(a.out.join("benchmarks.md"), markdown(&results));
+        eprintln!(
+            "wrote {}/bench.json and {}/benchmarks.md",
+            a.out.display(),
+            a.out.display()
+        );
+    }
+    if failed > 0 {
+        eprintln!("{failed} scenario(s) failed their correctness check or did not run");
+        1
+    } else {
+        0
+    }
+}
+
+fn env_json(env: &[(&str, &str)]) -> Value {
+    Value::Object(env.iter().map(|(k, v)| (k.to_string(), json!(v))).collect())
+}
+
+fn machine() -> Value {
+    json!({"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), "memory": os::total_memory(),
+           "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim()})
+}
+
+/// Median and spread (min, max) of every numeric metric over the runs.
+fn summarize(name: &str, env: &[(&str, &str)], runs: &[Value]) -> Value {
+    let mut metrics = serde_json::Map::new();
+    if let Some(obj) = runs[0]["metrics"].as_object() {
+        for k in obj.keys() {
+            let mut xs: Vec<f64> = runs
+                .iter()
+                .filter_map(|r| r["metrics"][k].as_f64())
+                .collect();
+            xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            if xs.is_empty() {
+                continue;
+            }
+            metrics.insert(
+                k.clone(),
+                json!({"median": xs[xs.len() / 2], "min": xs[0], "max": xs[xs.len() - 1]}),
+            );
+        }
+    }
+    json!({"scenario": name, "ok": true, "env": env_json(env), "runs": runs.len(), "metrics": metrics})
+}
+
+fn print_table(results: &[Value]) {
+    println!(
+        "{:<22} {:<24} {:>14} {:>22}",
+        "scenario", "metric", "median", "spread (min-max)"
+    );
+    for r in results {
+        let name = r["scenario"].as_str().unwrap_or("");
+        if r["ok"] != json!(true) {
+            println!("{name:<22} FAILED");
+            continue;
+        }
+        if let Some(m) = r["metrics"].as_object() {
+            for (k, v) in m {
+                println!(
+                    "{:<22} {:<24} {:>14.3} {:>10.3}-{:<11.3}",
+                    name,
+                    k,
+                    v["median"].as_f64().unwrap_or(0.0),
+                    v["min"].as_f64().unwrap_or(0.0),
+                    v["max"].as_f64().unwrap_or(0.0)
+                );
+            }
+        }
+    }
+}
+
+fn markdown(results: &[Value]) -> String {
+    let mut s = String::from("| scenario | metric | median | min | max |\n|---|---|---|---|---|\n");
+    for r in results {
+        let name = r["scenario"].as_str().unwrap_or("");
+        if let Some(m) = r["metrics"].as_object() {
+            for (k, v) in m {
+                s += &format!(
+                    "| {name} | {k} | {:.3} | {:.3} | {:.3} |\n",
+                    v["median"].as_f64().unwrap_or(0.0),
+                    v["min"].as_f64().unwrap_or(0.0),
+                    v["max"].as_f64().unwrap_or(0.0)
+                );
+            }
+        } else {
+            s += &format!("| {name} | FAILED | | | |\n");
+        }
+    }
+    s
+}
+
+// ---------------------------------------------------------------- workers
+
+const MB: usize = 1 << 20;
+
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+fn pct(v: &mut [u64], p: f64) -> f64 {
+    v.sort_unstable();
+    v[((v.len() - 1) as f64 * p) as usize] as f64
+}
+
+/// Runs one scenario and prints {"ok": bool, "metrics": {...}} on stdout.
+pub fn worker(scenario: &str) -> i32 {
+    let out = match scenario {
+        "fault-plain-copy" => fault_plain(),
+        "fault-attune-thread" | "fault-attune-signal" => fault_attune(),
+        s if s.starts_with("seq-attune") => seq_attune(),
+        "rand-dram" => rand_dram(),
+        s if s.starts_with("rand-attune") => rand_attune(),
+        "alloc-small" => alloc_small(),
+        "fit-overhead" => fit_overhead(),
+        _ => Err(format!("unknown scenario {scenario}")),
+    };
+    match out {
+        Ok(m) => {
+            println!("{}", json!({"ok": true, "metrics": m}));
+            0
+        }
+        Err(e) => {
+            println!("{}", json!({"ok": false, "error": e}));
+            eprintln!("{scenario}: {e}");
+            1
+        }
+    }
+}
+
+// All managed-memory accesses below go through raw pointers: the memory comes from the
+// runtime (or a mapping of this benchmark) and is valid for the range used.
+fn rd(p: usize, i: usize) -> u64 {
+    // SAFETY: callers index within a live allocation of 8-byte words.
+    unsafe { std::ptr::read_volatile((p as *const u64).add(i)) }
+}
+fn wr(p: usize, i: usize, v: u64) {
+    // SAFETY: as for rd.
+    unsafe { std::ptr::write_volatile((p as *mut u64).add(i), v) }
+}
+
+/// The reference design: one handler thread, read(2) of the message, UFFDIO_COPY of 4 KiB.
+fn fault_plain() -> Result<Value, String> {
+    let pages = 20000usize;
+    let ps = 4096;
+    let len = pages * ps;
+    let u = uffd::Uffd::open(uffd::Delivery::Thread, 0)
+        .map_err(|e| format!("userfaultfd: {:?}", e.errno))?;
+    let base = mem::map_anon(len, true).map_err(|e| e.to_string())?;
+    u.register(base, len, uffd::mode::MISSING)
+        .map_err(|e| e.to_string())?;
+    let src = mem::map_anon(ps, false).map_err(|e| e.to_string())?;
+    wr(src, 0, 42);
+    let u = std::sync::Arc::new(u);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (u2, stop2) = (u.clone(), stop.clone());
+    let h = std::thread::spawn(move || {
+        let mut msgs = [uffd::Msg::default(); 16];
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            if !os::poll_readable(&[u2.raw_fd()], 100)[0] {
+                continue;
+            }
+            let n = u2.read_msgs(&mut msgs).unwrap_or(0);
+            for m in &msgs[..n] {
+                if m.event == uffd::EVENT_PAGEFAULT {
+                    let _ = u2.copy((m.arg[1] as usize) & !(ps - 1), src, ps, true);
+                }
+            }
+        }
+    });
+    let mut order: Vec<usize> = (0..pages).collect();
+    let mut x = 7u64;
+    for i in (1..pages).rev() {
+        order.swap(i, (xorshift(&mut x) % (i as u64 + 1)) as usize);
+    }
+    let mut lat = Vec::with_capacity(pages);
+    let mut bad = 0;
+    for &p in &order {
+        let t = os::now_ns();
+        let v = rd(base, p * ps / 8);
+        lat.push(os::now_ns() - t);
+        bad += (v != 42) as u64;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = h.join();
+    if bad > 0 {
+        return Err(format!("{bad} pages with wrong content"));
+    }
+    Ok(
+        json!({"fault_median_us": pct(&mut lat.clone(), 0.5) / 1000.0, "fault_p99_us": pct(&mut lat, 0.99) / 1000.0}),
+    )
+}
+
+fn alloc_managed(bytes: usize, flags: u32) -> Result<usize, String> {
+    runtime::alloc(bytes, flags, None)
+        .map_err(|e| format!("allocate_TM({bytes}): {e}: {}", runtime::last_error()))
+}
+
+/// Fault-in latency of 4 KiB pages that were evicted to the memory tier.
+fn fault_attune() -> Result<Value, String> {
+    let len = 256 * MB;
+    let p = alloc_managed(len, 0)?;
+    let words = len / 8;
+    let per_page = 512;
+    for i in (0..words).step_by(per_page) {
+        wr(p, i, i as u64);
+    }
+    // The first 150 MiB are evicted now (the budget is 64 MiB): fault them back at random.
+    let pages = 150 * MB / 4096;
+    let mut order: Vec<usize> = (0..pages).collect();
+    let mut x = 11u64;
+    for i in (1..pages).rev() {
+        order.swap(i, (xorshift(&mut x) % (i as u64 + 1)) as usize);
+    }
+    let n = 20000.min(pages);
+    let mut lat = Vec::with_capacity(n);
+    let mut bad = 0;
+    for &pg in &order[..n] {
+        let i = pg * per_page;
+        let t = os::now_ns();
+        let v = rd(p, i);
+        lat.push(os::now_ns() - t);
+        bad += (v != i as u64) as u64;
+    }
+    if bad > 0 {
+        return Err(format!("{bad} pages with wrong content"));
+    }
+    let _ = runtime::free(p);
+    Ok(
+        json!({"fault_median_us": pct(&mut lat.clone(), 0.5) / 1000.0, "fault_p99_us": pct(&mut lat, 0.99) / 1000.0}),
+    )
+}
+
+/// Sequential read passes over twice the budget.
+fn seq_attune() -> Result<Value, String> {
+    let len = 512 * MB;
+    let p = alloc_managed(len, 0)?;
+    let words = len / 8;
+    for i in 0..words {
+        wr(p, i, i as u64);
+    }
+    let mut best = 0f64;
+    for _ in 0..2 {
+        let t = os::now_ns();
+        let mut sum = 0u64;
+        for i in 0..words {
+            sum = sum.wrapping_add(rd(p, i));
+        }
+        let dt = (os::now_ns() - t) as f64 / 1e9;
+        let want = (words as u64 - 1) * words as u64 / 2;
+        if sum != want {
+            return Err(format!("checksum {sum} != {want}"));
+        }
+        best = best.max(len as f64 / dt / 1e9);
+    }
+    let _ = runtime::free(p);
+    Ok(json!({"seq_read_gbps": best}))
+}
+
+fn rand_updates(p: usize, words: usize, n: usize) -> (f64, u64) {
+    let mut x = 99u64;
+    let t = os::now_ns();
+    for _ in 0..n {
+        let i = (xorshift(&mut x) % words as u64) as usize;
+        wr(p, i, rd(p, i) ^ 0x5555);
+    }
+    let dt = (os::now_ns() - t) as f64 / 1e9;
+    // Verify: replay the same updates on the expected values of touched words.
+    (n as f64 / dt, x)
+}
+
+fn check_rand(p: usize, words: usize, n: usize) -> Result<(), String> {
+    let mut flips = std::collections::HashMap::new();
+    let mut x = 99u64;
+    for _ in 0..n {
+        let i = (xorshift(&mut x) % words as u64) as usize;
+        *flips.entry(i).or_insert(0u32) += 1;
+    }
+    for (i, c) in flips.iter().take(100_000) {
+        let want = (*i as u64) ^ if c % 2 == 1 { 0x5555 } else { 0 };
+        if rd(p, *i) != want {
+            return Err(format!("word {i} wrong after random updates"));
+        }
+    }
+    Ok(())
+}
+
+fn rand_dram() -> Result<Value, String> {
+    let len = 512 * MB;
+    let p = mem::map_anon(len, false).map_err(|e| e.to_string())?;
+    let words = len / 8;
+    for i in 0..words {
+        wr(p, i, i as u64);
+    }
+    let n = 4_000_000;
+    let (ops, _) = rand_updates(p, words, n);
+    check_rand(p, words, n)?;
+    Ok(json!({"updates_per_s": ops}))
+}
+
+/// Random 8-byte updates over twice the budget.
+fn rand_attune() -> Result<Value, String> {
+    let len = 512 * MB;
+    let p = alloc_managed(len, 0)?;
+    let words = len / 8;
+    for i in 0..words {
+        wr(p, i, i as u64);
+    }
+    let n = 1_000_000;
+    let (ops, _) = rand_updates(p, words, n);
+    check_rand(p, words, n)?;
+    let _ = runtime::free(p);
+    Ok(json!({"updates_per_s": ops}))
+}
+
+/// allocate_TM/free_TM pairs against malloc/free, 64 B to 1 MiB.
+fn alloc_small() -> Result<Value, String> {
+    let mut m = serde_json::Map::new();
+    for &size in &[64usize, 1024, 16384, 262144, 1 << 20] {
+        let n = if size >= 262144 { 2000 } else { 200_000 };
+        let t = os::now_ns();
+        for _ in 0..n {
+            let p = alloc_managed(size, 0)?;
+            wr(p, 0, 1);
+            runtime::free(p).map_err(|e| e.to_string())?;
+        }
+        let attune_ns = (os::now_ns() - t) as f64 / n as f64;
+        let t = os::now_ns();
+        for _ in 0..n {
+            // SAFETY: plain malloc/free pair; the first word is written like above.
+            unsafe {
+                let p = libc::malloc(size) as usize;
+                wr(p, 0, 1);
+                libc::free(p as *mut _);
+            }
+        }
+        let malloc_ns = (os::now_ns() - t) as f64 / n as f64;
+        m.insert(format!("ratio_{size}B"), json!(attune_ns / malloc_ns));
+        m.insert(format!("attune_ns_{size}B"), json!(attune_ns));
+    }
+    Ok(Value::Object(m))
+}
+
+/// Everything fits: managed memory against malloc'ed memory, sequential and random.
+fn fit_overhead() -> Result<Value, String> {
+    let len = 256 * MB;
+    let words = len / 8;
+    let a = alloc_managed(len, 0)?;
+    let b = mem::map_anon(len, false).map_err(|e| e.to_string())?;
+    for p in [a, b] {
+        for i in 0..words {
+            wr(p, i, i as u64);
+        }
+    }
+    let seq = |p: usize| {
+        let t = os::now_ns();
+        let mut s = 0u64;
+        for _ in 0..4 {
+            for i in 0..words {
+                s = s.wrapping_add(rd(p, i));
+            }
+        }
+        std::hint::black_box(s);
+        (os::now_ns() - t) as f64
+    };
+    let (mut sa, mut sb) = (f64::MAX, f64::MAX);
+    for _ in 0..3 {
+        sa = sa.min(seq(a));
+        sb = sb.min(seq(b));
+    }
+    let (ra, _) = rand_updates(a, words, 4_000_000);
+    let (rb, _) = rand_updates(b, words, 4_000_000);
+    let _ = runtime::free(a);
+    Ok(json!({"seq_slowdown": sa / sb, "rand_slowdown": rb / ra}))
+}
