@@ -361,9 +361,6 @@ fn range_in(ptr: usize, len: usize) -> Result<(Arc<Region>, &'static Engine), Er
 pub fn pin(ptr: usize, len: usize, on: bool) -> Result<(), Errno> {
     let (r, e) = range_in(ptr, len)?;
     if on {
-        let pinned = (r.pinned_chunks() * r.chunk) as u64;
-        let resident_other = e.resident.load(Relaxed).saturating_sub(pinned);
-        let _ = resident_other;
         let all_pinned: u64 = e
             .regions
             .read()
