@@ -30,7 +30,7 @@ pass=$((pass+${rust_pass:-0})); fail=$((fail+${rust_fail:-0}))
 echo "== native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"
-for t in smoke integrity errors stress fork_exec signal_mode small config_error; do
+for t in smoke integrity errors stress fork_exec signal_mode small config_error fallback; do
   gcc $CFLAGS tests/c/$t.c -o "$OUT/$t" $LIBS || { fail=$((fail+1)); failed+=("build-$t"); }
 done
 g++ -O2 -std=c++17 $(pkg-config --cflags attune) tests/cpp/threads.cpp -o "$OUT/cpp_threads" $LIBS || { fail=$((fail+1)); failed+=(build-cpp); }
@@ -66,6 +66,7 @@ run fork_exec "$OUT/fork_exec"
 run signal_mode "$OUT/signal_mode"
 run small "$OUT/small"
 run config_error "$OUT/config_error"
+ATTUNE_DISABLE_UFFD=1 run fallback-plain-dram "$OUT/fallback"
 run cpp_threads "$OUT/cpp_threads"
 run fortran_basic "$OUT/fortran_basic"
 # No file left behind by the file tier, even after SIGKILL.

@@ -40,6 +40,13 @@ int main(void) {
     CHECK(attune_region_stats(keep, &st) == 0 && st.flags == ATTUNE_CAP, "flags changed");
     errno = 0; CHECK(attune_region_stats(&on_stack, &st) == -1 && errno == EINVAL, "stats foreign");
     errno = 0; CHECK(attune_pin(keep, (size_t)1 << 40) == -1 && errno == EINVAL, "pin beyond allocation");
+    /* Pinning more than the DRAM budget (16 MiB in the test run) is refused, not partial. */
+    uint64_t *big = allocate_TM(48u << 20, 0);
+    errno = 0; CHECK(big && attune_pin(big, 32u << 20) == -1 && errno == ENOMEM, "oversize pin: errno %d", errno);
+    CHECK(strstr(attune_last_error(), "budget") != NULL, "message names the budget: %s", attune_last_error());
+    attune_region_stats_t bs;
+    CHECK(attune_region_stats(big, &bs) == 0 && bs.pinned_bytes == 0, "nothing pinned after a refused pin");
+    free_TM(big);
     errno = 0; CHECK(attune_prefetch(&on_stack, 8) == -1 && errno == EINVAL, "prefetch foreign");
     attune_alloc_opts o = {0};
     errno = 0; CHECK(attune_alloc(1u << 20, &o) == NULL && errno == EINVAL, "uninitialised opts");

@@ -15,8 +15,8 @@ use std::path::PathBuf;
 pub enum FaultMode {
     /// A handler thread resolves faults; system calls on managed memory work. Default.
     Thread,
-    /// The faulting thread resolves its own fault in a SIGBUS handler: no hand-off, about
-    /// 3x lower fault latency, but a system call that touches a non-resident managed page
+    /// The faulting thread resolves its own fault in a SIGBUS handler: no hand-off, 3.2x lower
+    /// fault latency in `attune bench` (docs/benchmarks.md), but a system call that touches a non-resident managed page
     /// fails with EFAULT. For regions never passed to system calls (or pinned first).
     Signal,
 }

@@ -42,8 +42,7 @@ pub fn errno(e: i32) -> Errno {
 /// child (managed memory is not inherited, see docs/design.md "fork and exec").
 static RUNTIME: Mutex<Option<(u32, &'static Result<Runtime, String>)>> = Mutex::new(None);
 static ENGINE_PTR: AtomicUsize = AtomicUsize::new(0);
-static INIT_PID: AtomicUsize = AtomicUsize::new(0);
-/// Lock-free fast path to the current runtime (valid while INIT_PID is this process).
+/// Lock-free fast path to the current runtime (cleared in a forked child by atfork).
 static FAST: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
@@ -130,7 +129,6 @@ pub fn init(path: Option<&std::path::Path>) -> Result<&'static Runtime, Errno> {
             _ => {
                 // First use in this process (or in a forked child): start a runtime.
                 ENGINE_PTR.store(0, Release);
-                INIT_PID.store(pid as usize, Release);
                 attune_sys::os::on_fork_child(forget_runtime_in_child);
                 let r: &'static Result<Runtime, String> = Box::leak(Box::new(start(path)));
                 *g = Some((pid, r));

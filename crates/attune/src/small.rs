@@ -15,7 +15,7 @@ use attune_policy::Flags;
 use attune_sys::Errno;
 use libmimalloc_sys as mi;
 use std::sync::atomic::{AtomicU64, Ordering::*};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 const HEADER: usize = 16;
 const CLASSES: usize = 16;
@@ -28,7 +28,6 @@ struct Class {
 
 pub struct SmallAllocator {
     classes: [OnceLock<Result<Class, Errno>>; CLASSES],
-    create: Mutex<()>,
     /// Arena ranges, for a lock-free "is this ours" test: (base, end) per class.
     ranges: [(AtomicU64, AtomicU64); CLASSES],
     secret: u64,
@@ -40,7 +39,6 @@ impl SmallAllocator {
             ^ (std::process::id() as u64) << 32;
         SmallAllocator {
             classes: Default::default(),
-            create: Mutex::new(()),
             ranges: Default::default(),
             secret: secret | 1,
         }
@@ -53,7 +51,6 @@ impl SmallAllocator {
     fn class(&self, e: &Engine, flags: Flags) -> Result<&Class, Errno> {
         let i = flags.0 as usize % CLASSES;
         let r = self.classes[i].get_or_init(|| {
-            let _g = self.create.lock().unwrap_or_else(|p| p.into_inner());
             let opts = AllocOptions {
                 flags,
                 pin_bytes: Some(0),

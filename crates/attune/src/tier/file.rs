@@ -15,7 +15,6 @@ use std::os::fd::OwnedFd;
 
 pub struct FileTier {
     fd: OwnedFd,
-    pub direct: bool,
 }
 
 impl FileTier {
@@ -46,7 +45,7 @@ impl FileTier {
                 dir.display()
             );
         }
-        Ok(FileTier { fd, direct })
+        Ok(FileTier { fd })
     }
 
     /// Writes the pages at `src` (region memory) to `off`. `already_there(staging_addr)` is
