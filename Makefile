@@ -24,7 +24,7 @@ build:
 # Lays out a prefix: lib/, include/, bin/, lib/pkgconfig, lib/cmake/Attune.
 stage:
 	@mkdir -p $(PREFIX)/lib/pkgconfig $(PREFIX)/lib/cmake/Attune $(PREFIX)/include $(PREFIX)/bin
-	@cp $(REL)/libattune.so $(REL)/libattune.a $(PREFIX)/lib/
+	@cp $(REL)/libattune.so $(REL)/libattune.a $(REL)/libattune_preload.so $(PREFIX)/lib/
 	@cp include/attune.h include/attune.f90 $(PREFIX)/include/
 	@cp $(REL)/attune $(PREFIX)/bin/
 	@sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' packaging/attune.pc.in > $(PREFIX)/lib/pkgconfig/attune.pc

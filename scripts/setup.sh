@@ -6,6 +6,8 @@ command -v gfortran >/dev/null || need+=(gfortran)
 command -v cmake >/dev/null || need+=(cmake)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v g++ >/dev/null || need+=(g++)
+# attune run's tests: an MPI program under Open MPI's mpirun.
+command -v mpicc >/dev/null || need+=(openmpi-bin libopenmpi-dev)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: please install: ${need[*]} (needs root: apt-get install ${need[*]})" >&2
@@ -14,5 +16,10 @@ if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+# attune run's numpy test.
+if ! python3 -c 'import numpy' 2>/dev/null; then
+  echo "setup: installing numpy (pip)"
+  python3 -m pip install -q numpy >/dev/null 2>&1 || echo "setup: warning: could not install numpy; the numpy test will fail" >&2
 fi
 command -v cargo >/dev/null || { echo "setup: cargo (Rust) is required: https://rustup.rs" >&2; exit 1; }

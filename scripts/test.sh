@@ -104,6 +104,83 @@ if command -v cmake >/dev/null; then
 fi
 unset ATTUNE_DRAM TEST_BUDGET
 
+echo "== attune run (unmodified programs under LD_PRELOAD)"
+ATT="$PREFIX/bin/attune"
+RT="$OUT/run"; mkdir -p "$RT"
+CHECK="python3 tests/run/check_report.py"
+expect() { # expect NAME RC PATTERN CMD...: exit status RC and PATTERN in the output
+  local name=$1 rc=$2 pat=$3; shift 3
+  timeout 300 "$@" >"$OUT/$name.log" 2>&1; local got=$?
+  if [ "$got" = "$rc" ] && grep -qE -- "$pat" "$OUT/$name.log"; then
+    pass=$((pass+1)); echo "ok   $name"
+  else
+    fail=$((fail+1)); failed+=("$name"); echo "FAIL $name (exit $got, expected $rc and /$pat/)"; tail -n 15 "$OUT/$name.log" | sed 's/^/     /'
+  fi
+}
+gcc -O2 tests/run/c_matrix.c -o "$RT/c_matrix" && gcc -O2 tests/run/fork_exec.c -o "$RT/fork_exec" \
+  && gcc -O2 tests/run/crash.c -o "$RT/crash" && gcc -O2 -static tests/run/crash.c -o "$RT/crash_static" \
+  && g++ -O2 -std=c++17 tests/run/cpp_vectors.cpp -o "$RT/cpp_vectors" -lpthread \
+  && gcc -O2 -fopenmp tests/run/omp_stream.c -o "$RT/omp_stream" || { fail=$((fail+1)); failed+=(build-run-tests); }
+# Footprint 4-5x the budget; the report's schema, exit status and DRAM peak are checked.
+expect run-c 0 "c_matrix: OK" sh -c "'$ATT' run --dram 32M --report '$RT/c.json' -- '$RT/c_matrix' 128 && $CHECK '$RT/c.json' --exit 0 --min-procs 1 --budget-slack 2097152"
+# The budget seen from outside the runtime: with only a file tier, the process's RSS
+# high-water mark stays near the budget (32 MiB + the program and runtime, < 48 MiB).
+cat > "$RT/file.toml" <<TOML
+dram = "32M"
+[[tier]]
+name = "ssd"
+kind = "file"
+path = "$RT"
+capacity = "1G"
+TOML
+expect run-c-rss-within-budget 0 "OK" sh -c "'$ATT' run -q --config '$RT/file.toml' -- '$RT/c_matrix' 128 | tee /dev/stderr | awk -F'VmHWM_KiB=' '{ if (\$2+0 > 0 && \$2+0 < 48*1024) print \"OK\"; else print \"RSS too high: \" \$2 }'"
+expect run-cpp-threads 0 "cpp_vectors: OK" sh -c "'$ATT' run --dram 32M --report '$RT/cpp.json' -- '$RT/cpp_vectors' 96 4 && $CHECK '$RT/cpp.json' --exit 0 --min-procs 1 --budget-slack 2097152"
+OMP_NUM_THREADS=2 expect run-openmp 0 "omp_stream: OK" sh -c "'$ATT' run --dram 32M --report '$RT/omp.json' -- '$RT/omp_stream' 96 && $CHECK '$RT/omp.json' --exit 0 --min-procs 1 --budget-slack 2097152"
+if command -v mpicc >/dev/null && mpicc -O2 tests/run/mpi_exchange.c -o "$RT/mpi_exchange"; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  expect run-mpi-per-rank 0 "mpi_exchange: OK ranks=2" mpirun -np 2 "$ATT" run -q --dram 32M -- "$RT/mpi_exchange" 64
+  expect run-mpi-whole-job 0 "check_report: OK \(2 processes" sh -c "'$ATT' run --dram 32M --report '$RT/mpi.json' -- mpirun -np 2 '$RT/mpi_exchange' 64 && $CHECK '$RT/mpi.json' --exit 0 --min-procs 2 --budget-slack 2097152"
+else
+  fail=$((fail+1)); failed+=(run-mpi-missing); echo "FAIL run-mpi: mpicc not found (scripts/setup.sh installs Open MPI)"
+fi
+if python3 -c 'import numpy' 2>/dev/null; then
+  expect run-numpy 0 "numpy_work: OK" sh -c "'$ATT' run --dram 48M --report '$RT/np.json' -- python3 tests/run/numpy_work.py 192 && $CHECK '$RT/np.json' --exit 0 --min-procs 1 --budget-slack 2097152"
+else
+  fail=$((fail+1)); failed+=(run-numpy-missing); echo "FAIL run-numpy: numpy not installed (scripts/setup.sh installs it)"
+fi
+if command -v javac >/dev/null && javac -d "$RT" tests/run/DirectBuffers.java; then
+  expect run-java 0 "DirectBuffers: OK" sh -c "'$ATT' run --dram 32M --report '$RT/java.json' -- java -Xmx64m -XX:MaxDirectMemorySize=256m -cp '$RT' DirectBuffers 96 && $CHECK '$RT/java.json' --exit 0 --min-procs 1 --budget-slack 2097152"
+else
+  echo "skip run-java (no JDK)"
+fi
+# fork and exec: the forked child and the exec'd program are managed too (the parent and
+# the exec'd image report; the forked image execs before its first snapshot)...
+expect run-fork-exec 0 "check_report: OK \([23] processes" sh -c "'$ATT' run --dram 32M --report '$RT/fe.json' -- '$RT/fork_exec' 48 '$RT/c_matrix' 32 && $CHECK '$RT/fe.json' --exit 0 --min-procs 2 --has-command c_matrix"
+# A forked child touching the parent's managed memory faults loudly (docs/design.md).
+FORK_TOUCH=1 expect run-fork-child-touch 0 "fork_touch: SIGSEGV" "$ATT" run -q --dram 32M -- "$RT/fork_exec" 48
+# ...or not, with --no-children.
+expect run-no-children 0 "check_report: OK \(1 processes" sh -c "'$ATT' run --no-children --dram 32M --report '$RT/nc.json' -- '$RT/fork_exec' 48 '$RT/c_matrix' 32 && $CHECK '$RT/nc.json' --exit 0"
+# Exit status and signals pass through; a killed program still leaves a report.
+expect run-exit-status 5 "exit 5" "$ATT" run --report "$RT/x.json" -- "$RT/crash" exit 5
+expect run-report-after-exit 0 "check_report: OK" $CHECK "$RT/x.json" --exit 5 --min-procs 1
+expect run-sigkill-passthrough 137 "killed by signal 9" "$ATT" run --report "$RT/k.json" -- "$RT/crash" kill 9
+expect run-segv-passthrough 139 "killed by signal 11" "$ATT" run -- "$RT/crash" segv
+expect run-report-after-kill 0 "check_report: OK" $CHECK "$RT/k.json" --signal 9
+expect run-term-forwarded 143 "killed by signal 15" sh -c "'$ATT' run --report '$RT/t.json' -- '$RT/crash' sleep & p=\$!; sleep 2; kill -TERM \$p; wait \$p"
+expect run-report-of-killed-program 0 "check_report: OK" $CHECK "$RT/t.json" --signal 15 --min-procs 1
+# Bad input: clear message and the documented status, nothing run.
+expect run-not-found 127 "command not found" "$ATT" run -- no-such-program-xyz
+expect run-static-detected 2 "statically linked: LD_PRELOAD cannot" "$ATT" run -- "$RT/crash_static" exit 0
+expect run-static-allowed 3 "running it unmanaged" "$ATT" run --allow-unmanaged -- "$RT/crash_static" exit 3
+expect run-bad-dram 2 "--dram lots" "$ATT" run --dram lots -- true
+expect run-bad-flags 2 "unknown flag 'FAST'" "$ATT" run --flags FAST -- true
+expect run-bad-threshold 2 "ATTUNE_RUN_THRESHOLD" "$ATT" run --threshold 0 -- true
+expect run-report-unwritable 0 "warning: cannot write the report" "$ATT" run --report /nonexistent-dir/r.json -- "$RT/crash" exit 0
+if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
+  cp "$RT/crash" "$RT/crash_setuid" && chown nobody "$RT/crash_setuid" && chmod 4755 "$RT/crash_setuid"
+  expect run-setuid-detected 2 "set-user-ID" "$ATT" run -- "$RT/crash_setuid" exit 0
+fi
+
 if [ -d tests/python ] && command -v python3 >/dev/null; then
   echo "== Python tests"
   python3 -m pytest -q tests/python 2>&1 | tee "$OUT/pytest.log" | tail -n 3

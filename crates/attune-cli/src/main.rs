@@ -19,6 +19,8 @@ struct Cli {
 enum Command {
     /// Run the benchmark suite (the main job) and print a table; JSON goes to --out.
     Bench(cmd::bench::Args),
+    /// Run an unmodified program with its large allocations on tiered memory; report at exit.
+    Run(cmd::run::Args),
     /// Show the configuration in force, or the table of options.
     Config(cmd::config::Args),
     /// Show the memory nodes and tiers of this machine (or of a captured /sys tree).
@@ -32,6 +34,7 @@ fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Run(a) => cmd::run::run(a),
         Command::Config(a) => cmd::config::run(a),
         Command::Topology(a) => cmd::topology::run(a),
         Command::Worker { scenario } => cmd::bench::worker(&scenario),

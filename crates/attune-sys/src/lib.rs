@@ -15,9 +15,11 @@
 //! * **Every fd is `O_CLOEXEC`**, so `exec` never leaks a userfaultfd, a tier file or an
 //!   eventfd into a child program.
 //!
-//! Modules: [`uffd`] (userfaultfd ioctls), [`mem`] (mmap/madvise/files),
+//! Modules: [`uffd`] (userfaultfd ioctls), [`mem`] (mmap/madvise/files, raw mmap for the
+//! interposer), [`libc_alloc`] (glibc's allocator under its internal names),
 //! [`signal`] (SIGBUS hook), [`os`] (small helpers: eventfd, time, thread ids, /proc).
 
+pub mod libc_alloc;
 pub mod mem;
 pub mod os;
 pub mod signal;

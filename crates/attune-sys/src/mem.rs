@@ -11,17 +11,53 @@ pub fn map_anon(len: usize, noreserve: bool) -> SysResult<usize> {
         flags |= libc::MAP_NORESERVE;
     }
     // SAFETY: a fresh anonymous mapping at a kernel-chosen address aliases nothing.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            flags,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
+    raw_mmap(0, len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0)
+}
+
+// mmap, munmap and mremap go straight to the kernel (not through libc's symbols): under
+// `attune run` the interposer exports those symbols itself, and the runtime's own
+// mappings must never be routed back into it.
+
+/// The `mmap(2)` system call, bypassing any interposed `mmap` symbol. Signal-safe.
+pub fn raw_mmap(
+    addr: usize,
+    len: usize,
+    prot: i32,
+    flags: i32,
+    fd: i32,
+    off: i64,
+) -> SysResult<usize> {
+    // SAFETY: with addr 0 or without MAP_FIXED the kernel picks an unused range; with
+    // MAP_FIXED the caller (the interposer, on the application's behalf) owns the range.
+    let p = unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) };
+    if p == -1 {
+        Err(Errno::last())
+    } else {
+        Ok(p as usize)
+    }
+}
+
+/// The `munmap(2)` system call, bypassing any interposed symbol. Signal-safe.
+pub fn raw_munmap(addr: usize, len: usize) -> SysResult<()> {
+    // SAFETY: the caller owns the range; nothing in Rust references it.
+    if unsafe { libc::syscall(libc::SYS_munmap, addr, len) } == 0 {
+        Ok(())
+    } else {
+        Err(Errno::last())
+    }
+}
+
+/// The `mremap(2)` system call, bypassing any interposed symbol.
+pub fn raw_mremap(
+    old: usize,
+    old_len: usize,
+    new_len: usize,
+    flags: i32,
+    new_addr: usize,
+) -> SysResult<usize> {
+    // SAFETY: the caller owns the old range (the application's own mapping).
+    let p = unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) };
+    if p == -1 {
         Err(Errno::last())
     } else {
         Ok(p as usize)
@@ -49,19 +85,15 @@ pub fn map_anon_aligned(len: usize, align: usize, noreserve: bool) -> SysResult<
 
 /// Unmaps a range this process mapped.
 pub fn unmap(addr: usize, len: usize) -> SysResult<()> {
-    // SAFETY: the caller owns the range; nothing in Rust references it.
-    if unsafe { libc::munmap(addr as *mut libc::c_void, len) } == 0 {
-        Ok(())
-    } else {
-        Err(Errno::last())
-    }
+    raw_munmap(addr, len)
 }
 
 /// `madvise(2)`: signal-safe.
 pub fn advise(addr: usize, len: usize, advice: i32) -> SysResult<()> {
     // SAFETY: advice on a range the caller owns; DONTNEED drops contents the caller no
     // longer needs (its callers only use it on staging or freed ranges).
-    if unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) } == 0 {
+    // (a raw system call: the interposer exports `madvise` too, see raw_mmap)
+    if unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) } == 0 {
         Ok(())
     } else {
         Err(Errno::last())

@@ -212,3 +212,85 @@ pub fn on_fork_child(f: extern "C" fn()) {
         unsafe { libc::pthread_atfork(None, None, Some(f)) };
     }
 }
+
+/// Registers fork handlers (pthread_atfork), each optional.
+pub fn atfork(
+    prepare: Option<extern "C" fn()>,
+    parent: Option<extern "C" fn()>,
+    child: Option<extern "C" fn()>,
+) {
+    // SAFETY: registers handlers with no preconditions.
+    let u = |f: Option<extern "C" fn()>| f.map(|f| f as unsafe extern "C" fn());
+    unsafe { libc::pthread_atfork(u(prepare), u(parent), u(child)) };
+}
+
+/// Registers `f` to run at exit(3) (not at _exit or on a fatal signal).
+pub fn at_exit(f: extern "C" fn()) {
+    // SAFETY: registers a handler with no preconditions.
+    unsafe { libc::atexit(f) };
+}
+
+/// Removes a variable from this process's environment. Only for a library constructor,
+/// before the program's own threads exist (getenv is not thread-safe against it).
+pub fn unset_env_early(name: &std::ffi::CStr) {
+    // SAFETY: single-threaded at constructor time (see above).
+    unsafe { libc::unsetenv(name.as_ptr()) };
+}
+
+static FORWARD_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn forward_signal(sig: libc::c_int) {
+    let pid = FORWARD_PID.load(std::sync::atomic::Ordering::Acquire);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// For a launcher waiting on `child`: SIGINT and SIGQUIT (which the terminal sends to the
+/// whole group, child included) are ignored here, as system(3) does; SIGTERM, SIGHUP,
+/// SIGUSR1 and SIGUSR2 sent to the launcher are passed on to the child.
+pub fn forward_signals_to(child: i32) {
+    FORWARD_PID.store(child, std::sync::atomic::Ordering::Release);
+    // SAFETY: installs handlers that only call kill(2); SIG_IGN has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+        for s in [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2] {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = forward_signal as extern "C" fn(libc::c_int) as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigaction(s, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Ends this process with signal `sig`, as the child it ran did (so a shell sees the same
+/// status): default action, signal unblocked, no core file of the launcher.
+pub fn die_by_signal(sig: i32) -> ! {
+    // SAFETY: resetting a disposition, unblocking and raising have no preconditions.
+    unsafe {
+        let lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        libc::setrlimit(libc::RLIMIT_CORE, &lim);
+        libc::signal(sig, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(sig);
+    }
+    std::process::exit(128 + sig)
+}
+
+/// Whether the dynamic loader would run `path` in secure-execution mode for this user
+/// (set-user-ID or set-group-ID to someone else), where it ignores LD_PRELOAD.
+pub fn is_secure_exec(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid/getegid have no preconditions.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    (meta.mode() & libc::S_ISUID != 0 && meta.uid() != euid)
+        || (meta.mode() & libc::S_ISGID != 0 && meta.gid() != egid)
+}

@@ -68,6 +68,8 @@ pub struct Engine {
     pub resident: AtomicU64,
     /// Bytes of dedicated regions allocated (capacity check).
     pub committed: AtomicU64,
+    /// Highest `resident` seen after a fault's reservation (reports).
+    pub peak_resident: AtomicU64,
     pub budget: u64,
     pub capacity: u64,
     pub(crate) wake_evictor: os::EventFd,
@@ -135,6 +137,7 @@ impl Engine {
             clock: Mutex::new(ClockState::default()),
             resident: AtomicU64::new(0),
             committed: AtomicU64::new(0),
+            peak_resident: AtomicU64::new(0),
             wake_evictor: os::EventFd::new().map_err(|e| InitError(format!("eventfd: {e}")))?,
             counters: EngineCounters::default(),
             next_id: AtomicU32::new(1),

@@ -143,6 +143,9 @@ fn reserve_dram(e: &Engine, bytes: u64) {
     if now > high {
         e.wake_evictor.notify();
     }
+    // The peak after reclaim: what the process really held (the reservation above may
+    // count the chunk being placed before its victim has left).
+    e.peak_resident.fetch_max(e.resident.load(Relaxed), Relaxed);
 }
 
 /// Places chunks `[c, c+n)` (all claimed by this thread, same source) and publishes them.

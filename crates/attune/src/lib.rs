@@ -18,6 +18,7 @@ pub mod hash;
 pub mod log;
 pub mod pool;
 pub mod region;
+pub mod run_options;
 pub mod runtime;
 pub mod size;
 pub mod small;

@@ -424,6 +424,44 @@ pub fn region_stats(ptr: usize) -> Result<RegionStats, Errno> {
     })
 }
 
+/// Statistics of every dedicated region (address, stats), for reports.
+pub fn all_region_stats() -> Vec<(usize, RegionStats)> {
+    let Some(e) = engine_if_started() else {
+        return Vec::new();
+    };
+    let regions: Vec<Arc<Region>> = e
+        .regions
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter(|r| r.kind == RegionKind::Dedicated)
+        .cloned()
+        .collect();
+    regions
+        .iter()
+        .filter_map(|r| region_stats(r.base).ok().map(|s| (r.base, s)))
+        .collect()
+}
+
+/// Whether `ptr` is a live small managed block, and its size.
+pub fn small_block_size(ptr: usize) -> Option<usize> {
+    match runtime().ok()? {
+        Runtime::Tiered { small, .. } if small.owns(ptr) => small.size_of(ptr),
+        _ => None,
+    }
+}
+
+/// Whether `ptr` lies in a small-object arena (lock-free range test).
+pub fn in_small_arena(ptr: usize) -> bool {
+    let Some(_) = engine_if_started() else {
+        return false;
+    };
+    match runtime() {
+        Ok(Runtime::Tiered { small, .. }) => small.owns(ptr),
+        _ => false,
+    }
+}
+
 /// Statistics of one tier (index 0 is DRAM).
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct TierStats {
@@ -431,6 +469,8 @@ pub struct TierStats {
     pub kind: String,
     pub capacity: u64,
     pub used_bytes: u64,
+    /// Highest `used_bytes` so far.
+    pub peak_used_bytes: u64,
     pub latency_ns: u64,
     pub bandwidth: u64,
     /// DRAM: faults resolved; far tier: loads.
@@ -459,6 +499,7 @@ pub fn tier_stats() -> Result<Vec<TierStats>, Errno> {
                 kind: "dram".into(),
                 capacity: e.budget,
                 used_bytes: e.resident.load(Relaxed),
+                peak_used_bytes: e.peak_resident.load(Relaxed),
                 latency_ns: 100,
                 bandwidth: 0,
                 faults: c.faults.load(Relaxed),
@@ -474,6 +515,7 @@ pub fn tier_stats() -> Result<Vec<TierStats>, Errno> {
                     kind: format!("{:?}", t.cfg.kind).to_lowercase(),
                     capacity: t.cfg.capacity,
                     used_bytes: k.stored.load(Relaxed),
+                    peak_used_bytes: k.peak_stored.load(Relaxed),
                     latency_ns: t.cfg.latency_ns,
                     bandwidth: t.cfg.bandwidth,
                     faults: k.loads.load(Relaxed),

@@ -29,6 +29,16 @@ pub fn run(a: Args) -> i32 {
                 o.key, o.env, o.default, o.suggested, o.doc
             );
         }
+        println!(
+            "\n`attune run` options (environment only; `attune run` sets them from its flags):\n"
+        );
+        println!("| option | environment | default | suggested | meaning |\n|---|---|---|---|---|");
+        for o in attune::run_options::RUN_OPTIONS {
+            println!(
+                "| `{}` | `{}` | {} | {} | {} |",
+                o.key, o.env, o.default, o.suggested, o.doc
+            );
+        }
         return 0;
     }
     match load_from_process(a.file.as_deref()) {

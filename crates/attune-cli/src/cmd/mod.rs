@@ -1,3 +1,4 @@
 pub mod bench;
 pub mod config;
+pub mod run;
 pub mod topology;

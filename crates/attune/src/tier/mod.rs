@@ -20,6 +20,8 @@ use std::sync::Mutex;
 #[derive(Default)]
 pub struct TierCounters {
     pub stored: AtomicU64,
+    /// Highest `stored` so far (reports).
+    pub peak_stored: AtomicU64,
     pub loads: AtomicU64,
     pub stores: AtomicU64,
     pub bytes_in: AtomicU64,
@@ -162,7 +164,8 @@ impl FarTier {
         };
         match r {
             Ok(()) => {
-                self.counters.stored.fetch_add(len as u64, Relaxed);
+                let now = self.counters.stored.fetch_add(len as u64, Relaxed) + len as u64;
+                self.counters.peak_stored.fetch_max(now, Relaxed);
                 self.counters.stores.fetch_add(1, Relaxed);
                 self.counters.bytes_out.fetch_add(len as u64, Relaxed);
             }

@@ -1,0 +1,501 @@
+//! `attune run`: runs an unmodified, dynamically linked program with its large
+//! allocations on Attune's tiers (the interposer `libattune_preload.so` loaded with
+//! LD_PRELOAD), then prints a report and writes it as JSON (schema in docs/run-report.md).
+//!
+//! The launcher itself is not managed: it validates the options, starts the program,
+//! passes signals on, waits, gathers each managed process's statistics file and exits
+//! with the program's status (or dies by the same signal).
+
+use attune::run_options;
+use attune::size::{human, parse_size_or_percent};
+use serde_json::{json, Value};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Flags of the program's managed memory: LAT, BW, CAP, SHL (comma-separated) or auto.
+    #[arg(long, value_name = "FLAGS")]
+    flags: Option<String>,
+    /// DRAM budget per process: a size (512M, 4G) or a percentage of this machine's memory.
+    #[arg(long, value_name = "SIZE|PERCENT")]
+    dram: Option<String>,
+    /// Attune configuration file (TOML), as ATTUNE_CONFIG.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Write the report as JSON to FILE (the text report always goes to stderr).
+    #[arg(long, value_name = "FILE")]
+    report: Option<PathBuf>,
+    /// Manage requests of at least this size (default 1M).
+    #[arg(long, value_name = "SIZE")]
+    threshold: Option<String>,
+    /// Flags by allocation size, e.g. "..64M:LAT,1G..:CAP".
+    #[arg(long, value_name = "RULES")]
+    rules: Option<String>,
+    /// Manage small requests too (the whole heap).
+    #[arg(long)]
+    small: bool,
+    /// Do not manage forked or exec'd children.
+    #[arg(long)]
+    no_children: bool,
+    /// Run the program even if LD_PRELOAD cannot work for it (statically linked, setuid).
+    #[arg(long)]
+    allow_unmanaged: bool,
+    /// No text report on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+    /// The program and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "PROGRAM"
+    )]
+    command: Vec<String>,
+}
+
+fn fail(code: i32, msg: &str) -> i32 {
+    eprintln!("attune run: {msg}");
+    code
+}
+
+/// Finds `prog` as execvp would: a path if it has a slash, else along $PATH.
+fn locate(prog: &str) -> Result<PathBuf, (i32, String)> {
+    let candidates: Vec<PathBuf> = if prog.contains('/') {
+        vec![PathBuf::from(prog)]
+    } else {
+        std::env::var("PATH")
+            .unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into())
+            .split(':')
+            .map(|d| Path::new(if d.is_empty() { "." } else { d }).join(prog))
+            .collect()
+    };
+    let mut found_not_exec = None;
+    for c in candidates {
+        if let Ok(m) = std::fs::metadata(&c) {
+            if m.is_file() && m.permissions().mode() & 0o111 != 0 {
+                return Ok(c);
+            }
+            found_not_exec.get_or_insert(c);
+        }
+    }
+    match found_not_exec {
+        Some(c) => Err((
+            126,
+            format!(
+                "{}: permission denied (not an executable file)",
+                c.display()
+            ),
+        )),
+        None => Err((127, format!("{prog}: command not found"))),
+    }
+}
+
+/// Why LD_PRELOAD cannot work for this program, if it cannot.
+fn preload_obstacle(path: &Path) -> Option<String> {
+    let meta = std::fs::metadata(path).ok()?;
+    if attune_sys::os::is_secure_exec(&meta) {
+        return Some(format!(
+            "{} is set-user-ID or set-group-ID to another user: the dynamic loader ignores LD_PRELOAD for it (secure-execution mode). Run a copy without the setuid bit, or as its owner",
+            path.display()
+        ));
+    }
+    let bytes = std::fs::read(path).ok()?;
+    if !bytes.starts_with(b"\x7fELF") {
+        return None; // a script: its interpreter is dynamically linked (checked when it runs)
+    }
+    match goblin::elf::Elf::parse(&bytes) {
+        Ok(elf) if elf.interpreter.is_none() => Some(format!(
+            "{} is statically linked: LD_PRELOAD cannot replace its allocator. Relink it dynamically, or link it with libattune and use allocate_TM (README, \"Using the library\")",
+            path.display()
+        )),
+        _ => None,
+    }
+}
+
+/// The interposer library: $ATTUNE_PRELOAD_LIB, or next to this executable (build tree
+/// and install tree layouts).
+fn preload_library() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("ATTUNE_PRELOAD_LIB") {
+        return Some(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [
+        dir.join("libattune_preload.so"),
+        dir.join("../lib/libattune_preload.so"),
+        dir.join("../lib/attune/libattune_preload.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .and_then(|p| p.canonicalize().ok())
+}
+
+pub fn run(a: Args) -> i32 {
+    // Validate everything before starting anything.
+    let mut env: Vec<(String, String)> = Vec::new();
+    if let Some(f) = &a.flags {
+        if let Err(e) = attune::Flags::parse(f) {
+            return fail(2, &format!("--flags {f}: {e}"));
+        }
+        env.push(("ATTUNE_FLAGS".into(), f.clone()));
+    }
+    if let Some(d) = &a.dram {
+        match parse_size_or_percent(d, attune_sys::os::total_memory()) {
+            Ok(0) => {
+                return fail(
+                    2,
+                    &format!("--dram {d}: the budget must be more than 0 bytes"),
+                )
+            }
+            Ok(b) => env.push(("ATTUNE_DRAM".into(), b.to_string())),
+            Err(e) => {
+                return fail(
+                    2,
+                    &format!(
+                    "--dram {d}: {e} (expected a size like 512M or 4G, or a percentage like 25%)"
+                ),
+                )
+            }
+        }
+    }
+    if let Some(c) = &a.config {
+        let abs = std::path::absolute(c).unwrap_or_else(|_| c.clone());
+        env.push(("ATTUNE_CONFIG".into(), abs.display().to_string()));
+    }
+    if let Some(t) = &a.threshold {
+        env.push(("ATTUNE_RUN_THRESHOLD".into(), t.clone()));
+    }
+    if let Some(r) = &a.rules {
+        env.push(("ATTUNE_FLAG_RULES".into(), r.clone()));
+    }
+    if a.small {
+        env.push(("ATTUNE_RUN_SMALL".into(), "1".into()));
+    }
+    if a.no_children {
+        env.push(("ATTUNE_RUN_CHILDREN".into(), "0".into()));
+    }
+    // Unmodified programs hand their buffers to system calls: handler-thread delivery.
+    env.push(("ATTUNE_FAULT_MODE".into(), "thread".into()));
+    let merged = |k: &str| {
+        env.iter()
+            .rev()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .or_else(|| std::env::var(k).ok())
+    };
+    if let Err(e) = run_options::from_env(merged) {
+        return fail(2, &e);
+    }
+    // The runtime's configuration as the program will see it (file, then environment).
+    let mut cfg_env: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("ATTUNE_"))
+        .filter(|(k, _)| !env.iter().any(|(n, _)| n == k))
+        .collect();
+    cfg_env.extend(env.iter().cloned());
+    if let Err(e) = attune::config::load(
+        a.config.as_deref(),
+        &cfg_env,
+        &attune::config::Machine::this(),
+    ) {
+        return fail(2, &format!("configuration: {e}"));
+    }
+
+    let prog = &a.command[0];
+    let path = match locate(prog) {
+        Ok(p) => p,
+        Err((code, msg)) => return fail(code, &msg),
+    };
+    let mut managed = true;
+    if let Some(why) = preload_obstacle(&path) {
+        if !a.allow_unmanaged {
+            return fail(
+                2,
+                &format!("{why}.\n  (--allow-unmanaged runs it anyway, without tiering)"),
+            );
+        }
+        eprintln!("attune run: warning: {why}; running it unmanaged");
+        managed = false;
+    }
+    let lib = match preload_library() {
+        Some(l) => l,
+        None => return fail(2, "cannot find libattune_preload.so next to the attune executable (set ATTUNE_PRELOAD_LIB)"),
+    };
+    // Check the report path now: a path that cannot be written is a warning, not a reason
+    // to lose the run.
+    let mut report_path = a.report.clone();
+    if let Some(r) = &report_path {
+        if let Err(e) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(r)
+        {
+            eprintln!(
+                "attune run: warning: cannot write the report to {}: {e}; running without it",
+                r.display()
+            );
+            report_path = None;
+        }
+    }
+    let dir = match tempdir() {
+        Ok(d) => d,
+        Err(e) => return fail(2, &format!("cannot create a directory for statistics: {e}")),
+    };
+
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(p) if !p.is_empty() => format!("{} {p}", lib.display()),
+        _ => lib.display().to_string(),
+    };
+    let mut cmd = std::process::Command::new(&path);
+    cmd.arg0(prog).args(&a.command[1..]);
+    for (k, v) in &env {
+        cmd.env(k, v);
+    }
+    if managed {
+        cmd.env("LD_PRELOAD", preload);
+    }
+    cmd.env("ATTUNE_REPORT_DIR", &dir);
+    let t0 = std::time::Instant::now();
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            return fail(code, &format!("{}: {e}", path.display()));
+        }
+    };
+    attune_sys::os::forward_signals_to(child.id() as i32);
+    let status = loop {
+        match child.wait() {
+            Ok(s) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                eprintln!("attune run: waiting for the program failed: {e}");
+                return 2;
+            }
+        }
+    };
+    let wall = t0.elapsed().as_secs_f64();
+    let procs = gather(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    let report = build_report(&a.command, &path, managed, wall, status, procs);
+    if !a.quiet {
+        eprint!("{}", text_report(&report));
+    }
+    if let Some(r) = report_path {
+        match serde_json::to_vec_pretty(&report) {
+            Ok(b) => {
+                if let Err(e) = std::fs::write(&r, b) {
+                    eprintln!(
+                        "attune run: warning: cannot write the report to {}: {e}",
+                        r.display()
+                    );
+                }
+            }
+            Err(e) => eprintln!("attune run: warning: cannot encode the report: {e}"),
+        }
+    }
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c,
+        (None, Some(sig)) => attune_sys::os::die_by_signal(sig),
+        _ => 1,
+    }
+}
+
+fn tempdir() -> std::io::Result<PathBuf> {
+    let base = std::env::temp_dir();
+    for i in 0..100u32 {
+        let d = base.join(format!("attune-run-{}-{}", std::process::id(), i));
+        match std::fs::DirBuilder::new().mode(0o700).create(&d) {
+            Ok(()) => return Ok(d),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other("no free name"))
+}
+
+use std::os::unix::fs::DirBuilderExt;
+
+fn gather(dir: &Path) -> Vec<Value> {
+    let mut v: Vec<Value> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            n.starts_with("proc-") && n.ends_with(".json")
+        })
+        .filter_map(|e| std::fs::read(e.path()).ok())
+        .filter_map(|b| serde_json::from_slice(&b).ok())
+        .collect();
+    v.sort_by_key(|p: &Value| p["pid"].as_u64().unwrap_or(0));
+    v
+}
+
+fn sum(procs: &[Value], key: &str) -> u64 {
+    procs.iter().map(|p| p[key].as_u64().unwrap_or(0)).sum()
+}
+
+/// Schema "attune-run-report/1" (docs/run-report.md).
+pub fn build_report(
+    argv: &[String],
+    path: &Path,
+    managed: bool,
+    wall: f64,
+    status: std::process::ExitStatus,
+    procs: Vec<Value>,
+) -> Value {
+    let mut tiers: Vec<Value> = Vec::new();
+    for p in &procs {
+        for (i, t) in p["tiers"].as_array().into_iter().flatten().enumerate() {
+            if tiers.len() <= i {
+                tiers.push(
+                    json!({"name": t["name"], "kind": t["kind"], "peak_used_bytes": 0,
+                    "bytes_in": 0, "bytes_out": 0, "faults": 0, "evictions": 0, "errors": 0}),
+                );
+            }
+            for k in [
+                "peak_used_bytes",
+                "bytes_in",
+                "bytes_out",
+                "faults",
+                "evictions",
+                "errors",
+            ] {
+                let v = tiers[i][k].as_u64().unwrap_or(0) + t[k].as_u64().unwrap_or(0);
+                tiers[i][k] = json!(v);
+            }
+        }
+    }
+    let mut top: Vec<Value> = procs
+        .iter()
+        .flat_map(|p| {
+            let pid = p["pid"].clone();
+            p["top_regions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |mut r| {
+                    r["pid"] = pid.clone();
+                    r
+                })
+        })
+        .collect();
+    top.sort_by_key(|r| {
+        std::cmp::Reverse((
+            r["heat"].as_u64().unwrap_or(0),
+            r["faults"].as_u64().unwrap_or(0),
+        ))
+    });
+    top.truncate(10);
+    let complete = procs.iter().all(|p| p["final"].as_bool().unwrap_or(false));
+    json!({
+        "schema": "attune-run-report/1",
+        "command": argv,
+        "program": path.display().to_string(),
+        "managed": managed,
+        "wall_seconds": wall,
+        "exit_code": status.code(),
+        "signal": status.signal(),
+        "complete": complete,
+        "processes": procs.len(),
+        "totals": {
+            "peak_resident_bytes_max": procs.iter().map(|p| p["peak_resident_bytes"].as_u64().unwrap_or(0)).max().unwrap_or(0),
+            "budget_bytes": procs.first().map(|p| p["budget_bytes"].clone()).unwrap_or(json!(0)),
+            "faults": sum(&procs, "faults"),
+            "evictions": sum(&procs, "evictions"),
+            "fetched_bytes": sum(&procs, "fetched_bytes"),
+            "evicted_bytes": sum(&procs, "evicted_bytes"),
+            "moved_bytes": sum(&procs, "fetched_bytes") + sum(&procs, "evicted_bytes"),
+            "os_minor_faults": sum(&procs, "os_minor_faults"),
+            "os_major_faults": sum(&procs, "os_major_faults"),
+            "budget_overruns": sum(&procs, "budget_overruns"),
+            "managed_requests": sum(&procs, "managed_requests"),
+            "fallback_requests": sum(&procs, "fallback_requests"),
+        },
+        "tiers": tiers,
+        "hottest_regions": top,
+        "per_process": procs,
+    })
+}
+
+pub fn text_report(r: &Value) -> String {
+    let mut s = String::new();
+    let t = &r["totals"];
+    let u = |v: &Value| human(v.as_u64().unwrap_or(0));
+    let status = match (r["exit_code"].as_i64(), r["signal"].as_i64()) {
+        (Some(c), _) => format!("exit {c}"),
+        (_, Some(sig)) => format!("killed by signal {sig}"),
+        _ => "unknown".into(),
+    };
+    s += &format!(
+        "attune run: {} — {status}, {:.2} s wall, {} managed process(es){}\n",
+        r["command"]
+            .as_array()
+            .and_then(|a| a.first())
+            .and_then(|v| v.as_str())
+            .unwrap_or("?"),
+        r["wall_seconds"].as_f64().unwrap_or(0.0),
+        r["processes"],
+        if r["complete"].as_bool() == Some(false) {
+            " (last snapshot of some: killed before exit)"
+        } else {
+            ""
+        }
+    );
+    if r["managed"] == json!(false) {
+        s += "  not managed: LD_PRELOAD could not apply\n";
+        return s;
+    }
+    if r["processes"].as_u64() == Some(0) {
+        s += "  no managed memory: no request reached the threshold (--threshold)\n";
+        return s;
+    }
+    s += &format!(
+        "  DRAM: peak {} of a {} budget per process; faults {}, evictions {}, moved {} (in {}, out {})\n",
+        u(&t["peak_resident_bytes_max"]), u(&t["budget_bytes"]), t["faults"], t["evictions"],
+        u(&t["moved_bytes"]), u(&t["fetched_bytes"]), u(&t["evicted_bytes"])
+    );
+    s += &format!(
+        "  kernel page faults: {} minor, {} major; managed requests {}, fell back to malloc {}\n",
+        t["os_minor_faults"], t["os_major_faults"], t["managed_requests"], t["fallback_requests"]
+    );
+    for tier in r["tiers"].as_array().into_iter().flatten() {
+        s += &format!(
+            "  tier {:<8} {:<7} peak {:>10}  in {:>10}  out {:>10}\n",
+            tier["name"].as_str().unwrap_or("?"),
+            tier["kind"].as_str().unwrap_or("?"),
+            u(&tier["peak_used_bytes"]),
+            u(&tier["bytes_in"]),
+            u(&tier["bytes_out"])
+        );
+    }
+    for (i, reg) in r["hottest_regions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .take(5)
+        .enumerate()
+    {
+        s += &format!(
+            "  hot #{}: pid {} {} {} flags {} faults {} evictions {} resident {}\n",
+            i + 1,
+            reg["pid"],
+            reg["address"].as_str().unwrap_or("?"),
+            u(&reg["size"]),
+            reg["flags_text"].as_str().unwrap_or("?"),
+            reg["faults"],
+            reg["evictions"],
+            u(&reg["resident_bytes"])
+        );
+    }
+    s
+}

@@ -1,0 +1,444 @@
+//! The exported allocation and mapping symbols. Each decides in a few comparisons
+//! whether a request is the runtime's (large enough, runtime ready, not re-entered) and
+//! otherwise hands it to glibc or the kernel unchanged.
+//!
+//! Why each symbol is here:
+//! * malloc, calloc, realloc, reallocarray, free, posix_memalign, aligned_alloc,
+//!   memalign, valloc, pvalloc, malloc_usable_size: glibc's replaceable set; all of them
+//!   must agree on which pointers are whose.
+//! * mmap/mmap64, munmap, mremap: large anonymous private mappings are managed too
+//!   (Python's arenas, allocators that map directly); munmap and mremap must then know them.
+//! * madvise: MADV_HUGEPAGE on managed memory is ignored (the runtime places 4 KiB to
+//!   2 MiB chunks itself; numpy asks for huge pages on every large array).
+
+use crate::{ready, settings, table, Busy, SMALL, THRESHOLD};
+use attune::config::FaultMode;
+use attune::engine::AllocOptions;
+use attune_sys::libc_alloc as glibc;
+use attune_sys::mem;
+use libc::{c_int, c_void, off_t};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+const PAGE: usize = 4096;
+
+/// Managed requests served, and those that fell back to glibc (tiers full).
+pub static SERVED: AtomicU64 = AtomicU64::new(0);
+pub static FELL_BACK: AtomicU64 = AtomicU64::new(0);
+
+fn round_page(n: usize) -> Option<usize> {
+    n.checked_add(PAGE - 1).map(|v| v & !(PAGE - 1))
+}
+
+/// Serves `size` bytes from the runtime, or returns 0 (not managed: use glibc). With
+/// `region`, the result is a page-aligned region of its own (mmap, large alignments).
+fn managed(size: usize, region: bool) -> usize {
+    managed_fresh(size, region).0
+}
+
+/// As `managed`, and whether the memory is fresh (reads as zeros).
+#[inline]
+fn managed_fresh(size: usize, region: bool) -> (usize, bool) {
+    // THRESHOLD is 0 in small mode (everything managed) and usize::MAX before start.
+    if size < THRESHOLD.load(Relaxed) {
+        return (0, false);
+    }
+    managed_slow(size, region)
+}
+
+#[inline(never)]
+fn managed_slow(size: usize, region: bool) -> (usize, bool) {
+    let s = settings();
+    if size < s.threshold && (region || !s.small) {
+        return (0, false);
+    }
+    let Some(_b) = Busy::enter() else {
+        return (0, false);
+    };
+    if !ready() {
+        return (0, false);
+    }
+    let rt = match attune::runtime::runtime() {
+        Ok(rt) => rt,
+        Err(_) => return (0, false),
+    };
+    let is_region = region || size >= rt.config().small_threshold;
+    if is_region && !region {
+        if let Some(b) = table::cache_take(size) {
+            SERVED.fetch_add(1, Relaxed);
+            return (b, false);
+        }
+    }
+    // Unmodified programs pass buffers to system calls: always the handler-thread delivery.
+    let opts = is_region.then(|| AllocOptions {
+        fault_mode: Some(FaultMode::Thread),
+        ..Default::default()
+    });
+    let len = if region {
+        round_page(size).unwrap_or(size)
+    } else {
+        size
+    };
+    match attune::runtime::alloc(len, s.flags_for(size).0, opts) {
+        Ok(p) => {
+            if is_region {
+                table::insert(p, len);
+            }
+            SERVED.fetch_add(1, Relaxed);
+            (p, is_region)
+        }
+        Err(_) => {
+            FELL_BACK.fetch_add(1, Relaxed);
+            (0, false)
+        }
+    }
+}
+
+/// Bytes of freed regions kept for reuse: 1/8 of the budget, at most 64 MiB.
+fn cache_limit() -> usize {
+    attune::runtime::engine_if_started()
+        .map(|e| (e.budget / 8).min(64 << 20) as usize)
+        .unwrap_or(0)
+}
+
+/// Frees `p` if it is managed (or inherited from the parent); false if it is glibc's.
+/// `reuse`: a malloc'ed region may be kept for the next request of a similar size.
+#[inline]
+fn free_managed(p: usize, reuse: bool) -> bool {
+    if p % PAGE == 0 && table::maybe_managed(p) {
+        if let Some(e) = table::remove(p) {
+            if e.inherited {
+                let _ = mem::raw_munmap(p, round_page(e.cap).unwrap_or(e.cap));
+            } else {
+                let doomed = if reuse {
+                    table::cache_put(p, e.cap, cache_limit())
+                } else {
+                    vec![p]
+                };
+                let _b = Busy::enter();
+                for d in doomed {
+                    let _ = attune::runtime::free(d);
+                }
+            }
+            return true;
+        }
+    }
+    if SMALL.load(Relaxed) && attune::runtime::in_small_arena(p) {
+        let _b = Busy::enter();
+        let _ = attune::runtime::free(p);
+        return true;
+    }
+    false
+}
+
+/// Size of a managed allocation at `p`.
+fn managed_size(p: usize) -> Option<usize> {
+    if p % PAGE == 0 {
+        if let Some(e) = table::get(p) {
+            return Some(e.size);
+        }
+    }
+    if SMALL.load(Relaxed) {
+        return attune::runtime::small_block_size(p);
+    }
+    None
+}
+
+#[no_mangle]
+pub extern "C" fn malloc(size: usize) -> *mut c_void {
+    let p = managed(size, false);
+    if p != 0 {
+        return p as *mut c_void;
+    }
+    glibc::malloc(size) as *mut c_void
+}
+
+#[no_mangle]
+pub extern "C" fn free(p: *mut c_void) {
+    let p = p as usize;
+    if p == 0 || free_managed(p, true) {
+        return;
+    }
+    glibc::free(p)
+}
+
+#[no_mangle]
+pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+    let Some(total) = n.checked_mul(size) else {
+        glibc::set_errno(libc::ENOMEM);
+        return std::ptr::null_mut();
+    };
+    let (p, fresh) = managed_fresh(total, false);
+    if p != 0 {
+        // Fresh regions read as zeros (first touch is zero-filled); reused memory does not.
+        if !fresh {
+            glibc::zero(p, total);
+        }
+        return p as *mut c_void;
+    }
+    glibc::calloc(n, size) as *mut c_void
+}
+
+#[no_mangle]
+pub extern "C" fn realloc(p: *mut c_void, n: usize) -> *mut c_void {
+    let p = p as usize;
+    if p == 0 {
+        return malloc(n);
+    }
+    if n == 0 {
+        free(p as *mut c_void);
+        return std::ptr::null_mut();
+    }
+    if let Some(old) = managed_size(p) {
+        if n <= old {
+            return p as *mut c_void;
+        }
+        let q = malloc(n) as usize;
+        if q == 0 {
+            return std::ptr::null_mut(); // errno from malloc; p is untouched
+        }
+        glibc::copy(q, p, old);
+        free(p as *mut c_void);
+        return q as *mut c_void;
+    }
+    let q = managed(n, false);
+    if q != 0 {
+        // A glibc block grows past the threshold: it moves to managed memory.
+        glibc::copy(q, p, glibc::usable_size(p).min(n));
+        glibc::free(p);
+        return q as *mut c_void;
+    }
+    glibc::realloc(p, n) as *mut c_void
+}
+
+#[no_mangle]
+pub extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
+    match n.checked_mul(size) {
+        Some(t) => realloc(p, t),
+        None => {
+            glibc::set_errno(libc::ENOMEM);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+fn aligned(align: usize, size: usize) -> usize {
+    // Regions are at least page-aligned; arena blocks 16-byte aligned.
+    let p = managed(size, align > 16);
+    if p != 0 && p % align == 0 {
+        return p;
+    }
+    if p != 0 {
+        free_managed(p, false);
+    }
+    glibc::memalign(align, size)
+}
+
+#[no_mangle]
+pub extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
+    if !align.is_power_of_two() || align < std::mem::size_of::<usize>() {
+        return libc::EINVAL;
+    }
+    let p = aligned(align, size);
+    if p == 0 {
+        return libc::ENOMEM;
+    }
+    glibc::write_out(out as usize, p);
+    0
+}
+
+#[no_mangle]
+pub extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    if !align.is_power_of_two() {
+        glibc::set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    aligned(align, size) as *mut c_void
+}
+
+#[no_mangle]
+pub extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+    aligned_alloc(align.next_power_of_two(), size)
+}
+
+#[no_mangle]
+pub extern "C" fn valloc(size: usize) -> *mut c_void {
+    aligned(PAGE, size) as *mut c_void
+}
+
+#[no_mangle]
+pub extern "C" fn pvalloc(size: usize) -> *mut c_void {
+    match round_page(size.max(1)) {
+        Some(s) => aligned(PAGE, s) as *mut c_void,
+        None => {
+            glibc::set_errno(libc::ENOMEM);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
+    let p = p as usize;
+    if p == 0 {
+        return 0;
+    }
+    managed_size(p).unwrap_or_else(|| glibc::usable_size(p))
+}
+
+static WARNED_FIXED: AtomicBool = AtomicBool::new(false);
+
+fn warn_once(flag: &AtomicBool, msg: &str) {
+    if !flag.swap(true, Relaxed) {
+        attune::log::emit(attune::log::Level::Warn, msg);
+    }
+}
+
+fn map_failed(e: i32) -> *mut c_void {
+    glibc::set_errno(e);
+    libc::MAP_FAILED
+}
+
+#[no_mangle]
+pub extern "C" fn mmap(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
+    let addr = addr as usize;
+    let plain = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    let allowed = plain | libc::MAP_NORESERVE;
+    if addr == 0
+        && flags & plain == plain
+        && flags & !allowed == 0
+        && prot == libc::PROT_READ | libc::PROT_WRITE
+        && len > 0
+    {
+        let p = managed(len, true);
+        if p != 0 {
+            return p as *mut c_void;
+        }
+    }
+    if flags & libc::MAP_FIXED != 0 && len > 0 && table::overlaps(addr, len) {
+        // Replacing managed memory under the runtime would let it move pages into a
+        // mapping it no longer owns: refuse loudly instead.
+        warn_once(
+            &WARNED_FIXED,
+            "attune run: MAP_FIXED over managed memory refused (EINVAL); set ATTUNE_RUN_THRESHOLD above this program's mapping sizes",
+        );
+        return map_failed(libc::EINVAL);
+    }
+    match mem::raw_mmap(addr, len, prot, flags, fd, off) {
+        Ok(p) => p as *mut c_void,
+        Err(e) => map_failed(e.0),
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
+    mmap(addr, len, prot, flags, fd, off)
+}
+
+fn status(r: Result<(), attune_sys::Errno>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            glibc::set_errno(e.0);
+            -1
+        }
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
+    let addr = addr as usize;
+    if addr % PAGE != 0 || len == 0 {
+        return status(mem::raw_munmap(addr, len));
+    }
+    let u = table::unmap(addr, round_page(len).unwrap_or(len));
+    if !u.touched_managed {
+        return status(mem::raw_munmap(addr, len));
+    }
+    // A partly unmapped managed mapping stays reserved until its last byte goes (its
+    // address range cannot be reused meanwhile; docs/design.md "attune run").
+    for (b, inherited) in u.free {
+        if inherited {
+            // The parent's range, reserved in this child (table::after_fork_in_child).
+            let _ = mem::raw_munmap(b.max(addr), len);
+        } else {
+            let _b = Busy::enter();
+            let _ = attune::runtime::free(b);
+        }
+    }
+    let mut r = Ok(());
+    for (a, l) in u.gaps {
+        r = r.and(mem::raw_munmap(a, l));
+    }
+    status(r)
+}
+
+#[no_mangle]
+pub extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: usize,
+    new_len: usize,
+    flags: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
+    // mremap is variadic in C; on x86-64 and aarch64 the optional fifth argument arrives
+    // in the fifth argument register, read only with MREMAP_FIXED (as the kernel does).
+    let old = old as usize;
+    let Some(e) = (old % PAGE == 0).then(|| table::get(old)).flatten() else {
+        return match mem::raw_mremap(old, old_len, new_len, flags, new_addr as usize) {
+            Ok(p) => p as *mut c_void,
+            Err(e) => map_failed(e.0),
+        };
+    };
+    if flags & !libc::MREMAP_MAYMOVE != 0 || new_len == 0 || e.inherited {
+        return map_failed(libc::EINVAL);
+    }
+    let Some(new_len) = round_page(new_len) else {
+        return map_failed(libc::ENOMEM);
+    };
+    if new_len <= e.size {
+        if new_len < e.size {
+            let _ = table::unmap(old + new_len, e.size - new_len);
+        }
+        return old as *mut c_void;
+    }
+    if flags & libc::MREMAP_MAYMOVE == 0 {
+        return map_failed(libc::ENOMEM);
+    }
+    let q = mmap(
+        std::ptr::null_mut(),
+        new_len,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+        -1,
+        0,
+    );
+    if q == libc::MAP_FAILED {
+        return q;
+    }
+    glibc::copy(q as usize, old, e.size);
+    munmap(old as *mut c_void, e.size);
+    q
+}
+
+#[no_mangle]
+pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    let addr = addr as usize;
+    if advice == libc::MADV_HUGEPAGE && table::overlaps(addr, len) {
+        return 0;
+    }
+    status(mem::advise(addr, len, advice))
+}

@@ -1,0 +1,155 @@
+//! # The `attune run` interposer (`libattune_preload.so`)
+//!
+//! Loaded with LD_PRELOAD into an unmodified program, it exports the malloc family and
+//! `mmap`/`munmap`/`mremap`/`madvise` and sends requests of at least
+//! `ATTUNE_RUN_THRESHOLD` bytes to the runtime's tiers; everything else goes to glibc
+//! under its internal names (`attune_sys::libc_alloc`), so the program's small objects
+//! cost nothing extra.
+//!
+//! * `hooks.rs`: the exported symbols (the only entry points the program calls).
+//! * `table.rs`: which addresses are managed (fork-safe lock; inherited entries).
+//! * `report.rs`: the per-process statistics file `attune run` turns into its report.
+//!
+//! Start-up: the constructor only reads settings and registers fork/exit handlers; the
+//! runtime (threads, userfaultfd) starts at the first managed request, so processes that
+//! never allocate much (a shell, `ls`) pay nothing. Until it is ready, and on any thread
+//! already inside the interposer, requests go to glibc: correct, only unmanaged.
+
+// `#[no_mangle]` and `#[link_section]` count as unsafe code: only the exported symbols
+// and the constructor use them; every other unsafe operation is in attune-sys.
+#![deny(unsafe_code)]
+
+#[allow(unsafe_code)]
+mod hooks;
+mod report;
+mod table;
+#[allow(unsafe_code)]
+mod wrap;
+
+use attune::run_options::{self, RunSettings};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::OnceLock;
+
+/// The interposer's own data lives in glibc's heap, never in managed memory.
+#[global_allocator]
+static ALLOC: attune_sys::libc_alloc::LibcAllocator = attune_sys::libc_alloc::LibcAllocator;
+
+const UNSTARTED: u8 = 0;
+const STARTING: u8 = 1;
+const READY: u8 = 2;
+const OFF: u8 = 3;
+
+/// Runtime state of this process (reset in a forked child).
+static STATE: AtomicU8 = AtomicU8::new(UNSTARTED);
+static SETTINGS: OnceLock<RunSettings> = OnceLock::new();
+/// Set when the constructor has run: other libraries' constructors that allocate before
+/// it are served by glibc (the runtime never starts inside someone else's initialiser).
+static CONSTRUCTED: AtomicBool = AtomicBool::new(false);
+/// Copies of the two settings every malloc and free reads (one relaxed load each, no
+/// OnceLock on the hot path). Until the constructor sets them, nothing is managed.
+pub(crate) static THRESHOLD: AtomicUsize = AtomicUsize::new(usize::MAX);
+pub(crate) static SMALL: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// Set while this thread is inside the runtime: its own requests go to glibc.
+    static BUSY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks this thread busy for the guard's life; None if it already was (re-entry).
+struct Busy;
+impl Busy {
+    fn enter() -> Option<Busy> {
+        BUSY.with(|b| if b.replace(true) { None } else { Some(Busy) })
+    }
+}
+impl Drop for Busy {
+    fn drop(&mut self) {
+        BUSY.with(|b| b.set(false));
+    }
+}
+
+fn settings() -> &'static RunSettings {
+    SETTINGS.get_or_init(|| {
+        run_options::from_env(|k| std::env::var(k).ok()).unwrap_or_else(|e| {
+            attune::log::emit(
+                attune::log::Level::Error,
+                &format!("attune run: {e}; using the defaults"),
+            );
+            RunSettings::default()
+        })
+    })
+}
+
+/// Starts the runtime on first use; true when managed requests can be served.
+fn ready() -> bool {
+    match STATE.load(Acquire) {
+        READY => true,
+        UNSTARTED => {
+            if !CONSTRUCTED.load(Acquire) {
+                return false;
+            }
+            if STATE
+                .compare_exchange(UNSTARTED, STARTING, AcqRel, Acquire)
+                .is_err()
+            {
+                return STATE.load(Acquire) == READY;
+            }
+            let ok = matches!(
+                attune::runtime::runtime(),
+                Ok(rt) if rt.engine().is_some()
+            );
+            if ok {
+                report::start();
+            }
+            STATE.store(if ok { READY } else { OFF }, Release);
+            ok
+        }
+        _ => false,
+    }
+}
+
+extern "C" fn in_child_after_fork() {
+    table::after_fork_in_child();
+    // The parent's runtime (threads, userfaultfds) does not exist here; the child starts
+    // its own on first use, or stays unmanaged.
+    let next = if settings().children { UNSTARTED } else { OFF };
+    if next == OFF {
+        THRESHOLD.store(usize::MAX, Relaxed);
+        SMALL.store(false, Relaxed);
+    }
+    STATE.store(next, Release);
+    report::after_fork_in_child();
+}
+
+extern "C" fn at_exit() {
+    if STATE.load(Acquire) == READY {
+        if let Some(_b) = Busy::enter() {
+            report::write_now(true);
+        }
+    }
+}
+
+extern "C" fn constructor() {
+    attune_sys::libc_alloc::resolve();
+    let _b = Busy::enter();
+    let s = settings();
+    if !s.children {
+        // exec'd children must not load the interposer again.
+        attune_sys::os::unset_env_early(c"LD_PRELOAD");
+    }
+    attune_sys::os::atfork(
+        Some(table::before_fork),
+        Some(table::after_fork_in_parent),
+        Some(in_child_after_fork),
+    );
+    attune_sys::os::at_exit(at_exit);
+    SMALL.store(s.small, Relaxed);
+    THRESHOLD.store(if s.small { 0 } else { s.threshold }, Relaxed);
+    CONSTRUCTED.store(true, Release);
+}
+
+#[used]
+#[allow(unsafe_code)]
+#[link_section = ".init_array"]
+static CONSTRUCTOR: extern "C" fn() = constructor;

@@ -1,0 +1,204 @@
+//! Options of `attune run` and its interposer (environment only: the launcher sets them
+//! for the program it starts, and a job script may set them by hand).
+//!
+//! Parsing is pure (a `getenv` closure in, settings or an error naming the variable out)
+//! so it is unit-tested here and shared by the launcher (which validates before it starts
+//! anything) and the interposer (which must never fail the program: it falls back to
+//! defaults with a warning).
+
+use crate::config::OptionDoc;
+use crate::size::parse_size;
+use attune_policy::Flags;
+
+/// The options table of `attune run` (also in `attune config --options` and docs/tuning.md).
+pub const RUN_OPTIONS: &[OptionDoc] = &[
+    OptionDoc { key: "flags", env: "ATTUNE_FLAGS (or TM_FLAGS)", default: "auto", suggested: "what the workflow is: LAT, BW, CAP, SHL, combined with ','", doc: "Flags of every managed allocation; TM_FLAGS is the name the Slurm plugin sets, ATTUNE_FLAGS wins" },
+    OptionDoc { key: "flag_rules", env: "ATTUNE_FLAG_RULES", default: "(none)", suggested: "e.g. `..64M:LAT,1G..:CAP`", doc: "Flags by allocation size: comma-separated `MIN..MAX:FLAGS` (either bound may be empty, MAX exclusive); the first match wins over ATTUNE_FLAGS" },
+    OptionDoc { key: "run_threshold", env: "ATTUNE_RUN_THRESHOLD", default: "1M", suggested: "1M; 256K for programs with many mid-sized buffers", doc: "malloc-family and anonymous mmap requests of at least this size are managed; smaller ones stay with the system allocator" },
+    OptionDoc { key: "run_small", env: "ATTUNE_RUN_SMALL", default: "0", suggested: "0; 1 when small objects dominate the footprint", doc: "1: small requests are managed too (per-class arenas), so the whole heap is tiered" },
+    OptionDoc { key: "run_children", env: "ATTUNE_RUN_CHILDREN", default: "1", suggested: "1", doc: "1: forked and exec'd children are managed too (each with its own budget); 0: only the first process" },
+    OptionDoc { key: "report_dir", env: "ATTUNE_REPORT_DIR", default: "(set by attune run)", suggested: "-", doc: "Where each managed process writes its statistics (proc-PID-START.json), read by `attune run` for the report" },
+    OptionDoc { key: "report_interval", env: "ATTUNE_REPORT_INTERVAL_MS", default: "1000", suggested: "1000", doc: "How often a process refreshes its statistics file (so a killed program still leaves a report)" },
+];
+
+/// One size rule: allocations in `[min, max)` get `flags`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FlagRule {
+    pub min: u64,
+    pub max: u64,
+    pub flags: Flags,
+}
+
+/// Resolved settings of the interposer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunSettings {
+    pub flags: Flags,
+    pub rules: Vec<FlagRule>,
+    pub threshold: usize,
+    pub small: bool,
+    pub children: bool,
+    pub report_dir: Option<std::path::PathBuf>,
+    pub report_interval_ms: u64,
+}
+
+impl Default for RunSettings {
+    fn default() -> Self {
+        RunSettings {
+            flags: Flags(0),
+            rules: Vec::new(),
+            threshold: 1 << 20,
+            small: false,
+            children: true,
+            report_dir: None,
+            report_interval_ms: 1000,
+        }
+    }
+}
+
+impl RunSettings {
+    /// Flags for an allocation of `size` bytes.
+    pub fn flags_for(&self, size: usize) -> Flags {
+        let s = size as u64;
+        self.rules
+            .iter()
+            .find(|r| s >= r.min && s < r.max)
+            .map(|r| r.flags)
+            .unwrap_or(self.flags)
+    }
+}
+
+fn bool_var(name: &str, v: &str) -> Result<bool, String> {
+    match v.trim() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        o => Err(format!("{name}={o}: expected 0 or 1")),
+    }
+}
+
+/// Parses `..64M:LAT,64M..1G:BW,1G..:CAP`.
+pub fn parse_rules(s: &str) -> Result<Vec<FlagRule>, String> {
+    let mut v = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (range, flags) = part
+            .rsplit_once(':')
+            .ok_or_else(|| format!("rule '{part}': expected MIN..MAX:FLAGS"))?;
+        let (lo, hi) = range
+            .split_once("..")
+            .ok_or_else(|| format!("rule '{part}': expected MIN..MAX before ':'"))?;
+        let min = if lo.trim().is_empty() {
+            0
+        } else {
+            parse_size(lo).map_err(|e| format!("rule '{part}': {e}"))?
+        };
+        let max = if hi.trim().is_empty() {
+            u64::MAX
+        } else {
+            parse_size(hi).map_err(|e| format!("rule '{part}': {e}"))?
+        };
+        if max <= min {
+            return Err(format!("rule '{part}': the range is empty"));
+        }
+        let flags = Flags::parse(flags).map_err(|e| format!("rule '{part}': {e}"))?;
+        v.push(FlagRule { min, max, flags });
+    }
+    Ok(v)
+}
+
+/// Reads the settings; the error names the variable.
+pub fn from_env(getenv: impl Fn(&str) -> Option<String>) -> Result<RunSettings, String> {
+    let mut s = RunSettings::default();
+    let flags = getenv("ATTUNE_FLAGS").or_else(|| getenv("TM_FLAGS"));
+    if let Some(f) = flags {
+        let name = if getenv("ATTUNE_FLAGS").is_some() {
+            "ATTUNE_FLAGS"
+        } else {
+            "TM_FLAGS"
+        };
+        s.flags = Flags::parse(&f).map_err(|e| format!("{name}={f}: {e}"))?;
+    }
+    if let Some(r) = getenv("ATTUNE_FLAG_RULES") {
+        s.rules = parse_rules(&r).map_err(|e| format!("ATTUNE_FLAG_RULES: {e}"))?;
+    }
+    if let Some(t) = getenv("ATTUNE_RUN_THRESHOLD") {
+        let v = parse_size(&t).map_err(|e| format!("ATTUNE_RUN_THRESHOLD={t}: {e}"))?;
+        if v == 0 {
+            return Err(format!("ATTUNE_RUN_THRESHOLD={t}: must be at least 1 byte"));
+        }
+        s.threshold = v as usize;
+    }
+    if let Some(v) = getenv("ATTUNE_RUN_SMALL") {
+        s.small = bool_var("ATTUNE_RUN_SMALL", &v)?;
+    }
+    if let Some(v) = getenv("ATTUNE_RUN_CHILDREN") {
+        s.children = bool_var("ATTUNE_RUN_CHILDREN", &v)?;
+    }
+    s.report_dir = getenv("ATTUNE_REPORT_DIR")
+        .filter(|d| !d.is_empty())
+        .map(Into::into);
+    if let Some(v) = getenv("ATTUNE_REPORT_INTERVAL_MS") {
+        s.report_interval_ms = v
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|&x| x >= 10)
+            .ok_or_else(|| {
+                format!("ATTUNE_REPORT_INTERVAL_MS={v}: expected milliseconds, at least 10")
+            })?;
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn defaults_without_variables() {
+        assert_eq!(from_env(env(&[])).unwrap(), RunSettings::default());
+    }
+
+    #[test]
+    fn attune_flags_win_over_tm_flags() {
+        let s = from_env(env(&[("TM_FLAGS", "CAP"), ("ATTUNE_FLAGS", "LAT")])).unwrap();
+        assert_eq!(s.flags, Flags::LAT);
+        let s = from_env(env(&[("TM_FLAGS", "bw")])).unwrap();
+        assert_eq!(s.flags, Flags::BW);
+    }
+
+    #[test]
+    fn rules_pick_by_size_first_match() {
+        let s = from_env(env(&[
+            ("ATTUNE_FLAGS", "BW"),
+            ("ATTUNE_FLAG_RULES", "..64M:LAT, 1G..:CAP"),
+        ]))
+        .unwrap();
+        assert_eq!(s.flags_for(1 << 20), Flags::LAT);
+        assert_eq!(s.flags_for(128 << 20), Flags::BW);
+        assert_eq!(s.flags_for(1 << 30), Flags::CAP);
+    }
+
+    #[test]
+    fn errors_name_the_variable() {
+        for (k, v) in [
+            ("ATTUNE_FLAGS", "FAST"),
+            ("TM_FLAGS", "LAT,XX"),
+            ("ATTUNE_FLAG_RULES", "64M:LAT"),
+            ("ATTUNE_FLAG_RULES", "1G..64M:LAT"),
+            ("ATTUNE_RUN_THRESHOLD", "0"),
+            ("ATTUNE_RUN_THRESHOLD", "lots"),
+            ("ATTUNE_RUN_SMALL", "maybe"),
+            ("ATTUNE_REPORT_INTERVAL_MS", "1"),
+        ] {
+            let e = from_env(env(&[(k, v)])).unwrap_err();
+            assert!(e.starts_with(k), "{k}={v}: {e}");
+        }
+    }
+}

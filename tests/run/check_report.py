@@ -1,0 +1,75 @@
+"""Checks an `attune run` JSON report against the schema in docs/run-report.md and
+optional expectations. Usage:
+  check_report.py REPORT [--exit N] [--signal N] [--min-procs N] [--budget-slack BYTES]
+"""
+import argparse
+import json
+import sys
+
+TOP = {"schema": str, "command": list, "program": str, "managed": bool, "wall_seconds": float,
+       "complete": bool, "processes": int, "totals": dict, "tiers": list,
+       "hottest_regions": list, "per_process": list}
+TOTALS = ["peak_resident_bytes_max", "budget_bytes", "faults", "evictions", "fetched_bytes",
+          "evicted_bytes", "moved_bytes", "os_minor_faults", "os_major_faults",
+          "budget_overruns", "managed_requests", "fallback_requests"]
+PROC = {"pid": int, "command": list, "final": bool, "budget_bytes": int,
+        "peak_resident_bytes": int, "faults": int, "tiers": list, "top_regions": list}
+TIER = ["name", "kind", "peak_used_bytes", "bytes_in", "bytes_out", "faults", "evictions", "errors"]
+
+
+def fail(msg):
+    print("check_report: " + msg)
+    sys.exit(1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("report")
+    ap.add_argument("--exit", type=int)
+    ap.add_argument("--signal", type=int)
+    ap.add_argument("--min-procs", type=int, default=0)
+    ap.add_argument("--budget-slack", type=int, default=None)
+    ap.add_argument("--has-command", help="a managed process whose program name ends so")
+    a = ap.parse_args()
+    r = json.load(open(a.report))
+    for k, t in TOP.items():
+        if k not in r:
+            fail(f"missing {k}")
+        if t is float and isinstance(r[k], int):
+            continue
+        if not isinstance(r[k], t):
+            fail(f"{k} is {type(r[k]).__name__}, expected {t.__name__}")
+    if r["schema"] != "attune-run-report/1":
+        fail("schema " + r["schema"])
+    for k in TOTALS:
+        if not isinstance(r["totals"].get(k), int):
+            fail(f"totals.{k} missing or not an integer")
+    for t in r["tiers"]:
+        for k in TIER:
+            if k not in t:
+                fail(f"tier field {k} missing")
+    for p in r["per_process"]:
+        for k, t in PROC.items():
+            if not isinstance(p.get(k), t):
+                fail(f"per_process.{k} missing or not {t.__name__}")
+    if r["processes"] != len(r["per_process"]):
+        fail("processes != len(per_process)")
+    if a.exit is not None and r.get("exit_code") != a.exit:
+        fail(f"exit_code {r.get('exit_code')} != {a.exit}")
+    if a.signal is not None and r.get("signal") != a.signal:
+        fail(f"signal {r.get('signal')} != {a.signal}")
+    if r["processes"] < a.min_procs:
+        fail(f"{r['processes']} managed processes, expected at least {a.min_procs}")
+    if a.has_command and not any(p["command"] and p["command"][0].endswith(a.has_command)
+                                 for p in r["per_process"]):
+        fail(f"no managed process ran {a.has_command}")
+    if a.budget_slack is not None:
+        for p in r["per_process"]:
+            if p["peak_resident_bytes"] > p["budget_bytes"] + a.budget_slack:
+                fail(f"pid {p['pid']}: peak {p['peak_resident_bytes']} > budget {p['budget_bytes']} + {a.budget_slack}")
+            if p["evictions"] == 0 and a.min_procs:
+                fail(f"pid {p['pid']}: no evictions: the footprint never exceeded the budget")
+    print(f"check_report: OK ({r['processes']} processes, peak {r['totals']['peak_resident_bytes_max']} bytes)")
+
+
+main()
