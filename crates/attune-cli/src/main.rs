@@ -1,6 +1,7 @@
 //! `attune`: the command-line front end. One module per sub-command in `cmd/`.
 
 mod cmd;
+mod kernel_env;
 
 use clap::{Parser, Subcommand};
 
@@ -21,6 +22,8 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Run an unmodified program with its large allocations on tiered memory; report at exit.
     Run(cmd::run::Args),
+    /// Run a program the kernel's way at a budget: cgroup memory limit + swap (needs root).
+    KernelSwap(cmd::kernel_swap::Args),
     /// Show the configuration in force, or the table of options.
     Config(cmd::config::Args),
     /// Show the memory nodes and tiers of this machine (or of a captured /sys tree).
@@ -35,6 +38,7 @@ fn main() {
     let code = match cli.command {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Run(a) => cmd::run::run(a),
+        Command::KernelSwap(a) => cmd::kernel_swap::run(a),
         Command::Config(a) => cmd::config::run(a),
         Command::Topology(a) => cmd::topology::run(a),
         Command::Worker { scenario } => cmd::bench::worker(&scenario),

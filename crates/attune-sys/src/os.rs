@@ -294,3 +294,9 @@ pub fn is_secure_exec(meta: &std::fs::Metadata) -> bool {
     (meta.mode() & libc::S_ISUID != 0 && meta.uid() != euid)
         || (meta.mode() & libc::S_ISGID != 0 && meta.gid() != egid)
 }
+
+/// Whether this process runs as root (effective uid 0).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}

@@ -29,6 +29,18 @@ pub struct Args {
     reps: usize,
 }
 
+const CGROUP_VAR: &str = "ATTUNE_BENCH_CGROUP";
+/// Budget of the random-update scenarios (the array is twice this).
+const RAND_BUDGET_MB: usize = 256;
+
+fn kswap_medium(name: &str) -> Option<crate::kernel_env::Medium> {
+    match name {
+        "rand-kswap-memory" => Some(crate::kernel_env::Medium::Memory),
+        "rand-kswap-disk" => Some(crate::kernel_env::Medium::Disk),
+        _ => None,
+    }
+}
+
 /// (name, environment) of each scenario.
 fn scenarios(full: bool) -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
     let mut v = vec![
@@ -74,6 +86,10 @@ fn scenarios(full: bool) -> Vec<(&'static str, Vec<(&'static str, &'static str)>
                 ("ATTUNE_READAHEAD", "0"),
             ],
         ),
+        // The kernel's path at the same budget: a cgroup memory limit with swap on a
+        // memory-backed loop device and on disk (kernel_env.rs; needs root).
+        ("rand-kswap-memory", vec![]),
+        ("rand-kswap-disk", vec![]),
         ("alloc-small", vec![]),
         ("fit-overhead", vec![("ATTUNE_DRAM", "1G")]),
     ];
@@ -108,8 +124,35 @@ pub fn run(a: Args) -> i32 {
     }
     let mut results: Vec<Value> = Vec::new();
     let mut failed = 0;
+    let swap_dir = std::env::var_os("ATTUNE_BENCH_SWAP_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/var/tmp".into());
+    if list.iter().any(|(n, _)| n.contains("kswap")) && crate::kernel_env::unavailable().is_none() {
+        crate::kernel_env::clean_stale(&swap_dir);
+    }
     for (i, (name, env)) in list.iter().enumerate() {
         let mut runs: Vec<Value> = Vec::new();
+        // Kernel-swap scenarios: our own swap device and memory cgroup for their runs.
+        let mut kernel: Option<(crate::kernel_env::Swap, crate::kernel_env::MemCgroup)> = None;
+        if let Some(medium) = kswap_medium(name) {
+            if let Some(why) = crate::kernel_env::unavailable() {
+                eprintln!("\n{name}: skipped: {why}");
+                results.push(json!({"scenario": name, "ok": null, "skipped": why}));
+                continue;
+            }
+            let set_up = crate::kernel_env::Swap::new(medium, &swap_dir, 1 << 30).and_then(|s| {
+                crate::kernel_env::MemCgroup::new(RAND_BUDGET_MB as u64 * MB as u64).map(|g| (s, g))
+            });
+            match set_up {
+                Ok(k) => kernel = Some(k),
+                Err(e) => {
+                    eprintln!("\n{name}: cannot set up the kernel baseline: {e}");
+                    failed += 1;
+                    results.push(json!({"scenario": name, "ok": false, "error": e}));
+                    continue;
+                }
+            }
+        }
         for rep in 0..a.reps.max(1) {
             eprint!(
                 "\r[{}/{}] {name} (run {}/{})        ",
@@ -123,9 +166,20 @@ pub fn run(a: Args) -> i32 {
             for (k, v) in env {
                 cmd.env(k, v);
             }
+            if let Some((_, g)) = &kernel {
+                g.reset_peak();
+                cmd.env(CGROUP_VAR, g.path());
+            }
             match cmd.output() {
                 Ok(o) if o.status.success() => match serde_json::from_slice::<Value>(&o.stdout) {
-                    Ok(v) => runs.push(v),
+                    Ok(mut v) => {
+                        if let Some((_, g)) = &kernel {
+                            // The limit held: the cgroup's peak, next to the result.
+                            v["metrics"]["cgroup_peak_mib"] =
+                                json!(g.max_usage() as f64 / MB as f64);
+                        }
+                        runs.push(v)
+                    }
                     Err(e) => eprintln!("\n{name}: bad output: {e}"),
                 },
                 Ok(o) => eprintln!(
@@ -136,6 +190,7 @@ pub fn run(a: Args) -> i32 {
                 Err(e) => eprintln!("\n{name}: cannot start: {e}"),
             }
         }
+        drop(kernel);
         if runs.is_empty() || runs.iter().any(|r| r["ok"] != json!(true)) {
             failed += 1;
             results.push(json!({"scenario": name, "ok": false, "env": env_json(env)}));
@@ -145,13 +200,37 @@ pub fn run(a: Args) -> i32 {
     }
     eprintln!();
     print_table(&results);
-    let doc = json!({"machine": machine(), "results": results});
+    let cmp = comparisons(&results);
+    if !cmp.is_empty() {
+        println!("\nside by side (same run):");
+        for c in &cmp {
+            println!(
+                "  {:<58} {:>8.2}x   goal {}",
+                c["what"].as_str().unwrap_or(""),
+                c["ratio"].as_f64().unwrap_or(0.0),
+                c["goal"].as_str().unwrap_or("")
+            );
+        }
+    }
+    let doc = json!({"machine": machine(), "results": results, "comparisons": cmp});
     if std::fs::create_dir_all(&a.out).is_ok() {
         let _ = std::fs::write(
             a.out.join("bench.json"),
             serde_json::to_string_pretty(&doc).unwrap_or_default(),
         );
-        let _ = std::fs::write(a.out.join("benchmarks.md"), markdown(&results));
+        let mut md = markdown(&results);
+        if !cmp.is_empty() {
+            md += "\n| comparison (same run) | ratio | goal |\n|---|---|---|\n";
+            for c in &cmp {
+                md += &format!(
+                    "| {} | {:.2}x | {} |\n",
+                    c["what"].as_str().unwrap_or(""),
+                    c["ratio"].as_f64().unwrap_or(0.0),
+                    c["goal"].as_str().unwrap_or("")
+                );
+            }
+        }
+        let _ = std::fs::write(a.out.join("benchmarks.md"), md);
         eprintln!(
             "wrote {}/bench.json and {}/benchmarks.md",
             a.out.display(),
@@ -164,6 +243,41 @@ pub fn run(a: Args) -> i32 {
     } else {
         0
     }
+}
+
+fn median_of(results: &[Value], scenario: &str, metric: &str) -> Option<f64> {
+    results
+        .iter()
+        .find(|r| r["scenario"] == json!(scenario) && r["ok"] == json!(true))
+        .and_then(|r| r["metrics"][metric]["median"].as_f64())
+}
+
+/// Ratios between scenarios of this run, with the goal each is held to.
+fn comparisons(results: &[Value]) -> Vec<Value> {
+    let mut v = Vec::new();
+    let mut add = |what: String, a: Option<f64>, b: Option<f64>, goal: &str| {
+        if let (Some(a), Some(b)) = (a, b) {
+            if b > 0.0 {
+                v.push(json!({"what": what, "ratio": a / b, "goal": goal}));
+            }
+        }
+    };
+    for mode in ["signal", "thread"] {
+        let att = median_of(results, &format!("rand-attune-{mode}"), "updates_per_s");
+        add(
+            format!("random updates: attune ({mode}) / kernel swap on memory"),
+            att,
+            median_of(results, "rand-kswap-memory", "updates_per_s"),
+            ">= 2x",
+        );
+        add(
+            format!("random updates: attune ({mode}) / kernel swap on disk"),
+            att,
+            median_of(results, "rand-kswap-disk", "updates_per_s"),
+            ">= 10x",
+        );
+    }
+    v
 }
 
 fn env_json(env: &[(&str, &str)]) -> Value {
@@ -204,6 +318,10 @@ fn print_table(results: &[Value]) {
     );
     for r in results {
         let name = r["scenario"].as_str().unwrap_or("");
+        if let Some(why) = r["skipped"].as_str() {
+            println!("{name:<22} skipped: {why}");
+            continue;
+        }
         if r["ok"] != json!(true) {
             println!("{name:<22} FAILED");
             continue;
@@ -267,6 +385,7 @@ pub fn worker(scenario: &str) -> i32 {
         s if s.starts_with("seq-attune") => seq_attune(),
         "rand-dram" => rand_dram(),
         s if s.starts_with("rand-attune") => rand_attune(),
+        s if s.starts_with("rand-kswap") => rand_kswap(),
         "alloc-small" => alloc_small(),
         "fit-overhead" => fit_overhead(),
         _ => Err(format!("unknown scenario {scenario}")),
@@ -468,6 +587,15 @@ fn rand_attune() -> Result<Value, String> {
     let p = alloc_managed(512 * MB, 0)?;
     let r = rand_scenario(p, 1_000_000);
     let _ = runtime::free(p);
+    r
+}
+
+/// The same updates on plain memory in a cgroup limited to the budget, with kernel swap.
+fn rand_kswap() -> Result<Value, String> {
+    crate::kernel_env::join_cgroup_from_env(CGROUP_VAR)?;
+    let p = mem::map_anon(512 * MB, false).map_err(|e| e.to_string())?;
+    let r = rand_scenario(p, 200_000);
+    let _ = mem::unmap(p, 512 * MB);
     r
 }
 

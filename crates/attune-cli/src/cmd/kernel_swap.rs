@@ -1,0 +1,105 @@
+//! `attune kernel-swap`: runs a program the kernel's way at a DRAM budget: in a memory
+//! cgroup of its own limited to the budget, with a swap device of ours on a memory medium
+//! (a loop device over /dev/shm) or on disk. It is IMME's CBE environment and the
+//! baseline every "Attune vs kernel swap" figure is measured against. Needs root; the swap
+//! device and the cgroup are removed when the program ends.
+
+use crate::kernel_env::{self, Medium, MemCgroup, Swap};
+use attune::size::{human, parse_size_or_percent};
+use std::os::unix::process::ExitStatusExt;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Memory limit of the program's cgroup: a size or a percentage of machine memory.
+    #[arg(long, value_name = "SIZE|PERCENT")]
+    limit: String,
+    /// Where the swap lives: memory (loop device over /dev/shm) or disk.
+    #[arg(long, default_value = "memory", value_parser = ["memory", "disk"])]
+    swap: String,
+    /// Size of the swap device.
+    #[arg(long, default_value = "4G")]
+    swap_size: String,
+    /// Directory of the swap file on disk.
+    #[arg(long, default_value = "/var/tmp")]
+    swap_dir: std::path::PathBuf,
+    /// The program and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "PROGRAM"
+    )]
+    command: Vec<String>,
+}
+
+pub fn run(a: Args) -> i32 {
+    let total = attune_sys::os::total_memory();
+    let limit = match parse_size_or_percent(&a.limit, total) {
+        Ok(l) if l >= 4 << 20 => l,
+        Ok(_) => return fail("--limit: at least 4M"),
+        Err(e) => return fail(&format!("--limit {}: {e}", a.limit)),
+    };
+    let swap_size = match attune::size::parse_size(&a.swap_size) {
+        Ok(s) if s >= 40 << 10 => s,
+        Ok(_) => return fail("--swap-size: at least 40K"),
+        Err(e) => return fail(&format!("--swap-size {}: {e}", a.swap_size)),
+    };
+    if let Some(why) = kernel_env::unavailable() {
+        return fail(&format!("cannot set up kernel swap: {why}"));
+    }
+    kernel_env::clean_stale(&a.swap_dir);
+    let medium = if a.swap == "disk" {
+        Medium::Disk
+    } else {
+        Medium::Memory
+    };
+    let swap = match Swap::new(medium, &a.swap_dir, swap_size) {
+        Ok(s) => s,
+        Err(e) => return fail(&format!("swap: {e}")),
+    };
+    let cg = match MemCgroup::new(limit) {
+        Ok(c) => c,
+        Err(e) => return fail(&format!("cgroup: {e}")),
+    };
+    // The program joins the cgroup before it starts (a shell writes its own pid, then
+    // execs the program), so none of its memory is charged elsewhere.
+    let procs = cg.path().join("cgroup.procs");
+    let t0 = std::time::Instant::now();
+    let status = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg("echo $$ > \"$0\" && exec \"$@\"")
+        .arg(&procs)
+        .args(&a.command)
+        .status();
+    let wall = t0.elapsed().as_secs_f64();
+    let peak = cg.max_usage();
+    drop(cg);
+    drop(swap);
+    match status {
+        Ok(s) => {
+            eprintln!(
+                "attune kernel-swap: {} — {}, {wall:.2} s wall, cgroup peak {} of a {} limit, swap on {}",
+                a.command[0],
+                match (s.code(), s.signal()) {
+                    (Some(c), _) => format!("exit {c}"),
+                    (_, Some(g)) => format!("killed by signal {g}"),
+                    _ => "?".into(),
+                },
+                human(peak),
+                human(limit),
+                a.swap
+            );
+            match (s.code(), s.signal()) {
+                (Some(c), _) => c,
+                (_, Some(g)) => attune_sys::os::die_by_signal(g),
+                _ => 1,
+            }
+        }
+        Err(e) => fail(&format!("{}: {e}", a.command[0])),
+    }
+}
+
+fn fail(msg: &str) -> i32 {
+    eprintln!("attune kernel-swap: {msg}");
+    2
+}

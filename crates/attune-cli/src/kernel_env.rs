@@ -1,0 +1,231 @@
+//! The kernel's own path as a baseline: a swap device and a cgroup v1 memory limit
+//! (IMME's CBE environment, and the kernel-swap rows of `attune bench`).
+//!
+//! Everything here is ours and goes away with its value (Drop): a swap file on disk or a
+//! loop device over a file in /dev/shm, switched on with `swapon` and off again, and a
+//! memory cgroup named `attune-<pid>-<n>`. Host-wide settings are never touched. A run
+//! that was killed before its cleanup leaves a swap file named `attune-swap-<pid>`;
+//! [`clean_stale`] removes those whose process is gone. Needs root.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup/memory";
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+fn sh(prog: &str, args: &[&str]) -> Result<String, String> {
+    let o = Command::new(prog)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{prog}: {e}"))?;
+    if o.status.success() {
+        Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+    } else {
+        Err(format!(
+            "{prog} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
+    }
+}
+
+/// Why the kernel baselines cannot run here, if they cannot.
+pub fn unavailable() -> Option<String> {
+    if !attune_sys::os::is_root() {
+        return Some("needs root (swapon and a memory cgroup)".into());
+    }
+    if !Path::new(CGROUP_ROOT)
+        .join("memory.limit_in_bytes")
+        .exists()
+    {
+        return Some(format!("no cgroup v1 memory controller at {CGROUP_ROOT}"));
+    }
+    for p in ["mkswap", "swapon", "swapoff", "losetup"] {
+        if sh("sh", &["-c", &format!("command -v {p}")]).is_err() {
+            return Some(format!("{p} not found (util-linux)"));
+        }
+    }
+    None
+}
+
+/// Where the swap lives.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Medium {
+    /// A swap file on the local disk (`dir`).
+    Disk,
+    /// A loop device over a file in /dev/shm: the kernel's swap path on a memory medium.
+    Memory,
+}
+
+/// An active swap device of ours.
+pub struct Swap {
+    file: PathBuf,
+    device: String,
+    loop_dev: bool,
+}
+
+impl Swap {
+    pub fn new(medium: Medium, disk_dir: &Path, size: u64) -> Result<Swap, String> {
+        let dir = match medium {
+            Medium::Disk => disk_dir.to_path_buf(),
+            Medium::Memory => PathBuf::from("/dev/shm"),
+        };
+        let file = dir.join(format!(
+            "attune-swap-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Relaxed)
+        ));
+        let fs = file.display().to_string();
+        let mut s = Swap {
+            file: file.clone(),
+            device: fs.clone(),
+            loop_dev: false,
+        };
+        // A swap file must have no holes: allocate it for real.
+        std::fs::File::create(&file).map_err(|e| format!("{fs}: {e}"))?;
+        std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(|e| format!("{fs}: {e}"))?;
+        sh("fallocate", &["-l", &size.to_string(), &fs]).or_else(|_| {
+            sh(
+                "dd",
+                &[
+                    "if=/dev/zero",
+                    &format!("of={fs}"),
+                    "bs=1M",
+                    &format!("count={}", size >> 20),
+                    "status=none",
+                ],
+            )
+        })?;
+        if medium == Medium::Memory {
+            s.device = sh("losetup", &["--find", "--show", &fs])?;
+            s.loop_dev = true;
+        }
+        sh("mkswap", &[&s.device])?;
+        sh("swapon", &[&s.device])?;
+        Ok(s)
+    }
+}
+
+impl Drop for Swap {
+    fn drop(&mut self) {
+        if let Err(e) = sh("swapoff", &[&self.device]) {
+            eprintln!("attune: warning: {e}");
+        }
+        if self.loop_dev {
+            let _ = sh("losetup", &["-d", &self.device]);
+        }
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+/// A memory cgroup of ours with a limit; processes join it by writing their pid.
+pub struct MemCgroup {
+    path: PathBuf,
+}
+
+impl MemCgroup {
+    pub fn new(limit: u64) -> Result<MemCgroup, String> {
+        let path = Path::new(CGROUP_ROOT).join(format!(
+            "attune-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Relaxed)
+        ));
+        std::fs::create_dir(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let g = MemCgroup { path };
+        g.write("memory.limit_in_bytes", &limit.to_string())?;
+        Ok(g)
+    }
+
+    fn write(&self, file: &str, v: &str) -> Result<(), String> {
+        std::fs::write(self.path.join(file), v)
+            .map_err(|e| format!("{}/{file}: {e}", self.path.display()))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Starts a new peak measurement.
+    pub fn reset_peak(&self) {
+        let _ = self.write("memory.max_usage_in_bytes", "0");
+    }
+
+    /// The cgroup's peak memory use (memory.max_usage_in_bytes).
+    pub fn max_usage(&self) -> u64 {
+        std::fs::read_to_string(self.path.join("memory.max_usage_in_bytes"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for MemCgroup {
+    fn drop(&mut self) {
+        // Empty once its processes have exited; retry briefly while the kernel settles.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.path).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        eprintln!("attune: warning: could not remove {}", self.path.display());
+    }
+}
+
+/// Moves this process into the cgroup named by `var` (set by the parent for a worker).
+pub fn join_cgroup_from_env(var: &str) -> Result<(), String> {
+    if let Ok(p) = std::env::var(var) {
+        std::fs::write(
+            Path::new(&p).join("cgroup.procs"),
+            std::process::id().to_string(),
+        )
+        .map_err(|e| format!("cannot join {p}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Removes swap files (and their loop devices) and cgroups left by attune processes that
+/// no longer exist.
+pub fn clean_stale(disk_dir: &Path) {
+    let alive = |pid: &str| Path::new("/proc").join(pid).exists();
+    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+    let loops = sh("losetup", &["-a"]).unwrap_or_default();
+    for dir in [disk_dir, Path::new("/dev/shm")] {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let Some(rest) = name.strip_prefix("attune-swap-") else {
+                continue;
+            };
+            if alive(rest.split('-').next().unwrap_or("")) {
+                continue;
+            }
+            let f = e.path().display().to_string();
+            for l in loops.lines().filter(|l| l.contains(&f)) {
+                if let Some(dev) = l.split(':').next() {
+                    if swaps.contains(dev) {
+                        let _ = sh("swapoff", &[dev]);
+                    }
+                    let _ = sh("losetup", &["-d", dev]);
+                }
+            }
+            if swaps.contains(&f) {
+                let _ = sh("swapoff", &[&f]);
+            }
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    for e in std::fs::read_dir(CGROUP_ROOT)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().to_string();
+        if let Some(rest) = name.strip_prefix("attune-") {
+            if !alive(rest.split('-').next().unwrap_or("")) {
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
+    }
+}
