@@ -176,6 +176,14 @@ expect run-bad-dram 2 "--dram lots" "$ATT" run --dram lots -- true
 expect run-bad-flags 2 "unknown flag 'FAST'" "$ATT" run --flags FAST -- true
 expect run-bad-threshold 2 "ATTUNE_RUN_THRESHOLD" "$ATT" run --threshold 0 -- true
 expect run-report-unwritable 0 "warning: cannot write the report" "$ATT" run --report /nonexistent-dir/r.json -- "$RT/crash" exit 0
+# The kernel baseline: our own cgroup limit and swap device, both gone afterwards.
+if [ "$(id -u)" = 0 ]; then
+  for m in memory disk; do
+    expect "kernel-swap-$m" 0 "cgroup peak ([3-5][0-9]|6[0-4])\.[0-9] MiB of a 64\.0 MiB limit" "$ATT" kernel-swap --limit 64M --swap $m --swap-size 256M --swap-dir "$RT" -- "$RT/c_matrix" 96
+  done
+  expect kernel-swap-cleaned-up 0 "clean" sh -c "! grep -q attune-swap /proc/swaps && ! ls /sys/fs/cgroup/memory | grep -q '^attune-' && echo clean"
+  expect kernel-swap-bad-limit 2 "--limit lots" "$ATT" kernel-swap --limit lots -- true
+fi
 if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
   cp "$RT/crash" "$RT/crash_setuid" && chown nobody "$RT/crash_setuid" && chmod 4755 "$RT/crash_setuid"
   expect run-setuid-detected 2 "set-user-ID" "$ATT" run -- "$RT/crash_setuid" exit 0
