@@ -12,7 +12,7 @@ help:
 	@echo "make build    build libattune (.so/.a), the attune CLI, and stage them in build/"
 	@echo "make install  PREFIX=/usr/local: install library, header, pkg-config and CMake files"
 	@echo "make test     set up and run every test (Rust, C/C++/Fortran/CMake, Python)"
-	@echo "make bench    set up and run the main job: attune bench on the default configuration"
+	@echo "make bench    set up and run the main job: attune bench, then IMME's evaluation (bench/imme.py)"
 
 setup:
 	@scripts/setup.sh
@@ -39,6 +39,7 @@ test: setup build
 
 bench: setup build
 	./build/bin/attune bench
+	python3 bench/imme.py
 
 clean:
 	$(CARGO) clean

@@ -17,9 +17,10 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-# attune run's numpy test.
-if ! python3 -c 'import numpy' 2>/dev/null; then
-  echo "setup: installing numpy (pip)"
-  python3 -m pip install -q numpy >/dev/null 2>&1 || echo "setup: warning: could not install numpy; the numpy test will fail" >&2
+# attune run's numpy test, the workflows and plots of bench/imme.py (bench/requirements.txt).
+if ! python3 -c 'import numpy, pandas, sklearn, zstandard, igraph, matplotlib, tqdm, pytest' 2>/dev/null; then
+  echo "setup: installing bench/requirements.txt (pip)"
+  python3 -m pip install -q -r "$(dirname "$0")/../bench/requirements.txt" >/dev/null 2>&1 \
+    || echo "setup: warning: could not install bench/requirements.txt; the Python workflows will fail" >&2
 fi
 command -v cargo >/dev/null || { echo "setup: cargo (Rust) is required: https://rustup.rs" >&2; exit 1; }

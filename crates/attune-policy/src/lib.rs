@@ -5,6 +5,7 @@
 //! here touches the kernel, so every decision is unit-tested table-driven.
 #![forbid(unsafe_code)]
 
+pub mod chunk;
 pub mod flags;
 pub mod plan;
 pub mod victim;

@@ -70,6 +70,8 @@ pub struct Engine {
     pub committed: AtomicU64,
     /// Highest `resident` seen after a fault's reservation (reports).
     pub peak_resident: AtomicU64,
+    /// Bytes of pinned chunks over all regions.
+    pub pinned: AtomicU64,
     pub budget: u64,
     pub capacity: u64,
     pub(crate) wake_evictor: os::EventFd,
@@ -138,6 +140,7 @@ impl Engine {
             resident: AtomicU64::new(0),
             committed: AtomicU64::new(0),
             peak_resident: AtomicU64::new(0),
+            pinned: AtomicU64::new(0),
             wake_evictor: os::EventFd::new().map_err(|e| InitError(format!("eventfd: {e}")))?,
             counters: EngineCounters::default(),
             next_id: AtomicU32::new(1),
@@ -204,7 +207,12 @@ impl Engine {
         kind: RegionKind,
         align: usize,
     ) -> Result<Arc<Region>, Errno> {
-        let chunk = opts.chunk_size.unwrap_or(self.cfg.chunk_size);
+        // Attuned: the flags choose the unit of movement (attune_policy::chunk); the
+        // temperature-only mode treats every region alike.
+        let chunk = opts.chunk_size.unwrap_or(match self.cfg.mode {
+            Mode::Attuned => attune_policy::chunk::chunk_for(opts.flags, self.cfg.chunk_size),
+            Mode::Temperature => self.cfg.chunk_size,
+        });
         if crate::config::validate_chunk(chunk).is_err() {
             return Err(Errno(libc::EINVAL));
         }
@@ -272,7 +280,11 @@ impl Engine {
         let pin = match opts.pin_bytes {
             Some(p) => p.min(len),
             None if self.cfg.mode == Mode::Attuned && opts.flags.is_protected() => {
-                (len as f64 * self.cfg.pin_fraction) as usize
+                // The policy's share, within what is left of half the budget: pins that
+                // fill the budget leave nothing to page through, and every fault thrashes.
+                let want = (len as f64 * self.cfg.pin_fraction) as usize;
+                let room = (self.budget / 2).saturating_sub(self.pinned_bytes()) as usize;
+                want.min(room) / r.chunk * r.chunk
             }
             None => 0,
         };
@@ -318,8 +330,12 @@ impl Engine {
         let _ = self.uffd_for(r.delivery).unregister(r.base, r.len);
         let _ = mem::unmap(r.base, r.len);
         let mut resident = 0u64;
+        let mut pinned = 0u64;
         for c in 0..r.chunks() {
             let s = r.state(c);
+            if s.pinned() {
+                pinned += r.chunk as u64;
+            }
             match s.place() {
                 Where::Resident | Where::Fetching | Where::Evicting => resident += r.chunk as u64,
                 Where::Far => {
@@ -333,6 +349,9 @@ impl Engine {
         let _ = self
             .resident
             .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(resident)));
+        let _ = self
+            .pinned
+            .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(pinned)));
         for (i, o) in r.slots.iter().enumerate() {
             self.tiers[i].release(*o, r.len as u64);
         }
@@ -345,14 +364,21 @@ impl Engine {
             .push(r.clone());
     }
 
+    /// Bytes pinned over all regions.
+    pub fn pinned_bytes(&self) -> u64 {
+        self.pinned.load(Relaxed)
+    }
+
     /// Makes `[addr, addr+len)` resident and, with `pin`, never evicted.
     pub fn pin(&self, r: &Region, addr: usize, len: usize, pin: bool) {
         let (c0, c1) = chunk_span(r, addr, len);
         for c in c0..c1 {
             if pin {
-                r.set_bits(c, PIN, 0);
-            } else {
-                r.set_bits(c, 0, PIN);
+                if !r.set_bits(c, PIN, 0).pinned() {
+                    self.pinned.fetch_add(r.chunk as u64, Relaxed);
+                }
+            } else if r.set_bits(c, 0, PIN).pinned() {
+                self.pinned.fetch_sub(r.chunk as u64, Relaxed);
             }
         }
         if pin {

@@ -186,8 +186,11 @@ impl Region {
             .is_ok()
     }
     /// Sets bits on a chunk whatever its place.
-    pub fn set_bits(&self, c: usize, set: u64, clear: u64) {
-        let _ = self.states[c].fetch_update(AcqRel, Acquire, |w| Some((w | set) & !clear));
+    /// Sets and clears bits of a chunk's state; returns the state before.
+    pub fn set_bits(&self, c: usize, set: u64, clear: u64) -> State {
+        match self.states[c].fetch_update(AcqRel, Acquire, |w| Some((w | set) & !clear)) {
+            Ok(w) | Err(w) => State(w),
+        }
     }
     /// Stores a new place for a chunk this thread owns (Fetching/Evicting), keeping flags.
     pub fn settle(&self, c: usize, w: Where, tier: usize, extra: u64) {

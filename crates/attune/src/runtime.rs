@@ -359,13 +359,7 @@ fn range_in(ptr: usize, len: usize) -> Result<(Arc<Region>, &'static Engine), Er
 pub fn pin(ptr: usize, len: usize, on: bool) -> Result<(), Errno> {
     let (r, e) = range_in(ptr, len)?;
     if on {
-        let all_pinned: u64 = e
-            .regions
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|x| (x.pinned_chunks() * x.chunk) as u64)
-            .sum();
+        let all_pinned = e.pinned_bytes();
         if all_pinned + len as u64 > e.budget {
             return Err(fail(Errno(libc::ENOMEM), format!("pinning {len} bytes would exceed the DRAM budget ({} bytes, {} pinned already)", e.budget, all_pinned)));
         }

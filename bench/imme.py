@@ -1,0 +1,422 @@
+"""IMME's evaluation on this machine (issue: the main job): real workflows run in four
+execution environments at the same DRAM budget, checked for correctness, timed, and
+reported as a table, JSON, plots and a docs/benchmarks.md section.
+
+Environments (IMME section IV-C3):
+  IE        the program with all the memory it wants;
+  CBE-mem   a cgroup memory limit at the budget, kernel swap on a memory-backed loop device;
+  CBE-disk  the same with a swap file on disk;
+  TME       `attune run`, temperature-only policy (flags ignored);
+  IMME      `attune run`, attuned, with the workflow's flags as a user would pass them.
+The budget is the IE footprint (peak RSS) times (1 - outside). Attune's budget covers the
+memory it manages, so the program's unmanaged part (interpreter, small objects; measured
+in an unconstrained `attune run`) is subtracted: every environment gets the same total.
+
+Usage: python3 bench/imme.py [--reps 3] [--outside 0.5] [--only NAMES] [--sweep]
+                             [--chunks] [--quick] [--out results] [--update-docs]
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+ATT = os.path.join(ROOT, "build", "bin", "attune")
+W = os.path.join(HERE, "workloads")
+PY = sys.executable
+
+# name, class, kind (c|py), source, size MiB (default, quick), flags a user would pass
+WORKLOADS = [
+    ("dl", "DL: surrogate training (MLP)", "py", "dl_mlp.py", (128, 32), "BW"),
+    ("dm", "DM: census ETL, diversity index", "py", "dm_diversity.py", (128, 32), "LAT"),
+    ("dc", "DC: zstd, long window", "py", "dc_compress.py", (128, 32), "CAP"),
+    ("sc", "SC: igraph BFS, binary tree", "py", "sc_bfs.py", (128, 32), "SHL"),
+    ("stream", "stream triad", "c", "stream.c", (384, 64), "BW"),
+    ("gups", "random updates (GUPS)", "c", "gups.c", (64, 16), "LAT"),
+    ("xsbench", "XSBench-like lookups", "c", "xsbench.c", (128, 16), "LAT"),
+    ("bfs", "Graph500 BFS (Kronecker)", "c", "bfs.c", (128, 16), "LAT"),
+    ("dgemm", "DGEMM (blocked)", "c", "dgemm.c", (48, 16), "BW"),
+]
+ENVS = ["IE", "CBE-mem", "CBE-disk", "TME", "IMME"]
+
+
+def progress(total):
+    try:
+        from tqdm import tqdm
+        return tqdm(total=total, unit="run", file=sys.stderr, dynamic_ncols=True)
+    except ImportError:
+        class Bar:
+            n = 0
+
+            def update(self, k=1):
+                self.n += k
+                print(f"\r[{self.n}/{total}]", end="", file=sys.stderr, flush=True)
+
+            def set_description(self, d):
+                print(f"\r[{self.n}/{total}] {d:<40}", end="", file=sys.stderr, flush=True)
+
+            def close(self):
+                print(file=sys.stderr)
+        return Bar()
+
+
+def vmstat():
+    v = {}
+    with open("/proc/vmstat") as f:
+        for line in f:
+            k, x = line.split()
+            v[k] = int(x)
+    return v
+
+
+def run(cmd, env=None):
+    """Runs cmd; returns (wall, ok, result line, rusage, swapped pages)."""
+    before = vmstat()
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    out, err = p.communicate()
+    wall = time.perf_counter() - t
+    # communicate() reaped the child; its resources are in RUSAGE_CHILDREN deltas, which
+    # wait4 would give per child: run through wait4 instead.
+    return wall, out.decode(), err.decode(), p.returncode, before
+
+
+def run_wait4(cmd, env=None):
+    before = vmstat()
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    out = p.stdout.read()
+    err = p.stderr.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - t
+    after = vmstat()
+    line = next((l for l in out.decode().splitlines() if l.startswith("RESULT ")), "")
+    ok = p.returncode == 0 and " OK " in line
+    return {
+        "wall": wall, "ok": ok, "exit": p.returncode, "result": line,
+        "maxrss": ru.ru_maxrss * 1024, "majflt": ru.ru_majflt, "minflt": ru.ru_minflt,
+        "pswpin": after["pswpin"] - before["pswpin"], "pswpout": after["pswpout"] - before["pswpout"],
+        "stderr": err.decode()[-2000:],
+    }
+
+
+def build(tmp):
+    exes = {}
+    for name, _, kind, src, _, _ in WORKLOADS:
+        if kind == "c":
+            exe = os.path.join(tmp, name)
+            subprocess.run(["gcc", "-O2", "-I", W, os.path.join(W, src), "-o", exe], check=True)
+            exes[name] = [exe]
+        else:
+            exes[name] = [PY, os.path.join(W, src)]
+    return exes
+
+
+def mb(b):
+    return f"{max(int(b) >> 20, 4)}M"
+
+
+def env_cmd(envname, prog, total_budget, managed_budget, flags, chunk=None, report=None):
+    if envname == "IE":
+        return prog
+    if envname.startswith("CBE"):
+        medium = "memory" if envname == "CBE-mem" else "disk"
+        return [ATT, "kernel-swap", "--limit", mb(total_budget), "--swap", medium, "--swap-size", "4G", "--"] + prog
+    cmd = [ATT, "run", "-q", "--dram", mb(managed_budget)]
+    if chunk:
+        cmd += ["--chunk", chunk]
+    if report:
+        cmd += ["--report", report]
+    if envname == "IMME":
+        cmd += ["--flags", flags]
+    return cmd + ["--"] + prog
+
+
+def tme_env():
+    e = dict(os.environ)
+    e["ATTUNE_MODE"] = "temperature"
+    return e
+
+
+def measure(envname, prog, total, managed, flags, reps, bar, label, chunk=None):
+    runs = []
+    for _ in range(reps):
+        rep = tempfile.mktemp(suffix=".json")
+        attune = envname in ("TME", "IMME")
+        cmd = env_cmd(envname, prog, total, managed, flags, chunk, rep if attune else None)
+        bar.set_description(f"{label} {envname}")
+        r = run_wait4(cmd, tme_env() if envname == "TME" else None)
+        if attune and os.path.exists(rep):
+            with open(rep) as f:
+                rj = json.load(f)
+            os.unlink(rep)
+            r["moved_pages"] = rj["totals"]["moved_bytes"] // 4096
+            r["attune_faults"] = rj["totals"]["faults"]
+        else:
+            r["moved_pages"] = r["pswpin"] + r["pswpout"] if envname.startswith("CBE") else 0
+        runs.append(r)
+        bar.update()
+    ok = all(r["ok"] for r in runs)
+    walls = [r["wall"] for r in runs]
+    return {
+        "ok": ok, "median": statistics.median(walls), "min": min(walls), "max": max(walls),
+        "majflt": statistics.median(r["majflt"] for r in runs),
+        "minflt": statistics.median(r["minflt"] for r in runs),
+        "moved_pages": statistics.median(r["moved_pages"] for r in runs),
+        "result": runs[-1]["result"], "errors": [r["stderr"] for r in runs if not r["ok"]][:1],
+        # The kernel's OOM killer (SIGKILL), as the paper's "would otherwise crash".
+        "oom_killed": any(not r["ok"] and (r["exit"] == -9 or "signal 9" in r["stderr"]) for r in runs),
+    }
+
+
+def footprint(prog, bar, label):
+    bar.set_description(f"{label} footprint")
+    ie = run_wait4(prog)
+    rep = tempfile.mktemp(suffix=".json")
+    bar.set_description(f"{label} managed share")
+    r = run_wait4([ATT, "run", "-q", "--dram", "100%", "--report", rep, "--"] + prog)
+    managed = 0
+    if os.path.exists(rep):
+        with open(rep) as f:
+            managed = json.load(f)["totals"]["peak_resident_bytes_max"]
+        os.unlink(rep)
+    bar.update(2)
+    if not ie["ok"] or not r["ok"]:
+        raise RuntimeError(f"{label}: the unconstrained run failed: {ie['stderr']}{r['stderr']}")
+    return ie["maxrss"], min(managed, ie["maxrss"])
+
+
+def plots(res, out, sweep, chunks):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plots", file=sys.stderr)
+        return []
+    made = []
+
+    def save(fig, name):
+        fig.tight_layout()
+        for ext in ("png", "svg"):
+            p = os.path.join(out, f"{name}.{ext}")
+            fig.savefig(p)
+            made.append(p)
+        plt.close(fig)
+
+    names = [w for w in res["workloads"] if res["workloads"][w]["envs"]]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.8 / len(ENVS)
+    for k, e in enumerate(ENVS):
+        xs = [res["workloads"][w]["envs"].get(e, {}) for w in names]
+        # A failed or OOM-killed run has no time: no bar, a mark instead.
+        vals = [x["normalized"] if x.get("ok") else float("nan") for x in xs]
+        pos = [i + k * width for i in range(len(names))]
+        ax.bar(pos, vals, width, label=e)
+        for p, x in zip(pos, xs):
+            if x and not x.get("ok"):
+                ax.text(p, 1.0, "OOM" if x.get("oom_killed") else "X", rotation=90, fontsize=7, ha="center", va="bottom")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names)
+    ax.set_ylabel("time / IE time")
+    ax.set_title(f"Figure 5 on this machine: {int(res['outside'] * 100)}% of the footprint outside DRAM")
+    ax.legend(ncol=5, fontsize=8)
+    ax.set_yscale("log")
+    save(fig, "imme-fig5")
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for k, e in enumerate(ENVS[1:]):
+        vals = [res["workloads"][w]["envs"].get(e, {}).get("majflt", 0) + 1 for w in names]
+        ax.bar([i + k * 0.2 for i in range(len(names))], vals, 0.2, label=e)
+    ax.set_xticks([i + 0.3 for i in range(len(names))], names)
+    ax.set_yscale("log")
+    ax.set_ylabel("major page faults + 1")
+    ax.set_title("Figure 9 on this machine: major faults per environment")
+    ax.legend(fontsize=8)
+    save(fig, "imme-fig9")
+    if sweep:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for w, pts in sweep.items():
+            for e in ("TME", "IMME", "CBE-mem"):
+                xs = [p["outside"] * 100 for p in pts if e in p]
+                ys = [p[e] for p in pts if e in p]
+                ax.plot(xs, ys, marker="o", label=f"{w} {e}")
+        ax.set_xlabel("% of footprint outside DRAM")
+        ax.set_ylabel("time / IE time")
+        ax.set_title("Figure 6 on this machine")
+        ax.legend(fontsize=7)
+        save(fig, "imme-fig6")
+    if chunks:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for w, pts in chunks.items():
+            ax.plot([p["chunk"] for p in pts], [p["normalized"] for p in pts], marker="o", label=w)
+        ax.set_xlabel("chunk size")
+        ax.set_ylabel("time / IE time")
+        ax.set_title("rMap Figure 6 on this machine: chunk size")
+        ax.legend()
+        save(fig, "imme-chunks")
+    return made
+
+
+def markdown(res, cmdline):
+    s = [f"Reproduce: `{cmdline}` ({res['date']}, {res['reps']} runs each, median; "
+         f"{int(res['outside'] * 100)}% of each footprint outside DRAM). Time normalized to IE; "
+         "OOM-killed: the kernel killed the program in its cgroup; FAILED: a wrong result or a crash.\n",
+         "| workflow | flags | footprint | budget | " + " | ".join(ENVS) + " | IMME vs CBE-mem | IMME vs TME |",
+         "|---|---|---|---|" + "---|" * len(ENVS) + "---|---|"]
+    for w, r in res["workloads"].items():
+        e = r["envs"]
+        cells = []
+        for n in ENVS:
+            x = e.get(n)
+            if x and x.get("oom_killed"):
+                cells.append("OOM-killed")
+            else:
+                cells.append("FAILED" if not x or not x["ok"] else f"{x['normalized']:.2f}")
+
+        def ratio(a, b):
+            if e.get(a, {}).get("ok") and e.get(b, {}).get("ok"):
+                return f"{e[b]['median'] / e[a]['median']:.2f}x"
+            return "-"
+        s.append(f"| {r['title']} | {r['flags']} | {r['footprint'] >> 20} MiB | {r['budget'] >> 20} MiB | "
+                 + " | ".join(cells) + f" | {ratio('IMME', 'CBE-mem')} | {ratio('IMME', 'TME')} |")
+    s.append("\nFaults and pages moved (medians; Figure 9):\n")
+    s.append("| workflow | " + " | ".join(f"{n} major/minor/moved" for n in ENVS[1:]) + " |")
+    s.append("|---|" + "---|" * (len(ENVS) - 1))
+    for w, r in res["workloads"].items():
+        cells = []
+        for n in ENVS[1:]:
+            x = r["envs"].get(n)
+            cells.append("-" if not x else f"{int(x['majflt'])}/{int(x['minflt'])}/{int(x['moved_pages'])}")
+        s.append(f"| {w} | " + " | ".join(cells) + " |")
+    if res.get("sweep"):
+        s.append("\nShare outside DRAM (Figure 6), time / IE:\n")
+        s.append("| workflow | outside | TME | IMME | CBE-mem |\n|---|---|---|---|---|")
+        for w, pts in res["sweep"].items():
+            for p in pts:
+                s.append(f"| {w} | {int(p['outside'] * 100)}% | {p.get('TME', float('nan')):.2f} | "
+                         f"{p.get('IMME', float('nan')):.2f} | {p.get('CBE-mem', float('nan')):.2f} |")
+    if res.get("chunks"):
+        s.append("\nChunk size (rMap Figure 6), `attune run --chunk`, time / IE:\n")
+        s.append("| workflow | " + " | ".join(p["chunk"] for p in next(iter(res["chunks"].values()))) + " |")
+        s.append("|---|" + "---|" * len(next(iter(res["chunks"].values()))))
+        for w, pts in res["chunks"].items():
+            s.append(f"| {w} | " + " | ".join(f"{p['normalized']:.2f}" for p in pts) + " |")
+    return "\n".join(s) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--outside", type=float, default=0.25)
+    ap.add_argument("--only", help="comma-separated workload names")
+    ap.add_argument("--sweep", action="store_true", help="Figure 6: 10%%-50%% outside DRAM (dm, stream, gups)")
+    ap.add_argument("--chunks", action="store_true", help="rMap chunk sweep (stream, gups)")
+    ap.add_argument("--quick", action="store_true", help="small sizes (tests)")
+    ap.add_argument("--envs", default=",".join(ENVS))
+    ap.add_argument("--out", default=os.path.join(ROOT, "results"))
+    ap.add_argument("--update-docs", action="store_true")
+    a = ap.parse_args()
+    if not os.path.exists(ATT):
+        sys.exit(f"{ATT} not found: run `make build` first")
+    envs = [e for e in a.envs.split(",") if e]
+    if os.geteuid() != 0 and any(e.startswith("CBE") for e in envs):
+        print("CBE needs root (swap and a memory cgroup): skipped", file=sys.stderr)
+        envs = [e for e in envs if not e.startswith("CBE")]
+    if not 0 < a.outside < 1:
+        sys.exit("--outside must be between 0 and 1")
+    sel = [w for w in WORKLOADS if not a.only or w[0] in a.only.split(",")]
+    if not sel:
+        sys.exit(f"no workload matches {a.only}")
+    os.makedirs(a.out, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="attune-imme-")
+    exes = build(tmp)
+    sweep_sel = [w for w in sel if w[0] in ("dm", "stream", "gups")] if a.sweep else []
+    chunk_sel = [w for w in sel if w[0] in ("stream", "gups")] if a.chunks else []
+    chunk_sizes = ["4K", "16K", "64K", "256K", "2M"]
+    total = len(sel) * (2 + a.reps * len(envs)) + len(sweep_sel) * 4 * a.reps * 3 \
+        + len(chunk_sel) * len(chunk_sizes) * a.reps
+    bar = progress(total)
+    res = {"date": time.strftime("%Y-%m-%d"), "reps": a.reps, "outside": a.outside,
+           "machine": {"cpus": os.cpu_count()}, "workloads": {}}
+    failed = 0
+    try:
+        for name, title, kind, src, sizes, flags in sel:
+            size = sizes[1] if a.quick else sizes[0]
+            prog = exes[name] + [str(size)]
+            foot, managed_peak = footprint(prog, bar, name)
+            unmanaged = foot - managed_peak
+            budget = int(foot * (1 - a.outside))
+            managed_budget = max(budget - unmanaged, 8 << 20)
+            r = {"title": title, "flags": flags, "size_mib": size, "footprint": foot,
+                 "unmanaged": unmanaged, "budget": budget, "managed_budget": managed_budget, "envs": {}}
+            for e in envs:
+                r["envs"][e] = measure(e, prog, budget, managed_budget, flags, a.reps, bar, name)
+                failed += not r["envs"][e]["ok"] and e in ("IE", "TME", "IMME")
+            ie = r["envs"].get("IE", {}).get("median")
+            for e in r["envs"].values():
+                e["normalized"] = e["median"] / ie if ie else float("nan")
+            res["workloads"][name] = r
+        if sweep_sel:
+            res["sweep"] = {}
+            for name, title, kind, src, sizes, flags in sweep_sel:
+                r = res["workloads"][name]
+                prog = exes[name] + [str(r["size_mib"])]
+                ie = r["envs"]["IE"]["median"]
+                pts = []
+                for out in (0.1, 0.2, 0.3, 0.4, 0.5):
+                    budget = int(r["footprint"] * (1 - out))
+                    mbud = max(budget - r["unmanaged"], 8 << 20)
+                    p = {"outside": out}
+                    for e in ("TME", "IMME", "CBE-mem"):
+                        if e in envs:
+                            m = measure(e, prog, budget, mbud, flags, a.reps, bar, f"{name} {int(out * 100)}%")
+                            p[e] = m["median"] / ie if m["ok"] else float("nan")
+                    pts.append(p)
+                res["sweep"][name] = pts
+        if chunk_sel:
+            res["chunks"] = {}
+            for name, title, kind, src, sizes, flags in chunk_sel:
+                r = res["workloads"][name]
+                prog = exes[name] + [str(r["size_mib"])]
+                ie = r["envs"]["IE"]["median"]
+                pts = []
+                for c in chunk_sizes:
+                    m = measure("IMME", prog, r["budget"], r["managed_budget"], flags, a.reps, bar, f"{name} {c}", chunk=c)
+                    pts.append({"chunk": c, "normalized": m["median"] / ie if m["ok"] else float("nan")})
+                res["chunks"][name] = pts
+    finally:
+        bar.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    with open(os.path.join(a.out, "imme.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    cmdline = "python3 bench/imme.py " + " ".join(sys.argv[1:])
+    md = markdown(res, cmdline.strip())
+    with open(os.path.join(a.out, "imme.md"), "w") as f:
+        f.write(md)
+    made = plots(res, a.out, res.get("sweep"), res.get("chunks"))
+    print(md)
+    print(f"wrote {a.out}/imme.json, {a.out}/imme.md" + ("".join(f", {os.path.basename(m)}" for m in made)))
+    if a.update_docs:
+        p = os.path.join(ROOT, "docs", "benchmarks.md")
+        with open(p) as f:
+            doc = f.read()
+        b, e = "<!-- imme:begin -->", "<!-- imme:end -->"
+        block = f"{b}\n{md}{e}"
+        doc = doc[:doc.index(b)] + block + doc[doc.index(e) + len(e):] if b in doc else doc + \
+            "\n## IMME's evaluation on this machine (`bench/imme.py`)\n\n" + block + "\n"
+        with open(p, "w") as f:
+            f.write(doc)
+    for w, r in res["workloads"].items():
+        for e, x in r["envs"].items():
+            if not x["ok"]:
+                print(f"{w} {e}: FAILED {x['result']} {''.join(x['errors'])[-400:]}", file=sys.stderr)
+    sys.exit(1 if failed else 0)
+
+
+main()
