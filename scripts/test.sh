@@ -176,10 +176,11 @@ expect run-bad-dram 2 "--dram lots" "$ATT" run --dram lots -- true
 expect run-bad-flags 2 "unknown flag 'FAST'" "$ATT" run --flags FAST -- true
 expect run-bad-threshold 2 "ATTUNE_RUN_THRESHOLD" "$ATT" run --threshold 0 -- true
 expect run-report-unwritable 0 "warning: cannot write the report" "$ATT" run --report /nonexistent-dir/r.json -- "$RT/crash" exit 0
-# The kernel baseline: our own cgroup limit and swap device, both gone afterwards.
+# The kernel baseline: our own cgroup limit and swap device, both gone afterwards. (At
+# tighter limits the kernel may OOM-kill the program with disk swap: docs/benchmarks.md.)
 if [ "$(id -u)" = 0 ]; then
   for m in memory disk; do
-    expect "kernel-swap-$m" 0 "cgroup peak ([3-5][0-9]|6[0-4])\.[0-9] MiB of a 64\.0 MiB limit" "$ATT" kernel-swap --limit 64M --swap $m --swap-size 256M --swap-dir "$RT" -- "$RT/c_matrix" 96
+    expect "kernel-swap-$m" 0 "cgroup peak ([6-8][0-9]|9[0-6])\.[0-9] MiB of a 96\.0 MiB limit" "$ATT" kernel-swap --limit 96M --swap $m --swap-size 512M --swap-dir "$RT" -- "$RT/c_matrix" 128
   done
   expect kernel-swap-cleaned-up 0 "clean" sh -c "! grep -q attune-swap /proc/swaps && ! ls /sys/fs/cgroup/memory | grep -q '^attune-' && echo clean"
   expect kernel-swap-bad-limit 2 "--limit lots" "$ATT" kernel-swap --limit lots -- true
