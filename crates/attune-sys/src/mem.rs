@@ -274,3 +274,22 @@ pub fn punch_hole(fd: &OwnedFd, off: u64, len: u64) -> SysResult<()> {
         Err(Errno::last())
     }
 }
+
+/// Maps `len` bytes of an open file shared and read-only (the kernel-mmap baseline).
+pub fn map_file_shared_ro(fd: &OwnedFd, len: usize) -> SysResult<usize> {
+    raw_mmap(0, len, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0)
+}
+
+/// Drops a file's clean pages from the page cache (POSIX_FADV_DONTNEED), after fsync.
+pub fn drop_file_cache(fd: &OwnedFd) -> SysResult<()> {
+    // SAFETY: fsync and posix_fadvise on a descriptor the caller owns.
+    unsafe {
+        if libc::fsync(fd.as_raw_fd()) != 0 {
+            return Err(Errno::last());
+        }
+        match libc::posix_fadvise(fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) {
+            0 => Ok(()),
+            e => Err(Errno(e)),
+        }
+    }
+}

@@ -90,6 +90,9 @@ fn scenarios(full: bool) -> Vec<(&'static str, Vec<(&'static str, &'static str)>
         // memory-backed loop device and on disk (kernel_env.rs; needs root).
         ("rand-kswap-memory", vec![]),
         ("rand-kswap-disk", vec![]),
+        // The file tier against the kernel's mmap of a file, same budget (1 GiB, 256 MiB).
+        ("file-attune", vec![("ATTUNE_DRAM", "256M")]),
+        ("file-kmmap", vec![]),
         ("alloc-small", vec![]),
         ("fit-overhead", vec![("ATTUNE_DRAM", "1G")]),
     ];
@@ -133,7 +136,23 @@ pub fn run(a: Args) -> i32 {
     for (i, (name, env)) in list.iter().enumerate() {
         let mut runs: Vec<Value> = Vec::new();
         // Kernel-swap scenarios: our own swap device and memory cgroup for their runs.
-        let mut kernel: Option<(crate::kernel_env::Swap, crate::kernel_env::MemCgroup)> = None;
+        let mut kernel: Option<(
+            Option<crate::kernel_env::Swap>,
+            crate::kernel_env::MemCgroup,
+        )> = None;
+        if *name == "file-kmmap" {
+            match crate::kernel_env::unavailable().map_or_else(
+                || crate::kernel_env::MemCgroup::new(RAND_BUDGET_MB as u64 * MB as u64),
+                Err,
+            ) {
+                Ok(g) => kernel = Some((None, g)),
+                Err(why) => {
+                    eprintln!("\n{name}: skipped: {why}");
+                    results.push(json!({"scenario": name, "ok": null, "skipped": why}));
+                    continue;
+                }
+            }
+        }
         if let Some(medium) = kswap_medium(name) {
             if let Some(why) = crate::kernel_env::unavailable() {
                 eprintln!("\n{name}: skipped: {why}");
@@ -141,7 +160,8 @@ pub fn run(a: Args) -> i32 {
                 continue;
             }
             let set_up = crate::kernel_env::Swap::new(medium, &swap_dir, 1 << 30).and_then(|s| {
-                crate::kernel_env::MemCgroup::new(RAND_BUDGET_MB as u64 * MB as u64).map(|g| (s, g))
+                crate::kernel_env::MemCgroup::new(RAND_BUDGET_MB as u64 * MB as u64)
+                    .map(|g| (Some(s), g))
             });
             match set_up {
                 Ok(k) => kernel = Some(k),
@@ -262,6 +282,14 @@ fn comparisons(results: &[Value]) -> Vec<Value> {
             }
         }
     };
+    for (m, goal) in [("random_reads_per_s", ">= 1x"), ("seq_gbps", ">= 1x")] {
+        add(
+            format!("file tier / kernel mmap of the file: {m}"),
+            median_of(results, "file-attune", m),
+            median_of(results, "file-kmmap", m),
+            goal,
+        );
+    }
     for mode in ["signal", "thread"] {
         let att = median_of(results, &format!("rand-attune-{mode}"), "updates_per_s");
         add(
@@ -386,6 +414,8 @@ pub fn worker(scenario: &str) -> i32 {
         "rand-dram" => rand_dram(),
         s if s.starts_with("rand-attune") => rand_attune(),
         s if s.starts_with("rand-kswap") => rand_kswap(),
+        "file-attune" => file_attune(),
+        "file-kmmap" => file_kmmap(),
         "alloc-small" => alloc_small(),
         "fit-overhead" => fit_overhead(),
         _ => Err(format!("unknown scenario {scenario}")),
@@ -597,6 +627,96 @@ fn rand_kswap() -> Result<Value, String> {
     let r = rand_scenario(p, 200_000);
     let _ = mem::unmap(p, 512 * MB);
     r
+}
+
+const FILE_MB: usize = 1024;
+const FILE_READS: usize = 300_000;
+
+fn bench_dir() -> std::path::PathBuf {
+    std::env::var_os("ATTUNE_BENCH_SWAP_DIR")
+        .map(Into::into)
+        .unwrap_or_else(|| "/var/tmp".into())
+}
+
+/// 1 GiB in Attune's file tier alone (a directory on disk), 256 MiB budget.
+fn file_attune() -> Result<Value, String> {
+    let words = FILE_MB * MB / 8;
+    let opts = attune::engine::AllocOptions {
+        preferred_tier: Some(file_tier_index()?),
+        ..Default::default()
+    };
+    let p = runtime::alloc(FILE_MB * MB, 0, Some(opts))
+        .map_err(|e| format!("{e}: {}", runtime::last_error()))?;
+    fill_index(p, words);
+    let r = file_reads(p, words, false);
+    let _ = runtime::free(p);
+    r
+}
+
+fn file_tier_index() -> Result<usize, String> {
+    let rt = runtime::runtime().map_err(|e| e.to_string())?;
+    rt.config()
+        .tiers
+        .iter()
+        .position(|t| t.kind == attune::config::TierKind::File)
+        .ok_or_else(|| "no file tier configured".into())
+}
+
+/// The kernel's way: the same 1 GiB as a file mapped shared, in a 256 MiB cgroup limit,
+/// MADV_RANDOM for the random reads (page cache dropped before).
+fn file_kmmap() -> Result<Value, String> {
+    use std::os::unix::fs::FileExt;
+    let path = bench_dir().join(format!("attune-kmmap-{}", std::process::id()));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let _ = std::fs::remove_file(&path); // unnamed from here on
+    let mut buf = vec![0u8; MB];
+    for m in 0..FILE_MB {
+        for (k, c) in buf.chunks_exact_mut(8).enumerate() {
+            c.copy_from_slice(&((m * MB / 8 + k) as u64).to_ne_bytes());
+        }
+        f.write_all_at(&buf, (m * MB) as u64)
+            .map_err(|e| e.to_string())?;
+    }
+    let fd: std::os::fd::OwnedFd = f.into();
+    mem::drop_file_cache(&fd).map_err(|e| e.to_string())?;
+    crate::kernel_env::join_cgroup_from_env(CGROUP_VAR)?;
+    let p = mem::map_file_shared_ro(&fd, FILE_MB * MB).map_err(|e| e.to_string())?;
+    let _ = mem::advise(p, FILE_MB * MB, libc::MADV_RANDOM);
+    let r = file_reads(p, FILE_MB * MB / 8, true);
+    let _ = mem::unmap(p, FILE_MB * MB);
+    r
+}
+
+/// Random 8-byte reads, then one sequential pass, over `words` at `p` (word i holds i).
+/// `kernel`: a kernel mapping, advised MADV_SEQUENTIAL for the pass (its best case).
+fn file_reads(p: usize, words: usize, kernel: bool) -> Result<Value, String> {
+    let mut x = 77u64;
+    let t = os::now_ns();
+    for _ in 0..FILE_READS {
+        let i = (xorshift(&mut x) % words as u64) as usize;
+        if rd(p, i) != i as u64 {
+            return Err(format!("word {i} wrong"));
+        }
+    }
+    let rand = FILE_READS as f64 / ((os::now_ns() - t) as f64 / 1e9);
+    if kernel {
+        let _ = mem::advise(p, words * 8, libc::MADV_SEQUENTIAL);
+    }
+    let t = os::now_ns();
+    let mut sum = 0u64;
+    for i in 0..words {
+        sum = sum.wrapping_add(rd(p, i));
+    }
+    let gbps = (words * 8) as f64 / ((os::now_ns() - t) as f64 / 1e9) / 1e9;
+    if sum != (words as u64 - 1) * words as u64 / 2 {
+        return Err("sequential checksum wrong".into());
+    }
+    Ok(json!({"random_reads_per_s": rand, "seq_gbps": gbps}))
 }
 
 /// allocate_TM/free_TM pairs against malloc/free, 64 B to 1 MiB.
