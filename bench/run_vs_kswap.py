@@ -47,6 +47,7 @@ def main():
     envs = {
         "IE (no limit)": prog,
         "attune run": [ATT, "run", "-q", "--dram", b_att, "--"] + prog,
+        "attune run --chunk 4K": [ATT, "run", "-q", "--chunk", "4K", "--dram", b_att, "--"] + prog,
         "kernel swap, memory": [ATT, "kernel-swap", "--limit", b, "--swap", "memory", "--"] + prog,
         "kernel swap, disk": [ATT, "kernel-swap", "--limit", b, "--swap", "disk", "--"] + prog,
     }

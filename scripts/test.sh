@@ -175,6 +175,14 @@ expect run-static-allowed 3 "running it unmanaged" "$ATT" run --allow-unmanaged 
 expect run-bad-dram 2 "--dram lots" "$ATT" run --dram lots -- true
 expect run-bad-flags 2 "unknown flag 'FAST'" "$ATT" run --flags FAST -- true
 expect run-bad-threshold 2 "ATTUNE_RUN_THRESHOLD" "$ATT" run --threshold 0 -- true
+printf 'dram = "lots"\n' > "$RT/broken.toml"
+expect run-broken-config 2 "configuration: .*dram" "$ATT" run --config "$RT/broken.toml" -- true
+expect run-bad-rules 2 "ATTUNE_FLAG_RULES" "$ATT" run --rules "64M:LAT" -- true
+ATTUNE_PRELOAD_LIB=/nonexistent/libattune_preload.so expect run-missing-preload-lib 2 "ATTUNE_PRELOAD_LIB=.*no such file" "$ATT" run -- true
+# The chunk size: 64 KiB by default under attune run, the configuration's when it sets one.
+expect run-default-chunk 0 "check_report: OK" sh -c "'$ATT' run -q --dram 64M --report '$RT/ch.json' -- '$RT/crash' exit 0 && $CHECK '$RT/ch.json' --chunk 65536"
+printf 'dram = "64M"\nchunk_size = "16K"\n' > "$RT/chunk.toml"
+expect run-config-chunk 0 "check_report: OK" sh -c "'$ATT' run -q --config '$RT/chunk.toml' --report '$RT/ch2.json' -- '$RT/crash' exit 0 && $CHECK '$RT/ch2.json' --chunk 16384"
 expect run-report-unwritable 0 "warning: cannot write the report" "$ATT" run --report /nonexistent-dir/r.json -- "$RT/crash" exit 0
 # The kernel baseline: our own cgroup limit and swap device, both gone afterwards. (At
 # tighter limits the kernel may OOM-kill the program with disk swap: docs/benchmarks.md.)
@@ -183,6 +191,9 @@ if [ "$(id -u)" = 0 ]; then
     expect "kernel-swap-$m" 0 "cgroup peak ([6-8][0-9]|9[0-6])\.[0-9] MiB of a 96\.0 MiB limit" "$ATT" kernel-swap --limit 96M --swap $m --swap-size 512M --swap-dir "$RT" -- "$RT/c_matrix" 128
   done
   expect kernel-swap-cleaned-up 0 "clean" sh -c "! grep -q attune-swap /proc/swaps && ! ls /sys/fs/cgroup/memory | grep -q '^attune-' && echo clean"
+  if command -v setpriv >/dev/null && id nobody >/dev/null 2>&1; then
+    expect kernel-swap-needs-root 2 "needs root" setpriv --reuid nobody --regid nogroup --clear-groups "$ATT" kernel-swap --limit 64M -- true
+  fi
   expect kernel-swap-bad-limit 2 "--limit lots" "$ATT" kernel-swap --limit lots -- true
 fi
 if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then

@@ -30,6 +30,7 @@ def main():
     ap.add_argument("--min-procs", type=int, default=0)
     ap.add_argument("--budget-slack", type=int, default=None)
     ap.add_argument("--has-command", help="a managed process whose program name ends so")
+    ap.add_argument("--chunk", type=int, help="every listed region has this chunk size")
     a = ap.parse_args()
     r = json.load(open(a.report))
     for k, t in TOP.items():
@@ -63,6 +64,10 @@ def main():
     if a.has_command and not any(p["command"] and p["command"][0].endswith(a.has_command)
                                  for p in r["per_process"]):
         fail(f"no managed process ran {a.has_command}")
+    if a.chunk is not None:
+        sizes = {x["chunk_size"] for x in r["hottest_regions"]}
+        if sizes != {a.chunk}:
+            fail(f"chunk sizes {sorted(sizes)}, expected {a.chunk}")
     if a.budget_slack is not None:
         for p in r["per_process"]:
             if p["peak_resident_bytes"] > p["budget_bytes"] + a.budget_slack:

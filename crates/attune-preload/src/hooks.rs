@@ -12,7 +12,6 @@
 //!   2 MiB chunks itself; numpy asks for huge pages on every large array).
 
 use crate::{ready, settings, table, Busy, SMALL, THRESHOLD};
-use attune::config::FaultMode;
 use attune::engine::AllocOptions;
 use attune_sys::libc_alloc as glibc;
 use attune_sys::mem;
@@ -62,15 +61,17 @@ fn managed_slow(size: usize, region: bool) -> (usize, bool) {
         Err(_) => return (0, false),
     };
     let is_region = region || size >= rt.config().small_threshold;
+    let flags = s.flags_for(size);
     if is_region && !region {
         if let Some(b) = table::cache_take(size) {
+            // A reused region takes the flags of its new request (size rules may differ).
+            let _ = attune::runtime::set_flags(b, flags.0);
             SERVED.fetch_add(1, Relaxed);
             return (b, false);
         }
     }
-    // Unmodified programs pass buffers to system calls: always the handler-thread delivery.
-    let opts = is_region.then(|| AllocOptions {
-        fault_mode: Some(FaultMode::Thread),
+    let opts = region.then(|| AllocOptions {
+        own_region: true,
         ..Default::default()
     });
     let len = if region {
@@ -78,7 +79,7 @@ fn managed_slow(size: usize, region: bool) -> (usize, bool) {
     } else {
         size
     };
-    match attune::runtime::alloc(len, s.flags_for(size).0, opts) {
+    match attune::runtime::alloc(len, flags.0, opts) {
         Ok(p) => {
             if is_region {
                 table::insert(p, len);
@@ -104,7 +105,7 @@ fn cache_limit() -> usize {
 /// `reuse`: a malloc'ed region may be kept for the next request of a similar size.
 #[inline]
 fn free_managed(p: usize, reuse: bool) -> bool {
-    if p % PAGE == 0 && table::maybe_managed(p) {
+    if p % PAGE == 0 {
         if let Some(e) = table::remove(p) {
             if e.inherited {
                 let _ = mem::raw_munmap(p, round_page(e.cap).unwrap_or(e.cap));

@@ -43,11 +43,10 @@ const OFF: u8 = 3;
 /// Runtime state of this process (reset in a forked child).
 static STATE: AtomicU8 = AtomicU8::new(UNSTARTED);
 static SETTINGS: OnceLock<RunSettings> = OnceLock::new();
-/// Set when the constructor has run: other libraries' constructors that allocate before
-/// it are served by glibc (the runtime never starts inside someone else's initialiser).
-static CONSTRUCTED: AtomicBool = AtomicBool::new(false);
 /// Copies of the two settings every malloc and free reads (one relaxed load each, no
-/// OnceLock on the hot path). Until the constructor sets them, nothing is managed.
+/// OnceLock on the hot path). Until the constructor sets them nothing is managed, so
+/// other libraries' constructors that allocate first are served by glibc and the runtime
+/// never starts inside someone else's initialiser.
 pub(crate) static THRESHOLD: AtomicUsize = AtomicUsize::new(usize::MAX);
 pub(crate) static SMALL: AtomicBool = AtomicBool::new(false);
 
@@ -86,9 +85,6 @@ fn ready() -> bool {
     match STATE.load(Acquire) {
         READY => true,
         UNSTARTED => {
-            if !CONSTRUCTED.load(Acquire) {
-                return false;
-            }
             if STATE
                 .compare_exchange(UNSTARTED, STARTING, AcqRel, Acquire)
                 .is_err()
@@ -133,10 +129,24 @@ extern "C" fn at_exit() {
 extern "C" fn constructor() {
     attune_sys::libc_alloc::resolve();
     let _b = Busy::enter();
+    // Unmodified programs pass their buffers to system calls, which the SIGBUS delivery
+    // would fail with EFAULT: the handler thread serves every managed region and arena.
+    // (Single-threaded here: the program's main has not run yet.)
+    std::env::set_var("ATTUNE_FAULT_MODE", "thread");
     let s = settings();
     if !s.children {
-        // exec'd children must not load the interposer again.
-        attune_sys::os::unset_env_early(c"LD_PRELOAD");
+        // exec'd children must not load the interposer again; other preloads stay.
+        let rest: Vec<String> = std::env::var("LD_PRELOAD")
+            .unwrap_or_default()
+            .split([' ', ':'])
+            .filter(|e| !e.is_empty() && !e.ends_with("libattune_preload.so"))
+            .map(String::from)
+            .collect();
+        if rest.is_empty() {
+            std::env::remove_var("LD_PRELOAD");
+        } else {
+            std::env::set_var("LD_PRELOAD", rest.join(" "));
+        }
     }
     attune_sys::os::atfork(
         Some(table::before_fork),
@@ -146,7 +156,6 @@ extern "C" fn constructor() {
     attune_sys::os::at_exit(at_exit);
     SMALL.store(s.small, Relaxed);
     THRESHOLD.store(if s.small { 0 } else { s.threshold }, Relaxed);
-    CONSTRUCTED.store(true, Release);
 }
 
 #[used]

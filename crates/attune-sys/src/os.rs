@@ -230,13 +230,6 @@ pub fn at_exit(f: extern "C" fn()) {
     unsafe { libc::atexit(f) };
 }
 
-/// Removes a variable from this process's environment. Only for a library constructor,
-/// before the program's own threads exist (getenv is not thread-safe against it).
-pub fn unset_env_early(name: &std::ffi::CStr) {
-    // SAFETY: single-threaded at constructor time (see above).
-    unsafe { libc::unsetenv(name.as_ptr()) };
-}
-
 static FORWARD_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 extern "C" fn forward_signal(sig: libc::c_int) {

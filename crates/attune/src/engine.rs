@@ -27,6 +27,8 @@ pub struct AllocOptions {
     pub prefault: bool,
     pub chunk_size: Option<usize>,
     pub fault_mode: Option<FaultMode>,
+    /// A region of its own even below `small_threshold` (page-aligned: mmap requests).
+    pub own_region: bool,
 }
 
 /// Counters of the whole engine.

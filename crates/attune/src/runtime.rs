@@ -193,7 +193,9 @@ pub fn alloc(size: usize, flag_bits: u32, opts: Option<AllocOptions>) -> Result<
             Ok(a)
         }
         Runtime::Tiered { engine, small } => {
-            let plain = opts.preferred_tier.is_none()
+            // Any per-allocation option needs a region of its own.
+            let plain = !opts.own_region
+                && opts.preferred_tier.is_none()
                 && opts.pin_bytes.is_none()
                 && !opts.prefault
                 && opts.chunk_size.is_none()

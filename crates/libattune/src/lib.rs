@@ -161,6 +161,7 @@ pub extern "C" fn attune_alloc(size: usize, opts: *const AttuneAllocOpts) -> *mu
                     None
                 },
                 fault_mode,
+                own_region: false,
             };
             (o.flags as u32, Some(ao))
         };

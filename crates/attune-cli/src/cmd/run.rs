@@ -117,14 +117,35 @@ fn preload_obstacle(path: &Path) -> Option<String> {
     }
 }
 
-/// The interposer library: $ATTUNE_PRELOAD_LIB, or next to this executable (build tree
-/// and install tree layouts).
-fn preload_library() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("ATTUNE_PRELOAD_LIB") {
-        return Some(PathBuf::from(p));
+/// Whether the user set the chunk size: ATTUNE_CHUNK_SIZE, or `chunk_size` in the
+/// configuration file (`--config`, else ATTUNE_CONFIG). A file that does not parse is
+/// reported by the configuration check that follows.
+fn chunk_chosen(config: Option<&Path>) -> bool {
+    if std::env::var_os("ATTUNE_CHUNK_SIZE").is_some() {
+        return true;
     }
-    let exe = std::env::current_exe().ok()?;
-    let dir = exe.parent()?;
+    let file = config
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("ATTUNE_CONFIG").map(PathBuf::from));
+    file.and_then(|f| std::fs::read_to_string(f).ok())
+        .and_then(|t| t.parse::<toml::Table>().ok())
+        .is_some_and(|t| t.contains_key("chunk_size"))
+}
+
+/// The interposer library: $ATTUNE_PRELOAD_LIB, or next to this executable (build tree
+/// and install tree layouts). A library that does not exist would make the loader print
+/// a warning and run the program unmanaged, so it is an error here.
+fn preload_library() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("ATTUNE_PRELOAD_LIB") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!("ATTUNE_PRELOAD_LIB={}: no such file", p.display()))
+        };
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
     [
         dir.join("libattune_preload.so"),
         dir.join("../lib/libattune_preload.so"),
@@ -133,6 +154,10 @@ fn preload_library() -> Option<PathBuf> {
     .into_iter()
     .find(|p| p.is_file())
     .and_then(|p| p.canonicalize().ok())
+    .ok_or_else(|| {
+        "cannot find libattune_preload.so next to the attune executable (set ATTUNE_PRELOAD_LIB)"
+            .into()
+    })
 }
 
 pub fn run(a: Args) -> i32 {
@@ -179,42 +204,27 @@ pub fn run(a: Args) -> i32 {
     if a.no_children {
         env.push(("ATTUNE_RUN_CHILDREN".into(), "0".into()));
     }
-    // Unmodified programs hand their buffers to system calls: handler-thread delivery.
-    env.push(("ATTUNE_FAULT_MODE".into(), "thread".into()));
-    // Their large buffers are mostly streamed whole (numpy, array codes): 64 KiB chunks
-    // move them 4x faster than 4 KiB ones (docs/benchmarks.md), unless the user chose.
-    let chosen_in_file = a.config.as_ref().is_some_and(|c| {
-        std::fs::read_to_string(c)
-            .is_ok_and(|t| t.lines().any(|l| l.trim_start().starts_with("chunk_size")))
-    });
-    match &a.chunk {
-        Some(c) => env.push(("ATTUNE_CHUNK_SIZE".into(), c.clone())),
-        None if std::env::var_os("ATTUNE_CHUNK_SIZE").is_none() && !chosen_in_file => {
-            env.push(("ATTUNE_CHUNK_SIZE".into(), "64K".into()))
-        }
-        None => {}
+    // Large buffers of unmodified programs are mostly streamed whole (numpy, array codes):
+    // 64 KiB chunks move them 4x faster than 4 KiB ones (docs/benchmarks.md), unless the
+    // user chose a chunk size (here, in the environment or in the configuration file).
+    if let Some(c) = &a.chunk {
+        env.push(("ATTUNE_CHUNK_SIZE".into(), c.clone()));
+    } else if !chunk_chosen(a.config.as_deref()) {
+        env.push(("ATTUNE_CHUNK_SIZE".into(), "64K".into()));
     }
-    let merged = |k: &str| {
-        env.iter()
-            .rev()
-            .find(|(n, _)| n == k)
-            .map(|(_, v)| v.clone())
-            .or_else(|| std::env::var(k).ok())
-    };
-    if let Err(e) = run_options::from_env(merged) {
-        return fail(2, &e);
-    }
-    // The runtime's configuration as the program will see it (file, then environment).
-    let mut cfg_env: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("ATTUNE_"))
+    // What the program will see: this process's ATTUNE_* (and TM_FLAGS) overlaid by ours.
+    let mut seen: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("ATTUNE_") || k == "TM_FLAGS")
         .filter(|(k, _)| !env.iter().any(|(n, _)| n == k))
         .collect();
-    cfg_env.extend(env.iter().cloned());
-    if let Err(e) = attune::config::load(
-        a.config.as_deref(),
-        &cfg_env,
-        &attune::config::Machine::this(),
-    ) {
+    seen.extend(env.iter().cloned());
+    let get = |k: &str| seen.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    if let Err(e) = run_options::from_env(get) {
+        return fail(2, &e);
+    }
+    if let Err(e) =
+        attune::config::load(a.config.as_deref(), &seen, &attune::config::Machine::this())
+    {
         return fail(2, &format!("configuration: {e}"));
     }
 
@@ -235,8 +245,8 @@ pub fn run(a: Args) -> i32 {
         managed = false;
     }
     let lib = match preload_library() {
-        Some(l) => l,
-        None => return fail(2, "cannot find libattune_preload.so next to the attune executable (set ATTUNE_PRELOAD_LIB)"),
+        Ok(l) => l,
+        Err(e) => return fail(2, &e),
     };
     // Check the report path now: a path that cannot be written is a warning, not a reason
     // to lose the run.
