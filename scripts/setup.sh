@@ -24,3 +24,8 @@ if ! python3 -c 'import numpy, pandas, sklearn, zstandard, igraph, matplotlib, t
     || echo "setup: warning: could not install bench/requirements.txt; the Python workflows will fail" >&2
 fi
 command -v cargo >/dev/null || { echo "setup: cargo (Rust) is required: https://rustup.rs" >&2; exit 1; }
+# The NUMA guest of the placement tests: QEMU 10 and a 6.12 kernel (bookworm-backports,
+# through a private apt sources list; /etc/apt is not touched).
+if [ "$(id -u)" = 0 ]; then
+  "$(dirname "$0")/numa-guest/fetch.sh" >/dev/null || echo "setup: warning: the NUMA guest could not be fetched; its tests will fail" >&2
+fi

@@ -209,6 +209,20 @@ if [ -d tests/python ] && command -v python3 >/dev/null; then
   pass=$((pass+${pp:-0})); fail=$((fail+${pf:-0}))
 fi
 
+# NUMA tiers for real: a two-node QEMU guest (node 1 CPU-less, lower memory tier),
+# booted once (~40 s under TCG); scripts/numa-guest/fetch.sh installs QEMU 10 and a 6.12
+# kernel from bookworm-backports the first time (root).
+if [ "$(id -u)" = 0 ] || command -v qemu-system-x86_64 >/dev/null; then
+  echo "== NUMA guest (QEMU, two nodes)"
+  ATTUNE_BIN="$PREFIX/bin/attune" python3 -m pytest -q -s tests/numa 2>&1 | tee "$OUT/numa.log" | grep -E 'kernel:|passed|failed|Error' | tail -n 4
+  np=$(grep -oE '[0-9]+ passed' "$OUT/numa.log" | grep -oE '[0-9]+' || echo 0)
+  nf=$(grep -oE '[0-9]+ (failed|error)' "$OUT/numa.log" | grep -oE '[0-9]+' | awk '{s+=$1} END {print s+0}')
+  [ "${np:-0}" -gt 0 ] || { nf=$((nf+1)); failed+=(numa-guest); tail -n 30 "$OUT/numa.log"; }
+  pass=$((pass+${np:-0})); fail=$((fail+${nf:-0}))
+else
+  echo "skip NUMA guest (needs root once to install QEMU 10: scripts/numa-guest/fetch.sh)"
+fi
+
 [ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
 echo "${pass} passed, ${fail} failed"
 [ "$fail" -eq 0 ]

@@ -28,6 +28,8 @@ enum Command {
     Config(cmd::config::Args),
     /// Show the memory nodes and tiers of this machine (or of a captured /sys tree).
     Topology(cmd::topology::Args),
+    /// Placement on NUMA tiers: interleave weights, and where a region's pages land.
+    Numa(cmd::numa::Args),
     /// Internal: one benchmark scenario in a fresh process (used by `bench`).
     #[command(hide = true, name = "__worker")]
     Worker { scenario: String },
@@ -41,6 +43,7 @@ fn main() {
         Command::KernelSwap(a) => cmd::kernel_swap::run(a),
         Command::Config(a) => cmd::config::run(a),
         Command::Topology(a) => cmd::topology::run(a),
+        Command::Numa(a) => cmd::numa::run(a),
         Command::Worker { scenario } => cmd::bench::worker(&scenario),
     };
     std::process::exit(code);

@@ -16,11 +16,12 @@
 //!   eventfd into a child program.
 //!
 //! Modules: [`uffd`] (userfaultfd ioctls), [`mem`] (mmap/madvise/files, raw mmap for the
-//! interposer), [`libc_alloc`] (glibc's allocator under its internal names),
+//! interposer), [`numa`] (memory policy, page migration, mlock), [`libc_alloc`] (glibc's allocator under its internal names),
 //! [`signal`] (SIGBUS hook), [`os`] (small helpers: eventfd, time, thread ids, /proc).
 
 pub mod libc_alloc;
 pub mod mem;
+pub mod numa;
 pub mod os;
 pub mod signal;
 pub mod uffd;

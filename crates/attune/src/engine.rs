@@ -58,6 +58,8 @@ pub struct Engine {
     /// Registered over the memory tier arena and the staging buffers (MOVE destinations).
     pub(crate) uffd_internal: Uffd,
     pub tiers: Vec<FarTier>,
+    /// Placement on NUMA tiers (configured `numa` tiers whose nodes are online).
+    pub numa: Option<crate::numa::NumaPlacer>,
     pub(crate) staging: BufferPool,
     pub(crate) bounce: BufferPool,
     pub(crate) zero: BufferPool,
@@ -104,13 +106,22 @@ impl Engine {
         let uffd_thread = open(Delivery::Thread)?;
         let uffd_signal = open(Delivery::Signal)?;
         let uffd_internal = open(Delivery::Signal)?;
-        let far_capacity: u64 = cfg.tiers.iter().map(|t| t.capacity).sum();
+        // NUMA tiers keep pages mapped: the placer owns them, the fault engine never
+        // stores into them.
+        let numa = crate::numa::NumaPlacer::new(&cfg, std::path::Path::new("/"));
+        let paged: Vec<_> = cfg
+            .tiers
+            .iter()
+            .filter(|t| t.kind != crate::config::TierKind::Numa)
+            .cloned()
+            .collect();
+        let far_capacity: u64 = paged.iter().map(|t| t.capacity).sum();
         let capacity = cfg.dram.saturating_add(far_capacity);
         // Offset space of each tier: enough for every byte that can be allocated at once.
         let space = capacity.min(1 << 45) + (64 << 20);
         let mut tiers = Vec::new();
-        for (i, t) in cfg.tiers.iter().enumerate() {
-            tiers.push(FarTier::open(t.clone(), i, space, &uffd_internal).map_err(InitError)?);
+        for (i, t) in paged.into_iter().enumerate() {
+            tiers.push(FarTier::open(t, i, space, &uffd_internal).map_err(InitError)?);
         }
         let pool = |n, registered: bool| -> Result<BufferPool, InitError> {
             let p = BufferPool::new(n, MAX_RUN)
@@ -126,6 +137,7 @@ impl Engine {
         let bounce = pool(32, false)?;
         let zero = pool(1, false)?;
         Ok(Engine {
+            numa,
             budget: cfg.dram,
             capacity,
             cfg,

@@ -8,7 +8,8 @@
 //! * `region.rs`: a region's chunks and their atomic state words.
 //! * `engine.rs`: allocation, free, pin, prefetch; `runtime.rs`: the API entry points.
 //! * `config.rs`: the options table, TOML file and environment.
-//! * `topology.rs`: discovery of NUMA memory tiers from /sys.
+//! * `topology.rs`: discovery of NUMA memory tiers from /sys; `numa.rs`: placement on
+//!   NUMA tiers (mbind, weighted interleave, move_pages).
 
 pub mod config;
 pub mod engine;
@@ -16,6 +17,7 @@ pub mod evict;
 pub mod fault;
 pub mod hash;
 pub mod log;
+pub mod numa;
 pub mod pool;
 pub mod region;
 pub mod run_options;

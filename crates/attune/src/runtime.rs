@@ -205,6 +205,17 @@ pub fn alloc(size: usize, flag_bits: u32, opts: Option<AllocOptions>) -> Result<
                     .alloc(engine, size, flags)
                     .map_err(|e| fail(e, format!("small allocation of {size} bytes failed: {e}")));
             }
+            if let Some(n) = &engine.numa {
+                return n.alloc(size, flags).map_err(|e| {
+                    fail(
+                        e,
+                        format!(
+                            "{size} bytes do not fit in the NUMA tiers ({:?} bytes planned per tier)",
+                            n.used()
+                        ),
+                    )
+                });
+            }
             if size as u64 > engine.capacity {
                 return Err(fail(
                     Errno(libc::ENOMEM),
@@ -289,6 +300,9 @@ pub fn free(ptr: usize) -> Result<(), Errno> {
             }
         }
         Runtime::Tiered { engine, small } => {
+            if engine.numa.as_ref().is_some_and(|n| n.free(ptr)) {
+                return Ok(());
+            }
             if small.owns(ptr) {
                 return small.free(ptr).map_err(|e| fail(e, format!("{ptr:#x} is not a live small allocation (freed twice, or an interior pointer)")));
             }
@@ -398,6 +412,21 @@ pub struct RegionStats {
 }
 
 pub fn region_stats(ptr: usize) -> Result<RegionStats, Errno> {
+    if let Some(n) = runtime()?.engine().and_then(|e| e.numa.as_ref()) {
+        if let Some(r) = n.region(ptr).filter(|r| r.base == ptr) {
+            // Mapped pages: where the kernel holds them now (tier 0 is DRAM).
+            let (per_tier, _absent) = n.residency(r.base, r.len)?;
+            return Ok(RegionStats {
+                size: r.len as u64,
+                chunk_size: 4096,
+                flags: r.flags,
+                resident_bytes: per_tier[0] * 4096,
+                tier_bytes: per_tier[1..].iter().map(|p| p * 4096).collect(),
+                pinned_bytes: r.pinned,
+                ..Default::default()
+            });
+        }
+    }
     let (r, _, len) = allocation(ptr)?;
     let e = runtime()?.engine().ok_or(Errno(libc::ENOTSUP))?;
     let (res, far) = r.residency(e.tiers.len());

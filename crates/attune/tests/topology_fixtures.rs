@@ -59,3 +59,61 @@ fn this_machine_has_at_least_one_node() {
     let t = discover(std::path::Path::new("/"));
     assert!(!t.nodes.is_empty());
 }
+
+fn config(toml: &str) -> attune_core::config::Config {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c.toml");
+    std::fs::write(&p, toml).unwrap();
+    let m = attune_core::config::Machine {
+        total_memory: 2 << 30,
+        tmpdir: std::env::temp_dir(),
+    };
+    attune_core::config::load(Some(&p), &[], &m).unwrap()
+}
+
+const NUMA_CFG: &str =
+    "dram = \"512M\"\n[[tier]]\nname = \"cxl\"\nkind = \"numa\"\nnode = 1\ncapacity = \"900M\"\n";
+
+#[test]
+fn numa_tiers_from_the_guest_tree_use_hmat_bandwidth() {
+    let topo = discover(&fixture("qemu-2node-hmat"));
+    let t = attune_core::numa::tiers_for(&config(NUMA_CFG), &topo);
+    assert_eq!(t.len(), 2);
+    assert_eq!((t[0].nodes.clone(), t[0].capacity), (vec![0], 512 << 20));
+    assert_eq!((t[1].nodes.clone(), t[1].capacity), (vec![1], 900 << 20));
+    // HMAT: 100 GB/s and 30 GB/s, in MB/s.
+    assert_eq!((t[0].bandwidth, t[1].bandwidth), (102400, 30720));
+    let w = attune_core::numa::bandwidth_weights(&t);
+    assert_eq!(w.into_iter().collect::<Vec<_>>(), vec![(0, 10), (1, 3)]);
+}
+
+#[test]
+fn numa_tier_on_a_missing_or_fast_node_is_left_out() {
+    let topo = discover(&fixture("qemu-2node-hmat"));
+    let missing = NUMA_CFG.replace("node = 1", "node = 7");
+    assert_eq!(
+        attune_core::numa::tiers_for(&config(&missing), &topo).len(),
+        1
+    );
+    let fast = NUMA_CFG.replace("node = 1", "node = 0");
+    let t = attune_core::numa::tiers_for(&config(&fast), &topo);
+    assert_eq!(t.len(), 1, "node 0 holds the CPUs: it is the fast tier");
+    // No HMAT on a single-node machine: configured bandwidth (default 30 GB/s) is used.
+    let one = discover(&fixture("single-node"));
+    assert_eq!(
+        attune_core::numa::tiers_for(&config(NUMA_CFG), &one).len(),
+        1
+    );
+}
+
+#[test]
+fn numa_tiers_on_cxl_and_pmem_take_hmat_over_configuration() {
+    let topo = discover(&fixture("cxl-dax-kmem-3node"));
+    let cfg = "dram = \"1G\"\n[[tier]]\nname = \"cxl\"\nkind = \"numa\"\nnode = 1\nbandwidth = \"25G\"\n[[tier]]\nname = \"pmem\"\nkind = \"numa\"\nnode = 2\nbandwidth = \"5G\"\n";
+    let t = attune_core::numa::tiers_for(&config(cfg), &topo);
+    let names: Vec<_> = t.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(names, vec!["dram", "cxl", "pmem"]);
+    // Every node has HMAT attributes: they win over the configured 25G/5G.
+    let bw: Vec<u64> = t.iter().map(|x| x.bandwidth).collect();
+    assert_eq!(bw, vec![204800, 51200, 20480]);
+}

@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod config;
 pub mod kernel_swap;
+pub mod numa;
 pub mod run;
 pub mod topology;

@@ -34,9 +34,6 @@ pub struct TierCounters {
 enum Backend {
     Memory(memory::MemoryTier),
     File(file::FileTier),
-    /// A NUMA node: pages stay mapped and are placed by the kernel (issue: placement).
-    /// The fault engine never stores into it.
-    Numa,
 }
 
 /// A far tier with its offset space and counters.
@@ -75,14 +72,10 @@ impl FarTier {
             TierKind::Memory => Backend::Memory(memory::MemoryTier::new(&cfg, space, internal)?),
             TierKind::File => Backend::File(file::FileTier::new(&cfg)?),
             TierKind::Numa => {
-                let node = cfg.node.unwrap_or(0);
-                if !std::path::Path::new(&format!("/sys/devices/system/node/node{node}")).exists() {
-                    return Err(format!(
-                        "tier '{}': NUMA node {node} does not exist on this machine",
-                        cfg.name
-                    ));
-                }
-                Backend::Numa
+                return Err(format!(
+                    "tier '{}': NUMA tiers keep pages mapped and are placed by crate::numa",
+                    cfg.name
+                ))
             }
             TierKind::Dram => return Err("the DRAM tier is implicit".into()),
         };
@@ -100,15 +93,16 @@ impl FarTier {
         &self.cfg.name
     }
 
-    /// Whether the fault engine can store pages here.
     /// Whether stored content survives a load (a file keeps its blocks; a memory slot is
     /// emptied by the move), so that identical content need not be written again.
     pub fn keeps_copy(&self) -> bool {
         matches!(self.backend, Backend::File(_))
     }
 
+    /// Whether the fault engine can store pages here (every far tier it opens can; NUMA
+    /// tiers are not far tiers of the fault engine).
     pub fn is_pageable(&self) -> bool {
-        !matches!(self.backend, Backend::Numa)
+        true
     }
 
     /// Whether a store could succeed now (capacity left, medium not known to be full).
@@ -160,7 +154,6 @@ impl FarTier {
         let r = match &self.backend {
             Backend::Memory(m) => m.store(io, region_uffd, src, off, len),
             Backend::File(f) => f.store(io, region_uffd, src, off, len, already_there),
-            Backend::Numa => Err(Errno(libc::EOPNOTSUPP)),
         };
         match r {
             Ok(()) => {
@@ -198,7 +191,6 @@ impl FarTier {
         let r = match &self.backend {
             Backend::Memory(m) => m.load(region_uffd, dst, off, len),
             Backend::File(f) => f.load(io, region_uffd, dst, off, len, seen),
-            Backend::Numa => Err(Errno(libc::EOPNOTSUPP)),
         };
         match r {
             Ok(()) => {
@@ -218,7 +210,6 @@ impl FarTier {
         match &self.backend {
             Backend::Memory(m) => m.discard(off, len),
             Backend::File(f) => f.discard(off, len),
-            Backend::Numa => {}
         }
     }
 

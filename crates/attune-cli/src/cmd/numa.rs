@@ -1,0 +1,299 @@
+//! `attune numa`: placement on NUMA tiers, seen from the outside.
+//!
+//! * `attune numa weights [--apply]`: weighted-interleave weights from the tiers'
+//!   bandwidth (HMAT or configuration); `--apply` writes them to the kernel (root, a
+//!   system-wide setting: an administrator's or the node daemon's act, never the runtime's).
+//! * `attune numa place --region SIZE:FLAGS ...`: allocates regions through the runtime
+//!   (the path `allocate_TM` takes), writes every page, and reports where the pages are
+//!   (move_pages queries) with a checksum check. `--kernel` does the same with plain
+//!   memory under the kernel's own policy, for comparison. Used by the QEMU guest tests.
+
+use attune::numa::{self, NumaPlacer};
+use attune::Flags;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    cmd: Sub,
+}
+
+#[derive(clap::Subcommand)]
+enum Sub {
+    /// Interleave weights per node from the tiers' bandwidth.
+    Weights {
+        /// Write them to /sys/kernel/mm/mempolicy/weighted_interleave (root).
+        #[arg(long)]
+        apply: bool,
+        #[arg(long)]
+        config: Option<std::path::PathBuf>,
+    },
+    /// Allocate regions, touch them and report their pages per node.
+    Place(PlaceArgs),
+}
+
+#[derive(clap::Args)]
+struct PlaceArgs {
+    /// A region SIZE:FLAGS (FLAGS: LAT, BW, CAP, SHL joined by ',' or '|', or NONE),
+    /// allocated in the order given.
+    #[arg(long = "region", required = true)]
+    regions: Vec<String>,
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
+    /// Move region I (0-based) to tier T after touching: I:T.
+    #[arg(long = "move")]
+    moves: Vec<String>,
+    /// Keep reading the LAT regions for this many seconds before measuring (lets the
+    /// kernel's promotion act in --kernel runs).
+    #[arg(long, default_value_t = 0.0)]
+    hot_secs: f64,
+    /// Plain memory under the kernel's policy (no Attune), for comparison.
+    #[arg(long)]
+    kernel: bool,
+}
+
+pub fn run(a: Args) -> i32 {
+    match a.cmd {
+        Sub::Weights { apply, config } => weights(apply, config),
+        Sub::Place(p) => match place(p) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("attune numa place: {e}");
+                1
+            }
+        },
+    }
+}
+
+fn placer(config: Option<&std::path::Path>) -> Result<&'static NumaPlacer, String> {
+    let rt = attune::runtime::init(config).map_err(|_| attune::runtime::last_error())?;
+    rt.engine().and_then(|e| e.numa.as_ref()).ok_or_else(|| {
+        "no NUMA tier in use: configure a tier with kind = \"numa\" and the node of the \
+             slower memory (see docs/tuning.md); `attune topology` lists the nodes"
+            .to_string()
+    })
+}
+
+fn weights(apply: bool, config: Option<std::path::PathBuf>) -> i32 {
+    let p = match placer(config.as_deref()) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("attune numa weights: {e}");
+            return 1;
+        }
+    };
+    let w = numa::bandwidth_weights(&p.tiers);
+    for t in &p.tiers {
+        println!(
+            "tier {:<8} nodes {:?} bandwidth {} MB/s",
+            t.name, t.nodes, t.bandwidth
+        );
+    }
+    for (n, x) in &w {
+        println!("node{n} weight {x}");
+    }
+    if !apply {
+        return 0;
+    }
+    let dir = std::path::Path::new("/sys/kernel/mm/mempolicy/weighted_interleave");
+    if !dir.is_dir() {
+        eprintln!("attune numa weights: this kernel has no weighted interleave (Linux 6.9+); BW regions are striped instead");
+        return 1;
+    }
+    for (n, x) in &w {
+        if let Err(e) = std::fs::write(dir.join(format!("node{n}")), x.to_string()) {
+            eprintln!("attune numa weights: cannot write node{n}: {e} (root is needed)");
+            return 1;
+        }
+    }
+    println!("applied");
+    0
+}
+
+struct Req {
+    size: usize,
+    flags: Flags,
+    label: String,
+}
+
+fn parse_region(s: &str) -> Result<Req, String> {
+    let (sz, fl) = s
+        .split_once(':')
+        .ok_or_else(|| format!("--region '{s}': expected SIZE:FLAGS, e.g. 64M:LAT"))?;
+    let size = attune::size::parse_size(sz).map_err(|e| format!("--region '{s}': {e}"))? as usize;
+    if size == 0 {
+        return Err(format!("--region '{s}': size 0"));
+    }
+    let flags = if fl.eq_ignore_ascii_case("none") {
+        Flags::NONE
+    } else {
+        Flags::parse(&fl.replace(',', "|")).map_err(|e| format!("--region '{s}': {e}"))?
+    };
+    Ok(Req {
+        size,
+        flags,
+        label: fl.to_string(),
+    })
+}
+
+/// Writes a pattern derived from the page address into every page (first word), so
+/// that a page that moved is checked for its content afterwards.
+fn touch(base: usize, len: usize) {
+    for off in (0..len).step_by(4096) {
+        let p = (base + off) as *mut u64;
+        // SAFETY: [base, base+len) is a live allocation this command owns.
+        unsafe { p.write_volatile((base + off) as u64 ^ 0x5a5a_5a5a) };
+    }
+}
+
+fn verify(base: usize, len: usize) -> bool {
+    (0..len).step_by(4096).all(|off| {
+        let p = (base + off) as *const u64;
+        // SAFETY: as in `touch`.
+        unsafe { p.read_volatile() == (base + off) as u64 ^ 0x5a5a_5a5a }
+    })
+}
+
+fn vmstat() -> BTreeMap<String, u64> {
+    let keep = [
+        "pgpromote_success",
+        "pgdemote_kswapd",
+        "pgdemote_direct",
+        "pgmigrate_success",
+        "numa_hint_faults",
+    ];
+    std::fs::read_to_string("/proc/vmstat")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            keep.contains(&k)
+                .then(|| (k.to_string(), v.trim().parse().unwrap_or(0)))
+        })
+        .collect()
+}
+
+fn per_node(base: usize, len: usize) -> Result<BTreeMap<String, u64>, String> {
+    let nodes = numa::node_pages(base, len).map_err(|e| format!("move_pages query: {e}"))?;
+    Ok(nodes
+        .iter()
+        .map(|(k, v)| (k.map(|n| n.to_string()).unwrap_or("absent".into()), *v))
+        .collect())
+}
+
+fn place(a: PlaceArgs) -> Result<(), String> {
+    let reqs: Vec<Req> = a
+        .regions
+        .iter()
+        .map(|s| parse_region(s))
+        .collect::<Result<_, _>>()?;
+    let moves: Vec<(usize, usize)> = a
+        .moves
+        .iter()
+        .map(|m| {
+            let (i, t) = m
+                .split_once(':')
+                .ok_or_else(|| format!("--move '{m}': expected REGION:TIER"))?;
+            let i: usize = i
+                .parse()
+                .map_err(|_| format!("--move '{m}': bad region index"))?;
+            let t: usize = t.parse().map_err(|_| format!("--move '{m}': bad tier"))?;
+            if i >= reqs.len() {
+                return Err(format!("--move '{m}': there are {} regions", reqs.len()));
+            }
+            Ok((i, t))
+        })
+        .collect::<Result<_, String>>()?;
+    let before = vmstat();
+    let placer = if a.kernel {
+        None
+    } else {
+        Some(placer(a.config.as_deref())?)
+    };
+    let mut bases = Vec::new();
+    for r in &reqs {
+        let base = match placer {
+            Some(_) => attune::runtime::alloc(r.size, r.flags.0, None).map_err(|e| {
+                format!(
+                    "allocation of {} bytes ({}) failed: {e}: {}",
+                    r.size,
+                    r.label,
+                    attune::runtime::last_error()
+                )
+            })?,
+            None => attune_sys::mem::map_anon(r.size, false).map_err(|e| format!("mmap: {e}"))?,
+        };
+        touch(base, r.size);
+        bases.push(base);
+    }
+    let mut moved = Vec::new();
+    for &(i, t) in &moves {
+        let p = placer.ok_or("--move needs Attune (not --kernel)")?;
+        let t0 = Instant::now();
+        let n = p
+            .move_to(bases[i], reqs[i].size.div_ceil(4096) * 4096, t)
+            .map_err(|e| format!("move: {e}"))?;
+        moved.push(
+            json!({"region": i, "tier": t, "pages": n, "seconds": t0.elapsed().as_secs_f64()}),
+        );
+    }
+    // Where first touch left the pages, before any promotion had time to act.
+    let mut first_touch = Vec::new();
+    if a.hot_secs > 0.0 {
+        for (r, &b) in reqs.iter().zip(&bases) {
+            first_touch.push(per_node(b, r.size)?);
+        }
+        let end = Instant::now() + Duration::from_secs_f64(a.hot_secs);
+        let mut sum = 0u64;
+        while Instant::now() < end {
+            for (r, &b) in reqs.iter().zip(&bases) {
+                if r.flags.contains(Flags::LAT) {
+                    for off in (0..r.size).step_by(4096) {
+                        // SAFETY: a live allocation of this command.
+                        sum =
+                            sum.wrapping_add(unsafe { ((b + off) as *const u64).read_volatile() });
+                    }
+                }
+            }
+        }
+        std::hint::black_box(sum);
+    }
+    let mut out_regions = Vec::new();
+    for (r, &b) in reqs.iter().zip(&bases) {
+        let per_node = per_node(b, r.size)?;
+        let info = placer.and_then(|p| p.region(b));
+        out_regions.push(json!({
+            "size": r.size,
+            "flags": r.label,
+            "pages_per_node": per_node,
+            "pages_per_node_first_touch": first_touch.get(out_regions.len()),
+            "checksum_ok": verify(b, r.size),
+            "ranges": info.as_ref().map(|i| json!(i.ranges)),
+            "pinned_bytes": info.as_ref().map(|i| i.pinned),
+        }));
+    }
+    let after = vmstat();
+    let delta: BTreeMap<&String, u64> = after
+        .iter()
+        .map(|(k, v)| (k, v.saturating_sub(*before.get(k).unwrap_or(&0))))
+        .collect();
+    let report = json!({
+        "mode": if a.kernel { "kernel" } else { "attune" },
+        "tiers": placer.map(|p| json!(p.tiers)),
+        "interleave": placer.map(|p| json!(p.interleave)),
+        "planned_per_tier": placer.map(|p| p.used()),
+        "counters": placer.map(|p| json!(p.counters)),
+        "moves": moved,
+        "regions": out_regions,
+        "vmstat_delta": delta,
+    });
+    println!("{}", serde_json::to_string(&report).unwrap_or_default());
+    for &b in &bases {
+        if placer.is_some() {
+            let _ = attune::runtime::free(b);
+        }
+    }
+    Ok(())
+}

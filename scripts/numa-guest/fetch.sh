@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Fetches what the two-node NUMA guest needs, without touching /etc/apt:
+#   - QEMU 10 (qemu-system-x86, installed system-wide: it has many shared-library
+#     dependencies) and busybox-static, numactl;
+#   - a Debian 6.12 kernel (only vmlinuz, extracted into the cache).
+# Both come from bookworm-backports through a private sources list (see
+# ../shared/notes/numa-vm.md: 6.1 has no memory tiers, QEMU 7.2 double-faults under TCG).
+# Needs root for the install. Idempotent: prints the kernel path and exits when done.
+set -euo pipefail
+CACHE=${ATTUNE_GUEST_CACHE:-/var/cache/attune-guest}
+mkdir -p "$CACHE/apt/lists/partial" "$CACHE/apt/cache/archives/partial" "$CACHE/kernel"
+SRC="$CACHE/apt/sources.list"
+if [ ! -s "$SRC" ]; then
+  {
+    echo "deb http://deb.debian.org/debian bookworm main"
+    echo "deb http://deb.debian.org/debian bookworm-backports main"
+  } >"$SRC"
+fi
+APT=(-o "Dir::Etc::SourceList=$SRC" -o Dir::Etc::SourceParts=/dev/null
+     -o "Dir::State::Lists=$CACHE/apt/lists" -o "Dir::Cache=$CACHE/apt/cache"
+     -o Debug::NoLocking=0 -q -y)
+have_qemu() {
+  command -v qemu-system-x86_64 >/dev/null &&
+    qemu-system-x86_64 --version | grep -Eq 'version (9|[1-9][0-9])\.'
+}
+KERNEL=$(ls "$CACHE"/kernel/boot/vmlinuz-6.1[2-9]* 2>/dev/null | head -1 || true)
+if have_qemu && [ -n "$KERNEL" ] && command -v busybox >/dev/null && command -v numactl >/dev/null; then
+  echo "$KERNEL"
+  exit 0
+fi
+[ "$(id -u)" = 0 ] || { echo "fetch.sh: installing QEMU needs root" >&2; exit 1; }
+apt-get "${APT[@]}" update >&2
+DEBIAN_FRONTEND=noninteractive apt-get "${APT[@]}" install --no-install-recommends \
+  -t bookworm-backports qemu-system-x86 >&2
+DEBIAN_FRONTEND=noninteractive apt-get "${APT[@]}" install --no-install-recommends \
+  busybox-static numactl cpio >&2
+if [ -z "$KERNEL" ]; then
+  PKG=$(apt-cache "${APT[@]:0:8}" search --names-only 'linux-image-6\.1[2-9]' 2>/dev/null |
+        awk '{print $1}' | grep -E -- '-cloud-amd64(-unsigned)?$' | sort -V | tail -1)
+  [ -n "$PKG" ] || { echo "fetch.sh: no 6.12+ cloud kernel in bookworm-backports" >&2; exit 1; }
+  (cd "$CACHE/kernel" && apt-get "${APT[@]}" download "$PKG" >&2 &&
+     dpkg-deb -x "$PKG"_*.deb . && rm -rf "$PKG"_*.deb lib usr)
+  KERNEL=$(ls "$CACHE"/kernel/boot/vmlinuz-* | head -1)
+fi
+have_qemu || { echo "fetch.sh: QEMU 9 or newer was not installed" >&2; exit 1; }
+echo "$KERNEL"

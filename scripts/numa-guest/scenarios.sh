@@ -1,0 +1,35 @@
+# Scenarios run inside the NUMA guest. Each prints "@@BEGIN name", its output, and
+# "@@END name rc=N"; tests/numa/test_numa_guest.py reads them from the serial log.
+step() {
+  name=$1; shift
+  echo "@@BEGIN $name"
+  "$@" 2>&1
+  echo "@@END $name rc=$?"
+}
+export ATTUNE_CONFIG=/etc/attune.toml
+A=/bin/attune
+
+step topology $A topology --json
+step weights-plan $A numa weights
+step lat $A numa place --region 64M:LAT
+step cap $A numa place --region 64M:CAP
+step lat-cap $A numa place --region 128M:LAT,CAP
+# BW before the weights are set: the kernel's weights (1 per node) are not the bandwidth
+# ratio, so Attune stripes.
+step bw-stripes $A numa place --region 130M:BW
+step weights-apply $A numa weights --apply
+step bw-weighted $A numa place --region 130M:BW
+# Algorithm 2 across regions: a LAT region arrives when DRAM is taken by an unflagged one.
+step pressure env ATTUNE_DRAM=256M $A numa place --region 200M:NONE --region 128M:LAT
+step migrate $A numa place --region 64M:CAP --move 0:0
+# A configured node that is not there: left out with a warning, the program still runs.
+printf 'dram = "256M"\n[[tier]]\nname = "gone"\nkind = "numa"\nnode = 7\n' >/tmp/gone.toml
+step missing-node env ATTUNE_CONFIG=/tmp/gone.toml $A numa place --region 8M:LAT
+# Linux's own tiering on the same program: demotion on, NUMA balancing in tiering mode.
+echo 1 >/sys/kernel/mm/numa/demotion_enabled
+echo 2 >/proc/sys/kernel/numa_balancing
+D=/sys/kernel/debug/sched/numa_balancing
+[ -d $D ] && { echo 100 >$D/scan_delay_ms; echo 100 >$D/scan_period_min_ms; echo 1000 >$D/scan_period_max_ms; }
+# The capacity data comes first, the hot lookup table after it (a later phase).
+step kernel-tiering $A numa place --kernel --region 900M:CAP --region 128M:LAT --hot-secs 10
+step attune-tiering $A numa place --region 900M:CAP --region 128M:LAT --hot-secs 10
