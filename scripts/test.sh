@@ -30,7 +30,7 @@ pass=$((pass+${rust_pass:-0})); fail=$((fail+${rust_fail:-0}))
 echo "== native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"
-for t in smoke integrity errors stress fork_exec signal_mode small config_error fallback; do
+for t in smoke integrity errors stress fork_exec signal_mode small config_error fallback protect; do
   gcc $CFLAGS tests/c/$t.c -o "$OUT/$t" $LIBS || { fail=$((fail+1)); failed+=("build-$t"); }
 done
 g++ -O2 -std=c++17 $(pkg-config --cflags attune) tests/cpp/threads.cpp -o "$OUT/cpp_threads" $LIBS || { fail=$((fail+1)); failed+=(build-cpp); }
@@ -60,6 +60,9 @@ ATTUNE_CONFIG="$OUT/file.toml" ATTUNE_TIER_SSD_DIRECT=true ATTUNE_CHUNK_SIZE=64K
 run integrity-lat "$OUT/integrity" 48 1
 run integrity-cap "$OUT/integrity" 48 4
 run stress "$OUT/stress" 64
+# Algorithm 2: LAT pages survive a CAP region 4x the budget; temperature-only loses them.
+run protect-lat-under-cap-pressure "$OUT/protect"
+ATTUNE_MODE=temperature EXPECT_LAT_FAULTS=1 run protect-temperature-evicts-lat "$OUT/protect"
 ATTUNE_FAULT_MODE=signal run stress-signal "$OUT/stress" 64
 run errors "$OUT/errors"
 run fork_exec "$OUT/fork_exec"
