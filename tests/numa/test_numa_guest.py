@@ -109,6 +109,15 @@ def test_migration_moves_every_page_and_keeps_data(guest):
     assert rep["counters"]["move_failures"] == 0
 
 
+def test_changed_flags_move_the_region(guest):
+    rep = report(guest, "reflag")
+    r = rep["regions"][0]
+    assert [x["how"] for x in r["ranges"]] == ["tier:0"]
+    assert pages(r, 0) == 16384 and pages(r, 1) == 0 and r["checksum_ok"]
+    assert r["pinned_bytes"] == 16 * MiB
+    assert rep["planned_per_tier"] == [64 * MiB, 0]
+
+
 def test_missing_node_is_reported_not_fatal(guest):
     out, rc = guest["missing-node"]
     assert "NUMA node 7 is not online" in out and "tier left out" in out

@@ -551,6 +551,74 @@ impl NumaPlacer {
         Ok(moved)
     }
 
+    /// Changes a region's flags later (`attune_set_flags`): plans it again as if it were
+    /// new (its own bytes count as available), sets the new policies and moves the pages
+    /// that are present to where the new plan puts them. Returns pages moved.
+    pub fn set_flags(&self, addr: usize, flags: Flags) -> Result<u64, Errno> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(old) = st.regions.get(&addr).cloned() else {
+            return Err(Errno(libc::EINVAL));
+        };
+        let mut used = st.used.clone();
+        for (u, p) in used.iter_mut().zip(&old.planned) {
+            *u = u.saturating_sub(*p);
+        }
+        let plan = pol::layout(
+            old.len as u64,
+            flags,
+            &self.views(&used),
+            self.pin_fraction,
+            PAGE,
+        )
+        .ok_or(Errno(libc::ENOMEM))?;
+        if old.pinned > 0 {
+            let _ = sys::munlock(addr, old.len);
+        }
+        let mut planned = vec![0u64; self.tiers.len()];
+        let mut applied = Vec::new();
+        let mut pinned = 0;
+        let mut moved = 0;
+        for r in &plan {
+            let a = addr + r.offset as usize;
+            let how = self.apply(a, r.len, &r.placement, &mut planned)?;
+            // The policy applies to new faults; present pages move now.
+            moved += match &r.placement {
+                Placement::Tier(t) => self.move_range(a, r.len as usize, *t)?,
+                Placement::Interleave(_) => {
+                    // Re-applying the interleave with MPOL_MF_MOVE lets the kernel lay
+                    // out the present pages by the new policy.
+                    if how == "weighted-interleave" {
+                        let _ = self.rebind_moving(a, r.len);
+                    }
+                    0
+                }
+            };
+            if r.pin > 0 && sys::mlock(a, r.pin as usize).is_ok() {
+                pinned += r.pin;
+            }
+            applied.push(AppliedRange {
+                offset: r.offset,
+                len: r.len,
+                flags: r.flags.0,
+                how,
+                pinned: r.pin,
+            });
+        }
+        st.used = used.iter().zip(&planned).map(|(u, p)| u + p).collect();
+        let reg = st.regions.get_mut(&addr).unwrap();
+        reg.flags = flags.0;
+        reg.ranges = applied;
+        reg.planned = planned;
+        reg.pinned = pinned;
+        Ok(moved)
+    }
+
+    /// Applies a range's current policy to its present pages (mbind with MPOL_MF_MOVE).
+    fn rebind_moving(&self, addr: usize, len: u64) -> Result<(), Errno> {
+        let (mode, mask) = sys::get_mempolicy(addr)?;
+        sys::mbind(addr, len as usize, mode, mask, true)
+    }
+
     pub fn owns(&self, addr: usize) -> bool {
         self.state
             .lock()

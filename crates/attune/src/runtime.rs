@@ -335,6 +335,16 @@ fn allocation(ptr: usize) -> Result<(Arc<Region>, usize, usize), Errno> {
 /// Changes a region's flags (dedicated allocations only).
 pub fn set_flags(ptr: usize, bits: u32) -> Result<(), Errno> {
     let flags = check_flags(bits)?;
+    if let Some(n) = runtime()?.engine().and_then(|e| e.numa.as_ref()) {
+        if n.owns(ptr) {
+            return n.set_flags(ptr, flags).map(|_| ()).map_err(|e| {
+                fail(
+                    e,
+                    format!("re-placing {ptr:#x} with flags {flags} failed: {e}"),
+                )
+            });
+        }
+    }
     match lookup(ptr)? {
         Lookup::Region(r) => {
             r.flags.store(flags.0, Relaxed);

@@ -45,6 +45,9 @@ struct PlaceArgs {
     /// Move region I (0-based) to tier T after touching: I:T.
     #[arg(long = "move")]
     moves: Vec<String>,
+    /// Change region I's flags after touching: I:FLAGS (attune_set_flags).
+    #[arg(long = "reflag")]
+    reflags: Vec<String>,
     /// Keep reading the LAT regions for this many seconds before measuring (lets the
     /// kernel's promotion act in --kernel runs).
     #[arg(long, default_value_t = 0.0)]
@@ -241,6 +244,20 @@ fn place(a: PlaceArgs) -> Result<(), String> {
     }
     // Where first touch left the pages, before any promotion had time to act.
     let mut first_touch = Vec::new();
+    for rf in &a.reflags {
+        let (i, f) = rf
+            .split_once(':')
+            .ok_or_else(|| format!("--reflag '{rf}': expected REGION:FLAGS"))?;
+        let i: usize = i
+            .parse()
+            .map_err(|_| format!("--reflag '{rf}': bad region index"))?;
+        if i >= bases.len() || placer.is_none() {
+            return Err(format!("--reflag '{rf}': no such Attune region"));
+        }
+        let flags = parse_region(&format!("1:{f}"))?.flags;
+        attune::runtime::set_flags(bases[i], flags.0)
+            .map_err(|e| format!("--reflag '{rf}': {e}: {}", attune::runtime::last_error()))?;
+    }
     if a.hot_secs > 0.0 {
         for (r, &b) in reqs.iter().zip(&bases) {
             first_touch.push(per_node(b, r.size)?);
