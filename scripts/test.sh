@@ -204,6 +204,17 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
   expect run-setuid-detected 2 "set-user-ID" "$ATT" run -- "$RT/crash_setuid" exit 0
 fi
 
+echo "== attune numa: bad input (this machine has one node; placement itself runs in the guest below)"
+expect numa-bad-flags 1 "unknown flag 'BOGUS'" "$ATT" numa place --region 8M:BOGUS
+expect numa-size-zero 1 "size 0" "$ATT" numa place --region 0:LAT
+expect numa-bad-move-region 1 "there are 1 regions" "$ATT" numa place --region 8M:LAT --move 3:0
+expect numa-bad-reflag 1 "--reflag '0:FAST': unknown flag" "$ATT" numa place --region 8M:LAT --reflag 0:FAST
+expect numa-move-needs-attune 1 "need Attune" "$ATT" numa place --kernel --region 8M:LAT --move 0:1
+expect numa-no-tier 1 "no NUMA tier in use" "$ATT" numa place --region 8M:LAT
+expect numa-weights-no-tier 1 "no NUMA tier in use" "$ATT" numa weights
+printf 'dram = "64M"\n[[tier]]\nname = "gone"\nkind = "numa"\nnode = 7\n' > "$RT/gone.toml"
+expect numa-missing-node-warns 1 "NUMA node 7 is not online.*tier left out" "$ATT" numa place --config "$RT/gone.toml" --region 8M:LAT
+
 if [ -d tests/python ] && command -v python3 >/dev/null; then
   echo "== Python tests"
   python3 -m pytest -q tests/python 2>&1 | tee "$OUT/pytest.log" | tail -n 3

@@ -16,9 +16,10 @@ if [ ! -s "$SRC" ]; then
     echo "deb http://deb.debian.org/debian bookworm-backports main"
   } >"$SRC"
 fi
-APT=(-o "Dir::Etc::SourceList=$SRC" -o Dir::Etc::SourceParts=/dev/null
-     -o "Dir::State::Lists=$CACHE/apt/lists" -o "Dir::Cache=$CACHE/apt/cache"
-     -o Debug::NoLocking=0 -q -y)
+# Our own sources, lists and cache (apt-cache takes these; apt-get also -q -y).
+DIRS=(-o "Dir::Etc::SourceList=$SRC" -o Dir::Etc::SourceParts=/dev/null
+      -o "Dir::State::Lists=$CACHE/apt/lists" -o "Dir::Cache=$CACHE/apt/cache")
+APT=("${DIRS[@]}" -q -y)
 have_qemu() {
   command -v qemu-system-x86_64 >/dev/null &&
     qemu-system-x86_64 --version | grep -Eq 'version (9|[1-9][0-9])\.'
@@ -35,7 +36,7 @@ DEBIAN_FRONTEND=noninteractive apt-get "${APT[@]}" install --no-install-recommen
 DEBIAN_FRONTEND=noninteractive apt-get "${APT[@]}" install --no-install-recommends \
   busybox-static numactl cpio >&2
 if [ -z "$KERNEL" ]; then
-  PKG=$(apt-cache "${APT[@]:0:8}" search --names-only 'linux-image-6\.1[2-9]' 2>/dev/null |
+  PKG=$(apt-cache "${DIRS[@]}" search --names-only 'linux-image-6\.1[2-9]' 2>/dev/null |
         awk '{print $1}' | grep -E -- '-cloud-amd64(-unsigned)?$' | sort -V | tail -1)
   [ -n "$PKG" ] || { echo "fetch.sh: no 6.12+ cloud kernel in bookworm-backports" >&2; exit 1; }
   (cd "$CACHE/kernel" && apt-get "${APT[@]}" download "$PKG" >&2 &&

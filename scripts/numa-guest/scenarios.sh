@@ -24,6 +24,8 @@ step pressure env ATTUNE_DRAM=256M $A numa place --region 200M:NONE --region 128
 step migrate $A numa place --region 64M:CAP --move 0:0
 # Flags changed later (attune_set_flags): CAP data becomes a LAT table and moves up.
 step reflag $A numa place --region 64M:CAP --reflag 0:LAT
+# A tier index that does not exist: refused before anything is allocated.
+step bad-move $A numa place --region 8M:LAT --move 0:5
 # A configured node that is not there: left out with a warning, the program still runs.
 printf 'dram = "256M"\n[[tier]]\nname = "gone"\nkind = "numa"\nnode = 7\n' >/tmp/gone.toml
 step missing-node env ATTUNE_CONFIG=/tmp/gone.toml $A numa place --region 8M:LAT

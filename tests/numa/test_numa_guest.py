@@ -118,6 +118,11 @@ def test_changed_flags_move_the_region(guest):
     assert rep["planned_per_tier"] == [64 * MiB, 0]
 
 
+def test_move_to_a_missing_tier_is_refused(guest):
+    out, rc = guest["bad-move"]
+    assert rc == 1 and "tier 5 does not exist (2 tiers)" in out, out
+
+
 def test_missing_node_is_reported_not_fatal(guest):
     out, rc = guest["missing-node"]
     assert "NUMA node 7 is not online" in out and "tier left out" in out

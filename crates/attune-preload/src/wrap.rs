@@ -39,7 +39,7 @@ pub extern "C" fn __wrap_mmap64(
     fd: c_int,
     o: off_t,
 ) -> *mut c_void {
-    ptr(mem::raw_mmap(a as usize, l, p, f, fd, o))
+    __wrap_mmap(a, l, p, f, fd, o)
 }
 
 #[no_mangle]

@@ -1,109 +1,46 @@
-//! NUMA memory policy and page migration: `mbind`, `set_mempolicy`, `get_mempolicy`,
-//! `move_pages`, `mlock`, `MADV_POPULATE_WRITE`.
+//! NUMA memory policy and page migration: `mbind`, `move_pages`, `mlock`,
+//! `MADV_POPULATE_WRITE`.
 //!
 //! Raw system calls (no libnuma dependency: it is not on every node, and its error
 //! handling prints instead of returning). Node sets are `u64` bit masks: node ids up to
-//! 63, which covers every machine we know of; callers refuse larger ids with EINVAL.
-//! None of these functions is signal-safe except where marked.
+//! 63, which covers every machine we know of; callers refuse larger ids. None of these
+//! functions is signal-safe.
 
 use crate::{Errno, SysResult};
 
-/// Memory policy modes (`linux/mempolicy.h`).
+/// Memory policy modes that take a node set (`linux/mempolicy.h`).
 pub mod mpol {
-    pub const DEFAULT: i32 = 0;
     pub const PREFERRED: i32 = 1;
-    pub const BIND: i32 = 2;
-    pub const INTERLEAVE: i32 = 3;
-    pub const LOCAL: i32 = 4;
     pub const PREFERRED_MANY: i32 = 5;
     /// Linux 6.9 and later; EINVAL before, and on machines with one memory tier.
     pub const WEIGHTED_INTERLEAVE: i32 = 6;
-    /// `mbind` flags.
-    pub const MF_STRICT: u32 = 1;
-    pub const MF_MOVE: u32 = 2;
 }
 
 const MADV_POPULATE_WRITE: i32 = 23;
-/// `move_pages` flag: move pages of this process only when they are not shared.
-const MPOL_MF_MOVE: i32 = 2;
-
-/// Bits the kernel reads from a node mask: one word, and `maxnode` one past the highest.
-fn mask_args(nodes: u64) -> (u64, u64) {
-    (nodes, 65)
-}
+/// `mbind` and `move_pages` flag: move pages of this process that are already placed.
+const MPOL_MF_MOVE: u32 = 2;
 
 /// Sets the policy of `[addr, addr+len)` (page aligned) to `mode` over `nodes`.
 /// With `move_existing`, pages already placed elsewhere are migrated (MPOL_MF_MOVE).
 pub fn mbind(addr: usize, len: usize, mode: i32, nodes: u64, move_existing: bool) -> SysResult<()> {
-    let (mask, maxnode) = mask_args(nodes);
-    let flags = if move_existing { mpol::MF_MOVE } else { 0 };
-    let maskp: *const u64 = if mode == mpol::DEFAULT || mode == mpol::LOCAL {
-        std::ptr::null()
-    } else {
-        &mask
-    };
-    // SAFETY: the kernel reads one u64 of mask (maxnode 65 bits rounded to one word on a
-    // 64-bit kernel); the range is the caller's own mapping.
+    let mask = nodes;
+    // The kernel reads maxnode - 1 bits: 65 covers nodes 0-63, one word.
+    let maxnode: u64 = 65;
+    let flags = if move_existing { MPOL_MF_MOVE } else { 0 };
+    // SAFETY: the kernel reads one u64 of mask; the range is the caller's own mapping.
     let r = unsafe {
         libc::syscall(
             libc::SYS_mbind,
             addr,
             len,
             mode,
-            maskp,
-            if maskp.is_null() { 0 } else { maxnode },
+            &mask as *const u64,
+            maxnode,
             flags,
         )
     };
     if r == 0 {
         Ok(())
-    } else {
-        Err(Errno::last())
-    }
-}
-
-/// Sets the calling thread's default policy (used for probing what the kernel supports).
-pub fn set_mempolicy(mode: i32, nodes: u64) -> SysResult<()> {
-    let (mask, maxnode) = mask_args(nodes);
-    let maskp: *const u64 = if mode == mpol::DEFAULT || mode == mpol::LOCAL {
-        std::ptr::null()
-    } else {
-        &mask
-    };
-    // SAFETY: as in `mbind`, the kernel reads one word of mask.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_set_mempolicy,
-            mode,
-            maskp,
-            if maskp.is_null() { 0 } else { maxnode },
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(Errno::last())
-    }
-}
-
-/// The policy of the page at `addr` (mode, node mask), or of the thread when `addr` is 0.
-pub fn get_mempolicy(addr: usize) -> SysResult<(i32, u64)> {
-    let mut mode: i32 = 0;
-    let mut mask = [0u64; 16];
-    const MPOL_F_ADDR: u64 = 2;
-    // SAFETY: the kernel writes one int and up to 1024 bits of mask, both ours.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_get_mempolicy,
-            &mut mode as *mut i32,
-            mask.as_mut_ptr(),
-            1024u64,
-            addr,
-            if addr != 0 { MPOL_F_ADDR } else { 0 },
-        )
-    };
-    if r == 0 {
-        Ok((mode, mask[0]))
     } else {
         Err(Errno::last())
     }
@@ -136,7 +73,11 @@ fn move_pages_raw(pages: &[usize], nodes: Option<&[i32]>, status: &mut [i32]) ->
             pages.as_ptr(),
             nodes.map_or(std::ptr::null(), |n| n.as_ptr()),
             status.as_mut_ptr(),
-            if nodes.is_some() { MPOL_MF_MOVE } else { 0 },
+            if nodes.is_some() {
+                MPOL_MF_MOVE as i32
+            } else {
+                0
+            },
         )
     };
     // A positive return is the number of pages that could not be moved (their status

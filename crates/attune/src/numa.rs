@@ -16,7 +16,7 @@
 
 use crate::config::{Config, TierKind};
 use crate::topology::Topology;
-use attune_policy::numa::{self as pol, Placement, VictimCandidate};
+use attune_policy::numa::{self as pol, Placement, RangePlan, VictimCandidate};
 use attune_policy::{Flags, TierView};
 use attune_sys::numa::{self as sys, mpol};
 use attune_sys::{mem, Errno};
@@ -58,14 +58,67 @@ pub enum InterleaveMethod {
     Stripes,
 }
 
+/// How one range of a region is placed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum How {
+    /// Preferred on tier N's nodes.
+    Tier(usize),
+    /// `MPOL_WEIGHTED_INTERLEAVE` over the tiers it uses.
+    WeightedInterleave,
+    /// Stripes bound to one tier each (no usable weighted interleave).
+    Stripes,
+}
+
+impl serde::Serialize for How {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            How::Tier(t) => s.serialize_str(&format!("tier:{t}")),
+            How::WeightedInterleave => s.serialize_str("weighted-interleave"),
+            How::Stripes => s.serialize_str("stripes"),
+        }
+    }
+}
+
+/// A range of a region as placed: the allocation map is the sum of `bytes` over all
+/// ranges of all regions (nothing else stores it, so nothing can drift from it).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct AppliedRange {
     pub offset: u64,
     pub len: u64,
     pub flags: u32,
-    /// "tier:N", "weighted-interleave" or "stripes".
-    pub how: String,
+    pub how: How,
+    /// Bytes at the start of the range locked in memory (0 when mlock was refused).
     pub pinned: u64,
+    /// Bytes of the range counted on each tier.
+    pub bytes: Vec<u64>,
+}
+
+impl AppliedRange {
+    /// Splits at `at` (relative to the region, inside the range): the pinned prefix and
+    /// the per-tier bytes go with their part (interleaved bytes in proportion).
+    fn split(&self, at: u64) -> (AppliedRange, AppliedRange) {
+        let l1 = at - self.offset;
+        let b1: Vec<u64> = self
+            .bytes
+            .iter()
+            .map(|&b| (b as u128 * l1 as u128 / self.len as u128) as u64)
+            .collect();
+        let b2: Vec<u64> = self.bytes.iter().zip(&b1).map(|(b, x)| b - x).collect();
+        let first = AppliedRange {
+            len: l1,
+            pinned: self.pinned.min(l1),
+            bytes: b1,
+            ..self.clone()
+        };
+        let second = AppliedRange {
+            offset: at,
+            len: self.len - l1,
+            pinned: self.pinned.saturating_sub(l1),
+            bytes: b2,
+            ..self.clone()
+        };
+        (first, second)
+    }
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -74,12 +127,54 @@ pub struct NumaRegion {
     pub len: usize,
     pub flags: u32,
     pub ranges: Vec<AppliedRange>,
-    /// Bytes planned on each tier (the allocation map's share of this region).
-    pub planned: Vec<u64>,
-    /// Bytes locked on the fast tier (never moved by Attune nor demoted by the kernel).
-    pub pinned: u64,
     /// Allocation order: the LRU approximation of Algorithm 2 for mapped pages.
     pub seq: u64,
+}
+
+impl NumaRegion {
+    /// Bytes counted on each of `n` tiers (this region's share of the allocation map).
+    pub fn planned(&self, n: usize) -> Vec<u64> {
+        let mut v = vec![0u64; n];
+        for r in &self.ranges {
+            for (x, b) in v.iter_mut().zip(&r.bytes) {
+                *x += b;
+            }
+        }
+        v
+    }
+
+    /// Bytes locked in memory (never moved by Attune nor demoted by the kernel).
+    pub fn pinned(&self) -> u64 {
+        self.ranges.iter().map(|r| r.pinned).sum()
+    }
+
+    /// Cuts the ranges at `start` and `end` (relative offsets) and gives every range in
+    /// between to tier `t`: what a move of those bytes leaves in the map.
+    fn retarget(&mut self, start: u64, end: u64, t: usize, ntiers: usize) {
+        let mut out = Vec::with_capacity(self.ranges.len() + 2);
+        for r in self.ranges.drain(..) {
+            let mut pieces = vec![r];
+            for cut in [start, end] {
+                let last = pieces.pop().unwrap();
+                if cut > last.offset && cut < last.offset + last.len {
+                    let (a, b) = last.split(cut);
+                    pieces.push(a);
+                    pieces.push(b);
+                } else {
+                    pieces.push(last);
+                }
+            }
+            for mut p in pieces {
+                if p.offset >= start && p.offset + p.len <= end {
+                    p.how = How::Tier(t);
+                    p.bytes = vec![0; ntiers];
+                    p.bytes[t] = p.len;
+                }
+                out.push(p);
+            }
+        }
+        self.ranges = out;
+    }
 }
 
 #[derive(Default, serde::Serialize)]
@@ -94,10 +189,21 @@ pub struct NumaCounters {
 
 #[derive(Default)]
 struct State {
-    /// Planned bytes per tier over all live regions (the allocation map).
-    used: Vec<u64>,
     regions: BTreeMap<usize, NumaRegion>,
     seq: u64,
+}
+
+impl State {
+    /// Bytes per tier over all live regions (the allocation map), leaving out `except`.
+    fn used(&self, n: usize, except: Option<usize>) -> Vec<u64> {
+        let mut v = vec![0u64; n];
+        for r in self.regions.values().filter(|r| Some(r.base) != except) {
+            for (x, b) in v.iter_mut().zip(r.planned(n)) {
+                *x += b;
+            }
+        }
+        v
+    }
 }
 
 pub struct NumaPlacer {
@@ -207,93 +313,63 @@ impl NumaPlacer {
             crate::warn!("no usable NUMA tier: regions stay in DRAM under the fault engine");
             return None;
         }
+        let all = tiers.iter().fold(0u64, |m, t| m | t.mask());
         let interleave = match (topo.weighted_interleave, system_weights(root)) {
-            (true, Some(w)) if probe_weighted_interleave() => InterleaveMethod::Weighted(w),
+            (true, Some(w)) if probe_weighted_interleave(all) => InterleaveMethod::Weighted(w),
             _ => InterleaveMethod::Stripes,
         };
-        let n = tiers.len();
         Some(NumaPlacer {
             tiers,
             interleave,
             pin_fraction: cfg.pin_fraction,
-            state: Mutex::new(State {
-                used: vec![0; n],
-                ..Default::default()
-            }),
+            state: Mutex::new(State::default()),
             counters: NumaCounters::default(),
             warned_stripes: AtomicBool::new(false),
         })
     }
 
-    fn views(&self, used: &[u64]) -> Vec<TierView> {
-        self.tiers
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Algorithm 1 over what the tiers have left beside `used`.
+    fn layout(&self, len: u64, flags: Flags, used: &[u64]) -> Result<Vec<RangePlan>, Errno> {
+        let views: Vec<TierView> = self
+            .tiers
             .iter()
             .zip(used)
             .map(|(t, &u)| TierView {
                 available: t.capacity.saturating_sub(u),
                 bandwidth: t.bandwidth,
             })
-            .collect()
+            .collect();
+        pol::layout(len, flags, &views, self.pin_fraction, PAGE).ok_or(Errno(libc::ENOMEM))
     }
 
     /// Allocates `size` bytes placed by `flags`. ENOMEM when the tiers cannot hold it.
     pub fn alloc(&self, size: usize, flags: Flags) -> Result<usize, Errno> {
         let len = (size as u64).div_ceil(PAGE) * PAGE;
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let mut plan = pol::layout(len, flags, &self.views(&st.used), self.pin_fraction, PAGE)
-            .ok_or(Errno(libc::ENOMEM))?;
+        let n = self.tiers.len();
+        let mut st = self.lock();
+        let mut plan = self.layout(len, flags, &st.used(n, None))?;
         // Algorithm 2: a protected part that did not get the fast tier makes room there.
         let want_fast: u64 = plan
             .iter()
             .filter(|r| r.flags.is_protected() && r.placement != Placement::Tier(0))
             .map(|r| r.len)
             .sum();
-        if want_fast > 0 {
-            let freed = self.make_room(&mut st, want_fast);
-            if freed > 0 {
-                plan = pol::layout(len, flags, &self.views(&st.used), self.pin_fraction, PAGE)
-                    .ok_or(Errno(libc::ENOMEM))?;
-            }
+        if want_fast > 0 && self.make_room(&mut st, want_fast) > 0 {
+            plan = self.layout(len, flags, &st.used(n, None))?;
         }
         let base = mem::map_anon(len as usize, false)?;
         let _ = mem::advise(base, len as usize, mem::MADV_NOHUGEPAGE);
-        let mut applied = Vec::new();
-        let mut planned = vec![0u64; self.tiers.len()];
-        let mut pinned = 0u64;
-        for r in &plan {
-            let a = base + r.offset as usize;
-            let how = match self.apply(a, r.len, &r.placement, &mut planned) {
-                Ok(h) => h,
-                Err(e) => {
-                    let _ = mem::unmap(base, len as usize);
-                    return Err(e);
-                }
-            };
-            if r.pin > 0 {
-                match sys::mlock(a, r.pin as usize) {
-                    Ok(()) => pinned += r.pin,
-                    Err(e) => {
-                        self.counters.pin_failures.fetch_add(1, Relaxed);
-                        crate::warn!(
-                            "cannot pin {} bytes of a {} region ({e}); they stay pageable (raise RLIMIT_MEMLOCK)",
-                            r.pin,
-                            r.flags
-                        );
-                    }
-                }
-                let _ = sys::populate_write(a, r.pin as usize);
+        let ranges = match self.apply_plan(base, &plan, false) {
+            Ok((r, _)) => r,
+            Err(e) => {
+                let _ = mem::unmap(base, len as usize);
+                return Err(e);
             }
-            applied.push(AppliedRange {
-                offset: r.offset,
-                len: r.len,
-                flags: r.flags.0,
-                how,
-                pinned: r.pin,
-            });
-        }
-        for (u, p) in st.used.iter_mut().zip(&planned) {
-            *u += p;
-        }
+        };
         st.seq += 1;
         let seq = st.seq;
         st.regions.insert(
@@ -302,9 +378,7 @@ impl NumaPlacer {
                 base,
                 len: len as usize,
                 flags: flags.0,
-                ranges: applied,
-                planned,
-                pinned,
+                ranges,
                 seq,
             },
         );
@@ -312,72 +386,129 @@ impl NumaPlacer {
         Ok(base)
     }
 
-    /// Sets the policy of one planned range; adds its bytes per tier to `planned`.
-    fn apply(
+    /// Sets the policies of a plan's ranges on the region at `base`, locks the pinned
+    /// parts; with `move_existing`, pages already present move to their new place too.
+    /// Returns the ranges as placed and the pages moved.
+    fn apply_plan(
+        &self,
+        base: usize,
+        plan: &[RangePlan],
+        move_existing: bool,
+    ) -> Result<(Vec<AppliedRange>, u64), Errno> {
+        let mut out = Vec::with_capacity(plan.len());
+        let mut moved = 0;
+        for r in plan {
+            let a = base + r.offset as usize;
+            let mut bytes = vec![0u64; self.tiers.len()];
+            let how = match &r.placement {
+                Placement::Tier(t) if move_existing => {
+                    moved += self.move_range(a, r.len as usize, *t)?;
+                    bytes[*t] = r.len;
+                    How::Tier(*t)
+                }
+                Placement::Tier(t) => {
+                    self.bind(a, r.len, *t, false)?;
+                    bytes[*t] = r.len;
+                    How::Tier(*t)
+                }
+                Placement::Interleave(w) => {
+                    let wsum: u64 = w.iter().map(|&x| x as u64).sum::<u64>().max(1);
+                    for (b, &x) in bytes.iter_mut().zip(w) {
+                        *b = r.len * x as u64 / wsum;
+                    }
+                    bytes[0] += r.len - bytes.iter().sum::<u64>();
+                    self.interleave(a, r.len, w, move_existing)?
+                }
+            };
+            out.push(AppliedRange {
+                offset: r.offset,
+                len: r.len,
+                flags: r.flags.0,
+                how,
+                pinned: self.lock_pinned(a, r.pin, r.flags),
+                bytes,
+            });
+        }
+        Ok((out, moved))
+    }
+
+    /// Locks and pre-faults `len` bytes at `addr`; returns the bytes locked (0 when the
+    /// kernel refuses: they stay pageable, with a warning and a counter).
+    fn lock_pinned(&self, addr: usize, len: u64, flags: Flags) -> u64 {
+        if len == 0 {
+            return 0;
+        }
+        let locked = match sys::mlock(addr, len as usize) {
+            Ok(()) => len,
+            Err(e) => {
+                self.counters.pin_failures.fetch_add(1, Relaxed);
+                crate::warn!(
+                    "cannot pin {len} bytes of a {flags} region ({e}); they stay pageable (raise RLIMIT_MEMLOCK)"
+                );
+                0
+            }
+        };
+        let _ = sys::populate_write(addr, len as usize);
+        locked
+    }
+
+    /// Interleaves `[addr, addr+len)` over the tiers with weights `w`: the kernel's
+    /// weighted interleave when its system-wide weights give this ratio, stripes otherwise.
+    fn interleave(
         &self,
         addr: usize,
         len: u64,
-        p: &Placement,
-        planned: &mut [u64],
-    ) -> Result<String, Errno> {
-        match p {
-            Placement::Tier(t) => {
-                self.bind(addr, len, *t, false)?;
-                planned[*t] += len;
-                Ok(format!("tier:{t}"))
-            }
-            Placement::Interleave(w) => {
-                let wsum: u64 = w.iter().map(|&x| x as u64).sum::<u64>().max(1);
-                let mut given = 0;
-                for (t, &x) in w.iter().enumerate() {
-                    planned[t] += len * x as u64 / wsum;
-                    given += len * x as u64 / wsum;
-                }
-                planned[0] += len - given;
-                if let InterleaveMethod::Weighted(sw) = &self.interleave {
-                    // The kernel's weights are per node and system wide: usable when they
-                    // give our ratio over the tiers' first nodes.
-                    let have: Vec<u32> = self
-                        .tiers
-                        .iter()
-                        .zip(w)
-                        .map(|(t, &x)| {
-                            if x == 0 {
-                                0
-                            } else {
-                                *sw.get(&t.nodes[0]).unwrap_or(&1)
-                            }
-                        })
-                        .collect();
-                    let amounts: Vec<u64> = w.iter().map(|&x| x as u64).collect();
-                    if pol::ratio_error(&amounts, &have) <= 0.02 {
-                        let mask = self
-                            .tiers
-                            .iter()
-                            .zip(w)
-                            .filter(|(_, &x)| x > 0)
-                            .fold(0u64, |m, (t, _)| m | (1u64 << t.nodes[0]));
-                        sys::mbind(addr, len as usize, mpol::WEIGHTED_INTERLEAVE, mask, false)?;
-                        return Ok("weighted-interleave".into());
+        w: &[u32],
+        move_existing: bool,
+    ) -> Result<How, Errno> {
+        if let InterleaveMethod::Weighted(sw) = &self.interleave {
+            // The kernel's weights are per node and system wide: usable when they give our
+            // ratio over the tiers' first nodes.
+            let have: Vec<u32> = self
+                .tiers
+                .iter()
+                .zip(w)
+                .map(|(t, &x)| {
+                    if x == 0 {
+                        0
+                    } else {
+                        *sw.get(&t.nodes[0]).unwrap_or(&1)
                     }
-                }
-                if !self.warned_stripes.swap(true, Relaxed) {
-                    crate::info!(
-                        "BW ranges are striped per tier: {}",
-                        match &self.interleave {
-                            InterleaveMethod::Stripes =>
-                                "the kernel has no weighted interleave (Linux 6.9+ with memory tiers)",
-                            InterleaveMethod::Weighted(_) =>
-                                "the kernel's weighted-interleave weights differ from the tiers' bandwidth ratio (set them with `attune numa weights --apply`)",
-                        }
-                    );
-                }
-                for (off, l, t) in pol::stripes(len, w, PAGE, MAX_STRIPE_GROUPS) {
-                    self.bind(addr + off as usize, l, t, false)?;
-                }
-                Ok("stripes".into())
+                })
+                .collect();
+            let amounts: Vec<u64> = w.iter().map(|&x| x as u64).collect();
+            if pol::ratio_error(&amounts, &have) <= 0.02 {
+                let mask = self
+                    .tiers
+                    .iter()
+                    .zip(w)
+                    .filter(|(_, &x)| x > 0)
+                    .fold(0u64, |m, (t, _)| m | (1u64 << t.nodes[0]));
+                sys::mbind(
+                    addr,
+                    len as usize,
+                    mpol::WEIGHTED_INTERLEAVE,
+                    mask,
+                    move_existing,
+                )?;
+                return Ok(How::WeightedInterleave);
             }
         }
+        if !self.warned_stripes.swap(true, Relaxed) {
+            crate::info!(
+                "BW ranges are striped per tier: {}",
+                match &self.interleave {
+                    InterleaveMethod::Stripes =>
+                        "the kernel has no weighted interleave (Linux 6.9+ with memory tiers)",
+                    InterleaveMethod::Weighted(_) =>
+                        "the kernel's weighted-interleave weights differ from the tiers' bandwidth ratio (set them with `attune numa weights --apply`)",
+                }
+            );
+        }
+        for (off, l, t) in pol::stripes(len, w, PAGE, MAX_STRIPE_GROUPS) {
+            self.bind(addr + off as usize, l, t, move_existing)?;
+        }
+        Ok(How::Stripes)
     }
 
     /// Prefers tier `t`'s nodes for `[addr, addr+len)`: preferred, not bound, so a full
@@ -396,16 +527,19 @@ impl NumaPlacer {
     /// (the plan already used what was free), unprotected regions first, protected
     /// pageable pages last. Returns bytes freed.
     fn make_room(&self, st: &mut State, need: u64) -> u64 {
-        if need == 0 || self.tiers.len() < 2 {
-            return 0;
-        }
         let bases: Vec<usize> = st.regions.keys().copied().collect();
         let cands: Vec<VictimCandidate> = bases
             .iter()
             .map(|b| {
                 let r = &st.regions[b];
                 VictimCandidate {
-                    pageable_fast: r.planned[0].saturating_sub(r.pinned),
+                    // What `demote_tail` can take: unpinned bytes of fast-tier ranges.
+                    pageable_fast: r
+                        .ranges
+                        .iter()
+                        .filter(|a| a.how == How::Tier(0))
+                        .map(|a| a.len - a.pinned)
+                        .sum(),
                     protected: Flags(r.flags).is_protected(),
                     recency: r.seq,
                 }
@@ -413,12 +547,8 @@ impl NumaPlacer {
             .collect();
         let mut freed = 0;
         for (i, bytes) in pol::choose_victims(need, &cands) {
-            let base = bases[i];
-            let r = st.regions.get_mut(&base).unwrap();
-            let moved = self.demote_tail(r, bytes);
-            st.used[0] -= moved;
-            st.used[1] += moved;
-            freed += moved;
+            let r = st.regions.get_mut(&bases[i]).unwrap();
+            freed += self.demote_tail(r, bytes);
         }
         self.counters.demoted_for_room.fetch_add(freed, Relaxed);
         freed
@@ -429,51 +559,37 @@ impl NumaPlacer {
     fn demote_tail(&self, r: &mut NumaRegion, bytes: u64) -> u64 {
         let mut left = bytes / PAGE * PAGE;
         let mut moved = 0;
-        for i in (0..r.ranges.len()).rev() {
-            if left == 0 {
+        // Newest ranges first; each move re-cuts the ranges, so find the next one anew.
+        while left > 0 {
+            let Some(a) = r
+                .ranges
+                .iter()
+                .rev()
+                .find(|a| a.how == How::Tier(0) && a.len > a.pinned)
+            else {
+                break;
+            };
+            let take = left.min(a.len - a.pinned);
+            let (start, end) = (a.offset + a.len - take, a.offset + a.len);
+            if self
+                .move_range(r.base + start as usize, take as usize, 1)
+                .is_err()
+            {
                 break;
             }
-            let a = &r.ranges[i];
-            if a.how != "tier:0" {
-                continue;
-            }
-            let take = left.min(a.len - a.pinned);
-            if take == 0 {
-                continue;
-            }
-            let start = r.base + (a.offset + a.len - take) as usize;
-            if self.move_range(start, take as usize, 1).is_err() {
-                continue;
-            }
-            let (off, len, flags) = (a.offset, a.len, a.flags);
-            r.ranges[i].len = len - take;
-            r.ranges.insert(
-                i + 1,
-                AppliedRange {
-                    offset: off + len - take,
-                    len: take,
-                    flags,
-                    how: "tier:1".into(),
-                    pinned: 0,
-                },
-            );
-            r.planned[0] -= take;
-            r.planned[1] += take;
+            r.retarget(start, end, 1, self.tiers.len());
             left -= take;
             moved += take;
         }
-        r.ranges.retain(|a| a.len > 0);
         moved
     }
 
     /// Sets tier `t` as the policy of `[addr, addr+len)` and moves its present pages
     /// there in batches. Returns pages moved (checked by a second query).
-    pub fn move_range(&self, addr: usize, len: usize, t: usize) -> Result<u64, Errno> {
-        if t >= self.tiers.len() {
-            return Err(Errno(libc::EINVAL));
-        }
+    fn move_range(&self, addr: usize, len: usize, t: usize) -> Result<u64, Errno> {
         self.bind(addr, len as u64, t, false)?;
-        let target = self.tiers[t].nodes[0] as i32;
+        let target = &self.tiers[t].nodes;
+        let on_target = |s: i32| s >= 0 && target.contains(&(s as u32));
         let pages: Vec<usize> = (addr..addr + len).step_by(PAGE as usize).collect();
         let mut status = vec![0i32; MOVE_BATCH];
         let mut moved = 0u64;
@@ -483,71 +599,43 @@ impl NumaPlacer {
             let todo: Vec<usize> = batch
                 .iter()
                 .zip(st.iter())
-                .filter(|(_, &s)| s >= 0 && !self.tiers[t].nodes.contains(&(s as u32)))
+                .filter(|(_, &s)| s >= 0 && !on_target(s))
                 .map(|(&p, _)| p)
                 .collect();
             if todo.is_empty() {
                 continue;
             }
-            let nodes = vec![target; todo.len()];
+            let nodes = vec![target[0] as i32; todo.len()];
             let mut st2 = vec![0i32; todo.len()];
             sys::move_pages(&todo, &nodes, &mut st2)?;
             sys::query_pages(&todo, &mut st2)?;
-            for &s in &st2 {
-                if s >= 0 && self.tiers[t].nodes.contains(&(s as u32)) {
-                    moved += 1;
-                } else {
-                    self.counters.move_failures.fetch_add(1, Relaxed);
-                }
-            }
+            let ok = st2.iter().filter(|&&s| on_target(s)).count() as u64;
+            moved += ok;
+            self.counters
+                .move_failures
+                .fetch_add(todo.len() as u64 - ok, Relaxed);
         }
         self.counters.moved_pages.fetch_add(moved, Relaxed);
         Ok(moved)
     }
 
-    /// Moves a whole or part of a region to tier `t` on request (`attune_move`), keeping
-    /// the allocation map right. Locked (pinned) pages move too: the caller asked.
+    /// Moves `[addr, addr+len)` (inside one region) to tier `t` on request, keeping the
+    /// allocation map right. Locked (pinned) pages move too: the caller asked.
     pub fn move_to(&self, addr: usize, len: usize, t: usize) -> Result<u64, Errno> {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let (&base, r) = st
+        if t >= self.tiers.len() || len == 0 {
+            return Err(Errno(libc::EINVAL));
+        }
+        let mut st = self.lock();
+        let r = st
             .regions
             .range_mut(..=addr)
             .next_back()
-            .filter(|(b, r)| addr + len <= **b + r.len)
+            .map(|(_, r)| r)
+            .filter(|r| addr.checked_add(len).is_some_and(|e| e <= r.base + r.len))
             .ok_or(Errno(libc::EINVAL))?;
-        let _ = base;
         let moved = self.move_range(addr, len, t)?;
-        // The range's planned bytes now count on tier t.
-        let mut delta = vec![0u64; self.tiers.len()];
-        let end = (addr + len - r.base) as u64;
         let start = (addr - r.base) as u64;
-        for a in r.ranges.iter_mut() {
-            let (s, e) = (a.offset.max(start), (a.offset + a.len).min(end));
-            if s >= e {
-                continue;
-            }
-            if let Some(from) = a
-                .how
-                .strip_prefix("tier:")
-                .and_then(|x| x.parse::<usize>().ok())
-            {
-                delta[from] += e - s;
-            } else {
-                delta[0] += e - s; // interleaved: accounted on the fast tier
-            }
-            if s == a.offset && e == a.offset + a.len {
-                a.how = format!("tier:{t}");
-            }
-        }
-        let total: u64 = delta.iter().sum();
-        for (i, d) in delta.iter().enumerate() {
-            r.planned[i] = r.planned[i].saturating_sub(*d);
-        }
-        r.planned[t] += total;
-        for (i, d) in delta.iter().enumerate() {
-            st.used[i] = st.used[i].saturating_sub(*d);
-        }
-        st.used[t] += total;
+        r.retarget(start, start + len as u64, t, self.tiers.len());
         Ok(moved)
     }
 
@@ -555,112 +643,48 @@ impl NumaPlacer {
     /// new (its own bytes count as available), sets the new policies and moves the pages
     /// that are present to where the new plan puts them. Returns pages moved.
     pub fn set_flags(&self, addr: usize, flags: Flags) -> Result<u64, Errno> {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(old) = st.regions.get(&addr).cloned() else {
+        let mut st = self.lock();
+        let Some(old) = st.regions.get(&addr) else {
             return Err(Errno(libc::EINVAL));
         };
-        let mut used = st.used.clone();
-        for (u, p) in used.iter_mut().zip(&old.planned) {
-            *u = u.saturating_sub(*p);
+        let (len, had_pins) = (old.len, old.pinned() > 0);
+        let plan = self.layout(len as u64, flags, &st.used(self.tiers.len(), Some(addr)))?;
+        if had_pins {
+            let _ = sys::munlock(addr, len);
         }
-        let plan = pol::layout(
-            old.len as u64,
-            flags,
-            &self.views(&used),
-            self.pin_fraction,
-            PAGE,
-        )
-        .ok_or(Errno(libc::ENOMEM))?;
-        if old.pinned > 0 {
-            let _ = sys::munlock(addr, old.len);
-        }
-        let mut planned = vec![0u64; self.tiers.len()];
-        let mut applied = Vec::new();
-        let mut pinned = 0;
-        let mut moved = 0;
-        for r in &plan {
-            let a = addr + r.offset as usize;
-            let how = self.apply(a, r.len, &r.placement, &mut planned)?;
-            // The policy applies to new faults; present pages move now.
-            moved += match &r.placement {
-                Placement::Tier(t) => self.move_range(a, r.len as usize, *t)?,
-                Placement::Interleave(_) => {
-                    // Re-applying the interleave with MPOL_MF_MOVE lets the kernel lay
-                    // out the present pages by the new policy.
-                    if how == "weighted-interleave" {
-                        let _ = self.rebind_moving(a, r.len);
-                    }
-                    0
-                }
-            };
-            if r.pin > 0 && sys::mlock(a, r.pin as usize).is_ok() {
-                pinned += r.pin;
-            }
-            applied.push(AppliedRange {
-                offset: r.offset,
-                len: r.len,
-                flags: r.flags.0,
-                how,
-                pinned: r.pin,
-            });
-        }
-        st.used = used.iter().zip(&planned).map(|(u, p)| u + p).collect();
-        let reg = st.regions.get_mut(&addr).unwrap();
-        reg.flags = flags.0;
-        reg.ranges = applied;
-        reg.planned = planned;
-        reg.pinned = pinned;
+        let (ranges, moved) = self.apply_plan(addr, &plan, true)?;
+        let r = st.regions.get_mut(&addr).unwrap();
+        r.flags = flags.0;
+        r.ranges = ranges;
         Ok(moved)
     }
 
-    /// Applies a range's current policy to its present pages (mbind with MPOL_MF_MOVE).
-    fn rebind_moving(&self, addr: usize, len: u64) -> Result<(), Errno> {
-        let (mode, mask) = sys::get_mempolicy(addr)?;
-        sys::mbind(addr, len as usize, mode, mask, true)
-    }
-
     pub fn owns(&self, addr: usize) -> bool {
-        self.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .regions
-            .contains_key(&addr)
+        self.lock().regions.contains_key(&addr)
     }
 
     /// Frees a region that starts at `addr`; false when it is not one of ours.
     pub fn free(&self, addr: usize) -> bool {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(r) = st.regions.remove(&addr) else {
+        let Some(r) = self.lock().regions.remove(&addr) else {
             return false;
         };
-        for (u, p) in st.used.iter_mut().zip(&r.planned) {
-            *u = u.saturating_sub(*p);
-        }
         let _ = mem::unmap(r.base, r.len);
         true
     }
 
+    /// The region containing `addr`.
     pub fn region(&self, addr: usize) -> Option<NumaRegion> {
-        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.regions
+        self.lock()
+            .regions
             .range(..=addr)
             .next_back()
             .filter(|(b, r)| addr < **b + r.len)
             .map(|(_, r)| r.clone())
     }
 
-    pub fn regions(&self) -> Vec<NumaRegion> {
-        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.regions.values().cloned().collect()
-    }
-
-    /// Planned bytes per tier over all regions (the allocation map).
+    /// Bytes per tier over all regions (the allocation map).
     pub fn used(&self) -> Vec<u64> {
-        self.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .used
-            .clone()
+        self.lock().used(self.tiers.len(), None)
     }
 
     /// Present pages of `[addr, addr+len)` per tier, and pages not present.
@@ -695,11 +719,15 @@ pub fn node_pages(addr: usize, len: usize) -> Result<BTreeMap<Option<u32>, u64>,
     Ok(out)
 }
 
-/// Whether `set_mempolicy(MPOL_WEIGHTED_INTERLEAVE)` is accepted (it is not on kernels
-/// before 6.9, nor where all nodes share one memory tier). Restores the default.
-pub fn probe_weighted_interleave() -> bool {
-    let ok = sys::set_mempolicy(mpol::WEIGHTED_INTERLEAVE, 1).is_ok();
-    let _ = sys::set_mempolicy(mpol::DEFAULT, 0);
+/// Whether the kernel accepts `MPOL_WEIGHTED_INTERLEAVE` over `nodes` (not before 6.9,
+/// nor where all nodes share one memory tier). Probed with `mbind` on a scratch page, so
+/// the calling thread's own policy (e.g. from `numactl`) is left alone.
+pub fn probe_weighted_interleave(nodes: u64) -> bool {
+    let Ok(p) = mem::map_anon(PAGE as usize, false) else {
+        return false;
+    };
+    let ok = sys::mbind(p, PAGE as usize, mpol::WEIGHTED_INTERLEAVE, nodes, false).is_ok();
+    let _ = mem::unmap(p, PAGE as usize);
     ok
 }
 
@@ -713,4 +741,65 @@ pub fn bandwidth_weights(tiers: &[NumaTier]) -> BTreeMap<u32, u32> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(offset: u64, len: u64, how: How, pinned: u64, bytes: Vec<u64>) -> AppliedRange {
+        AppliedRange {
+            offset,
+            len,
+            flags: 0,
+            how,
+            pinned,
+            bytes,
+        }
+    }
+
+    #[test]
+    fn retarget_cuts_ranges_and_keeps_the_map_whole() {
+        let mut r = NumaRegion {
+            base: 0,
+            len: 230,
+            flags: 0,
+            // 100 on tier 0 (first 40 pinned), then 130 interleaved 100:30.
+            ranges: vec![
+                range(0, 100, How::Tier(0), 40, vec![100, 0]),
+                range(100, 130, How::Stripes, 0, vec![100, 30]),
+            ],
+            seq: 1,
+        };
+        r.retarget(60, 165, 1, 2);
+        let hows: Vec<(u64, u64, How)> =
+            r.ranges.iter().map(|a| (a.offset, a.len, a.how)).collect();
+        assert_eq!(
+            hows,
+            vec![
+                (0, 60, How::Tier(0)),
+                (60, 40, How::Tier(1)),
+                (100, 65, How::Tier(1)),
+                (165, 65, How::Stripes)
+            ]
+        );
+        // 60 stay on tier 0, 105 moved to tier 1, the interleaved rest split 50:15.
+        assert_eq!(r.planned(2), vec![60 + 50, 105 + 15]);
+        assert_eq!(r.planned(2).iter().sum::<u64>(), 230);
+        assert_eq!(r.pinned(), 40, "the pinned prefix stays with its piece");
+    }
+
+    #[test]
+    fn retarget_of_a_whole_range_does_not_cut() {
+        let mut r = NumaRegion {
+            base: 0,
+            len: 100,
+            flags: 0,
+            ranges: vec![range(0, 100, How::Tier(1), 0, vec![0, 100])],
+            seq: 1,
+        };
+        r.retarget(0, 100, 0, 2);
+        assert_eq!(r.ranges.len(), 1);
+        assert_eq!(r.planned(2), vec![100, 0]);
+    }
 }

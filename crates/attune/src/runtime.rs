@@ -432,7 +432,7 @@ pub fn region_stats(ptr: usize) -> Result<RegionStats, Errno> {
                 flags: r.flags,
                 resident_bytes: per_tier[0] * 4096,
                 tier_bytes: per_tier[1..].iter().map(|p| p * 4096).collect(),
-                pinned_bytes: r.pinned,
+                pinned_bytes: r.pinned(),
                 ..Default::default()
             });
         }

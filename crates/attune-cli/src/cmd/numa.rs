@@ -121,6 +121,34 @@ struct Req {
     label: String,
 }
 
+/// FLAGS of `--region` and `--reflag`: LAT, BW, CAP, SHL joined by ',' or '|', or NONE.
+fn parse_flags(s: &str) -> Result<Flags, String> {
+    if s.eq_ignore_ascii_case("none") {
+        Ok(Flags::NONE)
+    } else {
+        Flags::parse(&s.replace(',', "|"))
+    }
+}
+
+/// `I:VALUE` of `--move` and `--reflag`: a region index (checked) and its value.
+fn region_arg<T>(
+    arg: &str,
+    opt: &str,
+    regions: usize,
+    value: impl Fn(&str) -> Result<T, String>,
+) -> Result<(usize, T), String> {
+    let (i, v) = arg
+        .split_once(':')
+        .ok_or_else(|| format!("{opt} '{arg}': expected REGION:VALUE"))?;
+    let i: usize = i
+        .parse()
+        .map_err(|_| format!("{opt} '{arg}': bad region index"))?;
+    if i >= regions {
+        return Err(format!("{opt} '{arg}': there are {regions} regions"));
+    }
+    Ok((i, value(v).map_err(|e| format!("{opt} '{arg}': {e}"))?))
+}
+
 fn parse_region(s: &str) -> Result<Req, String> {
     let (sz, fl) = s
         .split_once(':')
@@ -129,11 +157,7 @@ fn parse_region(s: &str) -> Result<Req, String> {
     if size == 0 {
         return Err(format!("--region '{s}': size 0"));
     }
-    let flags = if fl.eq_ignore_ascii_case("none") {
-        Flags::NONE
-    } else {
-        Flags::parse(&fl.replace(',', "|")).map_err(|e| format!("--region '{s}': {e}"))?
-    };
+    let flags = parse_flags(fl).map_err(|e| format!("--region '{s}': {e}"))?;
     Ok(Req {
         size,
         flags,
@@ -196,25 +220,33 @@ fn place(a: PlaceArgs) -> Result<(), String> {
         .moves
         .iter()
         .map(|m| {
-            let (i, t) = m
-                .split_once(':')
-                .ok_or_else(|| format!("--move '{m}': expected REGION:TIER"))?;
-            let i: usize = i
-                .parse()
-                .map_err(|_| format!("--move '{m}': bad region index"))?;
-            let t: usize = t.parse().map_err(|_| format!("--move '{m}': bad tier"))?;
-            if i >= reqs.len() {
-                return Err(format!("--move '{m}': there are {} regions", reqs.len()));
-            }
-            Ok((i, t))
+            region_arg(m, "--move", reqs.len(), |t| {
+                t.parse().map_err(|_| "bad tier".into())
+            })
         })
-        .collect::<Result<_, String>>()?;
+        .collect::<Result<_, _>>()?;
+    let reflags: Vec<(usize, Flags)> = a
+        .reflags
+        .iter()
+        .map(|m| region_arg(m, "--reflag", reqs.len(), parse_flags))
+        .collect::<Result<_, _>>()?;
+    if a.kernel && !(moves.is_empty() && reflags.is_empty()) {
+        return Err("--move and --reflag need Attune (not --kernel)".into());
+    }
     let before = vmstat();
     let placer = if a.kernel {
         None
     } else {
         Some(placer(a.config.as_deref())?)
     };
+    if let Some(p) = placer {
+        if let Some(&(_, t)) = moves.iter().find(|m| m.1 >= p.tiers.len()) {
+            return Err(format!(
+                "--move: tier {t} does not exist ({} tiers)",
+                p.tiers.len()
+            ));
+        }
+    }
     let mut bases = Vec::new();
     for r in &reqs {
         let base = match placer {
@@ -233,7 +265,7 @@ fn place(a: PlaceArgs) -> Result<(), String> {
     }
     let mut moved = Vec::new();
     for &(i, t) in &moves {
-        let p = placer.ok_or("--move needs Attune (not --kernel)")?;
+        let p = placer.expect("checked above");
         let t0 = Instant::now();
         let n = p
             .move_to(bases[i], reqs[i].size.div_ceil(4096) * 4096, t)
@@ -242,22 +274,12 @@ fn place(a: PlaceArgs) -> Result<(), String> {
             json!({"region": i, "tier": t, "pages": n, "seconds": t0.elapsed().as_secs_f64()}),
         );
     }
+    for &(i, flags) in &reflags {
+        attune::runtime::set_flags(bases[i], flags.0)
+            .map_err(|e| format!("--reflag {i}: {e}: {}", attune::runtime::last_error()))?;
+    }
     // Where first touch left the pages, before any promotion had time to act.
     let mut first_touch = Vec::new();
-    for rf in &a.reflags {
-        let (i, f) = rf
-            .split_once(':')
-            .ok_or_else(|| format!("--reflag '{rf}': expected REGION:FLAGS"))?;
-        let i: usize = i
-            .parse()
-            .map_err(|_| format!("--reflag '{rf}': bad region index"))?;
-        if i >= bases.len() || placer.is_none() {
-            return Err(format!("--reflag '{rf}': no such Attune region"));
-        }
-        let flags = parse_region(&format!("1:{f}"))?.flags;
-        attune::runtime::set_flags(bases[i], flags.0)
-            .map_err(|e| format!("--reflag '{rf}': {e}: {}", attune::runtime::last_error()))?;
-    }
     if a.hot_secs > 0.0 {
         for (r, &b) in reqs.iter().zip(&bases) {
             first_touch.push(per_node(b, r.size)?);
@@ -288,7 +310,7 @@ fn place(a: PlaceArgs) -> Result<(), String> {
             "pages_per_node_first_touch": first_touch.get(out_regions.len()),
             "checksum_ok": verify(b, r.size),
             "ranges": info.as_ref().map(|i| json!(i.ranges)),
-            "pinned_bytes": info.as_ref().map(|i| i.pinned),
+            "pinned_bytes": info.as_ref().map(|i| i.pinned()),
         }));
     }
     let after = vmstat();
