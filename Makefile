@@ -27,6 +27,8 @@ stage:
 	@cp $(REL)/libattune.so $(REL)/libattune.a $(REL)/libattune_preload.so $(PREFIX)/lib/
 	@cp include/attune.h include/attune.f90 $(PREFIX)/include/
 	@cp $(REL)/attune $(PREFIX)/bin/
+	@mkdir -p $(PREFIX)/share/attune/python && cp -r python/attune_usage $(PREFIX)/share/attune/python/
+	@rm -rf $(PREFIX)/share/attune/python/attune_usage/__pycache__
 	@sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' packaging/attune.pc.in > $(PREFIX)/lib/pkgconfig/attune.pc
 	@sed -e 's|@VERSION@|$(VERSION)|' packaging/AttuneConfig.cmake.in > $(PREFIX)/lib/cmake/Attune/AttuneConfig.cmake
 	@sed -e 's|@VERSION@|$(VERSION)|' packaging/AttuneConfigVersion.cmake.in > $(PREFIX)/lib/cmake/Attune/AttuneConfigVersion.cmake

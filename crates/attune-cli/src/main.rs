@@ -30,6 +30,8 @@ enum Command {
     Topology(cmd::topology::Args),
     /// Placement on NUMA tiers: interleave weights, and where a region's pages land.
     Numa(cmd::numa::Args),
+    /// Memory under-use of a cluster from Slurm job records (and node samples).
+    Usage(cmd::usage::Args),
     /// Internal: one benchmark scenario in a fresh process (used by `bench`).
     #[command(hide = true, name = "__worker")]
     Worker { scenario: String },
@@ -44,6 +46,7 @@ fn main() {
         Command::Config(a) => cmd::config::run(a),
         Command::Topology(a) => cmd::topology::run(a),
         Command::Numa(a) => cmd::numa::run(a),
+        Command::Usage(a) => cmd::usage::run(a),
         Command::Worker { scenario } => cmd::bench::worker(&scenario),
     };
     std::process::exit(code);

@@ -4,3 +4,4 @@ pub mod kernel_swap;
 pub mod numa;
 pub mod run;
 pub mod topology;
+pub mod usage;
