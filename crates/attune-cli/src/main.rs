@@ -30,6 +30,8 @@ enum Command {
     Topology(cmd::topology::Args),
     /// Placement on NUMA tiers: interleave weights, and where a region's pages land.
     Numa(cmd::numa::Args),
+    /// Interference generator and probe (LoI, interference coefficient, sensitivity sweep).
+    Lbench(cmd::lbench::Args),
     /// Memory under-use of a cluster from Slurm job records (and node samples).
     Usage(cmd::usage::Args),
     /// Internal: one benchmark scenario in a fresh process (used by `bench`).
@@ -47,6 +49,7 @@ fn main() {
         Command::Topology(a) => cmd::topology::run(a),
         Command::Numa(a) => cmd::numa::run(a),
         Command::Usage(a) => cmd::usage::run(a),
+        Command::Lbench(a) => cmd::lbench::run(a),
         Command::Worker { scenario } => cmd::bench::worker(&scenario),
     };
     std::process::exit(code);

@@ -11,6 +11,8 @@ use crate::{Errno, SysResult};
 /// Memory policy modes that take a node set (`linux/mempolicy.h`).
 pub mod mpol {
     pub const PREFERRED: i32 = 1;
+    /// Strict: allocation fails rather than leave the nodes (lbench's arrays on one tier).
+    pub const BIND: i32 = 2;
     pub const PREFERRED_MANY: i32 = 5;
     /// Linux 6.9 and later; EINVAL before, and on machines with one memory tier.
     pub const WEIGHTED_INTERLEAVE: i32 = 6;
