@@ -30,6 +30,8 @@ enum Command {
     Topology(cmd::topology::Args),
     /// Placement on NUMA tiers: interleave weights, and where a region's pages land.
     Numa(cmd::numa::Args),
+    /// Profile a program's memory: access curve, tiers over time, faults, suggested flags.
+    Profile(cmd::profile::Args),
     /// Interference generator and probe (LoI, interference coefficient, sensitivity sweep).
     Lbench(cmd::lbench::Args),
     /// Memory under-use of a cluster from Slurm job records (and node samples).
@@ -50,6 +52,7 @@ fn main() {
         Command::Numa(a) => cmd::numa::run(a),
         Command::Usage(a) => cmd::usage::run(a),
         Command::Lbench(a) => cmd::lbench::run(a),
+        Command::Profile(a) => cmd::profile::run(a),
         Command::Worker { scenario } => cmd::bench::worker(&scenario),
     };
     std::process::exit(code);

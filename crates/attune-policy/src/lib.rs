@@ -7,6 +7,7 @@
 
 pub mod chunk;
 pub mod flags;
+pub mod heat;
 pub mod numa;
 pub mod plan;
 pub mod victim;

@@ -90,6 +90,70 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "flags": settings().flags.to_string(),
         "tiers": tiers,
         "top_regions": top,
+        "timeline": TIMELINE.lock().map(|t| t.clone()).unwrap_or_default(),
+        "sampling": sampling(),
+    })
+}
+
+/// The process's timeline: one point per report interval (resident bytes per tier and the
+/// counters), for `attune profile`. At 4096 points every other one is dropped, so a long
+/// run keeps its whole span at half the resolution.
+static TIMELINE: std::sync::Mutex<Vec<serde_json::Value>> = std::sync::Mutex::new(Vec::new());
+
+fn timeline_point() -> serde_json::Value {
+    let e = attune::runtime::engine_if_started();
+    let c = e.map(|e| &e.counters);
+    let get = |a: Option<&AtomicU64>| a.map(|x| x.load(Relaxed)).unwrap_or(0);
+    let tiers: Vec<serde_json::Value> = attune::runtime::tier_stats()
+        .unwrap_or_default()
+        .iter()
+        .map(|t| json!([t.name, t.used_bytes]))
+        .collect();
+    let (minflt, majflt) = os_faults();
+    json!({
+        "t": (attune_sys::os::now_ns().saturating_sub(START_NS.load(Relaxed))) as f64 / 1e9,
+        "tiers": tiers,
+        "faults": get(c.map(|c| &c.faults)),
+        "evictions": get(c.map(|c| &c.evictions)),
+        "sample_parks": get(c.map(|c| &c.sample_parks)),
+        "sample_hits": get(c.map(|c| &c.sample_hits)),
+        "os_minor_faults": minflt,
+        "os_major_faults": majflt,
+    })
+}
+
+/// Per-chunk sample counts of each sampled region (compact arrays).
+fn sampling() -> serde_json::Value {
+    let regions: Vec<serde_json::Value> = attune::runtime::sampling_cells()
+        .into_iter()
+        .map(|(base, size, chunk, flags, cells)| {
+            json!({
+                "address": format!("{base:#x}"),
+                "size": size,
+                "chunk_size": chunk,
+                "flags": attune::Flags(flags).to_string(),
+                "hits": cells.iter().map(|c| c.0).collect::<Vec<_>>(),
+                "exposure_us": cells.iter().map(|c| c.1 / 1000).collect::<Vec<_>>(),
+                "parks": cells.iter().map(|c| c.2).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let cfg =
+        attune::runtime::engine_if_started().map(|e| (e.cfg.sample_rate, e.cfg.sample_window_us));
+    let hist: Vec<u64> = attune::runtime::engine_if_started()
+        .map(|e| {
+            e.counters
+                .sample_delay_us
+                .iter()
+                .map(|a| a.load(Relaxed))
+                .collect()
+        })
+        .unwrap_or_default();
+    json!({
+        "delay_hist_us": hist,
+        "rate_per_s": cfg.map(|c| c.0).unwrap_or(0),
+        "window_us": cfg.map(|c| c.1).unwrap_or(0),
+        "regions": regions,
     })
 }
 
@@ -99,6 +163,13 @@ pub fn write_now(final_: bool) {
         return;
     };
     // pid and start time: a process that execs keeps its pid, and each image reports.
+    if let Ok(mut t) = TIMELINE.lock() {
+        if t.len() >= 4096 {
+            let kept: Vec<_> = t.iter().step_by(2).cloned().collect();
+            *t = kept;
+        }
+        t.push(timeline_point());
+    }
     let pid = std::process::id();
     let t = START_NS.load(Relaxed);
     let tmp = dir.join(format!(".proc-{pid}-{t}.json.tmp"));

@@ -74,6 +74,8 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "small_threshold", env: "ATTUNE_SMALL_THRESHOLD", default: "1M", suggested: "1M", doc: "Allocations below this size share per-class arenas (mimalloc) instead of getting a region each" },
     OptionDoc { key: "small_arena", env: "ATTUNE_SMALL_ARENA", default: "1G", suggested: "enough for the program's small managed objects per class", doc: "Virtual size of each small-object arena (one per placement class)" },
     OptionDoc { key: "pin_fraction", env: "ATTUNE_PIN_FRACTION", default: "0.25", suggested: "0.1-0.5", doc: "Part of a LAT or SHL region pinned and pre-faulted in DRAM" },
+    OptionDoc { key: "sample_rate", env: "ATTUNE_SAMPLE_RATE", default: "0", suggested: "0; 500-2000 under attune profile", doc: "Access samples per second (a resident chunk parked in the far tier; its next touch is timed); 0 = off" },
+    OptionDoc { key: "sample_window_us", env: "ATTUNE_SAMPLE_WINDOW_US", default: "20000", suggested: "20000; longer for slow programs", doc: "How long a parked sample waits for a touch before it counts as untouched (microseconds)" },
     OptionDoc { key: "mode", env: "ATTUNE_MODE", default: "attuned", suggested: "attuned", doc: "attuned (flags decide) or temperature (flags ignored: IMME's TME baseline)" },
     OptionDoc { key: "log", env: "ATTUNE_LOG", default: "warn", suggested: "warn", doc: "Messages on stderr: error, warn, info or debug" },
 ];
@@ -179,6 +181,9 @@ pub struct Config {
     pub small_threshold: usize,
     pub small_arena: usize,
     pub pin_fraction: f64,
+    /// Access samples per second (0: no sampler thread).
+    pub sample_rate: u64,
+    pub sample_window_us: u64,
     pub mode: Mode,
     pub log: crate::log::Level,
     /// Far tiers, fastest first.
@@ -197,6 +202,8 @@ struct FileConfig {
     small_threshold: Option<String>,
     small_arena: Option<String>,
     pin_fraction: Option<f64>,
+    sample_rate: Option<u64>,
+    sample_window_us: Option<u64>,
     mode: Option<Mode>,
     log: Option<crate::log::Level>,
     tier: Option<Vec<FileTier>>,
@@ -442,6 +449,41 @@ pub fn load(
             "must be between 0 and 1".into(),
         ));
     }
+    // A whole-number option from the environment or the file, within [lo, hi].
+    let int_opt = |key: &str, env_name: &str, file: Option<u64>, default: u64, lo: u64, hi: u64| {
+        let v = match getenv(env_name) {
+            Some(v) => v
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| err(key, env_name, None, format!("'{v}' is not a whole number")))?,
+            None => file.unwrap_or(default),
+        };
+        if !(lo..=hi).contains(&v) {
+            return Err(err(
+                key,
+                env_name,
+                None,
+                format!("must be between {lo} and {hi}"),
+            ));
+        }
+        Ok(v)
+    };
+    let sample_rate = int_opt(
+        "sample_rate",
+        "ATTUNE_SAMPLE_RATE",
+        fc.sample_rate,
+        0,
+        0,
+        100_000,
+    )?;
+    let sample_window_us = int_opt(
+        "sample_window_us",
+        "ATTUNE_SAMPLE_WINDOW_US",
+        fc.sample_window_us,
+        20_000,
+        100,
+        10_000_000,
+    )?;
     let mode = match getenv("ATTUNE_MODE") {
         Some(v) => match v.trim().to_ascii_lowercase().as_str() {
             "attuned" => Mode::Attuned,
@@ -605,6 +647,8 @@ pub fn load(
         small_threshold,
         small_arena,
         pin_fraction,
+        sample_rate,
+        sample_window_us,
         mode,
         log,
         tiers,

@@ -43,6 +43,12 @@ pub struct EngineCounters {
     /// tiers full): the application keeps running, the overrun is reported.
     pub budget_overruns: AtomicU64,
     pub load_errors: AtomicU64,
+    /// Access sampling: chunks parked, and parked chunks touched within the window.
+    pub sample_parks: AtomicU64,
+    pub sample_hits: AtomicU64,
+    /// Delays of sample hits in 1 us buckets (the last one: 31 us and more). Its low end is
+    /// the delivery floor (fault raised, taken, timed) that analysis subtracts.
+    pub sample_delay_us: [AtomicU64; 32],
 }
 
 /// Clock hand over all regions.
@@ -67,6 +73,8 @@ pub struct Engine {
     pub(crate) regions: RwLock<Vec<Arc<Region>>>,
     /// Freed regions waiting until no fault handler holds them (dropped by the evictor).
     pub(crate) retired: Mutex<Vec<Arc<Region>>>,
+    /// Freed regions whose access samples the profile still reports (the last 1024).
+    pub(crate) sampled_history: Mutex<Vec<Arc<Region>>>,
     pub(crate) clock: Mutex<ClockState>,
     /// Resident managed bytes (the DRAM tier's use).
     pub resident: AtomicU64,
@@ -150,6 +158,7 @@ impl Engine {
             zero,
             regions: RwLock::new(Vec::new()),
             retired: Mutex::new(Vec::new()),
+            sampled_history: Mutex::new(Vec::new()),
             clock: Mutex::new(ClockState::default()),
             resident: AtomicU64::new(0),
             committed: AtomicU64::new(0),
@@ -282,7 +291,17 @@ impl Engine {
         let home = self.home_tier(opts);
         let id = self.next_id.fetch_add(1, Relaxed);
         let r = Arc::new(Region::new(
-            id, base, len, size, chunk, opts.flags, delivery, kind, slots, home,
+            id,
+            base,
+            len,
+            size,
+            chunk,
+            opts.flags,
+            delivery,
+            kind,
+            slots,
+            home,
+            self.cfg.sample_rate > 0 && kind == RegionKind::Dedicated,
         ));
         {
             let _g = os::SignalGuard::new();
@@ -376,6 +395,16 @@ impl Engine {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(r.clone());
+        if r.samples.enabled() {
+            let mut h = self
+                .sampled_history
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if h.len() >= 1024 {
+                h.remove(0);
+            }
+            h.push(r.clone());
+        }
     }
 
     /// Bytes pinned over all regions.
@@ -418,6 +447,12 @@ impl Engine {
             .name("attune-fault".into())
             .spawn(move || crate::fault::handler_loop(self))
             .map_err(|e| InitError(format!("cannot start the fault thread: {e}")))?;
+        if self.cfg.sample_rate > 0 {
+            std::thread::Builder::new()
+                .name("attune-sample".into())
+                .spawn(move || crate::sample::sampler_loop(self))
+                .map_err(|e| InitError(format!("cannot start the sampler thread: {e}")))?;
+        }
         attune_sys::signal::install(crate::fault::on_sigbus)
             .map_err(|e| InitError(format!("cannot install the SIGBUS handler: {e}")))?;
         Ok(())

@@ -98,6 +98,16 @@ fn sweep_region(e: &Engine, r: &Region, want: u64, last_resort: bool) -> u64 {
 /// Stores chunks `[c, c+n)` (claimed Evicting by this thread) in a far tier: the home
 /// tier first, then the others fastest first. On failure they stay resident.
 fn flush_run(e: &Engine, r: &Region, c: usize, n: usize) -> u64 {
+    store_run(e, r, c, n, false)
+}
+
+/// [`flush_run`] for the access sampler: the same move, counted as a sample, not an
+/// eviction.
+pub(crate) fn park_chunk(e: &Engine, r: &Region, c: usize) -> bool {
+    store_run(e, r, c, 1, true) > 0
+}
+
+fn store_run(e: &Engine, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
     let len = n * r.chunk;
     let src = r.chunk_addr(c);
     let home = r.home_tier.load(Relaxed);
@@ -140,10 +150,14 @@ fn flush_run(e: &Engine, r: &Region, c: usize, n: usize) -> u64 {
                 let _ = e
                     .resident
                     .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(len as u64)));
-                e.counters.evictions.fetch_add(n as u64, Relaxed);
-                e.counters.evicted_bytes.fetch_add(len as u64, Relaxed);
-                r.counters.evictions.fetch_add(n as u64, Relaxed);
-                r.counters.evicted_bytes.fetch_add(len as u64, Relaxed);
+                if sample {
+                    e.counters.sample_parks.fetch_add(n as u64, Relaxed);
+                } else {
+                    e.counters.evictions.fetch_add(n as u64, Relaxed);
+                    e.counters.evicted_bytes.fetch_add(len as u64, Relaxed);
+                    r.counters.evictions.fetch_add(n as u64, Relaxed);
+                    r.counters.evicted_bytes.fetch_add(len as u64, Relaxed);
+                }
                 return len as u64;
             }
             Err(err) if err.0 == libc::ENOSPC || err.0 == libc::EOPNOTSUPP => continue,

@@ -150,6 +150,11 @@ fn reserve_dram(e: &Engine, bytes: u64) {
 
 /// Places chunks `[c, c+n)` (all claimed by this thread, same source) and publishes them.
 fn place_run(e: &Engine, r: &Region, c: usize, n: usize, src: Where, tier: usize) {
+    let fault_ns = if r.samples.enabled() {
+        attune_sys::os::now_ns()
+    } else {
+        0
+    };
     let len = n * r.chunk;
     reserve_dram(e, len as u64);
     let dst = r.chunk_addr(c);
@@ -189,6 +194,9 @@ fn place_run(e: &Engine, r: &Region, c: usize, n: usize, src: Where, tier: usize
     };
     match result {
         Ok(()) => {
+            if r.samples.enabled() {
+                crate::sample::on_placed(e, r, c, n, fault_ns);
+            }
             r.settle_heated(c, Where::Resident, 0, REF);
             for i in 1..n {
                 r.settle(c + i, Where::Resident, 0, REF);

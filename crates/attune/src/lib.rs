@@ -6,6 +6,7 @@
 //!   the `attune-policy` crate).
 //! * `tier/`: far tiers (`memory`, `file`) behind one store/load interface.
 //! * `region.rs`: a region's chunks and their atomic state words.
+//! * `sample.rs`: access sampling of resident pages (park, time the next touch).
 //! * `engine.rs`: allocation, free, pin, prefetch; `runtime.rs`: the API entry points.
 //! * `config.rs`: the options table, TOML file and environment.
 //! * `topology.rs`: discovery of NUMA memory tiers from /sys; `numa.rs`: placement on
@@ -22,6 +23,7 @@ pub mod pool;
 pub mod region;
 pub mod run_options;
 pub mod runtime;
+pub mod sample;
 pub mod size;
 pub mod small;
 pub mod tier;

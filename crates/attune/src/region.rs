@@ -97,6 +97,33 @@ pub struct RegionCounters {
     pub discarded: AtomicU64,
 }
 
+/// Access sampling cells, one per chunk (empty when sampling is off). A sample parks a
+/// resident chunk in the far tier at `parked_at`; the fault that brings it back within the
+/// window is a hit after `d` ns, a sample that waits the whole window is censored.
+/// Per chunk, hits / exposure is the maximum-likelihood access rate of a Poisson process
+/// observed with right-censoring (see crate::sample).
+#[derive(Default)]
+pub struct SampleCells {
+    pub parked_at: Box<[AtomicU64]>,
+    pub hits: Box<[AtomicU32]>,
+    pub parks: Box<[AtomicU32]>,
+    pub exposure_ns: Box<[AtomicU64]>,
+}
+
+impl SampleCells {
+    pub fn new(n: usize) -> SampleCells {
+        SampleCells {
+            parked_at: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            hits: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            parks: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            exposure_ns: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+    pub fn enabled(&self) -> bool {
+        !self.parked_at.is_empty()
+    }
+}
+
 pub struct Region {
     pub id: u32,
     pub base: usize,
@@ -122,6 +149,7 @@ pub struct Region {
     /// Clock hand position (chunk index).
     pub hand: AtomicUsize,
     pub freed: AtomicBool,
+    pub samples: SampleCells,
 }
 
 impl Region {
@@ -137,6 +165,7 @@ impl Region {
         kind: RegionKind,
         slots: Vec<u64>,
         home_tier: usize,
+        sampling: bool,
     ) -> Region {
         let n = len / chunk;
         Region {
@@ -158,6 +187,11 @@ impl Region {
             ra_chunks: AtomicUsize::new(0),
             hand: AtomicUsize::new(0),
             freed: AtomicBool::new(false),
+            samples: if sampling {
+                SampleCells::new(n)
+            } else {
+                SampleCells::default()
+            },
         }
     }
 

@@ -572,3 +572,39 @@ pub fn chunk_place(ptr: usize) -> Option<(Where, usize)> {
     let s = r.state(r.chunk_of(ptr));
     Some((s.place(), s.tier()))
 }
+
+/// Access-sampling cells of every sampled region, live or freed (the last 1024): (base,
+/// requested bytes, chunk size, flags, per chunk (hits, exposure ns, parks)). Empty when
+/// sampling is off.
+pub type SampledRegion = (usize, u64, usize, u32, Vec<(u32, u64, u32)>);
+
+pub fn sampling_cells() -> Vec<SampledRegion> {
+    let Some(e) = engine_if_started() else {
+        return Vec::new();
+    };
+    let mut regions: Vec<Arc<Region>> = e
+        .sampled_history
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    regions.extend(
+        e.regions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|r| r.samples.enabled() && !r.freed.load(std::sync::atomic::Ordering::Acquire))
+            .cloned(),
+    );
+    regions
+        .iter()
+        .map(|r| {
+            (
+                r.base,
+                r.requested as u64,
+                r.chunk,
+                r.flags().0,
+                crate::sample::cells(r),
+            )
+        })
+        .collect()
+}

@@ -439,7 +439,7 @@ fn run_inner(a: Args) -> Result<(), String> {
             let stop = Arc::new(AtomicBool::new(false));
             let bytes = AtomicU64::new(0);
             if let Some(d) = duration {
-                if !(d > 0.0) {
+                if d.is_nan() || d <= 0.0 {
                     return Err(format!("--duration {d}: must be above 0"));
                 }
                 let st = stop.clone();

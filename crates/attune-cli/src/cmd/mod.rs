@@ -3,6 +3,7 @@ pub mod config;
 pub mod kernel_swap;
 pub mod lbench;
 pub mod numa;
+pub mod profile;
 pub mod run;
 pub mod topology;
 pub mod usage;

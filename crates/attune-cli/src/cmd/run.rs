@@ -48,6 +48,9 @@ pub struct Args {
     /// No text report on stderr.
     #[arg(long, short)]
     quiet: bool,
+    /// Keep each process's statistics file (proc-PID-START.json) in DIR (used by `attune profile`).
+    #[arg(long, value_name = "DIR", hide = true)]
+    keep_proc_files: Option<PathBuf>,
     /// The program and its arguments.
     #[arg(
         required = true,
@@ -308,6 +311,22 @@ pub fn run(a: Args) -> i32 {
     };
     let wall = t0.elapsed().as_secs_f64();
     let procs = gather(&dir);
+    if let Some(keep) = &a.keep_proc_files {
+        let copied = std::fs::create_dir_all(keep).and_then(|_| {
+            for f in std::fs::read_dir(&dir)?.flatten() {
+                if f.file_name().to_string_lossy().starts_with("proc-") {
+                    std::fs::copy(f.path(), keep.join(f.file_name()))?;
+                }
+            }
+            Ok(())
+        });
+        if let Err(e) = copied {
+            eprintln!(
+                "attune run: warning: cannot keep statistics in {}: {e}",
+                keep.display()
+            );
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
     let report = build_report(&a.command, &path, managed, wall, status, procs);
     if !a.quiet {

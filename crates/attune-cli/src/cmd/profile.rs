@@ -1,0 +1,397 @@
+//! `attune profile`: runs a program under `attune run` with the access sampler on, then
+//! turns the per-process statistics into the profile: resident bytes per tier over time,
+//! the bandwidth-capacity curve (share of accesses against share of pages, hottest first),
+//! the share of accesses served by each tier beside the capacity and bandwidth ratios,
+//! faults, and flags suggested per region. Output: profile.json, curve.csv, timeline.csv,
+//! summary.txt (and PNGs when matplotlib is there) in --out.
+
+use attune_policy::heat;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Timeline interval in milliseconds.
+    #[arg(long, default_value_t = 200)]
+    interval: u64,
+    /// Access samples per second (chunks parked and timed; cost in docs/benchmarks.md).
+    #[arg(long, default_value_t = 1000)]
+    rate: u64,
+    /// How long a parked sample waits for a touch, in microseconds.
+    #[arg(long, default_value_t = 20000)]
+    window_us: u64,
+    /// Sampling unit: smaller chunks resolve hotter pages (default 4K).
+    #[arg(long, default_value = "4K")]
+    chunk: String,
+    /// DRAM budget (as `attune run --dram`; default: the configuration's).
+    #[arg(long)]
+    dram: Option<String>,
+    /// Attune configuration file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Output directory.
+    #[arg(long, default_value = "attune-profile")]
+    out: PathBuf,
+    /// Print the profile JSON instead of the summary.
+    #[arg(long)]
+    json: bool,
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "PROGRAM"
+    )]
+    command: Vec<String>,
+}
+
+pub fn run(a: Args) -> i32 {
+    if a.rate == 0 || a.rate > 100_000 {
+        eprintln!(
+            "attune profile: --rate {}: must be 1..100000 samples a second",
+            a.rate
+        );
+        return 2;
+    }
+    if a.interval < 10 {
+        eprintln!("attune profile: --interval {}: at least 10 ms", a.interval);
+        return 2;
+    }
+    let procs_dir = a.out.join("procs");
+    let _ = std::fs::remove_dir_all(&procs_dir);
+    if let Err(e) = std::fs::create_dir_all(&procs_dir) {
+        eprintln!("attune profile: cannot create {}: {e}", a.out.display());
+        return 2;
+    }
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("attune"));
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("run")
+        .arg("-q")
+        .arg("--keep-proc-files")
+        .arg(&procs_dir);
+    cmd.arg("--report")
+        .arg(a.out.join("run.json"))
+        .arg("--chunk")
+        .arg(&a.chunk);
+    if let Some(d) = &a.dram {
+        cmd.arg("--dram").arg(d);
+    }
+    if let Some(c) = &a.config {
+        cmd.arg("--config").arg(c);
+    }
+    cmd.arg("--").args(&a.command);
+    cmd.env("ATTUNE_SAMPLE_RATE", a.rate.to_string())
+        .env("ATTUNE_SAMPLE_WINDOW_US", a.window_us.to_string())
+        .env("ATTUNE_REPORT_INTERVAL_MS", a.interval.to_string());
+    let t0 = std::time::Instant::now();
+    let status = match cmd.status() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("attune profile: cannot start attune run: {e}");
+            return 2;
+        }
+    };
+    let wall = t0.elapsed().as_secs_f64();
+    let code = status.code().unwrap_or(128);
+    let procs = read_procs(&procs_dir);
+    if procs.is_empty() {
+        eprintln!("attune profile: no statistics were written (the program did not start, or is not managed); exit {code}");
+        return if code == 0 { 2 } else { code };
+    }
+    let profile = analyze(&procs, wall, code, &a);
+    if let Err(e) = write_outputs(&a.out, &profile) {
+        eprintln!("attune profile: cannot write to {}: {e}", a.out.display());
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&profile).unwrap_or_default()
+        );
+    } else {
+        print!("{}", summary(&profile));
+    }
+    code
+}
+
+fn read_procs(dir: &Path) -> Vec<Value> {
+    let mut v: Vec<Value> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|f| std::fs::read(f.path()).ok())
+                .filter_map(|b| serde_json::from_slice(&b).ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_by_key(|p| p["pid"].as_u64().unwrap_or(0));
+    v
+}
+
+fn u64s(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .map(|a| a.iter().map(|x| x.as_u64().unwrap_or(0)).collect())
+        .unwrap_or_default()
+}
+
+/// Everything the profile reports, from the processes' statistics files.
+fn analyze(procs: &[Value], wall: f64, code: i32, a: &Args) -> Value {
+    // Per region: the rate mixture of its chunks (heat::rate_mixture). The whole
+    // footprint's curve combines them per 4 KiB page: a chunk of k pages at rate r is k
+    // pages at r / k.
+    let mut all: Vec<(f64, f64)> = Vec::new();
+    // (region record, rate mixture, bytes, accesses per second, sampled chunks)
+    type RegionRates = (Value, Vec<(f64, f64)>, u64, f64, usize);
+    let mut per_region: Vec<RegionRates> = Vec::new();
+    let mut parks = 0u64;
+    let mut hits = 0u64;
+    let mut floor_ns = 0;
+    for p in procs {
+        let s = &p["sampling"];
+        let hist = u64s(&s["delay_hist_us"]);
+        let floor = heat::delay_floor_ns(&hist);
+        floor_ns = floor_ns.max(floor);
+        for r in s["regions"].as_array().into_iter().flatten() {
+            let h = u64s(&r["hits"]);
+            let e: Vec<u64> = u64s(&r["exposure_us"]).iter().map(|x| x * 1000).collect();
+            parks += u64s(&r["parks"]).iter().sum::<u64>();
+            hits += h.iter().sum::<u64>();
+            let cells: Vec<(u32, u64)> = h.iter().zip(&e).map(|(&h, &e)| (h as u32, e)).collect();
+            let sampled = cells.iter().filter(|c| c.1 > 0).count();
+            let mix = heat::rate_mixture(&cells, floor);
+            let chunks = h.len() as f64;
+            let per = (r["chunk_size"].as_u64().unwrap_or(4096).max(4096) / 4096) as f64;
+            // Accesses per second of the whole region: mean rate x chunks.
+            let acc = mix.iter().map(|m| m.0 * m.1).sum::<f64>() * chunks;
+            all.extend(mix.iter().map(|&(rate, w)| (rate / per, w * chunks * per)));
+            per_region.push((
+                r.clone(),
+                mix,
+                r["size"].as_u64().unwrap_or(0),
+                acc,
+                sampled,
+            ));
+        }
+    }
+    let curve = heat::mixture_curve(&all, 100);
+    let est_total: f64 = per_region.iter().map(|r| r.3).sum();
+    let bytes_total: u64 = per_region.iter().map(|r| r.2).sum();
+    let mut regions_out = Vec::new();
+    for (r, mix, size, acc, sampled) in &per_region {
+        let a_share = if est_total > 0.0 {
+            acc / est_total
+        } else {
+            0.0
+        };
+        let b_share = if bytes_total > 0 {
+            *size as f64 / bytes_total as f64
+        } else {
+            0.0
+        };
+        let c = heat::mixture_curve(mix, 100);
+        let sg = heat::suggest(&c, a_share, b_share);
+        regions_out.push(json!({
+            "address": r["address"], "size": size, "chunk_size": r["chunk_size"], "flags": r["flags"],
+            "sampled_chunks": sampled, "chunks": r["hits"].as_array().map(|x| x.len()).unwrap_or(0),
+            "access_share": a_share, "byte_share": b_share,
+            "top10_share": heat::accesses_at(&c, 0.1), "top20_share": heat::accesses_at(&c, 0.2),
+            "suggested_flags": sg.flags.to_string(), "suggested_hot_share": sg.hot_share, "why": sg.why,
+        }));
+    }
+    // Accesses served by each tier: far-tier touches are the faults that were not the
+    // sampler's own (estimated); the rest were served from DRAM.
+    let faults: u64 = procs
+        .iter()
+        .map(|p| p["faults"].as_u64().unwrap_or(0))
+        .sum();
+    let sample_hits: u64 = procs
+        .iter()
+        .map(|p| {
+            p["timeline"]
+                .as_array()
+                .and_then(|t| t.last())
+                .map(|l| l["sample_hits"].as_u64().unwrap_or(0))
+                .unwrap_or(0)
+        })
+        .sum();
+    let accesses = est_total * wall;
+    let far = faults.saturating_sub(sample_hits) as f64;
+    let tiers: Vec<Value> = procs[0]["tiers"].as_array().cloned().unwrap_or_default();
+    let cap_total: f64 = tiers
+        .iter()
+        .map(|t| t["peak_used_bytes"].as_f64().unwrap_or(0.0))
+        .sum();
+    let cap_far = cap_total
+        - tiers
+            .first()
+            .map(|t| t["peak_used_bytes"].as_f64().unwrap_or(0.0))
+            .unwrap_or(0.0);
+    let used: Vec<&Value> = tiers
+        .iter()
+        .filter(|t| t["peak_used_bytes"].as_u64().unwrap_or(0) > 0)
+        .collect();
+    let bw_total: f64 = used
+        .iter()
+        .map(|t| t["bandwidth"].as_f64().unwrap_or(0.0))
+        .sum();
+    let bw_far = bw_total
+        - used
+            .first()
+            .map(|t| t["bandwidth"].as_f64().unwrap_or(0.0))
+            .unwrap_or(0.0);
+    let timeline: Vec<Value> = procs
+        .iter()
+        .flat_map(|p| {
+            let pid = p["pid"].clone();
+            p["timeline"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |mut t| {
+                    t["pid"] = pid.clone();
+                    t
+                })
+        })
+        .collect();
+    let minor: u64 = procs
+        .iter()
+        .map(|p| p["os_minor_faults"].as_u64().unwrap_or(0))
+        .sum();
+    let major: u64 = procs
+        .iter()
+        .map(|p| p["os_major_faults"].as_u64().unwrap_or(0))
+        .sum();
+    json!({
+        "schema": "attune-profile/1",
+        "command": a.command, "exit": code, "wall_seconds": wall,
+        "sources": {
+            "accesses": "Attune's access sampler: resident chunks parked in the far tier, the next touch timed (no hardware counters used)",
+            "page_faults": "kernel counts per process (/proc/PID/stat minflt, majflt)",
+            "hardware_counters": "not used: perf hardware events are not available on this machine kind; software sources only",
+        },
+        "sampling": {"rate_per_s": a.rate, "window_us": a.window_us, "chunk": a.chunk, "parks": parks,
+                      "hits": hits, "delivery_floor_us": floor_ns as f64 / 1000.0, "estimator": "rate mixture (EM, Poisson touches with censored waits)"},
+        "curve": curve.iter().map(|c| json!([c.pages, c.accesses])).collect::<Vec<_>>(),
+        "top10_share": heat::accesses_at(&curve, 0.1),
+        "top20_share": heat::accesses_at(&curve, 0.2),
+        "top50_share": heat::accesses_at(&curve, 0.5),
+        "tier_access_share": {
+            "far_estimated": if accesses > 0.0 { (far / accesses).min(1.0) } else { 0.0 },
+            "capacity_ratio": if cap_total > 0.0 { cap_far / cap_total } else { 0.0 },
+            // Unknown (null) when DRAM's bandwidth is not declared or measured.
+            "bandwidth_ratio": if bw_total > bw_far && bw_far > 0.0 { Some(bw_far / bw_total) } else { None },
+            "reading": "below the capacity ratio: hot data is kept near; above the bandwidth ratio: the far tier is the bottleneck",
+        },
+        "faults": {"attune": faults, "os_minor": minor, "os_major": major},
+        "regions": regions_out,
+        "timeline": timeline,
+    })
+}
+
+fn write_outputs(out: &Path, p: &Value) -> std::io::Result<()> {
+    std::fs::write(
+        out.join("profile.json"),
+        serde_json::to_vec_pretty(p).unwrap_or_default(),
+    )?;
+    let mut c = String::from("page_share,access_share\n");
+    for pt in p["curve"].as_array().into_iter().flatten() {
+        c += &format!("{},{}\n", pt[0], pt[1]);
+    }
+    std::fs::write(out.join("curve.csv"), c)?;
+    let mut t = String::from("pid,t,tier,bytes,faults,evictions,sample_parks\n");
+    for x in p["timeline"].as_array().into_iter().flatten() {
+        for tier in x["tiers"].as_array().into_iter().flatten() {
+            t += &format!(
+                "{},{},{},{},{},{},{}\n",
+                x["pid"],
+                x["t"],
+                tier[0].as_str().unwrap_or(""),
+                tier[1],
+                x["faults"],
+                x["evictions"],
+                x["sample_parks"]
+            );
+        }
+    }
+    std::fs::write(out.join("timeline.csv"), t)?;
+    std::fs::write(out.join("summary.txt"), summary(p))?;
+    // Plots: optional (matplotlib); the numbers above do not depend on them.
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../python/attune_profile_plot.py"
+    );
+    let installed = std::env::current_exe().ok().and_then(|e| {
+        e.parent()
+            .map(|b| b.join("../share/attune/python/attune_profile_plot.py"))
+    });
+    let path = installed
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from(script));
+    if path.exists() {
+        let ok = std::process::Command::new("python3")
+            .arg(&path)
+            .arg(out)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok {
+            eprintln!("attune profile: plots skipped (python3 with matplotlib not available)");
+        }
+    }
+    Ok(())
+}
+
+fn pct(v: &Value) -> String {
+    v.as_f64()
+        .map(|x| format!("{:.1}%", 100.0 * x))
+        .unwrap_or("-".into())
+}
+
+fn summary(p: &Value) -> String {
+    let mut s = String::new();
+    let sm = &p["sampling"];
+    s += &format!(
+        "profile of {}: exit {}, {:.2} s\n",
+        p["command"]
+            .as_array()
+            .map(|c| c
+                .iter()
+                .filter_map(|x| x.as_str())
+                .collect::<Vec<_>>()
+                .join(" "))
+            .unwrap_or_default(),
+        p["exit"],
+        p["wall_seconds"].as_f64().unwrap_or(0.0)
+    );
+    s += &format!(
+        "accesses (sampled: {} parks, {} touched, delivery floor {} us): hottest 10% of pages take {}, 20% take {}, 50% take {}\n",
+        sm["parks"], sm["hits"], sm["delivery_floor_us"], pct(&p["top10_share"]), pct(&p["top20_share"]), pct(&p["top50_share"])
+    );
+    let t = &p["tier_access_share"];
+    s += &format!(
+        "far tier: about {} of accesses; capacity ratio {}, bandwidth ratio {}\n",
+        pct(&t["far_estimated"]),
+        pct(&t["capacity_ratio"]),
+        pct(&t["bandwidth_ratio"])
+    );
+    s += &format!(
+        "page faults: {} by Attune, {} minor and {} major in the kernel\n",
+        p["faults"]["attune"], p["faults"]["os_minor"], p["faults"]["os_major"]
+    );
+    for r in p["regions"].as_array().into_iter().flatten() {
+        s += &format!(
+            "region {} {} MiB ({}): {} of accesses, top 10% of it {} -> suggest {}{} ({})\n",
+            r["address"].as_str().unwrap_or("?"),
+            r["size"].as_u64().unwrap_or(0) >> 20,
+            r["flags"].as_str().unwrap_or(""),
+            pct(&r["access_share"]),
+            pct(&r["top10_share"]),
+            r["suggested_flags"].as_str().unwrap_or(""),
+            r["suggested_hot_share"]
+                .as_f64()
+                .map(|h| format!(" (hot part {:.0}%)", 100.0 * h))
+                .unwrap_or_default(),
+            r["why"].as_str().unwrap_or("")
+        );
+    }
+    s += "sources: accesses from Attune's sampler; faults from the kernel's per-process counts; no hardware counters\n";
+    s
+}

@@ -1,0 +1,366 @@
+//! Access heat from samples: per-chunk rates, the bandwidth-capacity curve (share of
+//! accesses against share of pages, hottest first), and flags suggested per region.
+//! Pure functions of sample counts; the sampler itself is `attune::sample`.
+
+use crate::Flags;
+
+/// Accesses per second of a chunk: hits over exposure (the maximum-likelihood rate of a
+/// Poisson process whose first touch after each park is timed, censored at the window).
+/// None when the chunk was never sampled to the end.
+pub fn rate(hits: u32, exposure_ns: u64) -> Option<f64> {
+    if exposure_ns == 0 {
+        return None;
+    }
+    Some(hits as f64 / (exposure_ns as f64 / 1e9))
+}
+
+/// The delivery floor from a histogram of hit delays in 1 us buckets: the first bucket
+/// with a hit, in ns.
+pub fn delay_floor_ns(hist_us: &[u64]) -> u64 {
+    hist_us.iter().position(|&n| n > 0).unwrap_or(0) as u64 * 1000
+}
+
+/// The distribution of access rates over chunks, estimated from every sampled chunk at
+/// once: a nonparametric maximum-likelihood mixture (EM over a fixed log-spaced grid of
+/// rates, plus zero). A chunk with `h` touches over exposure `E` has likelihood
+/// `rate^h * exp(-rate * E)` (Poisson touches, censored waits), whatever the number of
+/// samples, so chunks sampled once still count at their right weight. Ranking chunks by
+/// their own noisy estimate instead would favour lucky short delays (a uniform program
+/// looked skewed that way). Returns (rate per second, share of chunks), shares summing to 1.
+pub fn rate_mixture(cells: &[(u32, u64)], floor_ns: u64) -> Vec<(f64, f64)> {
+    let obs: Vec<(f64, f64)> = cells
+        .iter()
+        .filter(|c| c.1 > 0)
+        .map(|&(h, e)| {
+            let h = h as f64;
+            let e = (e as f64 - h * floor_ns as f64).max(h * 500.0).max(1.0) / 1e9;
+            (h, e)
+        })
+        .collect();
+    if obs.is_empty() {
+        return Vec::new();
+    }
+    let mut grid = vec![0.0f64];
+    let k = 90;
+    for i in 0..k {
+        grid.push(10f64.powf(-1.0 + 8.0 * i as f64 / (k - 1) as f64)); // 0.1 to 1e7 per second
+    }
+    // Likelihoods, scaled per chunk by its largest one (stability).
+    let lik: Vec<Vec<f64>> = obs
+        .iter()
+        .map(|&(h, e)| {
+            let ll: Vec<f64> = grid
+                .iter()
+                .map(|&r| {
+                    if r == 0.0 {
+                        if h == 0.0 {
+                            0.0
+                        } else {
+                            f64::NEG_INFINITY
+                        }
+                    } else {
+                        h * r.ln() - r * e
+                    }
+                })
+                .collect();
+            let m = ll.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            ll.iter().map(|x| (x - m).exp()).collect()
+        })
+        .collect();
+    let mut w = vec![1.0 / grid.len() as f64; grid.len()];
+    let mut next = vec![0.0; grid.len()];
+    for _ in 0..400 {
+        next.iter_mut().for_each(|x| *x = 0.0);
+        for l in &lik {
+            let z: f64 = l.iter().zip(&w).map(|(a, b)| a * b).sum();
+            if z > 0.0 {
+                for j in 0..grid.len() {
+                    next[j] += w[j] * l[j] / z;
+                }
+            }
+        }
+        let n = lik.len() as f64;
+        for j in 0..grid.len() {
+            w[j] = next[j] / n;
+        }
+    }
+    grid.into_iter().zip(w).filter(|x| x.1 > 1e-9).collect()
+}
+
+/// The curve of a rate mixture (rates with shares of chunks), as [`access_curve`].
+pub fn mixture_curve(mix: &[(f64, f64)], points: usize) -> Vec<CurvePoint> {
+    let points = points.max(1);
+    let mut m: Vec<(f64, f64)> = mix.to_vec();
+    m.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal));
+    let wsum: f64 = m.iter().map(|x| x.1).sum();
+    let total: f64 = m.iter().map(|x| x.0 * x.1).sum();
+    (0..=points)
+        .map(|i| {
+            let p = i as f64 / points as f64;
+            if total <= 0.0 || wsum <= 0.0 {
+                return CurvePoint {
+                    pages: p,
+                    accesses: p,
+                };
+            }
+            let mut left = p * wsum;
+            let mut acc = 0.0;
+            for &(r, w) in &m {
+                let take = w.min(left);
+                acc += r * take;
+                left -= take;
+                if left <= 0.0 {
+                    break;
+                }
+            }
+            CurvePoint {
+                pages: p,
+                accesses: (acc / total).min(1.0),
+            }
+        })
+        .collect()
+}
+
+/// A point of the curve: the hottest `pages` share of the footprint takes `accesses`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CurvePoint {
+    pub pages: f64,
+    pub accesses: f64,
+}
+
+/// The curve over chunks of equal weight (`rates` in any order), at `points` + 1 evenly
+/// spaced page shares from 0 to 1. Empty input or no accesses: the diagonal.
+pub fn access_curve(rates: &[f64], points: usize) -> Vec<CurvePoint> {
+    let points = points.max(1);
+    let mut r: Vec<f64> = rates
+        .iter()
+        .copied()
+        .filter(|x| x.is_finite() && *x >= 0.0)
+        .collect();
+    r.sort_by(|a, b| b.partial_cmp(a).unwrap_or(std::cmp::Ordering::Equal));
+    let total: f64 = r.iter().sum();
+    (0..=points)
+        .map(|i| {
+            let p = i as f64 / points as f64;
+            let a = if r.is_empty() || total <= 0.0 {
+                p
+            } else {
+                share_of_top(&r, total, p)
+            };
+            CurvePoint {
+                pages: p,
+                accesses: a,
+            }
+        })
+        .collect()
+}
+
+/// Share of `total` in the hottest `p` of `sorted` (descending), counting a fractional
+/// last chunk.
+fn share_of_top(sorted: &[f64], total: f64, p: f64) -> f64 {
+    let x = p * sorted.len() as f64;
+    let whole = x.floor() as usize;
+    let mut s: f64 = sorted[..whole.min(sorted.len())].iter().sum();
+    if whole < sorted.len() {
+        s += sorted[whole] * (x - whole as f64);
+    }
+    (s / total).min(1.0)
+}
+
+/// Share of accesses taken by the hottest `p` of the pages, read off a curve.
+pub fn accesses_at(curve: &[CurvePoint], p: f64) -> f64 {
+    for w in curve.windows(2) {
+        if p <= w[1].pages {
+            let f = if w[1].pages > w[0].pages {
+                (p - w[0].pages) / (w[1].pages - w[0].pages)
+            } else {
+                0.0
+            };
+            return w[0].accesses + f * (w[1].accesses - w[0].accesses);
+        }
+    }
+    curve.last().map(|c| c.accesses).unwrap_or(p)
+}
+
+/// What the profiler suggests for one region.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Suggestion {
+    pub flags: Flags,
+    /// For a split: the hot part's share of the region (LAT) and the rest (CAP).
+    pub hot_share: Option<f64>,
+    pub why: &'static str,
+}
+
+/// Flags for a region from its curve (fine-grained: 100 points) and its share of the whole footprint's
+/// accesses and bytes. The rules (docs/design.md, "Profiler"):
+/// * a small hot part (20% of the region or less takes 80% of its accesses): split, LAT
+///   for that part and CAP for the rest (IMME's early-sampling example);
+/// * accessed far more than its size (density 2x or more): LAT when it is small (under
+///   10% of the footprint), BW otherwise;
+/// * accessed far less than its size (density 0.25x or less): CAP;
+/// * spread evenly and accessed about as much as its size: BW.
+pub fn suggest(curve: &[CurvePoint], access_share: f64, byte_share: f64) -> Suggestion {
+    let top20 = accesses_at(curve, 0.2);
+    let density = if byte_share > 0.0 {
+        access_share / byte_share
+    } else {
+        0.0
+    };
+    if top20 >= 0.8 && access_share > 0.0 {
+        // The smallest share taking 80% of accesses, rounded up to a percent.
+        let hot = curve
+            .iter()
+            .find(|c| c.accesses >= 0.8)
+            .map(|c| c.pages)
+            .unwrap_or(0.2);
+        return Suggestion {
+            flags: Flags(Flags::LAT.0 | Flags::CAP.0),
+            hot_share: Some(hot),
+            why: "a small part takes most accesses: LAT for it, CAP for the rest",
+        };
+    }
+    if density >= 2.0 {
+        if byte_share < 0.1 {
+            return Suggestion {
+                flags: Flags::LAT,
+                hot_share: None,
+                why: "hot and small",
+            };
+        }
+        return Suggestion {
+            flags: Flags::BW,
+            hot_share: None,
+            why: "hot and large: spread over tiers by bandwidth",
+        };
+    }
+    if density <= 0.25 {
+        return Suggestion {
+            flags: Flags::CAP,
+            hot_share: None,
+            why: "cold: the capacity tier",
+        };
+    }
+    Suggestion {
+        flags: Flags::BW,
+        hot_share: None,
+        why: "accessed evenly, in proportion to its size",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_is_hits_over_exposure() {
+        assert_eq!(rate(0, 0), None);
+        assert_eq!(rate(10, 1_000_000_000), Some(10.0));
+        assert_eq!(rate(0, 20_000_000), Some(0.0));
+    }
+
+    #[test]
+    fn curve_of_known_distributions() {
+        // 10 chunks, one takes 90%.
+        let mut r = vec![1.0; 9];
+        r.push(81.0);
+        let c = access_curve(&r, 10);
+        assert_eq!(
+            c[0],
+            CurvePoint {
+                pages: 0.0,
+                accesses: 0.0
+            }
+        );
+        assert!((c[1].accesses - 0.9).abs() < 1e-9);
+        assert!((c[10].accesses - 1.0).abs() < 1e-9);
+        // Uniform: the diagonal.
+        let u = access_curve(&[5.0; 8], 4);
+        for p in u {
+            assert!((p.accesses - p.pages).abs() < 1e-9);
+        }
+        // Nothing sampled: the diagonal too.
+        assert_eq!(access_curve(&[], 2)[1].accesses, 0.5);
+        // Fractional chunk at the boundary.
+        assert!((accesses_at(&access_curve(&[3.0, 1.0], 2), 0.25) - 0.375).abs() < 1e-9);
+    }
+
+    #[test]
+    fn delay_floor_is_the_first_bucket_with_a_hit() {
+        assert_eq!(delay_floor_ns(&[0, 0, 3, 1]), 2000);
+        assert_eq!(delay_floor_ns(&[]), 0);
+    }
+
+    /// Cells of chunks with the given rates, `samples` parks each, window 20 ms, delays
+    /// drawn from a fixed generator (the test cannot flake).
+    fn simulate(rates: &[f64], samples: usize) -> Vec<(u32, u64)> {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let window = 0.02;
+        rates
+            .iter()
+            .map(|&r| {
+                let (mut h, mut e) = (0u32, 0.0f64);
+                for _ in 0..samples {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let u = ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+                    let d = if r > 0.0 { -u.ln() / r } else { f64::INFINITY };
+                    if d <= window {
+                        h += 1;
+                        e += d;
+                    } else {
+                        e += window;
+                    }
+                }
+                (h, (e * 1e9) as u64)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn mixture_recovers_skewed_and_uniform_curves_from_single_samples() {
+        // 10% of chunks at 10k/s, 90% at 123/s: the hot 10% take 90%.
+        let mut rates = vec![10_000.0; 400];
+        rates.extend(vec![10_000.0 / 81.0; 3600]);
+        let c = mixture_curve(&rate_mixture(&simulate(&rates, 1), 0), 100);
+        assert!(
+            (accesses_at(&c, 0.1) - 0.9).abs() < 0.05,
+            "{:?}",
+            accesses_at(&c, 0.1)
+        );
+        // Uniform at 2k/s: the diagonal (ranking by own estimate gave ~0.5 at 10% here).
+        let u = mixture_curve(&rate_mixture(&simulate(&[2_000.0; 4000], 1), 0), 100);
+        assert!(accesses_at(&u, 0.1) < 0.2, "{:?}", accesses_at(&u, 0.1));
+        assert!((accesses_at(&u, 0.5) - 0.5).abs() < 0.1);
+        // Untouched chunks are a zero-rate component.
+        let mut z = vec![1_000.0; 500];
+        z.extend(vec![0.0; 500]);
+        let zc = mixture_curve(&rate_mixture(&simulate(&z, 2), 0), 100);
+        assert!(accesses_at(&zc, 0.5) > 0.95);
+        assert!(rate_mixture(&[], 0).is_empty());
+    }
+
+    #[test]
+    fn suggestions_table() {
+        let mut skewed = vec![1.0; 90];
+        skewed.extend(vec![81.0; 10]);
+        let cases: Vec<(Vec<f64>, f64, f64, Flags)> = vec![
+            (skewed, 0.5, 0.5, Flags(Flags::LAT.0 | Flags::CAP.0)),
+            (vec![10.0; 50], 0.5, 0.05, Flags::LAT),
+            (vec![10.0; 50], 0.8, 0.3, Flags::BW),
+            (vec![10.0; 50], 0.05, 0.5, Flags::CAP),
+            (vec![10.0; 50], 0.4, 0.4, Flags::BW),
+        ];
+        for (rates, a, b, want) in cases {
+            assert_eq!(
+                suggest(&access_curve(&rates, 100), a, b).flags,
+                want,
+                "{a} {b}"
+            );
+        }
+        let hot_one = [100.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+        let s = suggest(&access_curve(&hot_one, 100), 0.5, 0.5);
+        let h = s.hot_share.unwrap();
+        assert!(h > 0.05 && h <= 0.1, "{h}");
+    }
+}

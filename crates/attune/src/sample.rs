@@ -1,0 +1,152 @@
+//! Access sampling of resident pages (mechanism; estimates in `attune_policy::heat`).
+//!
+//! Faults only show accesses to pages that are not resident. To see the rest, the sampler
+//! thread parks a random resident, unpinned chunk at a steady rate: it moves the chunk to
+//! the far tier exactly as an eviction would and notes the time. The application's next
+//! touch faults it back (the ordinary fault path); [`on_placed`] times that touch. A chunk
+//! not touched within the window is a censored sample. Per chunk, hits / exposure is the
+//! maximum-likelihood rate of a Poisson access process observed that way, and unlike a
+//! referenced bit it does not saturate for hot pages: a hot chunk's touch comes after
+//! microseconds, a cold one's after the window or never.
+//!
+//! Cost: one chunk move out and (if touched) one fault back per sample; at 1000 samples
+//! a second and 64 KiB chunks that is about 1-2% of one core (docs/benchmarks.md).
+//! A parked chunk that is not touched again stays in the far tier, as an evicted one would.
+
+use crate::engine::Engine;
+use crate::region::{Region, Where};
+use attune_sys::os::now_ns;
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The sampler thread: parks `sample_rate` chunks a second, closes expired samples.
+pub fn sampler_loop(e: &'static Engine) {
+    let rate = e.cfg.sample_rate as f64;
+    let window = e.cfg.sample_window_us * 1000;
+    let mut rng = now_ns() | 1;
+    let mut credit = 0.0f64;
+    let mut last = now_ns();
+    let mut pending: VecDeque<(Arc<Region>, usize, u64)> = VecDeque::new();
+    loop {
+        std::thread::sleep(Duration::from_millis(1));
+        let now = now_ns();
+        credit = (credit + rate * now.saturating_sub(last) as f64 / 1e9).min(rate / 100.0 + 1.0);
+        last = now;
+        expire(&mut pending, now, window);
+        let regions: Vec<Arc<Region>> = {
+            let t = e.regions.read().unwrap_or_else(|p| p.into_inner());
+            t.iter()
+                .filter(|r| r.samples.enabled() && !r.freed.load(Acquire))
+                .cloned()
+                .collect()
+        };
+        let total: usize = regions.iter().map(|r| r.chunks()).sum();
+        if total == 0 {
+            credit = 0.0;
+            continue;
+        }
+        while credit >= 1.0 {
+            credit -= 1.0;
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let mut k = (rng % total as u64) as usize;
+            let Some(r) = regions.iter().find(|r| {
+                if k < r.chunks() {
+                    true
+                } else {
+                    k -= r.chunks();
+                    false
+                }
+            }) else {
+                continue;
+            };
+            if let Some(t) = park(e, r, k) {
+                pending.push_back((r.clone(), k, t));
+            }
+        }
+    }
+}
+
+/// Parks chunk `c` if it is resident, unpinned and not already a sample; its park time.
+fn park(e: &Engine, r: &Region, c: usize) -> Option<u64> {
+    let s = r.state(c);
+    if s.place() != Where::Resident || s.pinned() || r.samples.parked_at[c].load(Relaxed) != 0 {
+        return None;
+    }
+    if !r.cas(c, s, s.with(Where::Evicting, 0)) {
+        return None;
+    }
+    // Noted before the move: while the chunk is Evicting a touch waits, so the fault that
+    // follows always finds the note.
+    let t = now_ns();
+    r.samples.parked_at[c].store(t, Release);
+    if crate::evict::park_chunk(e, r, c) {
+        r.samples.parks[c].fetch_add(1, Relaxed);
+        // The clock starts when the chunk is out, not while it was being moved (a touch
+        // meanwhile waited). If a touch already took the note, it keeps the early time.
+        let out = now_ns();
+        match r.samples.parked_at[c].compare_exchange(t, out, AcqRel, Relaxed) {
+            Ok(_) => Some(out),
+            Err(_) => None,
+        }
+    } else {
+        r.samples.parked_at[c].store(0, Release);
+        None
+    }
+}
+
+/// Samples older than the window that no touch closed: censored, exposure = window.
+fn expire(pending: &mut VecDeque<(Arc<Region>, usize, u64)>, now: u64, window: u64) {
+    while let Some((r, c, t)) = pending.front() {
+        if now.saturating_sub(*t) < window {
+            break;
+        }
+        if r.samples.parked_at[*c]
+            .compare_exchange(*t, 0, AcqRel, Relaxed)
+            .is_ok()
+        {
+            r.samples.exposure_ns[*c].fetch_add(window, Relaxed);
+        }
+        pending.pop_front();
+    }
+}
+
+/// Called by the fault path when chunks `[c, c+n)` were placed: a parked chunk's touch
+/// (only `c` was touched; the others came by read-ahead and are closed untouched).
+/// `fault_ns` is when the fault path took the fault (before reclaim and the load, which
+/// are not the application's delay). Signal-safe: atomics only.
+pub fn on_placed(e: &Engine, r: &Region, c: usize, n: usize, fault_ns: u64) {
+    let window = e.cfg.sample_window_us * 1000;
+    let now = fault_ns;
+    for i in 0..n {
+        let t = r.samples.parked_at[c + i].swap(0, AcqRel);
+        if t == 0 {
+            continue;
+        }
+        let d = now.saturating_sub(t);
+        if i == 0 && d <= window {
+            r.samples.hits[c].fetch_add(1, Relaxed);
+            r.samples.exposure_ns[c].fetch_add(d.max(1), Relaxed);
+            e.counters.sample_hits.fetch_add(1, Relaxed);
+            e.counters.sample_delay_us[((d / 1000) as usize).min(31)].fetch_add(1, Relaxed);
+        } else {
+            r.samples.exposure_ns[c + i].fetch_add(d.min(window), Relaxed);
+        }
+    }
+}
+
+/// Per-chunk (hits, exposure in ns, parks) of a region, for reports.
+pub fn cells(r: &Region) -> Vec<(u32, u64, u32)> {
+    (0..r.samples.hits.len())
+        .map(|c| {
+            (
+                r.samples.hits[c].load(Relaxed),
+                r.samples.exposure_ns[c].load(Relaxed),
+                r.samples.parks[c].load(Relaxed),
+            )
+        })
+        .collect()
+}

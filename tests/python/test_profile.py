@@ -1,0 +1,60 @@
+"""attune profile on programs with a known access distribution: 10% of the pages take 90%
+of the accesses (the curve is recovered within the tolerance in docs/design.md), and a
+uniform one; the data stays intact under sampling; outputs and exit status."""
+import json
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ATT = os.path.join(ROOT, "build", "bin", "attune")
+pytestmark = pytest.mark.skipif(not os.path.exists(ATT), reason="make build first")
+
+
+@pytest.fixture(scope="module")
+def skewed(tmp_path_factory):
+    exe = tmp_path_factory.mktemp("bin") / "skewed"
+    subprocess.run(["gcc", "-O2", os.path.join(ROOT, "tests", "run", "skewed.c"), "-o", str(exe)], check=True)
+    return str(exe)
+
+
+def profile(tmp_path, *prog, extra=()):
+    r = subprocess.run([ATT, "profile", "--json", "--out", str(tmp_path), "--dram", "1G", *extra, "--", *prog],
+                       capture_output=True, text=True, timeout=300)
+    return r
+
+
+def test_skewed_curve_recovered(tmp_path, skewed):
+    r = profile(tmp_path, skewed, "128", "4")
+    assert r.returncode == 0, r.stderr
+    assert "skewed: OK" in r.stdout            # checksum across thousands of parked samples
+    p = json.loads(r.stdout[r.stdout.index("{"):])
+    print("top10", p["top10_share"], "top20", p["top20_share"], "sampling", p["sampling"])
+    # Truth: 0.900 at 10% of pages, 0.911 at 20%. Tolerance 0.1 and 0.05 (measured here:
+    # 0.86-0.88 and 0.89-0.90; the hottest pages are under-resolved by the delivery floor).
+    assert abs(p["top10_share"] - 0.90) <= 0.10
+    assert abs(p["top20_share"] - 0.911) <= 0.05
+    (reg,) = p["regions"]
+    assert reg["suggested_flags"] == "LAT,CAP" and 0.05 <= reg["suggested_hot_share"] <= 0.2
+    for f in ("profile.json", "curve.csv", "timeline.csv", "summary.txt"):
+        assert (tmp_path / f).stat().st_size > 0
+    assert p["timeline"] and p["sources"]["hardware_counters"].startswith("not used")
+
+
+def test_uniform_curve_is_near_the_diagonal(tmp_path, skewed):
+    r = profile(tmp_path, skewed, "64", "3", "50", "50")   # 50% of pages take 50%
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout[r.stdout.index("{"):])
+    print("top10", p["top10_share"], "top50", p["top50_share"])
+    assert p["top10_share"] < 0.3 and abs(p["top50_share"] - 0.5) < 0.15
+    assert p["regions"][0]["suggested_flags"] != "LAT,CAP"
+
+
+def test_exit_status_and_bad_input(tmp_path):
+    r = subprocess.run([ATT, "profile", "--out", str(tmp_path), "--", "sh", "-c", "exit 3"], capture_output=True, text=True)
+    assert r.returncode == 3
+    r = subprocess.run([ATT, "profile", "--rate", "0", "--", "true"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--rate 0" in r.stderr
+    r = subprocess.run([ATT, "profile", "--out", str(tmp_path), "--", "/no/such/prog"], capture_output=True, text=True)
+    assert r.returncode == 127
