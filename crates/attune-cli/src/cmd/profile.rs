@@ -197,10 +197,7 @@ fn analyze(procs: &[Value], wall: f64, code: i32, a: &Args) -> Value {
     }
     // Accesses served by each tier: far-tier touches are the faults that were not the
     // sampler's own (estimated); the rest were served from DRAM.
-    let faults: u64 = procs
-        .iter()
-        .map(|p| p["faults"].as_u64().unwrap_or(0))
-        .sum();
+    let faults = super::run::sum(procs, "faults");
     let sample_hits: u64 = procs
         .iter()
         .map(|p| {
@@ -236,29 +233,9 @@ fn analyze(procs: &[Value], wall: f64, code: i32, a: &Args) -> Value {
             .first()
             .map(|t| t["bandwidth"].as_f64().unwrap_or(0.0))
             .unwrap_or(0.0);
-    let timeline: Vec<Value> = procs
-        .iter()
-        .flat_map(|p| {
-            let pid = p["pid"].clone();
-            p["timeline"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .map(move |mut t| {
-                    t["pid"] = pid.clone();
-                    t
-                })
-        })
-        .collect();
-    let minor: u64 = procs
-        .iter()
-        .map(|p| p["os_minor_faults"].as_u64().unwrap_or(0))
-        .sum();
-    let major: u64 = procs
-        .iter()
-        .map(|p| p["os_major_faults"].as_u64().unwrap_or(0))
-        .sum();
+    let timeline = super::run::with_pid(procs, "timeline");
+    let minor = super::run::sum(procs, "os_minor_faults");
+    let major = super::run::sum(procs, "os_major_faults");
     json!({
         "schema": "attune-profile/1",
         "command": a.command, "exit": code, "wall_seconds": wall,

@@ -384,7 +384,26 @@ fn gather(dir: &Path) -> Vec<Value> {
     v
 }
 
-fn sum(procs: &[Value], key: &str) -> u64 {
+/// The entries of each process's array `key`, each tagged with the process's pid.
+pub fn with_pid(procs: &[Value], key: &str) -> Vec<Value> {
+    procs
+        .iter()
+        .flat_map(|p| {
+            let pid = p["pid"].clone();
+            p[key]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |mut r| {
+                    r["pid"] = pid.clone();
+                    r
+                })
+        })
+        .collect()
+}
+
+pub fn sum(procs: &[Value], key: &str) -> u64 {
     procs.iter().map(|p| p[key].as_u64().unwrap_or(0)).sum()
 }
 
@@ -419,21 +438,7 @@ pub fn build_report(
             }
         }
     }
-    let mut top: Vec<Value> = procs
-        .iter()
-        .flat_map(|p| {
-            let pid = p["pid"].clone();
-            p["top_regions"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .map(move |mut r| {
-                    r["pid"] = pid.clone();
-                    r
-                })
-        })
-        .collect();
+    let mut top: Vec<Value> = with_pid(&procs, "top_regions");
     top.sort_by_key(|r| {
         std::cmp::Reverse((
             r["heat"].as_u64().unwrap_or(0),
