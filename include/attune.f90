@@ -21,5 +21,15 @@ module attune
       integer(c_size_t), value :: len
       integer(c_int) :: attune_prefetch
     end function
+    ! Phases for attune profile: pass a C string, e.g. "solve"//c_null_char.
+    function attune_phase_begin(name) bind(C, name="attune_phase_begin")
+      import :: c_char, c_int
+      character(kind=c_char), dimension(*) :: name
+      integer(c_int) :: attune_phase_begin
+    end function
+    function attune_phase_end() bind(C, name="attune_phase_end")
+      import :: c_int
+      integer(c_int) :: attune_phase_end
+    end function
   end interface
 end module attune

@@ -117,6 +117,13 @@ int attune_tier_stats(int index, attune_tier_stats_t *out);
 /* JSON of all tiers' statistics into buf (NUL-terminated); returns the full length. */
 int attune_stats_json(char *buf, size_t len);
 
+/* Phases for `attune profile`: each phase gets its own access curve. Phases do not nest
+ * (a begin ends the open phase). 0, or -1 with errno EINVAL (no name; end with none open).
+ * A program run under `attune profile` without linking libattune can declare them
+ * __attribute__((weak)) and call them when they are non-NULL (the profiler provides them). */
+int attune_phase_begin(const char *name);
+int attune_phase_end(void);
+
 const char *attune_last_error(void);
 const char *attune_strerror(int err);
 

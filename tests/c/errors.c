@@ -22,6 +22,9 @@ int main(void) {
     int on_stack;
     errno = 0; free_TM(&on_stack); CHECK(errno == EINVAL, "foreign pointer: errno %d", errno);
     errno = 0; CHECK(attune_free(&on_stack) == -1 && errno == EINVAL, "attune_free foreign");
+    errno = 0; CHECK(attune_phase_end() == -1 && errno == EINVAL, "phase end with none open");
+    errno = 0; CHECK(attune_phase_begin(NULL) == -1 && errno == EINVAL, "phase without a name");
+    CHECK(attune_phase_begin("solve") == 0 && attune_phase_begin("next") == 0 && attune_phase_end() == 0, "phases");
     errno = 0; CHECK(attune_free((char *)keep + 4096) == -1 && errno == EINVAL, "interior pointer");
     CHECK(strstr(attune_last_error(), "inside") != NULL, "message: %s", attune_last_error());
     errno = 0; CHECK(attune_free(small + 8) == -1 && errno == EINVAL, "interior small pointer");

@@ -51,6 +51,27 @@ def test_uniform_curve_is_near_the_diagonal(tmp_path, skewed):
     assert p["regions"][0]["suggested_flags"] != "LAT,CAP"
 
 
+def test_phases_get_their_own_curves(tmp_path, skewed):
+    r = subprocess.run([ATT, "profile", "--json", "--out", str(tmp_path), "--dram", "1G", "--", skewed, "64", "3"],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "PHASES": "1"})
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout[r.stdout.index("{"):])
+    ph = {x["name"]: x for x in p["phases"]}
+    print({k: (v["top10_share"], v["sampled_chunks"], v["seconds"]) for k, v in ph.items()})
+    assert set(ph) == {"uniform", "skewed"}
+    assert ph["uniform"]["top10_share"] < 0.3
+    assert ph["skewed"]["top10_share"] > 0.75
+    assert 2.5 < ph["skewed"]["seconds"] < 4
+
+
+def test_phase_calls_without_sampling():
+    # Under plain attune run the phase symbols exist too; ending with none open is EINVAL.
+    r = subprocess.run(["python3", "-c", "import ctypes, sys; lib = ctypes.CDLL(None); "
+                        "print(lib.attune_phase_end(), lib.attune_phase_begin(b'x'), lib.attune_phase_end())"],
+                       capture_output=True, text=True, env={**os.environ, "LD_PRELOAD": os.path.join(ROOT, "build", "lib", "libattune_preload.so")})
+    assert r.stdout.split() == ["-1", "0", "0"], r.stdout + r.stderr
+
+
 def test_exit_status_and_bad_input(tmp_path):
     r = subprocess.run([ATT, "profile", "--out", str(tmp_path), "--", "sh", "-c", "exit 3"], capture_output=True, text=True)
     assert r.returncode == 3

@@ -1,11 +1,22 @@
 /* A program with a known access distribution: HOT% of its pages take SHARE% of its
  * random accesses (default 10% and 90%), for SECONDS seconds, then an integrity check
  * (every access adds 1 to a word; the sum must equal the number of accesses).
+ * With PHASES=1 in the environment: first a "uniform" phase (every page alike) for the
+ * same time, then the "skewed" phase, marked with attune_phase_begin/end (weak symbols:
+ * present under `attune profile`, absent otherwise).
  *   skewed MIB SECONDS [HOT_PERCENT SHARE_PERCENT]                                    */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+
+int attune_phase_begin(const char *name) __attribute__((weak));
+int attune_phase_end(void) __attribute__((weak));
+
+static void phase(const char *name) {
+    if (name && attune_phase_begin) attune_phase_begin(name);
+    if (!name && attune_phase_end) attune_phase_end();
+}
 
 static double now(void) {
     struct timespec t;
@@ -30,6 +41,19 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < words; i++) a[i] = 0;
     uint64_t x = 88172645463325252ull, n = 0;
+    if (getenv("PHASES")) {
+        phase("uniform");
+        double end = now() + secs;
+        while (now() < end) {
+            for (int k = 0; k < 4096; k++) {
+                x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+                a[((x >> 32) % pages) * 512 + ((x >> 20) & 511)] += 1;
+                n++;
+            }
+        }
+        phase(NULL);
+        phase("skewed");
+    }
     uint32_t cut = (uint32_t)(share * 4294967295.0);
     double end = now() + secs;
     while (now() < end) {
@@ -41,6 +65,7 @@ int main(int argc, char **argv) {
             n++;
         }
     }
+    if (getenv("PHASES")) phase(NULL);
     uint64_t sum = 0;
     for (size_t i = 0; i < words; i++) sum += a[i];
     if (sum != n) {

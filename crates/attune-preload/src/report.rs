@@ -92,6 +92,7 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "top_regions": top,
         "timeline": TIMELINE.lock().map(|t| t.clone()).unwrap_or_default(),
         "sampling": sampling(),
+        "phases": phases(),
     })
 }
 
@@ -120,6 +121,34 @@ fn timeline_point() -> serde_json::Value {
         "os_minor_faults": minflt,
         "os_major_faults": majflt,
     })
+}
+
+/// Phases marked by the program, with the samples taken during each.
+fn phases() -> serde_json::Value {
+    let start = START_NS.load(Relaxed);
+    attune::runtime::phases()
+        .into_iter()
+        .map(|p| {
+            let regions: Vec<serde_json::Value> = p
+                .regions
+                .iter()
+                .map(|(base, chunk, cells)| {
+                    json!({
+                        "address": format!("{base:#x}"),
+                        "chunk_size": chunk,
+                        "hits": cells.iter().map(|c| c.0).collect::<Vec<_>>(),
+                        "exposure_us": cells.iter().map(|c| c.1 / 1000).collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+            json!({
+                "name": p.name,
+                "begin_s": p.begin_ns.saturating_sub(start) as f64 / 1e9,
+                "end_s": p.end_ns.saturating_sub(start) as f64 / 1e9,
+                "regions": regions,
+            })
+        })
+        .collect()
 }
 
 /// Per-chunk sample counts of each sampled region (compact arrays).

@@ -608,3 +608,98 @@ pub fn sampling_cells() -> Vec<SampledRegion> {
         })
         .collect()
 }
+
+/// A phase of the program marked with `attune_phase_begin/end`: its span and the access
+/// samples taken during it (per sampled region, per chunk (hits, exposure ns)).
+#[derive(Clone, Debug)]
+pub struct PhaseMark {
+    pub name: String,
+    pub begin_ns: u64,
+    pub end_ns: u64,
+    pub regions: Vec<(usize, usize, Vec<(u32, u64)>)>,
+}
+
+struct Phases {
+    open: Option<(String, u64, Vec<SampledRegion>)>,
+    done: Vec<PhaseMark>,
+}
+
+static PHASES: std::sync::Mutex<Phases> = std::sync::Mutex::new(Phases {
+    open: None,
+    done: Vec::new(),
+});
+
+/// Starts phase `name` (ending the open one, if any: phases do not nest).
+pub fn phase_begin(name: &str) -> Result<(), Errno> {
+    if name.is_empty() || name.len() > 256 {
+        return Err(Errno(libc::EINVAL));
+    }
+    let now = attune_sys::os::now_ns();
+    let cells = sampling_cells();
+    let mut p = PHASES.lock().unwrap_or_else(|p| p.into_inner());
+    close_phase(&mut p, now, &cells);
+    p.open = Some((name.to_string(), now, cells));
+    Ok(())
+}
+
+/// Ends the open phase; EINVAL when none is open.
+pub fn phase_end() -> Result<(), Errno> {
+    let now = attune_sys::os::now_ns();
+    let cells = sampling_cells();
+    let mut p = PHASES.lock().unwrap_or_else(|p| p.into_inner());
+    if p.open.is_none() {
+        return Err(Errno(libc::EINVAL));
+    }
+    close_phase(&mut p, now, &cells);
+    Ok(())
+}
+
+fn close_phase(p: &mut Phases, now: u64, at_end: &[SampledRegion]) {
+    let Some((name, begin, at_begin)) = p.open.take() else {
+        return;
+    };
+    // The phase's samples: counts at the end minus counts at the start (a region
+    // allocated during the phase counts whole).
+    let regions = at_end
+        .iter()
+        .map(|(base, _, chunk, _, end)| {
+            let start = at_begin
+                .iter()
+                .find(|r| r.0 == *base && r.4.len() == end.len());
+            let cells = end
+                .iter()
+                .enumerate()
+                .map(|(i, e)| {
+                    let s = start.map(|r| r.4[i]).unwrap_or((0, 0, 0));
+                    (e.0.saturating_sub(s.0), e.1.saturating_sub(s.1))
+                })
+                .collect();
+            (*base, *chunk, cells)
+        })
+        .collect();
+    if p.done.len() < 1024 {
+        p.done.push(PhaseMark {
+            name,
+            begin_ns: begin,
+            end_ns: now,
+            regions,
+        });
+    }
+}
+
+/// Phases so far (closed ones; the open one is closed at the time of the call in the copy).
+pub fn phases() -> Vec<PhaseMark> {
+    let (mut out, open) = {
+        let p = PHASES.lock().unwrap_or_else(|p| p.into_inner());
+        (p.done.clone(), p.open.clone())
+    };
+    if let Some((name, begin, at_begin)) = open {
+        let mut tmp = Phases {
+            open: Some((name, begin, at_begin)),
+            done: Vec::new(),
+        };
+        close_phase(&mut tmp, attune_sys::os::now_ns(), &sampling_cells());
+        out.extend(tmp.done);
+    }
+    out
+}

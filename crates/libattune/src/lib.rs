@@ -102,6 +102,27 @@ pub extern "C" fn attune_alloc_opts_init(o: *mut AttuneAllocOpts) {
     }
 }
 
+/// Marks the start of a phase of the program (`attune profile` reports each phase's
+/// access curve); ends the open phase, if any.
+#[no_mangle]
+pub extern "C" fn attune_phase_begin(name: *const c_char) -> c_int {
+    guard(-1, || {
+        if name.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: a NUL-terminated string from the caller.
+        let n = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+        rc(runtime::phase_begin(&n))
+    })
+}
+
+/// Ends the open phase; -1 with errno EINVAL when none is open.
+#[no_mangle]
+pub extern "C" fn attune_phase_end() -> c_int {
+    guard(-1, || rc(runtime::phase_end()))
+}
+
 #[no_mangle]
 pub extern "C" fn attune_init(config_path: *const c_char) -> c_int {
     guard(-1, || {

@@ -171,6 +171,7 @@ fn analyze(procs: &[Value], wall: f64, code: i32, a: &Args) -> Value {
         }
     }
     let curve = heat::mixture_curve(&all, 100);
+    let phases = phase_curves(procs);
     let est_total: f64 = per_region.iter().map(|r| r.3).sum();
     let bytes_total: u64 = per_region.iter().map(|r| r.2).sum();
     let mut regions_out = Vec::new();
@@ -259,8 +260,48 @@ fn analyze(procs: &[Value], wall: f64, code: i32, a: &Args) -> Value {
         },
         "faults": {"attune": faults, "os_minor": minor, "os_major": major},
         "regions": regions_out,
+        "phases": phases,
         "timeline": timeline,
     })
+}
+
+/// Each marked phase's curve, from the samples taken during it (same estimator).
+fn phase_curves(procs: &[Value]) -> Vec<Value> {
+    let mut out = Vec::new();
+    for p in procs {
+        let floor = heat::delay_floor_ns(&u64s(&p["sampling"]["delay_hist_us"]));
+        for ph in p["phases"].as_array().into_iter().flatten() {
+            let mut all: Vec<(f64, f64)> = Vec::new();
+            let mut samples = 0u64;
+            for r in ph["regions"].as_array().into_iter().flatten() {
+                let h = u64s(&r["hits"]);
+                let e = u64s(&r["exposure_us"]);
+                let cells: Vec<(u32, u64)> = h
+                    .iter()
+                    .zip(&e)
+                    .map(|(&h, &e)| (h as u32, e * 1000))
+                    .collect();
+                samples += cells.iter().filter(|c| c.1 > 0).count() as u64;
+                let per = (r["chunk_size"].as_u64().unwrap_or(4096).max(4096) / 4096) as f64;
+                let n = h.len() as f64;
+                all.extend(
+                    heat::rate_mixture(&cells, floor)
+                        .iter()
+                        .map(|&(rate, w)| (rate / per, w * n * per)),
+                );
+            }
+            let c = heat::mixture_curve(&all, 100);
+            let begin = ph["begin_s"].as_f64().unwrap_or(0.0);
+            let end = ph["end_s"].as_f64().unwrap_or(0.0);
+            out.push(json!({
+                "pid": p["pid"], "name": ph["name"], "begin_s": begin, "seconds": end - begin,
+                "sampled_chunks": samples,
+                "top10_share": heat::accesses_at(&c, 0.1), "top20_share": heat::accesses_at(&c, 0.2),
+                "curve": c.iter().map(|c| json!([c.pages, c.accesses])).collect::<Vec<_>>(),
+            }));
+        }
+    }
+    out
 }
 
 fn write_outputs(out: &Path, p: &Value) -> std::io::Result<()> {
@@ -367,6 +408,16 @@ fn summary(p: &Value) -> String {
                 .map(|h| format!(" (hot part {:.0}%)", 100.0 * h))
                 .unwrap_or_default(),
             r["why"].as_str().unwrap_or("")
+        );
+    }
+    for ph in p["phases"].as_array().into_iter().flatten() {
+        s += &format!(
+            "phase {} ({:.2} s, {} chunks sampled): hottest 10% of pages take {}, 20% take {}\n",
+            ph["name"].as_str().unwrap_or("?"),
+            ph["seconds"].as_f64().unwrap_or(0.0),
+            ph["sampled_chunks"],
+            pct(&ph["top10_share"]),
+            pct(&ph["top20_share"])
         );
     }
     s += "sources: accesses from Attune's sampler; faults from the kernel's per-process counts; no hardware counters\n";
