@@ -40,6 +40,8 @@ def test_skewed_curve_recovered(tmp_path, skewed):
     for f in ("profile.json", "curve.csv", "timeline.csv", "summary.txt"):
         assert (tmp_path / f).stat().st_size > 0
     assert p["timeline"] and p["sources"]["hardware_counters"].startswith("not used")
+    # perf software events cover the launcher and the program; /proc only the program.
+    assert p["faults"]["perf_minor"] >= p["faults"]["os_minor"] > 0
 
 
 def test_uniform_curve_is_near_the_diagonal(tmp_path, skewed):

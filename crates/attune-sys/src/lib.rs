@@ -17,12 +17,14 @@
 //!
 //! Modules: [`uffd`] (userfaultfd ioctls), [`mem`] (mmap/madvise/files, raw mmap for the
 //! interposer), [`numa`] (memory policy, page migration, mlock), [`libc_alloc`] (glibc's allocator under its internal names),
-//! [`signal`] (SIGBUS hook), [`os`] (small helpers: eventfd, time, thread ids, /proc).
+//! [`signal`] (SIGBUS hook), [`os`] (small helpers: eventfd, time, thread ids, /proc),
+//! [`perf`] (software perf counters: page faults).
 
 pub mod libc_alloc;
 pub mod mem;
 pub mod numa;
 pub mod os;
+pub mod perf;
 pub mod signal;
 pub mod uffd;
 

@@ -82,6 +82,15 @@ pub fn run(a: Args) -> i32 {
     cmd.env("ATTUNE_SAMPLE_RATE", a.rate.to_string())
         .env("ATTUNE_SAMPLE_WINDOW_US", a.window_us.to_string())
         .env("ATTUNE_REPORT_INTERVAL_MS", a.interval.to_string());
+    // Page faults of everything started below (perf software events, inherited by the
+    // children); this process's own are read first and taken off.
+    use attune_sys::perf::{sw, SwCounter};
+    let perf = SwCounter::open(sw::PAGE_FAULTS_MIN)
+        .and_then(|mi| Ok((mi, SwCounter::open(sw::PAGE_FAULTS_MAJ)?)));
+    let own = perf
+        .as_ref()
+        .ok()
+        .map(|(mi, ma)| (mi.read().unwrap_or(0), ma.read().unwrap_or(0)));
     let t0 = std::time::Instant::now();
     let status = match cmd.status() {
         Ok(s) => s,
@@ -97,7 +106,20 @@ pub fn run(a: Args) -> i32 {
         eprintln!("attune profile: no statistics were written (the program did not start, or is not managed); exit {code}");
         return if code == 0 { 2 } else { code };
     }
-    let profile = analyze(&procs, wall, code, &a);
+    let mut profile = analyze(&procs, wall, code, &a);
+    match (&perf, own) {
+        (Ok((mi, ma)), Some((m0, j0))) => {
+            profile["faults"]["perf_minor"] = json!(mi.read().unwrap_or(0).saturating_sub(m0));
+            profile["faults"]["perf_major"] = json!(ma.read().unwrap_or(0).saturating_sub(j0));
+            profile["sources"]["page_faults"] = json!("perf software events (page-faults-min/maj, inherited by the program's processes); per process: /proc/PID/stat");
+        }
+        (Err(e), _) => {
+            profile["sources"]["page_faults"] = json!(format!(
+                "/proc/PID/stat per process (perf_event_open failed: {e:?})"
+            ));
+        }
+        _ => {}
+    }
     if let Err(e) = write_outputs(&a.out, &profile) {
         eprintln!("attune profile: cannot write to {}: {e}", a.out.display());
     }
@@ -391,8 +413,19 @@ fn summary(p: &Value) -> String {
         pct(&t["bandwidth_ratio"])
     );
     s += &format!(
-        "page faults: {} by Attune, {} minor and {} major in the kernel\n",
-        p["faults"]["attune"], p["faults"]["os_minor"], p["faults"]["os_major"]
+        "page faults: {} by Attune, {} minor and {} major in the kernel ({})\n",
+        p["faults"]["attune"],
+        p["faults"]
+            .get("perf_minor")
+            .unwrap_or(&p["faults"]["os_minor"]),
+        p["faults"]
+            .get("perf_major")
+            .unwrap_or(&p["faults"]["os_major"]),
+        if p["faults"].get("perf_minor").is_some() {
+            "perf software events"
+        } else {
+            "/proc counts"
+        }
     );
     for r in p["regions"].as_array().into_iter().flatten() {
         s += &format!(
@@ -420,6 +453,6 @@ fn summary(p: &Value) -> String {
             pct(&ph["top20_share"])
         );
     }
-    s += "sources: accesses from Attune's sampler; faults from the kernel's per-process counts; no hardware counters\n";
+    s += "sources: accesses from Attune's sampler; no hardware counters\n";
     s
 }
