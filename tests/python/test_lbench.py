@@ -48,10 +48,13 @@ def test_interference_coefficient():
     assert 0.8 < i["ic"] < 1.2
 
 
-def test_sweep_of_a_program():
-    r = att("sweep", "--reps", "1", "--levels", "0,50", "--json", "--", ATT, "lbench", "probe", "--reps", "2")
+def test_sweep_of_a_program(tmp_path):
+    r = att("sweep", "--reps", "1", "--levels", "0,50", "--json", "--out", str(tmp_path), "--",
+            ATT, "lbench", "probe", "--reps", "2")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
+    assert json.load(open(tmp_path / "sweep.json")) == d
+    assert (tmp_path / "sweep.png").stat().st_size > 0
     assert [x["level"] for x in d["rows"]] == [0, 50] and d["rows"][0]["seconds"] > 0
 
 

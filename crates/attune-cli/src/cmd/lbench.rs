@@ -85,6 +85,9 @@ enum Sub {
         levels: Vec<u32>,
         #[arg(long, default_value_t = 3)]
         reps: usize,
+        /// Also write sweep.json and sweep.png (relative performance against LoI) there.
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
         /// Program and arguments; without one, the probe itself is measured.
         #[arg(trailing_var_arg = true)]
         program: Vec<String>,
@@ -519,8 +522,9 @@ fn run_inner(a: Args) -> Result<(), String> {
             w,
             levels,
             reps,
+            out,
             program,
-        } => sweep(&w, &levels, reps.max(1), &program)?,
+        } => sweep(&w, &levels, reps.max(1), &program, out.as_deref())?,
     }
     Ok(())
 }
@@ -535,9 +539,18 @@ struct SweepRow {
     relative_performance: f64,
 }
 
-fn sweep(w: &Where, levels: &[u32], reps: usize, program: &[String]) -> Result<(), String> {
+fn sweep(
+    w: &Where,
+    levels: &[u32],
+    reps: usize,
+    program: &[String],
+    out: Option<&std::path::Path>,
+) -> Result<(), String> {
     if let Some(l) = levels.iter().find(|&&l| l > 100) {
         return Err(format!("--levels: {l} is not a percentage"));
+    }
+    if let Some(o) = out {
+        std::fs::create_dir_all(o).map_err(|e| format!("--out {}: {e}", o.display()))?;
     }
     let mut s = setup(w)?;
     let c = calibrate(&mut s.gen, s.threads, w.node);
@@ -596,14 +609,17 @@ fn sweep(w: &Where, levels: &[u32], reps: usize, program: &[String]) -> Result<(
     } else {
         program.join(" ")
     };
+    let doc = serde_json::to_string_pretty(&serde_json::json!({
+        "program": what, "threads": s.threads, "node": w.node,
+        "peak_bytes_per_s": c.peak_bytes_per_s, "rows": rows, "calibration": c.points}))
+    .unwrap_or_default();
+    if let Some(o) = out {
+        std::fs::write(o.join("sweep.json"), &doc)
+            .map_err(|e| format!("--out {}: {e}", o.display()))?;
+        plot_sweep(o);
+    }
     if w.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "program": what, "threads": s.threads, "node": w.node,
-                "peak_bytes_per_s": c.peak_bytes_per_s, "rows": rows, "calibration": c.points}))
-            .unwrap_or_default()
-        );
+        println!("{doc}");
     } else {
         println!(
             "{what}: generator {} threads, peak {}",
@@ -622,6 +638,27 @@ fn sweep(w: &Where, levels: &[u32], reps: usize, program: &[String]) -> Result<(
         }
     }
     Ok(())
+}
+
+/// sweep.png from sweep.json with matplotlib when it is there (the paper's Figure 10).
+fn plot_sweep(dir: &std::path::Path) {
+    const SCRIPT: &str = "import json, sys\nimport matplotlib\nmatplotlib.use('Agg')\n\
+import matplotlib.pyplot as plt\nd = json.load(open(sys.argv[1] + '/sweep.json'))\n\
+r = d['rows']\nfig, ax = plt.subplots(figsize=(5, 3.5))\n\
+ax.plot([x['level'] for x in r], [x['relative_performance'] for x in r], 'o-')\n\
+ax.set_xlabel('level of interference (% of peak traffic)')\nax.set_ylabel('relative performance')\n\
+ax.set_title(d['program'][:60])\nax.set_ylim(0, 1.1)\nfig.tight_layout()\n\
+fig.savefig(sys.argv[1] + '/sweep.png', dpi=110)\n";
+    let ok = Command::new("python3")
+        .arg("-c")
+        .arg(SCRIPT)
+        .arg(dir)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        eprintln!("attune lbench: sweep.png skipped (python3 with matplotlib not available)");
+    }
 }
 
 #[cfg(test)]
