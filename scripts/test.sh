@@ -217,7 +217,7 @@ expect numa-missing-node-warns 1 "NUMA node 7 is not online.*tier left out" "$AT
 
 if [ -d tests/python ] && command -v python3 >/dev/null; then
   echo "== Python tests"
-  python3 -m pytest -q tests/python 2>&1 | tee "$OUT/pytest.log" | tail -n 3
+  python3 -m pytest -q -rf tests/python 2>&1 | tee "$OUT/pytest.log" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 12
   pp=$(grep -oE '[0-9]+ passed' "$OUT/pytest.log" | grep -oE '[0-9]+' || echo 0)
   pf=$(grep -oE '[0-9]+ (failed|error)' "$OUT/pytest.log" | grep -oE '[0-9]+' | awk '{s+=$1} END {print s+0}')
   pass=$((pass+${pp:-0})); fail=$((fail+${pf:-0}))
