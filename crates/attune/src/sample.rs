@@ -1,7 +1,8 @@
 //! Access sampling of resident pages (mechanism; estimates in `attune_policy::heat`).
 //!
 //! Faults only show accesses to pages that are not resident. To see the rest, the sampler
-//! thread parks a random resident, unpinned chunk at a steady rate: it moves the chunk to
+//! thread parks a random unpinned chunk at a steady rate (one already out of DRAM needs no
+//! move): it moves the chunk to
 //! the far tier exactly as an eviction would and notes the time. The application's next
 //! touch faults it back (the ordinary fault path); [`on_placed`] times that touch. A chunk
 //! not touched within the window is a censored sample. Per chunk, hits / exposure is the
@@ -70,11 +71,33 @@ pub fn sampler_loop(e: &'static Engine) {
     }
 }
 
-/// Parks chunk `c` if it is resident, unpinned and not already a sample; its park time.
+/// Starts a sample on chunk `c` (not pinned, not already a sample); its start time.
+/// A resident chunk is parked first; a chunk already out of DRAM (in a far tier, or never
+/// touched) is a sample as it stands: its next touch faults all the same. Leaving those
+/// out would confine the curve to what happens to be resident, which under a budget is
+/// the hot part only.
 fn park(e: &Engine, r: &Region, c: usize) -> Option<u64> {
     let s = r.state(c);
-    if s.place() != Where::Resident || s.pinned() || r.samples.parked_at[c].load(Relaxed) != 0 {
+    if s.pinned() || r.samples.parked_at[c].load(Relaxed) != 0 {
         return None;
+    }
+    match s.place() {
+        Where::Resident => {}
+        Where::Far | Where::Fresh => {
+            // Held as Fetching while the note is made, so a touch that races with us
+            // waits and then finds the note.
+            let held = s.with(Where::Fetching, s.tier());
+            if !r.cas(c, s, held) {
+                return None;
+            }
+            let t = now_ns();
+            r.samples.parked_at[c].store(t, Release);
+            r.samples.parks[c].fetch_add(1, Relaxed);
+            let restored = r.cas(c, held, s);
+            debug_assert!(restored, "only the sampler holds a chunk it claimed");
+            return Some(t);
+        }
+        Where::Fetching | Where::Evicting => return None,
     }
     if !r.cas(c, s, s.with(Where::Evicting, 0)) {
         return None;

@@ -153,112 +153,113 @@ fn u64s(v: &Value) -> Vec<u64> {
         .unwrap_or_default()
 }
 
-/// Everything the profile reports, from the processes' statistics files.
-fn analyze(procs: &[Value], wall: f64, code: i32, a: &Args) -> Value {
-    // Per region: the rate mixture of its chunks (heat::rate_mixture). The whole
-    // footprint's curve combines them per 4 KiB page: a chunk of k pages at rate r is k
-    // pages at r / k.
-    let mut all: Vec<(f64, f64)> = Vec::new();
-    // (region record, rate mixture, bytes, accesses per second, sampled chunks)
-    type RegionRates = (Value, Vec<(f64, f64)>, u64, f64, usize);
-    let mut per_region: Vec<RegionRates> = Vec::new();
-    let mut parks = 0u64;
-    let mut hits = 0u64;
-    let mut floor_ns = 0;
-    for p in procs {
-        let s = &p["sampling"];
-        let hist = u64s(&s["delay_hist_us"]);
-        let floor = heat::delay_floor_ns(&hist);
-        floor_ns = floor_ns.max(floor);
-        for r in s["regions"].as_array().into_iter().flatten() {
-            let h = u64s(&r["hits"]);
-            let e: Vec<u64> = u64s(&r["exposure_us"]).iter().map(|x| x * 1000).collect();
-            parks += u64s(&r["parks"]).iter().sum::<u64>();
-            hits += h.iter().sum::<u64>();
-            let cells: Vec<(u32, u64)> = h.iter().zip(&e).map(|(&h, &e)| (h as u32, e)).collect();
-            let sampled = cells.iter().filter(|c| c.1 > 0).count();
-            let mix = heat::rate_mixture(&cells, floor);
-            let chunks = h.len() as f64;
-            let per = (r["chunk_size"].as_u64().unwrap_or(4096).max(4096) / 4096) as f64;
-            // Accesses per second of the whole region: mean rate x chunks.
-            let acc = mix.iter().map(|m| m.0 * m.1).sum::<f64>() * chunks;
-            all.extend(mix.iter().map(|&(rate, w)| (rate / per, w * chunks * per)));
-            per_region.push((
-                r.clone(),
-                mix,
-                r["size"].as_u64().unwrap_or(0),
-                acc,
-                sampled,
-            ));
+/// One sampled region's record (a process snapshot's `sampling.regions[i]`, or a phase's):
+/// its rate mixture and what it weighs.
+struct RegionMix {
+    /// Rates per chunk with shares of the region's chunks (heat::rate_mixture).
+    mix: Vec<(f64, f64)>,
+    chunks: f64,
+    /// 4 KiB pages per chunk.
+    pages_per_chunk: f64,
+    sampled: usize,
+    hits: u64,
+}
+
+impl RegionMix {
+    fn of(r: &Value, floor_ns: u64) -> RegionMix {
+        let h = u64s(&r["hits"]);
+        let e = u64s(&r["exposure_us"]);
+        let cells: Vec<(u32, u64)> = h
+            .iter()
+            .zip(&e)
+            .map(|(&h, &e)| (h as u32, e * 1000))
+            .collect();
+        RegionMix {
+            mix: heat::rate_mixture(&cells, floor_ns),
+            chunks: h.len() as f64,
+            pages_per_chunk: (r["chunk_size"].as_u64().unwrap_or(4096).max(4096) / 4096) as f64,
+            sampled: cells.iter().filter(|c| c.1 > 0).count(),
+            hits: h.iter().sum(),
         }
     }
-    let curve = heat::mixture_curve(&all, 100);
-    let phases = phase_curves(procs);
-    let est_total: f64 = per_region.iter().map(|r| r.3).sum();
-    let bytes_total: u64 = per_region.iter().map(|r| r.2).sum();
-    let mut regions_out = Vec::new();
-    for (r, mix, size, acc, sampled) in &per_region {
-        let a_share = if est_total > 0.0 {
-            acc / est_total
-        } else {
-            0.0
-        };
-        let b_share = if bytes_total > 0 {
-            *size as f64 / bytes_total as f64
-        } else {
-            0.0
-        };
-        let c = heat::mixture_curve(mix, 100);
-        let sg = heat::suggest(&c, a_share, b_share);
-        regions_out.push(json!({
-            "address": r["address"], "size": size, "chunk_size": r["chunk_size"], "flags": r["flags"],
-            "sampled_chunks": sampled, "chunks": r["hits"].as_array().map(|x| x.len()).unwrap_or(0),
-            "access_share": a_share, "byte_share": b_share,
-            "top10_share": heat::accesses_at(&c, 0.1), "top20_share": heat::accesses_at(&c, 0.2),
-            "suggested_flags": sg.flags.to_string(), "suggested_hot_share": sg.hot_share, "why": sg.why,
-        }));
+    /// The mixture per 4 KiB page, weighted by pages: a chunk of k pages at rate r is k
+    /// pages at r / k. Mixtures of several regions concatenate into one footprint.
+    fn pages(&self) -> impl Iterator<Item = (f64, f64)> + '_ {
+        let (k, n) = (self.pages_per_chunk, self.chunks);
+        self.mix.iter().map(move |&(rate, w)| (rate / k, w * n * k))
     }
-    // Accesses served by each tier: far-tier touches are the faults that were not the
-    // sampler's own (estimated); the rest were served from DRAM.
-    let faults = super::run::sum(procs, "faults");
-    let sample_hits: u64 = procs
+    /// Accesses per second to the whole region: mean chunk rate x chunks.
+    fn accesses(&self) -> f64 {
+        self.mix.iter().map(|m| m.0 * m.1).sum::<f64>() * self.chunks
+    }
+}
+
+fn floor_of(p: &Value) -> u64 {
+    heat::delay_floor_ns(&u64s(&p["sampling"]["delay_hist_us"]))
+}
+
+fn share(part: f64, whole: f64) -> f64 {
+    if whole > 0.0 {
+        part / whole
+    } else {
+        0.0
+    }
+}
+
+/// Everything the profile reports, from the processes' statistics files.
+fn analyze(procs: &[Value], wall: f64, code: i32, a: &Args) -> Value {
+    let mut regions: Vec<(&Value, RegionMix)> = Vec::new();
+    let mut floor_ns = 0;
+    for p in procs {
+        let floor = floor_of(p);
+        floor_ns = floor_ns.max(floor);
+        for r in p["sampling"]["regions"].as_array().into_iter().flatten() {
+            regions.push((r, RegionMix::of(r, floor)));
+        }
+    }
+    let all: Vec<(f64, f64)> = regions.iter().flat_map(|(_, m)| m.pages()).collect();
+    let curve = heat::mixture_curve(&all, 100);
+    let acc_total: f64 = regions.iter().map(|(_, m)| m.accesses()).sum();
+    let bytes_total: u64 = regions
         .iter()
-        .map(|p| {
-            p["timeline"]
-                .as_array()
-                .and_then(|t| t.last())
-                .map(|l| l["sample_hits"].as_u64().unwrap_or(0))
-                .unwrap_or(0)
+        .map(|(r, _)| r["size"].as_u64().unwrap_or(0))
+        .sum();
+    let parks: u64 = regions
+        .iter()
+        .map(|(r, _)| u64s(&r["parks"]).iter().sum::<u64>())
+        .sum();
+    let hits: u64 = regions.iter().map(|(_, m)| m.hits).sum();
+    let regions_out: Vec<Value> = regions
+        .iter()
+        .map(|(r, m)| {
+            let size = r["size"].as_u64().unwrap_or(0);
+            let (a_share, b_share) = (share(m.accesses(), acc_total), share(size as f64, bytes_total as f64));
+            let c = heat::mixture_curve(&m.mix, 100);
+            let sg = heat::suggest(&c, a_share, b_share);
+            json!({
+                "address": r["address"], "size": size, "chunk_size": r["chunk_size"], "flags": r["flags"],
+                "sampled_chunks": m.sampled, "chunks": m.chunks,
+                "access_share": a_share, "byte_share": b_share,
+                "top10_share": heat::accesses_at(&c, 0.1), "top20_share": heat::accesses_at(&c, 0.2),
+                "suggested_flags": sg.flags.to_string(), "suggested_hot_share": sg.hot_share, "why": sg.why,
+            })
         })
-        .sum();
-    let accesses = est_total * wall;
-    let far = faults.saturating_sub(sample_hits) as f64;
-    let tiers: Vec<Value> = procs[0]["tiers"].as_array().cloned().unwrap_or_default();
-    let cap_total: f64 = tiers
-        .iter()
-        .map(|t| t["peak_used_bytes"].as_f64().unwrap_or(0.0))
-        .sum();
-    let cap_far = cap_total
-        - tiers
-            .first()
-            .map(|t| t["peak_used_bytes"].as_f64().unwrap_or(0.0))
-            .unwrap_or(0.0);
-    let used: Vec<&Value> = tiers
-        .iter()
-        .filter(|t| t["peak_used_bytes"].as_u64().unwrap_or(0) > 0)
         .collect();
-    let bw_total: f64 = used
-        .iter()
-        .map(|t| t["bandwidth"].as_f64().unwrap_or(0.0))
-        .sum();
-    let bw_far = bw_total
-        - used
-            .first()
-            .map(|t| t["bandwidth"].as_f64().unwrap_or(0.0))
-            .unwrap_or(0.0);
-    let timeline = super::run::with_pid(procs, "timeline");
-    let minor = super::run::sum(procs, "os_minor_faults");
-    let major = super::run::sum(procs, "os_major_faults");
+    // Accesses served by the far tiers: their loads (each one a touch of a chunk that was
+    // out of DRAM), less the loads the sampler caused (its touched parks). Faults are not
+    // the measure: first touches of fresh memory fault without any far tier.
+    let (mut loads, mut cap_far, mut cap_total) = (0u64, 0.0, 0.0);
+    for p in procs {
+        for (i, t) in p["tiers"].as_array().into_iter().flatten().enumerate() {
+            let peak = t["peak_used_bytes"].as_f64().unwrap_or(0.0);
+            cap_total += peak;
+            if i > 0 {
+                loads += t["faults"].as_u64().unwrap_or(0);
+                cap_far += peak;
+            }
+        }
+    }
+    let far = loads.saturating_sub(hits) as f64;
     json!({
         "schema": "attune-profile/1",
         "command": a.command, "exit": code, "wall_seconds": wall,
@@ -274,16 +275,19 @@ fn analyze(procs: &[Value], wall: f64, code: i32, a: &Args) -> Value {
         "top20_share": heat::accesses_at(&curve, 0.2),
         "top50_share": heat::accesses_at(&curve, 0.5),
         "tier_access_share": {
-            "far_estimated": if accesses > 0.0 { (far / accesses).min(1.0) } else { 0.0 },
-            "capacity_ratio": if cap_total > 0.0 { cap_far / cap_total } else { 0.0 },
-            // Unknown (null) when DRAM's bandwidth is not declared or measured.
-            "bandwidth_ratio": if bw_total > bw_far && bw_far > 0.0 { Some(bw_far / bw_total) } else { None },
+            "far_estimated": share(far, acc_total * wall).min(1.0),
+            "far_loads": loads,
+            "capacity_ratio": share(cap_far, cap_total),
+            // The DRAM tier has no declared bandwidth (the runtime does not measure it),
+            // so the bandwidth ratio is unknown: null rather than a made-up number.
+            "bandwidth_ratio": Value::Null,
             "reading": "below the capacity ratio: hot data is kept near; above the bandwidth ratio: the far tier is the bottleneck",
         },
-        "faults": {"attune": faults, "os_minor": minor, "os_major": major},
+        "faults": {"attune": super::run::sum(procs, "faults"), "os_minor": super::run::sum(procs, "os_minor_faults"),
+                   "os_major": super::run::sum(procs, "os_major_faults")},
         "regions": regions_out,
-        "phases": phases,
-        "timeline": timeline,
+        "phases": phase_curves(procs),
+        "timeline": super::run::with_pid(procs, "timeline"),
     })
 }
 
@@ -291,33 +295,21 @@ fn analyze(procs: &[Value], wall: f64, code: i32, a: &Args) -> Value {
 fn phase_curves(procs: &[Value]) -> Vec<Value> {
     let mut out = Vec::new();
     for p in procs {
-        let floor = heat::delay_floor_ns(&u64s(&p["sampling"]["delay_hist_us"]));
+        let floor = floor_of(p);
         for ph in p["phases"].as_array().into_iter().flatten() {
-            let mut all: Vec<(f64, f64)> = Vec::new();
-            let mut samples = 0u64;
-            for r in ph["regions"].as_array().into_iter().flatten() {
-                let h = u64s(&r["hits"]);
-                let e = u64s(&r["exposure_us"]);
-                let cells: Vec<(u32, u64)> = h
-                    .iter()
-                    .zip(&e)
-                    .map(|(&h, &e)| (h as u32, e * 1000))
-                    .collect();
-                samples += cells.iter().filter(|c| c.1 > 0).count() as u64;
-                let per = (r["chunk_size"].as_u64().unwrap_or(4096).max(4096) / 4096) as f64;
-                let n = h.len() as f64;
-                all.extend(
-                    heat::rate_mixture(&cells, floor)
-                        .iter()
-                        .map(|&(rate, w)| (rate / per, w * n * per)),
-                );
-            }
+            let mixes: Vec<RegionMix> = ph["regions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| RegionMix::of(r, floor))
+                .collect();
+            let all: Vec<(f64, f64)> = mixes.iter().flat_map(|m| m.pages()).collect();
             let c = heat::mixture_curve(&all, 100);
             let begin = ph["begin_s"].as_f64().unwrap_or(0.0);
             let end = ph["end_s"].as_f64().unwrap_or(0.0);
             out.push(json!({
                 "pid": p["pid"], "name": ph["name"], "begin_s": begin, "seconds": end - begin,
-                "sampled_chunks": samples,
+                "sampled_chunks": mixes.iter().map(|m| m.sampled).sum::<usize>(),
                 "top10_share": heat::accesses_at(&c, 0.1), "top20_share": heat::accesses_at(&c, 0.2),
                 "curve": c.iter().map(|c| json!([c.pages, c.accesses])).collect::<Vec<_>>(),
             }));
