@@ -28,7 +28,7 @@ stage:
 	@cp include/attune.h include/attune.f90 $(PREFIX)/include/
 	@cp $(REL)/attune $(PREFIX)/bin/
 	@mkdir -p $(PREFIX)/share/attune/python && cp -r python/attune_usage $(PREFIX)/share/attune/python/
-	@cp python/attune_profile_plot.py $(PREFIX)/share/attune/python/
+	@cp python/attune_plots.py $(PREFIX)/share/attune/python/
 	@rm -rf $(PREFIX)/share/attune/python/attune_usage/__pycache__
 	@sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' packaging/attune.pc.in > $(PREFIX)/lib/pkgconfig/attune.pc
 	@sed -e 's|@VERSION@|$(VERSION)|' packaging/AttuneConfig.cmake.in > $(PREFIX)/lib/cmake/Attune/AttuneConfig.cmake

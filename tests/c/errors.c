@@ -24,6 +24,7 @@ int main(void) {
     errno = 0; CHECK(attune_free(&on_stack) == -1 && errno == EINVAL, "attune_free foreign");
     errno = 0; CHECK(attune_phase_end() == -1 && errno == EINVAL, "phase end with none open");
     errno = 0; CHECK(attune_phase_begin(NULL) == -1 && errno == EINVAL, "phase without a name");
+    errno = 0; CHECK(attune_phase_begin("") == -1 && errno == EINVAL, "phase with an empty name");
     CHECK(attune_phase_begin("solve") == 0 && attune_phase_begin("next") == 0 && attune_phase_end() == 0, "phases");
     errno = 0; CHECK(attune_free((char *)keep + 4096) == -1 && errno == EINVAL, "interior pointer");
     CHECK(strstr(attune_last_error(), "inside") != NULL, "message: %s", attune_last_error());

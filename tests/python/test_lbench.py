@@ -64,6 +64,8 @@ def test_sweep_of_a_program(tmp_path):
     (["probe", "--node", "7"], "is node 7 online"),
     (["probe", "--size", "1K"], "at least 1M"),
     (["probe", "--size", "lots"], "--size lots"),
+    (["probe", "--threads", "0"], "--threads 0"),
+    (["run", "--flops", "1", "--duration", "0"], "--duration 0"),
     (["sweep", "--levels", "0,200"], "not a percentage"),
     (["sweep", "--reps", "1", "--levels", "0", "--", "/no/such/program"], "cannot run /no/such/program"),
     (["coefficient", "--", "/no/such/program"], "cannot run /no/such/program"),

@@ -96,5 +96,12 @@ def test_exit_status_and_bad_input(tmp_path):
     assert r.returncode == 3
     r = subprocess.run([ATT, "profile", "--rate", "0", "--", "true"], capture_output=True, text=True)
     assert r.returncode == 2 and "--rate 0" in r.stderr
+    r = subprocess.run([ATT, "profile", "--interval", "5", "--", "true"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--interval 5" in r.stderr
+    r = subprocess.run([ATT, "profile", "--out", "/proc/no-such-dir", "--", "true"], capture_output=True, text=True)
+    assert r.returncode == 2 and "cannot create /proc/no-such-dir" in r.stderr
+    r = subprocess.run([ATT, "profile", "--window-us", "10", "--out", str(tmp_path), "--", "true"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "sample_window_us" in r.stderr and "between" in r.stderr
     r = subprocess.run([ATT, "profile", "--out", str(tmp_path), "--", "/no/such/prog"], capture_output=True, text=True)
     assert r.returncode == 127

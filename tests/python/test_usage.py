@@ -180,3 +180,22 @@ def test_bad_inputs(capsys, tmp_path):
     badsamples.write_text("when,host\n1,2\n")
     rc, _, err = run_cli([os.path.join(FIX, "jobs.sacct"), "--samples", str(badsamples)], capsys)
     assert rc == 2 and "no column" in err
+
+
+def test_stdin_and_unwritable_out(tmp_path):
+    if not os.path.exists(ATT):
+        pytest.skip("make build first")
+    data = open(os.path.join(FIX, "jobs.sacct")).read()
+    r = subprocess.run([ATT, "usage", "-", "--json"], input=data, capture_output=True, text=True)
+    assert r.returncode == 0 and json.loads(r.stdout)["summary"]["jobs"] == 8
+    r = subprocess.run([ATT, "usage", os.path.join(FIX, "jobs.sacct"), "--out", "/proc/no-such-dir"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "cannot write to /proc/no-such-dir" in r.stderr
+
+
+def test_wrapper_without_python(tmp_path):
+    if not os.path.exists(ATT):
+        pytest.skip("make build first")
+    r = subprocess.run([ATT, "usage", "x"], capture_output=True, text=True,
+                       env={**os.environ, "ATTUNE_PYTHON": "/nonexistent/python3"})
+    assert r.returncode == 127 and "cannot run /nonexistent/python3" in r.stderr

@@ -726,6 +726,28 @@ mod tests {
     }
 
     #[test]
+    fn sampling_options_are_checked() {
+        let ok = load(None, &env(&[("ATTUNE_SAMPLE_RATE", "500")]), &machine()).unwrap();
+        assert_eq!((ok.sample_rate, ok.sample_window_us), (500, 20_000));
+        for (k, v, want) in [
+            ("ATTUNE_SAMPLE_RATE", "fast", "not a whole number"),
+            ("ATTUNE_SAMPLE_RATE", "200000", "between 0 and 100000"),
+            ("ATTUNE_SAMPLE_WINDOW_US", "10", "between 100 and 10000000"),
+        ] {
+            let e = load(None, &env(&[(k, v)]), &machine()).unwrap_err().0;
+            assert!(e.contains(k) && e.contains(want), "{e}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.toml");
+        std::fs::write(&p, "sample_window_us = 50\n").unwrap();
+        let e = load(Some(&p), &[], &machine()).unwrap_err().0;
+        assert!(
+            e.contains("sample_window_us") && e.contains("between"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn errors_name_key_and_line() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("bad.toml");

@@ -616,7 +616,7 @@ fn sweep(
     if let Some(o) = out {
         std::fs::write(o.join("sweep.json"), &doc)
             .map_err(|e| format!("--out {}: {e}", o.display()))?;
-        plot_sweep(o);
+        super::python::plot("lbench", "lbench", o);
     }
     if w.json {
         println!("{doc}");
@@ -638,27 +638,6 @@ fn sweep(
         }
     }
     Ok(())
-}
-
-/// sweep.png from sweep.json with matplotlib when it is there (the paper's Figure 10).
-fn plot_sweep(dir: &std::path::Path) {
-    const SCRIPT: &str = "import json, sys\nimport matplotlib\nmatplotlib.use('Agg')\n\
-import matplotlib.pyplot as plt\nd = json.load(open(sys.argv[1] + '/sweep.json'))\n\
-r = d['rows']\nfig, ax = plt.subplots(figsize=(5, 3.5))\n\
-ax.plot([x['level'] for x in r], [x['relative_performance'] for x in r], 'o-')\n\
-ax.set_xlabel('level of interference (% of peak traffic)')\nax.set_ylabel('relative performance')\n\
-ax.set_title(d['program'][:60])\nax.set_ylim(0, 1.1)\nfig.tight_layout()\n\
-fig.savefig(sys.argv[1] + '/sweep.png', dpi=110)\n";
-    let ok = Command::new("python3")
-        .arg("-c")
-        .arg(SCRIPT)
-        .arg(dir)
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !ok {
-        eprintln!("attune lbench: sweep.png skipped (python3 with matplotlib not available)");
-    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@ pub mod kernel_swap;
 pub mod lbench;
 pub mod numa;
 pub mod profile;
+pub mod python;
 pub mod run;
 pub mod topology;
 pub mod usage;

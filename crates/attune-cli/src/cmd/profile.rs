@@ -345,29 +345,7 @@ fn write_outputs(out: &Path, p: &Value) -> std::io::Result<()> {
     }
     std::fs::write(out.join("timeline.csv"), t)?;
     std::fs::write(out.join("summary.txt"), summary(p))?;
-    // Plots: optional (matplotlib); the numbers above do not depend on them.
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../python/attune_profile_plot.py"
-    );
-    let installed = std::env::current_exe().ok().and_then(|e| {
-        e.parent()
-            .map(|b| b.join("../share/attune/python/attune_profile_plot.py"))
-    });
-    let path = installed
-        .filter(|p| p.exists())
-        .unwrap_or_else(|| PathBuf::from(script));
-    if path.exists() {
-        let ok = std::process::Command::new("python3")
-            .arg(&path)
-            .arg(out)
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        if !ok {
-            eprintln!("attune profile: plots skipped (python3 with matplotlib not available)");
-        }
-    }
+    super::python::plot("profile", "profile", out);
     Ok(())
 }
 

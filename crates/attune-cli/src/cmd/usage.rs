@@ -2,7 +2,6 @@
 //! `python/attune_usage`; this sub-command finds that package and hands it the arguments.
 
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 
 #[derive(clap::Args)]
 #[command(disable_help_flag = true)]
@@ -12,36 +11,15 @@ pub struct Args {
     args: Vec<String>,
 }
 
-/// Where the package is: ATTUNE_PYTHONPATH, the installed prefix (bin/../share/attune/python),
-/// or the source tree this binary was built from.
-fn package_dir() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("ATTUNE_PYTHONPATH") {
-        return Some(PathBuf::from(p));
-    }
-    let mut cands = Vec::new();
-    if let Ok(exe) = std::env::current_exe() {
-        if let Some(bin) = exe.parent() {
-            cands.push(bin.join("../share/attune/python"));
-        }
-    }
-    cands.push(PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../python"
-    )));
-    cands
-        .into_iter()
-        .find(|d| d.join("attune_usage/__init__.py").is_file())
-}
-
 pub fn run(a: Args) -> i32 {
-    let Some(dir) = package_dir() else {
+    let Some(dir) = super::python::dir() else {
         eprintln!(
             "attune usage: the analyzer (python/attune_usage) is not installed next to this binary; \
              set ATTUNE_PYTHONPATH to the folder that holds attune_usage"
         );
         return 2;
     };
-    let python = std::env::var("ATTUNE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = super::python::interpreter();
     let mut path = dir.into_os_string();
     if let Some(old) = std::env::var_os("PYTHONPATH") {
         path.push(":");

@@ -1,6 +1,11 @@
-"""Plots of `attune profile` (run by it when matplotlib is there): curve.png, the
-bandwidth-capacity curve; timeline.png, bytes per tier over time."""
+"""Plots of the attune sub-commands, run by them when matplotlib is there (the numbers in
+their JSON and CSV files never depend on this):
+
+  python3 attune_plots.py profile DIR   curve.png (bandwidth-capacity curve), timeline.png
+  python3 attune_plots.py lbench DIR    sweep.png (relative performance against the level)
+"""
 import csv
+import json
 import sys
 from collections import defaultdict
 
@@ -10,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def main(out):
+def profile(out):
     xs, ys = [], []
     with open(f"{out}/curve.csv") as f:
         for r in csv.DictReader(f):
@@ -40,5 +45,18 @@ def main(out):
     fig.savefig(f"{out}/timeline.png", dpi=110)
 
 
+def lbench(out):
+    d = json.load(open(f"{out}/sweep.json"))
+    rows = d["rows"]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot([x["level"] for x in rows], [x["relative_performance"] for x in rows], "o-")
+    ax.set_xlabel("level of interference (% of peak traffic)")
+    ax.set_ylabel("relative performance")
+    ax.set_title(d["program"][:60])
+    ax.set_ylim(0, 1.1)
+    fig.tight_layout()
+    fig.savefig(f"{out}/sweep.png", dpi=110)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    {"profile": profile, "lbench": lbench}[sys.argv[1]](sys.argv[2])
