@@ -65,21 +65,19 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
     let (live_n, live_b) = table::totals();
     let (minflt, majflt) = os_faults();
     let e = attune::runtime::engine_if_started();
-    let c = e.map(|e| &e.counters);
-    let get = |a: Option<&AtomicU64>| a.map(|x| x.load(Relaxed)).unwrap_or(0);
     json!({
         "pid": std::process::id(),
         "ppid": std::os::unix::process::parent_id(),
         "command": cmdline(),
         "final": final_,
-        "elapsed_seconds": (attune_sys::os::now_ns().saturating_sub(START_NS.load(Relaxed))) as f64 / 1e9,
+        "elapsed_seconds": elapsed_s(),
         "budget_bytes": e.map(|e| e.budget).unwrap_or(0),
         "peak_resident_bytes": e.map(|e| e.peak_resident.load(Relaxed)).unwrap_or(0),
-        "faults": get(c.map(|c| &c.faults)),
-        "evictions": get(c.map(|c| &c.evictions)),
-        "fetched_bytes": get(c.map(|c| &c.fetched_bytes)),
-        "evicted_bytes": get(c.map(|c| &c.evicted_bytes)),
-        "budget_overruns": get(c.map(|c| &c.budget_overruns)),
+        "faults": counter(|c| &c.faults),
+        "evictions": counter(|c| &c.evictions),
+        "fetched_bytes": counter(|c| &c.fetched_bytes),
+        "evicted_bytes": counter(|c| &c.evicted_bytes),
+        "budget_overruns": counter(|c| &c.budget_overruns),
         "os_minor_faults": minflt,
         "os_major_faults": majflt,
         "managed_requests": hooks::SERVED.load(Relaxed),
@@ -101,10 +99,18 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
 /// run keeps its whole span at half the resolution.
 static TIMELINE: std::sync::Mutex<Vec<serde_json::Value>> = std::sync::Mutex::new(Vec::new());
 
+/// One of the engine's counters (0 before the engine starts).
+fn counter(pick: fn(&attune::engine::EngineCounters) -> &AtomicU64) -> u64 {
+    attune::runtime::engine_if_started()
+        .map(|e| pick(&e.counters).load(Relaxed))
+        .unwrap_or(0)
+}
+
+fn elapsed_s() -> f64 {
+    (attune_sys::os::now_ns().saturating_sub(START_NS.load(Relaxed))) as f64 / 1e9
+}
+
 fn timeline_point() -> serde_json::Value {
-    let e = attune::runtime::engine_if_started();
-    let c = e.map(|e| &e.counters);
-    let get = |a: Option<&AtomicU64>| a.map(|x| x.load(Relaxed)).unwrap_or(0);
     let tiers: Vec<serde_json::Value> = attune::runtime::tier_stats()
         .unwrap_or_default()
         .iter()
@@ -112,12 +118,12 @@ fn timeline_point() -> serde_json::Value {
         .collect();
     let (minflt, majflt) = os_faults();
     json!({
-        "t": (attune_sys::os::now_ns().saturating_sub(START_NS.load(Relaxed))) as f64 / 1e9,
+        "t": elapsed_s(),
         "tiers": tiers,
-        "faults": get(c.map(|c| &c.faults)),
-        "evictions": get(c.map(|c| &c.evictions)),
-        "sample_parks": get(c.map(|c| &c.sample_parks)),
-        "sample_hits": get(c.map(|c| &c.sample_hits)),
+        "faults": counter(|c| &c.faults),
+        "evictions": counter(|c| &c.evictions),
+        "sample_parks": counter(|c| &c.sample_parks),
+        "sample_hits": counter(|c| &c.sample_hits),
         "os_minor_faults": minflt,
         "os_major_faults": majflt,
     })
@@ -145,6 +151,8 @@ fn phases() -> serde_json::Value {
                 "name": p.name,
                 "begin_s": p.begin_ns.saturating_sub(start) as f64 / 1e9,
                 "end_s": p.end_ns.saturating_sub(start) as f64 / 1e9,
+                "active_s": p.active_ns as f64 / 1e9,
+                "count": p.count,
                 "regions": regions,
             })
         })

@@ -610,16 +610,54 @@ pub fn sampling_cells() -> Vec<SampledRegion> {
 }
 
 /// A phase of the program marked with `attune_phase_begin/end`: its span and the access
-/// samples taken during it (per sampled region, per chunk (hits, exposure ns)).
+/// samples taken during it (per sampled region, per chunk (hits, exposure ns)). Phases of
+/// the same name (an iteration loop) are one mark: their samples add up, `count` says how
+/// many, `active_ns` how long they lasted in all; so memory grows with the names, not
+/// with the iterations.
 #[derive(Clone, Debug)]
 pub struct PhaseMark {
     pub name: String,
+    /// First start and last end.
     pub begin_ns: u64,
     pub end_ns: u64,
+    pub active_ns: u64,
+    pub count: u64,
     pub regions: Vec<(usize, usize, Vec<(u32, u64)>)>,
 }
 
+/// Distinct phase names kept; marks of further names are dropped.
+const MAX_PHASE_NAMES: usize = 256;
+
+/// Adds `m` to the mark of the same name, or appends it.
+fn record(done: &mut Vec<PhaseMark>, m: PhaseMark) {
+    let Some(d) = done.iter_mut().find(|d| d.name == m.name) else {
+        if done.len() < MAX_PHASE_NAMES {
+            done.push(m);
+        }
+        return;
+    };
+    d.end_ns = m.end_ns;
+    d.active_ns += m.active_ns;
+    d.count += 1;
+    for (base, chunk, cells) in m.regions {
+        match d
+            .regions
+            .iter_mut()
+            .find(|r| r.0 == base && r.2.len() == cells.len())
+        {
+            Some(r) => {
+                for (a, b) in r.2.iter_mut().zip(cells) {
+                    a.0 += b.0;
+                    a.1 += b.1;
+                }
+            }
+            None => d.regions.push((base, chunk, cells)),
+        }
+    }
+}
+
 struct Phases {
+    /// The open phase: name, start time, sample counters at the start.
     open: Option<(String, u64, Vec<SampledRegion>)>,
     done: Vec<PhaseMark>,
 }
@@ -634,32 +672,31 @@ pub fn phase_begin(name: &str) -> Result<(), Errno> {
     if name.is_empty() || name.len() > 256 {
         return Err(Errno(libc::EINVAL));
     }
-    let now = attune_sys::os::now_ns();
-    let cells = sampling_cells();
+    let (now, cells) = (attune_sys::os::now_ns(), sampling_cells());
     let mut p = PHASES.lock().unwrap_or_else(|p| p.into_inner());
-    close_phase(&mut p, now, &cells);
+    if let Some(open) = p.open.take() {
+        let m = mark(open, now, &cells);
+        record(&mut p.done, m);
+    }
     p.open = Some((name.to_string(), now, cells));
     Ok(())
 }
 
 /// Ends the open phase; EINVAL when none is open.
 pub fn phase_end() -> Result<(), Errno> {
-    let now = attune_sys::os::now_ns();
-    let cells = sampling_cells();
+    let (now, cells) = (attune_sys::os::now_ns(), sampling_cells());
     let mut p = PHASES.lock().unwrap_or_else(|p| p.into_inner());
-    if p.open.is_none() {
-        return Err(Errno(libc::EINVAL));
-    }
-    close_phase(&mut p, now, &cells);
+    let open = p.open.take().ok_or(Errno(libc::EINVAL))?;
+    let m = mark(open, now, &cells);
+    record(&mut p.done, m);
     Ok(())
 }
 
-fn close_phase(p: &mut Phases, now: u64, at_end: &[SampledRegion]) {
-    let Some((name, begin, at_begin)) = p.open.take() else {
-        return;
-    };
-    // The phase's samples: counts at the end minus counts at the start (a region
-    // allocated during the phase counts whole).
+/// A phase from its start (name, time, counters) and the counters at its end: the
+/// samples taken during it are the difference (a region allocated during the phase
+/// counts whole).
+fn mark(open: (String, u64, Vec<SampledRegion>), now: u64, at_end: &[SampledRegion]) -> PhaseMark {
+    let (name, begin_ns, at_begin) = open;
     let regions = at_end
         .iter()
         .map(|(base, _, chunk, _, end)| {
@@ -677,29 +714,59 @@ fn close_phase(p: &mut Phases, now: u64, at_end: &[SampledRegion]) {
             (*base, *chunk, cells)
         })
         .collect();
-    if p.done.len() < 1024 {
-        p.done.push(PhaseMark {
-            name,
-            begin_ns: begin,
-            end_ns: now,
-            regions,
-        });
+    PhaseMark {
+        name,
+        begin_ns,
+        end_ns: now,
+        active_ns: now.saturating_sub(begin_ns),
+        count: 1,
+        regions,
     }
 }
 
-/// Phases so far (closed ones; the open one is closed at the time of the call in the copy).
+/// The phases so far; an open one is reported up to now (and stays open).
 pub fn phases() -> Vec<PhaseMark> {
     let (mut out, open) = {
         let p = PHASES.lock().unwrap_or_else(|p| p.into_inner());
         (p.done.clone(), p.open.clone())
     };
-    if let Some((name, begin, at_begin)) = open {
-        let mut tmp = Phases {
-            open: Some((name, begin, at_begin)),
-            done: Vec::new(),
-        };
-        close_phase(&mut tmp, attune_sys::os::now_ns(), &sampling_cells());
-        out.extend(tmp.done);
+    if let Some(open) = open {
+        record(
+            &mut out,
+            mark(open, attune_sys::os::now_ns(), &sampling_cells()),
+        );
     }
     out
+}
+
+#[cfg(test)]
+mod phase_tests {
+    use super::*;
+
+    fn m(name: &str, t: u64, cells: Vec<(u32, u64)>) -> PhaseMark {
+        PhaseMark {
+            name: name.into(),
+            begin_ns: t,
+            end_ns: t + 10,
+            active_ns: 10,
+            count: 1,
+            regions: vec![(0x1000, 4096, cells)],
+        }
+    }
+
+    #[test]
+    fn phases_of_one_name_add_up() {
+        let mut done = Vec::new();
+        record(&mut done, m("solve", 0, vec![(1, 5), (0, 7)]));
+        record(&mut done, m("io", 10, vec![(0, 1), (0, 1)]));
+        record(&mut done, m("solve", 20, vec![(2, 3), (1, 1)]));
+        assert_eq!(done.len(), 2);
+        let s = &done[0];
+        assert_eq!((s.count, s.active_ns, s.begin_ns, s.end_ns), (2, 20, 0, 30));
+        assert_eq!(s.regions[0].2, vec![(3, 8), (1, 8)]);
+        for i in 0..MAX_PHASE_NAMES {
+            record(&mut done, m(&format!("p{i}"), 40, vec![]));
+        }
+        assert_eq!(done.len(), MAX_PHASE_NAMES);
+    }
 }

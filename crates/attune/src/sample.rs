@@ -11,7 +11,8 @@
 //! microseconds, a cold one's after the window or never.
 //!
 //! Cost: one chunk move out and (if touched) one fault back per sample; at 1000 samples
-//! a second and 64 KiB chunks that is about 1-2% of one core (docs/benchmarks.md).
+//! a second and 4 KiB chunks a random-access program lost 3-9% of its accesses
+//! (`bench/profile_overhead.sh`, docs/benchmarks.md).
 //! A parked chunk that is not touched again stays in the far tier, as an evicted one would.
 
 use crate::engine::Engine;

@@ -305,10 +305,9 @@ fn phase_curves(procs: &[Value]) -> Vec<Value> {
                 .collect();
             let all: Vec<(f64, f64)> = mixes.iter().flat_map(|m| m.pages()).collect();
             let c = heat::mixture_curve(&all, 100);
-            let begin = ph["begin_s"].as_f64().unwrap_or(0.0);
-            let end = ph["end_s"].as_f64().unwrap_or(0.0);
             out.push(json!({
-                "pid": p["pid"], "name": ph["name"], "begin_s": begin, "seconds": end - begin,
+                "pid": p["pid"], "name": ph["name"], "begin_s": ph["begin_s"],
+                "seconds": ph["active_s"], "count": ph["count"],
                 "sampled_chunks": mixes.iter().map(|m| m.sampled).sum::<usize>(),
                 "top10_share": heat::accesses_at(&c, 0.1), "top20_share": heat::accesses_at(&c, 0.2),
                 "curve": c.iter().map(|c| json!([c.pages, c.accesses])).collect::<Vec<_>>(),
