@@ -31,5 +31,18 @@ module attune
       import :: c_int
       integer(c_int) :: attune_phase_end
     end function
+    ! Shared regions kept by attuned: name as a C string, e.g. "input"//c_null_char.
+    function attune_shared_open(name, size, flags) bind(C, name="attune_shared_open")
+      import :: c_char, c_size_t, c_int, c_ptr
+      character(kind=c_char), dimension(*) :: name
+      integer(c_size_t), value :: size
+      integer(c_int), value :: flags
+      type(c_ptr) :: attune_shared_open
+    end function
+    function attune_shared_close(ptr) bind(C, name="attune_shared_close")
+      import :: c_ptr, c_int
+      type(c_ptr), value :: ptr
+      integer(c_int) :: attune_shared_close
+    end function
   end interface
 end module attune

@@ -124,6 +124,19 @@ int attune_stats_json(char *buf, size_t len);
 int attune_phase_begin(const char *name);
 int attune_phase_end(void);
 
+/* Shared regions, kept by the node daemon (attuned): one region mapped into several
+ * processes, possibly of different workflows and users. The first open creates it with
+ * `size` bytes (zero-filled); later opens pass the same size, or 0 to open an existing one
+ * only. Reference counted: it lives until the last process holding it closes it or exits.
+ * Another user's region opens only after its owner calls attune_shared_grant.
+ * NULL with errno: ENOTCONN (no daemon), EACCES (not granted), ENOENT (size 0 and none),
+ * EINVAL (bad name: 1-64 of A-Z a-z 0-9 . _ -, or another size), ENOMEM (shared_max). */
+void *attune_shared_open(const char *name, size_t size, int flags);
+int attune_shared_close(void *ptr);
+int attune_shared_grant(const char *name, uint32_t uid);
+/* 1 when this process is registered with attuned now, else 0. */
+int attune_daemon_connected(void);
+
 const char *attune_last_error(void);
 const char *attune_strerror(int err);
 

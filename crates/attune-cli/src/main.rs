@@ -36,6 +36,10 @@ enum Command {
     Lbench(cmd::lbench::Args),
     /// Memory under-use of a cluster from Slurm job records (and node samples).
     Usage(cmd::usage::Args),
+    /// What the node daemon (attuned) knows: tiers, workflows, budgets, shared regions.
+    Status(cmd::status::Args),
+    /// Load the node daemon's control plane and report requests per second.
+    DaemonBench(cmd::daemon_bench::Args),
     /// Internal: one benchmark scenario in a fresh process (used by `bench`).
     #[command(hide = true, name = "__worker")]
     Worker { scenario: String },
@@ -53,6 +57,8 @@ fn main() {
         Command::Usage(a) => cmd::usage::run(a),
         Command::Lbench(a) => cmd::lbench::run(a),
         Command::Profile(a) => cmd::profile::run(a),
+        Command::Status(a) => cmd::status::run(a),
+        Command::DaemonBench(a) => cmd::daemon_bench::run(a),
         Command::Worker { scenario } => cmd::bench::worker(&scenario),
     };
     std::process::exit(code);

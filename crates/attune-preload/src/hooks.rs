@@ -97,7 +97,7 @@ fn managed_slow(size: usize, region: bool) -> (usize, bool) {
 /// Bytes of freed regions kept for reuse: 1/8 of the budget, at most 64 MiB.
 fn cache_limit() -> usize {
     attune::runtime::engine_if_started()
-        .map(|e| (e.budget / 8).min(64 << 20) as usize)
+        .map(|e| (e.budget() / 8).min(64 << 20) as usize)
         .unwrap_or(0)
 }
 

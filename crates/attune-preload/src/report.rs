@@ -71,7 +71,7 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "command": cmdline(),
         "final": final_,
         "elapsed_seconds": elapsed_s(),
-        "budget_bytes": e.map(|e| e.budget).unwrap_or(0),
+        "budget_bytes": e.map(|e| e.budget()).unwrap_or(0),
         "peak_resident_bytes": e.map(|e| e.peak_resident.load(Relaxed)).unwrap_or(0),
         "faults": counter(|c| &c.faults),
         "evictions": counter(|c| &c.evictions),

@@ -18,7 +18,7 @@
 //! Modules: [`uffd`] (userfaultfd ioctls), [`mem`] (mmap/madvise/files, raw mmap for the
 //! interposer), [`numa`] (memory policy, page migration, mlock), [`libc_alloc`] (glibc's allocator under its internal names),
 //! [`signal`] (SIGBUS hook), [`os`] (small helpers: eventfd, time, thread ids, /proc),
-//! [`perf`] (software perf counters: page faults).
+//! [`perf`] (software perf counters: page faults), [`unix`] (peer credentials, descriptor passing, memfd for shared regions).
 
 pub mod libc_alloc;
 pub mod mem;
@@ -27,6 +27,7 @@ pub mod os;
 pub mod perf;
 pub mod signal;
 pub mod uffd;
+pub mod unix;
 
 /// A raw `errno` value returned by a failed system call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -54,6 +54,17 @@ pub enum Mode {
     Temperature,
 }
 
+/// Whether the runtime joins the node daemon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DaemonMode {
+    /// Join when the socket exists; alone otherwise.
+    Auto,
+    /// Fail to start without the daemon.
+    Require,
+    Off,
+}
+
 /// One documented option: the single source for docs, env names and `attune config`.
 pub struct OptionDoc {
     pub key: &'static str,
@@ -76,6 +87,9 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "pin_fraction", env: "ATTUNE_PIN_FRACTION", default: "0.25", suggested: "0.1-0.5", doc: "Part of a LAT or SHL region pinned and pre-faulted in DRAM" },
     OptionDoc { key: "sample_rate", env: "ATTUNE_SAMPLE_RATE", default: "0", suggested: "0; 500-2000 under attune profile", doc: "Access samples per second (a resident chunk parked in the far tier; its next touch is timed); 0 = off" },
     OptionDoc { key: "sample_window_us", env: "ATTUNE_SAMPLE_WINDOW_US", default: "20000", suggested: "20000; longer for slow programs", doc: "How long a parked sample waits for a touch before it counts as untouched (microseconds)" },
+    OptionDoc { key: "daemon", env: "ATTUNE_DAEMON", default: "auto", suggested: "auto; require on nodes where attuned arbitrates jobs", doc: "Node daemon (attuned): auto (use it when its socket exists), require (fail without it), off" },
+    OptionDoc { key: "socket", env: "ATTUNE_SOCKET", default: "/run/attune/attuned.sock", suggested: "the default", doc: "Unix socket of the node daemon" },
+    OptionDoc { key: "workflow", env: "ATTUNE_WORKFLOW", default: "$SLURM_JOB_ID, else program.pid", suggested: "one name per job (attune run and the Slurm plugin set it)", doc: "Workflow this process belongs to: the daemon grants DRAM per workflow" },
     OptionDoc { key: "mode", env: "ATTUNE_MODE", default: "attuned", suggested: "attuned", doc: "attuned (flags decide) or temperature (flags ignored: IMME's TME baseline)" },
     OptionDoc { key: "log", env: "ATTUNE_LOG", default: "warn", suggested: "warn", doc: "Messages on stderr: error, warn, info or debug" },
 ];
@@ -185,6 +199,10 @@ pub struct Config {
     pub sample_rate: u64,
     pub sample_window_us: u64,
     pub mode: Mode,
+    pub daemon: DaemonMode,
+    pub socket: std::path::PathBuf,
+    /// Empty: derived at connection (`tmm::workflow_name`).
+    pub workflow: String,
     pub log: crate::log::Level,
     /// Far tiers, fastest first.
     pub tiers: Vec<TierConfig>,
@@ -205,6 +223,9 @@ struct FileConfig {
     sample_rate: Option<u64>,
     sample_window_us: Option<u64>,
     mode: Option<Mode>,
+    daemon: Option<DaemonMode>,
+    socket: Option<String>,
+    workflow: Option<String>,
     log: Option<crate::log::Level>,
     tier: Option<Vec<FileTier>>,
 }
@@ -637,7 +658,42 @@ pub fn load(
         });
     }
     tiers.sort_by_key(|t| t.latency_ns);
+    let daemon = match getenv("ATTUNE_DAEMON") {
+        Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "auto" => DaemonMode::Auto,
+            "require" => DaemonMode::Require,
+            "off" => DaemonMode::Off,
+            o => {
+                return Err(err(
+                    "daemon",
+                    "ATTUNE_DAEMON",
+                    None,
+                    format!("'{o}' (expected auto, require or off)"),
+                ))
+            }
+        },
+        None => fc.daemon.unwrap_or(DaemonMode::Auto),
+    };
+    let socket: std::path::PathBuf = pick(
+        "socket",
+        "ATTUNE_SOCKET",
+        fc.socket.clone(),
+        "/run/attune/attuned.sock",
+    )
+    .into();
+    let workflow = pick("workflow", "ATTUNE_WORKFLOW", fc.workflow.clone(), "");
+    if workflow.len() > 128 || workflow.bytes().any(|b| !b.is_ascii_graphic()) {
+        return Err(err(
+            "workflow",
+            "ATTUNE_WORKFLOW",
+            None,
+            "at most 128 printable characters, no spaces".into(),
+        ));
+    }
     Ok(Config {
+        daemon,
+        socket,
+        workflow,
         dram,
         fault_mode,
         chunk_size,

@@ -84,7 +84,8 @@ pub struct Engine {
     pub peak_resident: AtomicU64,
     /// Bytes of pinned chunks over all regions.
     pub pinned: AtomicU64,
-    pub budget: u64,
+    /// The DRAM budget now: the configured `dram`, or the node daemon's grant (`tmm.rs`).
+    budget: AtomicU64,
     pub capacity: u64,
     pub(crate) wake_evictor: os::EventFd,
     pub counters: EngineCounters,
@@ -146,7 +147,7 @@ impl Engine {
         let zero = pool(1, false)?;
         Ok(Engine {
             numa,
-            budget: cfg.dram,
+            budget: AtomicU64::new(cfg.dram),
             capacity,
             cfg,
             uffd_thread,
@@ -195,10 +196,30 @@ impl Engine {
         self.staging.contains(addr)
     }
 
-    /// Free DRAM headroom the evictor keeps: evict above `high`, down to `low`.
+    /// The DRAM budget now.
+    pub fn budget(&self) -> u64 {
+        self.budget.load(Relaxed)
+    }
+
+    /// A new budget (the node daemon's grant, never above the configured `dram`): the
+    /// evictor demotes down to it at once. Returns the budget applied.
+    pub fn set_budget(&self, bytes: u64) -> u64 {
+        let b = bytes.clamp(1 << 20, self.cfg.dram);
+        let old = self.budget.swap(b, Relaxed);
+        if b < old {
+            self.wake_evictor.notify();
+        }
+        b
+    }
+
+    /// Free DRAM headroom the evictor keeps: evict above `high`, down to `low`. The
+    /// headroom scales with the budget (it was configured against `dram`).
     pub fn watermarks(&self) -> (u64, u64) {
-        let low = self.budget.saturating_sub(self.cfg.headroom);
-        let high = self.budget.saturating_sub(self.cfg.headroom / 2);
+        let budget = self.budget();
+        let headroom =
+            (self.cfg.headroom as u128 * budget as u128 / self.cfg.dram.max(1) as u128) as u64;
+        let low = budget.saturating_sub(headroom);
+        let high = budget.saturating_sub(headroom / 2);
         (high, low)
     }
 
@@ -316,7 +337,7 @@ impl Engine {
                 // The policy's share, within what is left of half the budget: pins that
                 // fill the budget leave nothing to page through, and every fault thrashes.
                 let want = (len as f64 * self.cfg.pin_fraction) as usize;
-                let room = (self.budget / 2).saturating_sub(self.pinned_bytes()) as usize;
+                let room = (self.budget() / 2).saturating_sub(self.pinned_bytes()) as usize;
                 want.min(room) / r.chunk * r.chunk
             }
             None => 0,
@@ -325,7 +346,7 @@ impl Engine {
             self.pin(&r, base, pin, true);
         }
         if opts.prefault {
-            let room = self.budget.saturating_sub(self.resident.load(Relaxed)) as usize;
+            let room = self.budget().saturating_sub(self.resident.load(Relaxed)) as usize;
             self.prefetch(&r, base, len.min(room));
         }
         Ok(r)

@@ -132,9 +132,9 @@ fn readahead(e: &Engine, r: &Region, c: usize, src: Where, tier: usize) -> usize
 fn reserve_dram(e: &Engine, bytes: u64) {
     let now = e.resident.fetch_add(bytes, AcqRel) + bytes;
     let (high, _) = e.watermarks();
-    if now > e.budget {
+    if now > e.budget() {
         e.counters.direct_reclaims.fetch_add(1, Relaxed);
-        let want = now - e.budget;
+        let want = now - e.budget();
         let freed = crate::evict::reclaim(e, want);
         if freed < want {
             e.counters.budget_overruns.fetch_add(1, Relaxed);

@@ -27,6 +27,7 @@ pub mod sample;
 pub mod size;
 pub mod small;
 pub mod tier;
+pub mod tmm;
 pub mod topology;
 
 pub use attune_policy::Flags;

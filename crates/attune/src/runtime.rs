@@ -86,6 +86,7 @@ fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
         .unwrap_or(false)
     {
         crate::info!("ATTUNE_DISABLE_UFFD=1: plain DRAM, no tiering");
+        crate::tmm::start(&cfg, None)?;
         return Ok(Runtime::Plain {
             cfg,
             maps: Mutex::new(BTreeMap::new()),
@@ -96,6 +97,7 @@ fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
             let e: &'static Engine = Box::leak(Box::new(e));
             ENGINE_PTR.store(e as *const Engine as usize, Release);
             e.start().map_err(|x| x.0)?;
+            crate::tmm::start(&e.cfg, Some(e))?;
             Ok(Runtime::Tiered {
                 engine: e,
                 small: SmallAllocator::new(),
@@ -106,6 +108,7 @@ fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
                 crate::log::Level::Error,
                 &format!("{}; continuing with plain DRAM (no tiering)", x.0),
             );
+            crate::tmm::start(&cfg, None)?;
             Ok(Runtime::Plain {
                 cfg,
                 maps: Mutex::new(BTreeMap::new()),
@@ -386,8 +389,8 @@ pub fn pin(ptr: usize, len: usize, on: bool) -> Result<(), Errno> {
     let (r, e) = range_in(ptr, len)?;
     if on {
         let all_pinned = e.pinned_bytes();
-        if all_pinned + len as u64 > e.budget {
-            return Err(fail(Errno(libc::ENOMEM), format!("pinning {len} bytes would exceed the DRAM budget ({} bytes, {} pinned already)", e.budget, all_pinned)));
+        if all_pinned + len as u64 > e.budget() {
+            return Err(fail(Errno(libc::ENOMEM), format!("pinning {len} bytes would exceed the DRAM budget ({} bytes, {} pinned already)", e.budget(), all_pinned)));
         }
     }
     e.pin(&r, ptr, len, on);
@@ -532,7 +535,7 @@ pub fn tier_stats() -> Result<Vec<TierStats>, Errno> {
             v.push(TierStats {
                 name: "dram".into(),
                 kind: "dram".into(),
-                capacity: e.budget,
+                capacity: e.budget(),
                 used_bytes: e.resident.load(Relaxed),
                 peak_used_bytes: e.peak_resident.load(Relaxed),
                 latency_ns: 100,

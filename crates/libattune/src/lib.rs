@@ -123,6 +123,75 @@ pub extern "C" fn attune_phase_end() -> c_int {
     guard(-1, || rc(runtime::phase_end()))
 }
 
+/// Maps the shared region `name` (held by the node daemon), creating it with `size`
+/// bytes if it does not exist (`size` 0: open an existing one only).
+#[no_mangle]
+pub extern "C" fn attune_shared_open(
+    name: *const c_char,
+    size: usize,
+    flags: c_int,
+) -> *mut c_void {
+    guard(std::ptr::null_mut(), || {
+        if name.is_null() {
+            runtime::fail(
+                attune_sys_errno(libc::EINVAL),
+                "attune_shared_open: no name",
+            );
+            set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        }
+        // SAFETY: a NUL-terminated string from the caller.
+        let n = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+        let Some(f) = attune::Flags::from_bits(flags as u32) else {
+            runtime::fail(
+                attune_sys_errno(libc::EINVAL),
+                format!("unknown flag bits {flags:#x}"),
+            );
+            set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        };
+        // The runtime (and its daemon connection) starts on first use.
+        if let Err(e) = runtime::init(None) {
+            set_errno(e.0);
+            return std::ptr::null_mut();
+        }
+        match attune::tmm::shared_open(&n, size as u64, f) {
+            Ok(p) => p as *mut c_void,
+            Err(e) => {
+                set_errno(e.0);
+                std::ptr::null_mut()
+            }
+        }
+    })
+}
+
+/// Drops this process's reference to a shared region (unmapped at its last close here;
+/// freed by the daemon when no process holds it).
+#[no_mangle]
+pub extern "C" fn attune_shared_close(ptr: *mut c_void) -> c_int {
+    guard(-1, || rc(attune::tmm::shared_close(ptr as usize)))
+}
+
+/// Lets `uid` open the caller's shared region `name`.
+#[no_mangle]
+pub extern "C" fn attune_shared_grant(name: *const c_char, uid: u32) -> c_int {
+    guard(-1, || {
+        if name.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: a NUL-terminated string from the caller.
+        let n = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+        rc(attune::tmm::shared_grant(&n, uid))
+    })
+}
+
+/// 1 when this process is registered with the node daemon now, else 0.
+#[no_mangle]
+pub extern "C" fn attune_daemon_connected() -> c_int {
+    guard(0, || attune::tmm::connected() as c_int)
+}
+
 #[no_mangle]
 pub extern "C" fn attune_init(config_path: *const c_char) -> c_int {
     guard(-1, || {

@@ -1,0 +1,142 @@
+//! `attune status`: what the node daemon (attuned) knows: tiers, workflows, budgets,
+//! resident bytes, heat, shared regions. A table, or JSON with `--json`.
+
+use attune_proto::{Reply, Request, Status};
+use clap::Parser;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+pub struct Args {
+    /// The daemon's socket [default: $ATTUNE_SOCKET or /run/attune/attuned.sock].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Print the status as JSON (schema: docs/daemon.md).
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn fetch(socket: &std::path::Path) -> Result<Status, String> {
+    let s = attune_proto::connect(socket, Duration::from_secs(5)).map_err(|e| {
+        format!(
+            "no attuned answers on {} ({e}); start it with `attuned --socket {}`",
+            socket.display(),
+            socket.display()
+        )
+    })?;
+    match attune_proto::call(&s, &Request::Status { id: 1 }) {
+        Ok((Reply::Status { status, .. }, _)) => Ok(*status),
+        Ok((other, _)) => Err(format!("unexpected reply from attuned: {other:?}")),
+        Err(e) => Err(format!("attuned on {}: {e}", socket.display())),
+    }
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1}", b as f64 / (1u64 << 20) as f64)
+}
+
+pub fn render(s: &Status) -> String {
+    let mut o = String::new();
+    o += &format!(
+        "attuned {} (pid {}, up {:.0} s): DRAM pool {} MiB, granted {} MiB, shared {} MiB; {} requests, {} rejected, {} rebalances",
+        s.version, s.pid, s.uptime_s, mib(s.dram_pool), mib(s.granted), mib(s.shared_bytes), s.requests, s.rejected, s.rebalances
+    );
+    if let Some(ms) = s.last_reclaim_ms {
+        o += &format!("; last reclaim {ms:.1} ms");
+    }
+    o += "\n\ntiers\n";
+    o += &format!(
+        "  {:<12} {:<6} {:<8} {:>12}\n",
+        "name", "kind", "nodes", "capacity MiB"
+    );
+    for t in &s.tiers {
+        let nodes: Vec<String> = t.nodes.iter().map(|n| n.to_string()).collect();
+        o += &format!(
+            "  {:<12} {:<6} {:<8} {:>12}\n",
+            t.name,
+            t.kind,
+            nodes.join(","),
+            mib(t.capacity)
+        );
+    }
+    o += "\nworkflows\n";
+    if s.workflows.is_empty() {
+        o += "  (none)\n";
+    } else {
+        o += &format!(
+            "  {:<24} {:>6} {:<8} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6}\n",
+            "workflow",
+            "uid",
+            "flags",
+            "procs",
+            "want MiB",
+            "grant MiB",
+            "DRAM MiB",
+            "faults",
+            "evictions",
+            "heat"
+        );
+        for w in &s.workflows {
+            o += &format!(
+                "  {:<24} {:>6} {:<8} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6}\n",
+                w.name,
+                w.uid,
+                if w.flags.is_empty() { "-" } else { &w.flags },
+                w.pids.len(),
+                mib(w.want),
+                mib(w.grant),
+                mib(w.resident),
+                w.faults,
+                w.evictions,
+                w.heat
+                    .map(|h| format!("{h:.2}"))
+                    .unwrap_or_else(|| "-".into())
+            );
+        }
+    }
+    o += "\nshared regions\n";
+    if s.shared.is_empty() {
+        o += "  (none)\n";
+    } else {
+        o += &format!(
+            "  {:<24} {:>6} {:<8} {:>10} {:>10} {:>5}  granted\n",
+            "name", "owner", "flags", "size MiB", "DRAM MiB", "refs"
+        );
+        for r in &s.shared {
+            let g: Vec<String> = r.granted_uids.iter().map(|u| u.to_string()).collect();
+            o += &format!(
+                "  {:<24} {:>6} {:<8} {:>10} {:>10} {:>5}  {}\n",
+                r.name,
+                r.owner,
+                if r.flags.is_empty() { "-" } else { &r.flags },
+                mib(r.size),
+                mib(r.resident),
+                r.refs,
+                if g.is_empty() {
+                    "-".into()
+                } else {
+                    g.join(",")
+                }
+            );
+        }
+    }
+    o
+}
+
+pub fn run(a: Args) -> i32 {
+    let socket = a.socket.unwrap_or_else(attune_proto::socket_path);
+    match fetch(&socket) {
+        Ok(s) => {
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&s).unwrap());
+            } else {
+                print!("{}", render(&s));
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("attune status: {e}");
+            1
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! Node-wide DRAM budgets for co-located workflows (the daemon's policy; pure).
+//!
+//! Every workflow asks for the DRAM it would use alone (`want`) and says how much of it
+//! is protected (LAT/SHL regions: `protected`). The pool is granted in three rounds:
+//! 1. protected bytes of LAT/SHL workflows, so a latency-sensitive job keeps its pages
+//!    when a capacity-hungry neighbour arrives (scaled down together if even these do not
+//!    fit);
+//! 2. a floor for everyone (`min_grant`), so no runtime is starved to zero and stalls
+//!    in its own fault handler;
+//! 3. the rest by weighted fair share (water-filling: nobody gets more than it wants,
+//!    what one does not need goes to the others), weights by class.
+//!
+//! The grants never sum above the pool.
+
+use crate::Flags;
+
+/// Weight of a workflow in the fair-share round, by its flags: protected classes
+/// first, bandwidth next, capacity and unflagged last.
+pub fn weight(flags: Flags) -> u64 {
+    if flags.is_protected() {
+        4
+    } else if flags.contains(Flags::BW) {
+        2
+    } else {
+        1
+    }
+}
+
+/// One workflow's request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Demand {
+    /// DRAM it would keep resident alone.
+    pub want: u64,
+    /// Bytes of LAT/SHL regions it wants kept in DRAM (0 for other classes).
+    pub protected: u64,
+    pub flags: Flags,
+}
+
+const PAGE: u64 = 4096;
+
+/// Grants of `pool` bytes to `demands`, in order. Each is a multiple of 4 KiB.
+pub fn grant(pool: u64, min_grant: u64, demands: &[Demand]) -> Vec<u64> {
+    let n = demands.len();
+    let mut g = vec![0u64; n];
+    let mut left = pool;
+    // Round 1: protected bytes of protected workflows.
+    let prot: Vec<u64> = demands
+        .iter()
+        .map(|d| {
+            if d.flags.is_protected() {
+                d.protected.min(d.want)
+            } else {
+                0
+            }
+        })
+        .collect();
+    left -= give_scaled(&mut g, &prot, left);
+    // Round 2: the floor.
+    let floor: Vec<u64> = demands
+        .iter()
+        .zip(&g)
+        .map(|(d, &have)| d.want.min(min_grant).saturating_sub(have))
+        .collect();
+    left -= give_scaled(&mut g, &floor, left);
+    // Round 3: weighted water-filling up to each want.
+    loop {
+        let active: Vec<usize> = (0..n).filter(|&i| g[i] + PAGE <= demands[i].want).collect();
+        if active.is_empty() || left < PAGE {
+            break;
+        }
+        let total_w: u128 = active
+            .iter()
+            .map(|&i| weight(demands[i].flags) as u128)
+            .sum();
+        let mut given = 0;
+        for &i in &active {
+            let share = (left as u128 * weight(demands[i].flags) as u128 / total_w) as u64;
+            let add = round(share.min(demands[i].want - g[i]));
+            g[i] += add;
+            given += add;
+        }
+        if given == 0 {
+            // Shares rounded to zero pages: hand out page by page, heaviest first.
+            let i = *active
+                .iter()
+                .max_by_key(|&&i| weight(demands[i].flags))
+                .unwrap();
+            g[i] += PAGE;
+            given = PAGE;
+        }
+        left -= given;
+    }
+    g
+}
+
+fn round(b: u64) -> u64 {
+    b / PAGE * PAGE
+}
+
+/// Adds `asks` to `g`, all of them if they fit in `avail`, else scaled down together.
+/// Returns the bytes given.
+fn give_scaled(g: &mut [u64], asks: &[u64], avail: u64) -> u64 {
+    let total: u128 = asks.iter().map(|&a| a as u128).sum();
+    let mut given = 0;
+    for (gi, &a) in g.iter_mut().zip(asks) {
+        let add = if total <= avail as u128 {
+            round(a)
+        } else {
+            round((a as u128 * avail as u128 / total) as u64)
+        };
+        *gi += add;
+        given += add;
+    }
+    given
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    const M: u64 = 1 << 20;
+
+    fn d(want: u64, protected: u64, flags: Flags) -> Demand {
+        Demand {
+            want: want * M,
+            protected: protected * M,
+            flags,
+        }
+    }
+
+    #[test]
+    fn table() {
+        // (pool MiB, min MiB, demands, expected grants MiB)
+        let cases: &[(u64, u64, Vec<Demand>, Vec<u64>)] = &[
+            // Everyone fits: each gets what it wants.
+            (
+                1024,
+                16,
+                vec![d(100, 0, Flags::CAP), d(200, 50, Flags::LAT)],
+                vec![100, 200],
+            ),
+            // LAT's protected part first, the rest 4:1 LAT:CAP, LAT capped at its want.
+            (
+                256,
+                16,
+                vec![d(128, 96, Flags::LAT), d(512, 0, Flags::CAP)],
+                vec![128, 128],
+            ),
+            // Weighted shares when both want everything: LAT 4, BW 2, CAP 1 over 700.
+            (
+                700,
+                0,
+                vec![
+                    d(1000, 0, Flags::LAT),
+                    d(1000, 0, Flags::BW),
+                    d(1000, 0, Flags::CAP),
+                ],
+                vec![400, 200, 100],
+            ),
+            // Protected bytes above the pool: scaled, the floor of others gets nothing.
+            (
+                100,
+                16,
+                vec![
+                    d(300, 150, Flags::LAT),
+                    d(300, 50, Flags::SHL),
+                    d(300, 0, Flags::CAP),
+                ],
+                vec![75, 25, 0],
+            ),
+            // A small CAP want leaves its unused share to the BW neighbour.
+            (
+                512,
+                16,
+                vec![d(32, 0, Flags::CAP), d(1024, 0, Flags::BW)],
+                vec![32, 480],
+            ),
+        ];
+        for (pool, min, ds, want) in cases {
+            let g = grant(pool * M, min * M, ds);
+            let got: Vec<u64> = g.iter().map(|b| (b + M / 2) / M).collect();
+            assert_eq!(&got, want, "pool {pool} demands {ds:?}");
+            assert!(g.iter().sum::<u64>() <= pool * M);
+        }
+    }
+
+    #[test]
+    fn never_above_pool_nor_want() {
+        use rand::{Rng, SeedableRng};
+        let mut r = rand::rngs::StdRng::seed_from_u64(7);
+        let all = [
+            Flags::LAT,
+            Flags::SHL,
+            Flags::BW,
+            Flags::CAP,
+            Flags::NONE,
+            Flags(5),
+        ];
+        for _ in 0..2000 {
+            let n = r.random_range(0..12);
+            let ds: Vec<Demand> = (0..n)
+                .map(|_| {
+                    let want = r.random_range(0..4096) * 4096 * 16;
+                    Demand {
+                        want,
+                        protected: r.random_range(0..=want),
+                        flags: all[r.random_range(0..all.len())],
+                    }
+                })
+                .collect();
+            let pool = r.random_range(0..1u64 << 34);
+            let g = grant(pool, 16 * M, &ds);
+            assert!(g.iter().sum::<u64>() <= pool);
+            for (gi, d) in g.iter().zip(&ds) {
+                assert!(*gi <= d.want, "granted above the want");
+            }
+            // Nothing is left idle while someone still wants more (within a page each).
+            let wanted_more = g
+                .iter()
+                .zip(&ds)
+                .any(|(gi, d)| gi + PAGE * (n as u64 + 1) < d.want);
+            if wanted_more {
+                assert!(
+                    pool - g.iter().sum::<u64>() < PAGE * (n as u64 + 1) * 2,
+                    "idle DRAM left"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn lat_protected_part_survives_newcomers() {
+        let lat = d(64, 48, Flags::LAT);
+        let mut ds = vec![lat];
+        for _ in 0..10 {
+            ds.push(d(1024, 0, Flags::CAP));
+            let g = grant(256 * M, 8 * M, &ds);
+            assert!(g[0] >= 48 * M, "LAT lost its protected pages: {:?}", g);
+        }
+    }
+}

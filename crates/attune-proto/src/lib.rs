@@ -1,0 +1,420 @@
+//! # attune-proto: runtimes, the CLI and `attuned` talk over one Unix socket
+//!
+//! **Framing.** A frame is a 4-byte little-endian length and that many bytes of JSON (one
+//! `Request` or `Reply`). Frames above [`MAX_FRAME`] are refused and the connection
+//! closed: a peer cannot make the daemon buffer without bound. Descriptors (the memory
+//! files of shared regions) travel with `SCM_RIGHTS` on the first byte of the frame that
+//! names them in its `fds` field; the reader queues received descriptors in order and
+//! each frame takes its count from the front of the queue.
+//!
+//! **Flow.** A runtime opens one connection for the life of its process, says `Hello`
+//! (workflow, flags, the DRAM it would use alone) and gets `Welcome` with its grant. The
+//! daemon pushes `Grant` whenever the node's budgets change; the runtime applies it (its
+//! evictor demotes down to the new budget) and acknowledges with `Usage { ack }`. Requests
+//! with an `id` (shared regions, status) get one reply with the same id; pushes have no
+//! id. The peer's identity is never taken from a message: the daemon reads it from the
+//! socket (`SO_PEERCRED`).
+#![forbid(unsafe_code)]
+
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+/// Protocol version in `Hello`; the daemon refuses others.
+pub const VERSION: u32 = 1;
+/// Largest frame accepted (bytes of JSON).
+pub const MAX_FRAME: usize = 64 << 10;
+/// Where runtimes and the CLI look for the daemon unless `ATTUNE_SOCKET` says otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/attune/attuned.sock";
+
+/// The socket path: `ATTUNE_SOCKET`, else the default.
+pub fn socket_path() -> std::path::PathBuf {
+    std::env::var_os("ATTUNE_SOCKET")
+        .filter(|s| !s.is_empty())
+        .map(Into::into)
+        .unwrap_or_else(|| DEFAULT_SOCKET.into())
+}
+
+/// Client to daemon.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Registers this process in a workflow. `shared` names the shared regions this
+    /// process still maps after a daemon restart; their memory files come attached, in
+    /// order (`fds` = their count).
+    Hello {
+        version: u32,
+        workflow: String,
+        flags: String,
+        /// DRAM this process would keep resident alone (its configured budget).
+        want: u64,
+        /// Bytes of LAT/SHL regions it asks to keep in DRAM.
+        protected: u64,
+        #[serde(default)]
+        shared: Vec<SharedHeld>,
+        #[serde(default)]
+        fds: usize,
+    },
+    /// Periodic report; `ack` is the sequence number of the last grant applied (the
+    /// runtime is within it), 0 if none yet.
+    Usage(Usage),
+    SharedOpen {
+        id: u64,
+        name: String,
+        size: u64,
+        flags: String,
+    },
+    SharedClose {
+        id: u64,
+        name: String,
+    },
+    /// Lets `uid` open the caller's shared region `name`.
+    SharedGrant {
+        id: u64,
+        name: String,
+        uid: u32,
+    },
+    Status {
+        id: u64,
+    },
+    Ping {
+        id: u64,
+    },
+}
+
+/// A shared region a re-registering client holds.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SharedHeld {
+    pub name: String,
+    pub flags: String,
+    /// How many times this process opened it (its references).
+    pub refs: u32,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Usage {
+    /// Flags of the process's regions (union), so the daemon weighs it by what it holds.
+    #[serde(default)]
+    pub flags: String,
+    pub resident: u64,
+    pub pinned: u64,
+    pub protected: u64,
+    pub want: u64,
+    pub faults: u64,
+    pub evictions: u64,
+    pub fetched_bytes: u64,
+    pub evicted_bytes: u64,
+    /// Sampled accesses (the runtime's heat signal): parks and hits since start.
+    pub sample_parks: u64,
+    pub sample_hits: u64,
+    pub ack: u64,
+}
+
+/// Daemon to client.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Reply {
+    Welcome {
+        client: u64,
+        grant: u64,
+        seq: u64,
+    },
+    /// A new DRAM budget for this process (pushed, no id).
+    Grant {
+        grant: u64,
+        seq: u64,
+    },
+    /// A shared region: its memory file is attached (`fds` = 1).
+    Shared {
+        id: u64,
+        name: String,
+        size: u64,
+        created: bool,
+        owner: u32,
+        fds: usize,
+    },
+    Ok {
+        id: u64,
+    },
+    Error {
+        id: u64,
+        errno: i32,
+        message: String,
+    },
+    Status {
+        id: u64,
+        status: Box<Status>,
+    },
+    Pong {
+        id: u64,
+    },
+}
+
+/// What `attune status` shows.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
+pub struct Status {
+    pub version: String,
+    pub pid: u32,
+    pub uptime_s: f64,
+    /// DRAM the daemon divides among workflows (before shared regions).
+    pub dram_pool: u64,
+    pub min_grant: u64,
+    pub shared_bytes: u64,
+    pub granted: u64,
+    pub tiers: Vec<TierStatus>,
+    pub workflows: Vec<WorkflowStatus>,
+    pub shared: Vec<SharedStatus>,
+    pub requests: u64,
+    pub rejected: u64,
+    pub rebalances: u64,
+    /// Time from the last shrinking rebalance to every shrunk client's acknowledgement.
+    pub last_reclaim_ms: Option<f64>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
+pub struct TierStatus {
+    pub name: String,
+    pub kind: String,
+    pub nodes: Vec<u32>,
+    pub capacity: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
+pub struct WorkflowStatus {
+    pub name: String,
+    pub uid: u32,
+    pub flags: String,
+    pub pids: Vec<i32>,
+    pub want: u64,
+    pub protected: u64,
+    pub grant: u64,
+    pub resident: u64,
+    pub pinned: u64,
+    pub faults: u64,
+    pub evictions: u64,
+    pub fetched_bytes: u64,
+    pub evicted_bytes: u64,
+    /// Share of sampled pages touched again within the window (0-1): a heat summary.
+    pub heat: Option<f64>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
+pub struct SharedStatus {
+    pub name: String,
+    pub owner: u32,
+    pub flags: String,
+    pub size: u64,
+    pub resident: u64,
+    pub refs: u32,
+    pub granted_uids: Vec<u32>,
+}
+
+/// Writes one frame (and descriptors with it).
+pub fn write_frame<T: Serialize>(sock: &UnixStream, msg: &T, fds: &[RawFd]) -> io::Result<()> {
+    let body = serde_json::to_vec(msg).map_err(io::Error::other)?;
+    if body.len() > MAX_FRAME {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "frame too large",
+        ));
+    }
+    let mut buf = Vec::with_capacity(4 + body.len());
+    buf.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&body);
+    attune_sys::unix::send_with_fds(sock, &buf, fds).map_err(io::Error::from)
+}
+
+/// Reads frames from one socket, keeping partial frames and received descriptors.
+#[derive(Default)]
+pub struct FrameReader {
+    buf: Vec<u8>,
+    fds: VecDeque<OwnedFd>,
+}
+
+/// Why a frame could not be read.
+#[derive(Debug)]
+pub enum ReadError {
+    /// The peer closed the connection between frames.
+    Closed,
+    Io(io::Error),
+    /// Not a frame of this protocol (too large, bad JSON, unknown op, descriptors
+    /// missing or in excess): the connection should be dropped.
+    Malformed(String),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Closed => write!(f, "connection closed"),
+            ReadError::Io(e) => write!(f, "{e}"),
+            ReadError::Malformed(m) => write!(f, "malformed message: {m}"),
+        }
+    }
+}
+
+impl FrameReader {
+    /// The next message and its descriptors (`fds_of` says how many it claims).
+    pub fn read<T: for<'de> Deserialize<'de>>(
+        &mut self,
+        sock: &UnixStream,
+        fds_of: impl Fn(&T) -> usize,
+    ) -> Result<(T, Vec<OwnedFd>), ReadError> {
+        loop {
+            if self.buf.len() >= 4 {
+                let len = u32::from_le_bytes(self.buf[..4].try_into().unwrap()) as usize;
+                if len > MAX_FRAME {
+                    return Err(ReadError::Malformed(format!(
+                        "frame of {len} bytes (at most {MAX_FRAME})"
+                    )));
+                }
+                if self.buf.len() >= 4 + len {
+                    let body: Vec<u8> = self.buf.drain(..4 + len).skip(4).collect();
+                    let msg: T = serde_json::from_slice(&body)
+                        .map_err(|e| ReadError::Malformed(e.to_string()))?;
+                    let n = fds_of(&msg);
+                    if n > self.fds.len() {
+                        return Err(ReadError::Malformed(format!(
+                            "{n} descriptors announced, {} received",
+                            self.fds.len()
+                        )));
+                    }
+                    let fds: Vec<OwnedFd> = self.fds.drain(..n).collect();
+                    if self.buf.is_empty() && !self.fds.is_empty() {
+                        // Descriptors nobody announced: a confused or hostile peer.
+                        self.fds.clear();
+                        return Err(ReadError::Malformed(
+                            "descriptors sent without a message naming them".into(),
+                        ));
+                    }
+                    return Ok((msg, fds));
+                }
+            }
+            let mut chunk = [0u8; 16 << 10];
+            let mut got = Vec::new();
+            let n = attune_sys::unix::recv_with_fds(sock, &mut chunk, &mut got)
+                .map_err(|e| ReadError::Io(e.into()))?;
+            if self.fds.len() + got.len() > attune_sys::unix::MAX_FDS {
+                return Err(ReadError::Malformed("too many descriptors".into()));
+            }
+            self.fds.extend(got);
+            if n == 0 {
+                return Err(if self.buf.is_empty() {
+                    ReadError::Closed
+                } else {
+                    ReadError::Malformed("connection closed inside a frame".into())
+                });
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+impl Request {
+    /// Descriptors a request carries.
+    pub fn fds(&self) -> usize {
+        match self {
+            Request::Hello { fds, .. } => *fds,
+            _ => 0,
+        }
+    }
+}
+
+impl Reply {
+    pub fn fds(&self) -> usize {
+        match self {
+            Reply::Shared { fds, .. } => *fds,
+            _ => 0,
+        }
+    }
+}
+
+/// Connects, with a timeout for replies so a hung daemon cannot hang the caller.
+pub fn connect(path: &std::path::Path, timeout: std::time::Duration) -> io::Result<UnixStream> {
+    let s = UnixStream::connect(path)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    Ok(s)
+}
+
+/// One request and its reply on a connection nobody else reads (the CLI's way).
+pub fn call(sock: &UnixStream, req: &Request) -> Result<(Reply, Vec<OwnedFd>), ReadError> {
+    write_frame(sock, req, &[]).map_err(ReadError::Io)?;
+    FrameReader::default().read(sock, Reply::fds)
+}
+
+/// Raw fd of a descriptor, for `write_frame`.
+pub fn raw(fd: &OwnedFd) -> RawFd {
+    fd.as_raw_fd()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_with_descriptor() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let m = attune_sys::unix::memfd_sized("x", 4096).unwrap();
+        let r = Reply::Shared {
+            id: 3,
+            name: "in".into(),
+            size: 4096,
+            created: true,
+            owner: 0,
+            fds: 1,
+        };
+        write_frame(&a, &r, &[raw(&m)]).unwrap();
+        write_frame(&a, &Reply::Pong { id: 4 }, &[]).unwrap();
+        let mut rd = FrameReader::default();
+        let (got, fds) = rd.read(&b, Reply::fds).unwrap();
+        assert_eq!(got, r);
+        assert_eq!(fds.len(), 1);
+        let (got, fds) = rd.read(&b, Reply::fds).unwrap();
+        assert_eq!(got, Reply::Pong { id: 4 });
+        assert!(fds.is_empty());
+        drop(a);
+        assert!(matches!(rd.read(&b, Reply::fds), Err(ReadError::Closed)));
+    }
+
+    #[test]
+    fn refuses_oversized_and_garbage() {
+        use std::io::Write;
+        let (mut a, b) = UnixStream::pair().unwrap();
+        a.write_all(&(1u32 << 30).to_le_bytes()).unwrap();
+        assert!(matches!(
+            FrameReader::default().read(&b, Request::fds),
+            Err(ReadError::Malformed(_))
+        ));
+        let (mut a, b) = UnixStream::pair().unwrap();
+        a.write_all(&5u32.to_le_bytes()).unwrap();
+        a.write_all(b"{op:}").unwrap();
+        assert!(matches!(
+            FrameReader::default().read(&b, Request::fds),
+            Err(ReadError::Malformed(_))
+        ));
+        // A known op with a field too many.
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let body = br#"{"op":"ping","id":1,"evil":2}"#;
+        a.write_all(&(body.len() as u32).to_le_bytes()).unwrap();
+        a.write_all(body).unwrap();
+        assert!(matches!(
+            FrameReader::default().read(&b, Request::fds),
+            Err(ReadError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn unannounced_descriptors_are_refused() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let m = attune_sys::unix::memfd_sized("x", 4096).unwrap();
+        write_frame(&a, &Request::Ping { id: 1 }, &[raw(&m)]).unwrap();
+        assert!(matches!(
+            FrameReader::default().read(&b, Request::fds),
+            Err(ReadError::Malformed(_))
+        ));
+    }
+}

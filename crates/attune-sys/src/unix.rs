@@ -1,0 +1,300 @@
+//! Unix-socket primitives of the daemon protocol: peer credentials, file descriptors
+//! passed with `SCM_RIGHTS`, and the memory files (`memfd`) that back shared regions.
+//!
+//! Contract: every received descriptor is wrapped in an `OwnedFd` at once (closed if the
+//! caller drops it) and marked close-on-exec (`MSG_CMSG_CLOEXEC`); a message carrying
+//! more descriptors than asked for has the extra ones closed, never leaked.
+
+use crate::{Errno, SysResult};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Most descriptors one message carries (a client re-registering its shared regions).
+pub const MAX_FDS: usize = 64;
+
+/// Who is at the other end of a connected Unix socket (from the kernel, not the peer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerCred {
+    pub pid: i32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// `SO_PEERCRED` of a connected Unix socket.
+pub fn peer_cred(fd: &impl AsRawFd) -> SysResult<PeerCred> {
+    let mut c = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: c and len are valid for the kernel to write a ucred into.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut c as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(Errno::last());
+    }
+    Ok(PeerCred {
+        pid: c.pid,
+        uid: c.uid,
+        gid: c.gid,
+    })
+}
+
+/// Sends all of `data`, with `fds` attached to its first byte. Retries on EINTR.
+pub fn send_with_fds(sock: &impl AsRawFd, data: &[u8], fds: &[RawFd]) -> SysResult<()> {
+    if fds.len() > MAX_FDS {
+        return Err(Errno(libc::E2BIG));
+    }
+    let mut sent = 0usize;
+    let mut first = true;
+    while sent < data.len() || (first && data.is_empty()) {
+        let mut iov = libc::iovec {
+            iov_base: data[sent..].as_ptr() as *mut libc::c_void,
+            iov_len: data.len() - sent,
+        };
+        // Control buffer: u64-aligned, big enough for MAX_FDS descriptors.
+        let mut cbuf = [0u64; (MAX_FDS * 4 + 64) / 8];
+        // SAFETY: zeroed msghdr is a valid initial value.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if first && !fds.is_empty() {
+            let bytes = std::mem::size_of_val(fds);
+            // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
+            let space = unsafe { libc::CMSG_SPACE(bytes as u32) } as usize;
+            msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+            msg.msg_controllen = space;
+            // SAFETY: msg_control points at `space` bytes we own; the header and data
+            // written fit (space <= size of cbuf for fds.len() <= MAX_FDS).
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(&msg);
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_RIGHTS;
+                (*c).cmsg_len = libc::CMSG_LEN(bytes as u32) as usize;
+                std::ptr::copy_nonoverlapping(fds.as_ptr() as *const u8, libc::CMSG_DATA(c), bytes);
+            }
+        }
+        // SAFETY: msg describes buffers valid for the duration of the call.
+        let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = Errno::last();
+            if e.0 == libc::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        first = false;
+        sent += n as usize;
+        if data.is_empty() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Receives up to `buf.len()` bytes and any descriptors sent with them. Returns 0 bytes
+/// at end of stream. Retries on EINTR.
+pub fn recv_with_fds(
+    sock: &impl AsRawFd,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+) -> SysResult<usize> {
+    loop {
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+            iov_len: buf.len(),
+        };
+        let mut cbuf = [0u64; (MAX_FDS * 4 + 64) / 8];
+        // SAFETY: zeroed msghdr is a valid initial value.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = std::mem::size_of_val(&cbuf);
+        // SAFETY: msg describes buffers valid for the duration of the call.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            let e = Errno::last();
+            if e.0 == libc::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        // SAFETY: walking the control messages the kernel wrote into cbuf; every
+        // descriptor found is owned from here on (the kernel installed it in our table).
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(c);
+                    let hdr = libc::CMSG_LEN(0) as usize;
+                    let count = ((*c).cmsg_len as usize - hdr) / std::mem::size_of::<RawFd>();
+                    for i in 0..count {
+                        let fd = std::ptr::read_unaligned((data as *const RawFd).add(i));
+                        fds.push(OwnedFd::from_raw_fd(fd));
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+            // Descriptors beyond what fits were closed by the kernel; refuse the message.
+            fds.clear();
+            return Err(Errno(libc::EMSGSIZE));
+        }
+        return Ok(n as usize);
+    }
+}
+
+/// An anonymous memory file (`memfd_create`), sealed against shrinking so a mapping of
+/// it can never SIGBUS because someone truncated it. Holds `size` bytes, unallocated.
+pub fn memfd_sized(name: &str, size: u64) -> SysResult<OwnedFd> {
+    let cname = std::ffi::CString::new(name.replace('\0', "_")).map_err(|_| Errno(libc::EINVAL))?;
+    // SAFETY: cname is a valid C string.
+    let fd =
+        unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: fd was just returned by the kernel and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain syscalls on an fd we own.
+    unsafe {
+        if libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) != 0 {
+            return Err(Errno::last());
+        }
+        if libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+        ) != 0
+        {
+            return Err(Errno::last());
+        }
+    }
+    Ok(fd)
+}
+
+/// Whether a descriptor is a memory file sealed the way [`memfd_sized`] seals it (cannot
+/// shrink or grow): safe to map without a truncation turning into SIGBUS.
+pub fn is_sealed_memfd(fd: &impl AsRawFd) -> bool {
+    // SAFETY: F_GET_SEALS on a descriptor the caller holds.
+    let s = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    s >= 0
+        && s & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)
+            == (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)
+}
+
+/// Size of a file behind a descriptor (fstat).
+pub fn fd_size(fd: &impl AsRawFd) -> SysResult<u64> {
+    // SAFETY: st is valid for the kernel to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: plain fstat on a descriptor the caller holds.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(Errno::last());
+    }
+    Ok(st.st_size as u64)
+}
+
+/// Bytes of a file actually allocated (st_blocks x 512): a shared region's resident size.
+pub fn fd_allocated(fd: &impl AsRawFd) -> SysResult<u64> {
+    // SAFETY: st is valid for the kernel to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: plain fstat on a descriptor the caller holds.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(Errno::last());
+    }
+    Ok(st.st_blocks as u64 * 512)
+}
+
+/// Maps `len` bytes of a file shared, read-write (or read-only). Returns the address.
+pub fn map_shared(fd: &impl AsRawFd, len: usize, writable: bool) -> SysResult<usize> {
+    let prot = if writable {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else {
+        libc::PROT_READ
+    };
+    // SAFETY: a new mapping chosen by the kernel; no existing memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(Errno::last());
+    }
+    Ok(p as usize)
+}
+
+/// Closes a descriptor number inherited across `fork` whose owner object lives on in the
+/// parent's copy of memory and is never dropped in the child (the daemon connection: a
+/// child holding it would keep the parent registered after the parent's death).
+pub fn close_inherited(fd: RawFd) {
+    // SAFETY: the caller guarantees no live object in this process uses `fd`.
+    unsafe { libc::close(fd) };
+}
+
+/// Duplicates a descriptor (close-on-exec).
+pub fn dup(fd: &impl AsRawFd) -> SysResult<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor the caller holds returns a new one we own.
+    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    if n < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: n is a fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn passes_a_memfd_and_reads_credentials() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let c = peer_cred(&a).unwrap();
+        assert_eq!(c.pid, std::process::id() as i32);
+        let m = memfd_sized("t", 1 << 16).unwrap();
+        send_with_fds(&a, b"hello", &[m.as_raw_fd()]).unwrap();
+        let mut buf = [0u8; 16];
+        let mut fds = Vec::new();
+        let n = recv_with_fds(&b, &mut buf, &mut fds).unwrap();
+        assert_eq!(&buf[..n], b"hello");
+        assert_eq!(fds.len(), 1);
+        assert_eq!(fd_size(&fds[0]).unwrap(), 1 << 16);
+        // Both descriptors name one file: a write through one mapping shows in the other.
+        let p = map_shared(&m, 1 << 16, true).unwrap();
+        let q = map_shared(&fds[0], 1 << 16, false).unwrap();
+        // SAFETY: both are fresh 64 KiB shared mappings of the same file.
+        unsafe {
+            *(p as *mut u64) = 0xfeed;
+            assert_eq!(*(q as *const u64), 0xfeed);
+        }
+        crate::mem::unmap(p, 1 << 16).unwrap();
+        crate::mem::unmap(q, 1 << 16).unwrap();
+    }
+
+    #[test]
+    fn sealed_memfd_cannot_shrink() {
+        let m = memfd_sized("t", 8192).unwrap();
+        // SAFETY: ftruncate on our own fd.
+        let r = unsafe { libc::ftruncate(m.as_raw_fd(), 0) };
+        assert_ne!(r, 0);
+        assert!(is_sealed_memfd(&m));
+        let f = std::fs::File::open("/proc/self/exe").unwrap();
+        assert!(!is_sealed_memfd(&f));
+    }
+}

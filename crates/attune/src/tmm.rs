@@ -1,0 +1,562 @@
+//! The runtime's side of the node daemon (`attuned`, the Tiered Memory Manager).
+//!
+//! One connection per process, held by the `attune-tmm` thread: it registers the process
+//! (`Hello`), applies every grant the daemon pushes to the engine's budget (the evictor
+//! then demotes down to it), reports usage every 200 ms and acknowledges a grant once
+//! resident memory is within it. Application threads send requests (shared regions)
+//! through the same connection and wait for the reply the thread routes to them.
+//!
+//! When the daemon goes away the runtime keeps its last grant and keeps running; the
+//! thread reconnects every half second and registers again, handing back the memory files
+//! of the shared regions it still maps so a restarted daemon knows them. Without a
+//! daemon (`daemon = auto` and no socket) the runtime works alone on its own budget.
+
+use crate::config::{Config, DaemonMode};
+use crate::engine::Engine;
+use attune_policy::Flags;
+use attune_proto::{FrameReader, ReadError, Reply, Request, SharedHeld, Usage};
+use attune_sys::Errno;
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+const REPORT_EVERY: Duration = Duration::from_millis(200);
+/// How often the footprint is checked between reports.
+const WATCH_EVERY: Duration = Duration::from_millis(20);
+const RECONNECT_EVERY: Duration = Duration::from_millis(500);
+const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A shared region this process maps.
+struct Held {
+    file: OwnedFd,
+    addr: usize,
+    size: u64,
+    flags: String,
+    refs: u32,
+}
+
+pub struct Client {
+    pid: u32,
+    socket: std::path::PathBuf,
+    workflow: String,
+    /// Flags from the launcher (`ATTUNE_FLAGS`/`TM_FLAGS`); empty: the regions' union.
+    launch_flags: Flags,
+    engine: Option<&'static Engine>,
+    want: u64,
+    writer: Mutex<Option<UnixStream>>,
+    replies: Mutex<HashMap<u64, (Reply, Vec<OwnedFd>)>>,
+    cv: Condvar,
+    next_id: AtomicU64,
+    connected: AtomicBool,
+    /// Sequence number of the grant applied last, and whether it is met.
+    seq: AtomicU64,
+    grant: AtomicU64,
+    held: Mutex<BTreeMap<String, Held>>,
+    /// Connection generation: waiters fail when it changes under them.
+    generation: AtomicU64,
+}
+
+static CLIENT: Mutex<Option<(u32, Arc<Client>)>> = Mutex::new(None);
+/// Raw fd of the connection, closed in a forked child (see `forget_in_child`).
+static CONN_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// This process's client, if it joined a daemon.
+pub fn client() -> Option<Arc<Client>> {
+    let g = CLIENT.lock().unwrap_or_else(|p| p.into_inner());
+    match &*g {
+        Some((pid, c)) if *pid == std::process::id() => Some(c.clone()),
+        _ => None,
+    }
+}
+
+extern "C" fn forget_in_child() {
+    let fd = CONN_FD.swap(-1, Relaxed);
+    if fd >= 0 {
+        attune_sys::unix::close_inherited(fd);
+    }
+}
+
+/// The workflow name: configured, else the Slurm job, else program and pid.
+pub fn workflow_name(cfg: &Config) -> String {
+    if !cfg.workflow.is_empty() {
+        return cfg.workflow.clone();
+    }
+    if let Ok(j) = std::env::var("SLURM_JOB_ID") {
+        if !j.is_empty() && j.len() < 100 {
+            return format!("slurm-{j}");
+        }
+    }
+    let prog = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
+    let prog: String = prog
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_graphic())
+        .take(64)
+        .collect();
+    format!(
+        "{}.{}",
+        if prog.is_empty() { "proc" } else { &prog },
+        std::process::id()
+    )
+}
+
+/// Joins the daemon as the configuration says. `Err` only with `daemon = require`.
+pub fn start(cfg: &Config, engine: Option<&'static Engine>) -> Result<(), String> {
+    if cfg.daemon == DaemonMode::Off {
+        return Ok(());
+    }
+    let first = attune_proto::connect(&cfg.socket, Duration::from_secs(2));
+    let sock = match first {
+        Ok(s) => s,
+        Err(e) => {
+            if cfg.daemon == DaemonMode::Require {
+                return Err(format!(
+                    "daemon = require, but no attuned answers on {} ({e}); start attuned or set ATTUNE_DAEMON=auto",
+                    cfg.socket.display()
+                ));
+            }
+            crate::info!(
+                "no attuned on {} ({e}): running alone on the local budget",
+                cfg.socket.display()
+            );
+            return Ok(());
+        }
+    };
+    let flags = ["ATTUNE_FLAGS", "TM_FLAGS"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().and_then(|v| Flags::parse(&v).ok()))
+        .unwrap_or_default();
+    let c = Arc::new(Client {
+        pid: std::process::id(),
+        socket: cfg.socket.clone(),
+        workflow: workflow_name(cfg),
+        launch_flags: flags,
+        engine,
+        want: cfg.dram,
+        writer: Mutex::new(None),
+        replies: Mutex::new(HashMap::new()),
+        cv: Condvar::new(),
+        next_id: AtomicU64::new(1),
+        connected: AtomicBool::new(false),
+        seq: AtomicU64::new(0),
+        grant: AtomicU64::new(0),
+        held: Mutex::new(BTreeMap::new()),
+        generation: AtomicU64::new(0),
+    });
+    static ATFORK: std::sync::Once = std::sync::Once::new();
+    ATFORK.call_once(|| attune_sys::os::atfork(None, None, Some(forget_in_child)));
+    *CLIENT.lock().unwrap_or_else(|p| p.into_inner()) = Some((c.pid, c.clone()));
+    // Register before returning, so the first allocations already run under the grant.
+    let session = c.hello(sock);
+    let c2 = c.clone();
+    std::thread::Builder::new()
+        .name("attune-tmm".into())
+        .spawn(move || c2.run(session))
+        .map_err(|e| format!("cannot start the daemon thread: {e}"))?;
+    Ok(())
+}
+
+impl Client {
+    fn flags_now(&self) -> Flags {
+        if !self.launch_flags.is_empty() {
+            return self.launch_flags;
+        }
+        let Some(e) = self.engine else {
+            return Flags::NONE;
+        };
+        let t = e.regions.read().unwrap_or_else(|p| p.into_inner());
+        Flags(t.iter().fold(0, |a, r| a | r.flags().0))
+    }
+
+    /// DRAM this process can use now: its managed footprint (dedicated regions, or what
+    /// is resident if more: the small-object arenas) plus the evictor's headroom, within
+    /// the configured budget. Asking for the configured budget itself would let an idle or
+    /// small process hold DRAM its neighbours thrash for.
+    fn want_now(&self) -> u64 {
+        let Some(e) = self.engine else {
+            return self.want;
+        };
+        let used = e.committed.load(Relaxed).max(e.resident.load(Relaxed));
+        used.saturating_add(e.cfg.headroom.max(4 << 20))
+            .min(self.want)
+    }
+
+    /// Bytes of LAT/SHL regions (what the daemon protects first), capped by the want.
+    fn protected_now(&self) -> u64 {
+        let Some(e) = self.engine else { return 0 };
+        let from_launch = self.launch_flags.is_protected();
+        let t = e.regions.read().unwrap_or_else(|p| p.into_inner());
+        let b: u64 = t
+            .iter()
+            .filter(|r| from_launch || r.flags().is_protected())
+            .map(|r| r.len as u64)
+            .sum();
+        b.min(self.want)
+    }
+
+    /// Sends `Hello` on a fresh connection and waits for `Welcome`; None if refused.
+    fn hello(&self, sock: UnixStream) -> Option<(UnixStream, FrameReader)> {
+        let (held, fds): (Vec<SharedHeld>, Vec<i32>) = {
+            let h = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            h.iter()
+                .map(|(n, x)| {
+                    (
+                        SharedHeld {
+                            name: n.clone(),
+                            flags: x.flags.clone(),
+                            refs: x.refs,
+                        },
+                        x.file.as_raw_fd(),
+                    )
+                })
+                .unzip()
+        };
+        let req = Request::Hello {
+            version: attune_proto::VERSION,
+            workflow: self.workflow.clone(),
+            flags: self.flags_now().to_string(),
+            want: self.want_now(),
+            protected: self.protected_now(),
+            fds: fds.len(),
+            shared: held,
+        };
+        attune_proto::write_frame(&sock, &req, &fds).ok()?;
+        let mut rd = FrameReader::default();
+        loop {
+            match rd.read(&sock, Reply::fds) {
+                // A grant computed for a later rebalance may overtake the welcome.
+                Ok((Reply::Grant { grant, seq }, _)) => self.apply(grant, seq),
+                Ok((Reply::Welcome { grant, seq, .. }, _)) => {
+                    self.apply(grant, seq);
+                    CONN_FD.store(sock.as_raw_fd(), Relaxed);
+                    *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = sock.try_clone().ok();
+                    self.connected.store(true, Release);
+                    crate::info!(
+                        "joined attuned on {} as workflow '{}': {} MiB granted",
+                        self.socket.display(),
+                        self.workflow,
+                        self.grant.load(Relaxed) >> 20
+                    );
+                    return Some((sock, rd));
+                }
+                Ok((Reply::Error { message, .. }, _)) => {
+                    crate::warn!("attuned refused this process: {message}; running alone on the local budget");
+                    return None;
+                }
+                other => {
+                    crate::warn!(
+                        "attuned: unexpected answer to hello ({:?}); running alone",
+                        other.map(|x| x.0)
+                    );
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Applies a grant unless a later one was applied already (pushes may overtake).
+    fn apply(&self, grant: u64, seq: u64) {
+        if seq < self.seq.load(Relaxed) {
+            return;
+        }
+        self.grant.store(grant, Relaxed);
+        self.seq.store(seq, Relaxed);
+        if let Some(e) = self.engine {
+            let b = e.set_budget(grant);
+            crate::info!(
+                "attuned grant {seq}: {} MiB (budget {} MiB)",
+                grant >> 20,
+                b >> 20
+            );
+        }
+    }
+
+    /// Sends a usage report; returns false when the connection is gone.
+    fn usage(&self, sock: &UnixStream) -> bool {
+        let mut u = Usage {
+            flags: self.flags_now().to_string(),
+            want: self.want_now(),
+            ..Default::default()
+        };
+        if let Some(e) = self.engine {
+            let c = &e.counters;
+            u.resident = e.resident.load(Relaxed);
+            u.pinned = e.pinned_bytes();
+            u.protected = self.protected_now();
+            u.faults = c.faults.load(Relaxed);
+            u.evictions = c.evictions.load(Relaxed);
+            u.fetched_bytes = c.fetched_bytes.load(Relaxed);
+            u.evicted_bytes = c.evicted_bytes.load(Relaxed);
+            u.sample_parks = c.sample_parks.load(Relaxed);
+            u.sample_hits = c.sample_hits.load(Relaxed);
+            // Within the grant (or at the pinned floor nothing can go below): acknowledged.
+            let limit = e.budget().max(u.pinned);
+            if u.resident <= limit {
+                u.ack = self.seq.load(Relaxed);
+            }
+        } else {
+            u.ack = self.seq.load(Relaxed);
+        }
+        let w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = sock;
+        match &*w {
+            Some(s) => attune_proto::write_frame(s, &Request::Usage(u), &[]).is_ok(),
+            None => false,
+        }
+    }
+
+    /// The connection thread: serve a session, then reconnect for ever.
+    fn run(self: Arc<Self>, mut session: Option<(UnixStream, FrameReader)>) {
+        loop {
+            if let Some((sock, rd)) = session.take() {
+                self.serve(sock, rd);
+                self.connected.store(false, Release);
+                self.generation.fetch_add(1, AcqRel);
+                *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                CONN_FD.store(-1, Relaxed);
+                self.cv.notify_all();
+                crate::warn!(
+                    "lost attuned on {}; keeping the last grant ({} MiB) and reconnecting",
+                    self.socket.display(),
+                    self.grant.load(Relaxed) >> 20
+                );
+            }
+            std::thread::sleep(RECONNECT_EVERY);
+            if let Ok(s) = attune_proto::connect(&self.socket, Duration::from_secs(2)) {
+                session = self.hello(s);
+            }
+        }
+    }
+
+    fn serve(&self, sock: UnixStream, mut rd: FrameReader) {
+        let _ = sock.set_read_timeout(Some(WATCH_EVERY));
+        let mut last = Instant::now() - REPORT_EVERY;
+        let mut last_want = 0u64;
+        loop {
+            // Report every 200 ms, and at once when the footprint moved by a MiB or more
+            // (a big allocation should not run 200 ms on a budget sized for less).
+            let want = self.want_now();
+            if last.elapsed() >= REPORT_EVERY || want.abs_diff(last_want) >= 1 << 20 {
+                if !self.usage(&sock) {
+                    return;
+                }
+                last = Instant::now();
+                last_want = want;
+            }
+            match rd.read(&sock, Reply::fds) {
+                Ok((Reply::Grant { grant, seq }, _)) => {
+                    self.apply(grant, seq);
+                    // Report at once if already within it: the daemon times reclaims.
+                    last = Instant::now() - REPORT_EVERY;
+                }
+                Ok((r, fds)) => {
+                    let id = match &r {
+                        Reply::Shared { id, .. }
+                        | Reply::Ok { id }
+                        | Reply::Error { id, .. }
+                        | Reply::Status { id, .. }
+                        | Reply::Pong { id } => *id,
+                        _ => 0,
+                    };
+                    if let Reply::Error { id: 0, message, .. } = &r {
+                        crate::warn!("attuned: {message}");
+                    }
+                    self.replies
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(id, (r, fds));
+                    self.cv.notify_all();
+                }
+                Err(ReadError::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// One request, waiting for its reply.
+    fn call(&self, make: impl FnOnce(u64) -> Request) -> Result<(Reply, Vec<OwnedFd>), Errno> {
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let gen = self.generation.load(Acquire);
+        {
+            let w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(s) = &*w else {
+                return Err(crate::runtime::fail(
+                    Errno(libc::ENOTCONN),
+                    format!(
+                        "attuned on {} is not reachable (reconnecting)",
+                        self.socket.display()
+                    ),
+                ));
+            };
+            attune_proto::write_frame(s, &make(id), &[]).map_err(|e| {
+                crate::runtime::fail(Errno(libc::ECONNRESET), format!("attuned: {e}"))
+            })?;
+        }
+        let deadline = Instant::now() + REPLY_TIMEOUT;
+        let mut r = self.replies.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(x) = r.remove(&id) {
+                return Ok(x);
+            }
+            if self.generation.load(Acquire) != gen {
+                return Err(crate::runtime::fail(
+                    Errno(libc::ECONNRESET),
+                    "attuned went away before answering",
+                ));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(crate::runtime::fail(
+                    Errno(libc::ETIMEDOUT),
+                    "attuned did not answer within 5 s",
+                ));
+            }
+            r = self
+                .cv
+                .wait_timeout(r, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(Acquire)
+    }
+}
+
+fn no_daemon() -> Errno {
+    crate::runtime::fail(
+        Errno(libc::ENOTCONN),
+        "shared regions need the node daemon (attuned); none joined (see ATTUNE_SOCKET and ATTUNE_DAEMON)",
+    )
+}
+
+fn reply_error(r: Reply) -> Errno {
+    match r {
+        Reply::Error { errno, message, .. } => {
+            crate::runtime::fail(Errno(errno), format!("attuned: {message}"))
+        }
+        other => crate::runtime::fail(
+            Errno(libc::EPROTO),
+            format!("attuned: unexpected reply {other:?}"),
+        ),
+    }
+}
+
+/// `attune_shared_open`: maps the shared region `name` (created with `size` bytes if it
+/// does not exist; `size` 0 opens an existing one). Opening it again in the same process
+/// returns the same address and takes one more reference.
+pub fn shared_open(name: &str, size: u64, flags: Flags) -> Result<usize, Errno> {
+    let c = client().ok_or_else(no_daemon)?;
+    let (r, mut fds) = c.call(|id| Request::SharedOpen {
+        id,
+        name: name.into(),
+        size,
+        flags: flags.to_string(),
+    })?;
+    let Reply::Shared { size, .. } = r else {
+        return Err(reply_error(r));
+    };
+    let Some(fd) = fds.pop() else {
+        return Err(crate::runtime::fail(
+            Errno(libc::EPROTO),
+            "attuned sent no memory file",
+        ));
+    };
+    let mut h = c.held.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(x) = h.get_mut(name) {
+        x.refs += 1;
+        return Ok(x.addr);
+    }
+    let addr = match attune_sys::unix::map_shared(&fd, size as usize, true) {
+        Ok(a) => a,
+        Err(e) => {
+            drop(h);
+            let _ = c.call(|id| Request::SharedClose {
+                id,
+                name: name.into(),
+            });
+            return Err(crate::runtime::fail(
+                e,
+                format!("cannot map shared region '{name}' ({size} bytes): {e}"),
+            ));
+        }
+    };
+    if flags.is_protected() {
+        // LAT/SHL: fault it in now, on this process's node, rather than on first touch.
+        let _ = attune_sys::mem::advise(addr, size as usize, libc::MADV_WILLNEED);
+    }
+    h.insert(
+        name.into(),
+        Held {
+            file: fd,
+            addr,
+            size,
+            flags: flags.to_string(),
+            refs: 1,
+        },
+    );
+    Ok(addr)
+}
+
+/// `attune_shared_close`: drops one reference of the region mapped at `ptr`; the last
+/// one in this process unmaps it. The daemon frees it when no process holds it.
+pub fn shared_close(ptr: usize) -> Result<(), Errno> {
+    let c = client().ok_or_else(no_daemon)?;
+    let name = {
+        let h = c.held.lock().unwrap_or_else(|p| p.into_inner());
+        h.iter()
+            .find(|(_, x)| x.addr == ptr)
+            .map(|(n, _)| n.clone())
+            .ok_or_else(|| {
+                crate::runtime::fail(
+                    Errno(libc::EINVAL),
+                    format!("{ptr:#x} is not a shared region opened by attune_shared_open"),
+                )
+            })?
+    };
+    // Drop the local reference first: even when the daemon is away, the process stops
+    // mapping what it closed (a restarted daemon learns the rest at re-registration).
+    {
+        let mut h = c.held.lock().unwrap_or_else(|p| p.into_inner());
+        let x = h.get_mut(&name).unwrap();
+        x.refs -= 1;
+        if x.refs == 0 {
+            let x = h.remove(&name).unwrap();
+            let _ = attune_sys::mem::unmap(x.addr, x.size as usize);
+        }
+    }
+    match c.call(|id| Request::SharedClose {
+        id,
+        name: name.clone(),
+    }) {
+        Ok((Reply::Ok { .. }, _)) => Ok(()),
+        Ok((r, _)) => Err(reply_error(r)),
+        Err(e) => Err(e),
+    }
+}
+
+/// `attune_shared_grant`: lets `uid` open this user's shared region `name`.
+pub fn shared_grant(name: &str, uid: u32) -> Result<(), Errno> {
+    let c = client().ok_or_else(no_daemon)?;
+    match c.call(|id| Request::SharedGrant {
+        id,
+        name: name.into(),
+        uid,
+    })? {
+        (Reply::Ok { .. }, _) => Ok(()),
+        (r, _) => Err(reply_error(r)),
+    }
+}
+
+/// Whether this process is registered with a daemon now.
+pub fn connected() -> bool {
+    client().is_some_and(|c| c.is_connected())
+}

@@ -1,0 +1,156 @@
+//! The daemon's options: a TOML file, overridden by the command line. Each option in one
+//! table (docs/tuning.md lists them with a suggested value).
+
+use attune::size::{parse_size, parse_size_or_percent};
+use serde::Deserialize;
+use std::path::PathBuf;
+
+#[derive(Clone, Debug)]
+pub struct DaemonConfig {
+    /// DRAM the daemon divides among workflows and shared regions.
+    pub dram: u64,
+    /// Smallest grant a registered workflow gets while DRAM lasts.
+    pub min_grant: u64,
+    /// Most bytes all shared regions together may hold.
+    pub shared_max: u64,
+    pub socket: PathBuf,
+    /// Prometheus text endpoint (`127.0.0.1:9464`), or None.
+    pub metrics: Option<String>,
+    /// Most simultaneous connections (beyond: refused at once, logged).
+    pub max_clients: usize,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct File {
+    dram: Option<String>,
+    min_grant: Option<String>,
+    shared_max: Option<String>,
+    socket: Option<PathBuf>,
+    metrics: Option<String>,
+    max_clients: Option<usize>,
+}
+
+/// Command-line values (None: the file's, then the default).
+#[derive(Default)]
+pub struct Overrides {
+    pub dram: Option<String>,
+    pub min_grant: Option<String>,
+    pub shared_max: Option<String>,
+    pub socket: Option<PathBuf>,
+    pub metrics: Option<String>,
+    pub max_clients: Option<usize>,
+}
+
+pub fn load(
+    path: Option<&std::path::Path>,
+    o: Overrides,
+    total_memory: u64,
+) -> Result<DaemonConfig, String> {
+    let f: File = match path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            toml::from_str(&text).map_err(|e| format!("{}: {}", p.display(), e.message()))?
+        }
+        None => File::default(),
+    };
+    let dram_s = o.dram.or(f.dram).unwrap_or_else(|| "80%".into());
+    let dram = parse_size_or_percent(&dram_s, total_memory)
+        .map_err(|e| format!("dram '{dram_s}': {e}"))?;
+    if dram < 16 << 20 {
+        return Err(format!(
+            "dram '{dram_s}': at least 16M is needed to divide among workflows"
+        ));
+    }
+    let min_s = o.min_grant.or(f.min_grant).unwrap_or_else(|| "16M".into());
+    let min_grant = parse_size(&min_s).map_err(|e| format!("min_grant '{min_s}': {e}"))?;
+    let sm_s = o
+        .shared_max
+        .or(f.shared_max)
+        .unwrap_or_else(|| "25%".into());
+    let shared_max =
+        parse_size_or_percent(&sm_s, dram).map_err(|e| format!("shared_max '{sm_s}': {e}"))?;
+    if shared_max > dram {
+        return Err(format!(
+            "shared_max '{sm_s}' is above the DRAM pool ({dram} bytes)"
+        ));
+    }
+    let socket = o
+        .socket
+        .or(f.socket)
+        .unwrap_or_else(attune_proto::socket_path);
+    let metrics = match o.metrics.or(f.metrics) {
+        None => Some("127.0.0.1:9464".to_string()),
+        Some(m) if m == "off" || m.is_empty() => None,
+        Some(m) => {
+            let a: std::net::SocketAddr = m
+                .parse()
+                .map_err(|_| format!("metrics '{m}': expected ADDRESS:PORT or off"))?;
+            if !a.ip().is_loopback() {
+                return Err(format!("metrics '{m}': only a loopback address is served (the metrics name users' workflows)"));
+            }
+            Some(m)
+        }
+    };
+    let max_clients = o.max_clients.or(f.max_clients).unwrap_or(4096);
+    if max_clients == 0 {
+        return Err("max_clients: at least 1".into());
+    }
+    Ok(DaemonConfig {
+        dram,
+        min_grant,
+        shared_max,
+        socket,
+        metrics,
+        max_clients,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_errors() {
+        let c = load(
+            None,
+            Overrides {
+                socket: Some("/tmp/x".into()),
+                ..Default::default()
+            },
+            10 << 30,
+        )
+        .unwrap();
+        assert_eq!(c.dram, 8 << 30);
+        assert_eq!(c.shared_max, 2 << 30);
+        assert_eq!(c.metrics.as_deref(), Some("127.0.0.1:9464"));
+        let e = load(
+            None,
+            Overrides {
+                dram: Some("lots".into()),
+                ..Default::default()
+            },
+            1 << 30,
+        )
+        .unwrap_err();
+        assert!(e.contains("dram 'lots'"), "{e}");
+        let e = load(
+            None,
+            Overrides {
+                metrics: Some("0.0.0.0:80".into()),
+                ..Default::default()
+            },
+            1 << 30,
+        )
+        .unwrap_err();
+        assert!(e.contains("loopback"), "{e}");
+        let d = std::env::temp_dir().join(format!("attuned-cfg-{}", std::process::id()));
+        std::fs::write(&d, "dram = \"1G\"\nbogus = 1\n").unwrap();
+        let e = load(Some(&d), Overrides::default(), 1 << 34).unwrap_err();
+        assert!(e.contains("bogus"), "{e}");
+        std::fs::write(&d, "dram = \"1G\"\nmetrics = \"off\"\n").unwrap();
+        let c = load(Some(&d), Overrides::default(), 1 << 34).unwrap();
+        assert_eq!((c.dram, c.metrics), (1 << 30, None));
+        std::fs::remove_file(d).unwrap();
+    }
+}

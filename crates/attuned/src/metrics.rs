@@ -1,0 +1,197 @@
+//! Prometheus text metrics on a loopback address (`GET /metrics`), built from a status
+//! snapshot per scrape with the `prometheus-client` encoder, served by `tiny_http`.
+
+use crate::server::Shared;
+use attune_proto::Status;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+type Labels = Vec<(String, String)>;
+type F64Gauge = Gauge<f64, AtomicU64>;
+
+/// The exposition text of one status snapshot.
+pub fn render(s: &Status) -> String {
+    let mut reg = Registry::with_prefix("attune");
+    let node = |reg: &mut Registry, name: &str, help: &str, v: f64| {
+        let g = F64Gauge::default();
+        g.set(v);
+        reg.register(name, help, g);
+    };
+    node(
+        &mut reg,
+        "dram_pool_bytes",
+        "DRAM the daemon divides among workflows and shared regions",
+        s.dram_pool as f64,
+    );
+    node(
+        &mut reg,
+        "granted_bytes",
+        "DRAM granted to workflows, summed",
+        s.granted as f64,
+    );
+    node(
+        &mut reg,
+        "shared_bytes",
+        "Bytes held by shared regions",
+        s.shared_bytes as f64,
+    );
+    node(
+        &mut reg,
+        "requests",
+        "Requests served since start",
+        s.requests as f64,
+    );
+    node(
+        &mut reg,
+        "rejected",
+        "Malformed, refused or unauthorized requests since start",
+        s.rejected as f64,
+    );
+    node(
+        &mut reg,
+        "rebalances",
+        "Budget recomputations since start",
+        s.rebalances as f64,
+    );
+    node(
+        &mut reg,
+        "workflows",
+        "Registered workflows",
+        s.workflows.len() as f64,
+    );
+    if let Some(ms) = s.last_reclaim_ms {
+        node(
+            &mut reg,
+            "last_reclaim_seconds",
+            "Time for shrunk workflows to give DRAM back, last time",
+            ms / 1e3,
+        );
+    }
+    let per_wf: [(&str, &str, fn(&attune_proto::WorkflowStatus) -> f64); 7] = [
+        (
+            "workflow_grant_bytes",
+            "DRAM budget granted to the workflow",
+            |w| w.grant as f64,
+        ),
+        (
+            "workflow_want_bytes",
+            "DRAM the workflow would use alone",
+            |w| w.want as f64,
+        ),
+        (
+            "workflow_resident_bytes",
+            "Managed bytes resident in DRAM",
+            |w| w.resident as f64,
+        ),
+        ("workflow_pinned_bytes", "Pinned (LAT/SHL) bytes", |w| {
+            w.pinned as f64
+        }),
+        ("workflow_faults", "Faults served by the runtime", |w| {
+            w.faults as f64
+        }),
+        ("workflow_evictions", "Chunks moved out of DRAM", |w| {
+            w.evictions as f64
+        }),
+        ("workflow_processes", "Processes registered", |w| {
+            w.pids.len() as f64
+        }),
+    ];
+    for (name, help, f) in per_wf {
+        let fam = Family::<Labels, F64Gauge>::default();
+        for w in &s.workflows {
+            let l = vec![
+                ("workflow".into(), w.name.clone()),
+                ("uid".into(), w.uid.to_string()),
+                ("flags".into(), w.flags.clone()),
+            ];
+            fam.get_or_create(&l).set(f(w));
+        }
+        reg.register(name, help, fam);
+    }
+    let fam = Family::<Labels, F64Gauge>::default();
+    let refs = Family::<Labels, F64Gauge>::default();
+    for r in &s.shared {
+        let l = vec![
+            ("region".into(), r.name.clone()),
+            ("owner".into(), r.owner.to_string()),
+        ];
+        fam.get_or_create(&l).set(r.resident as f64);
+        refs.get_or_create(&l).set(r.refs as f64);
+    }
+    reg.register(
+        "shared_region_resident_bytes",
+        "Resident bytes of a shared region",
+        fam,
+    );
+    reg.register("shared_region_refs", "References to a shared region", refs);
+    let mut out = String::new();
+    let _ = encode(&mut out, &reg);
+    out
+}
+
+/// Serves `/metrics` until the process ends.
+pub fn serve(addr: &str, state: Shared) -> Result<(), String> {
+    let server = tiny_http::Server::http(addr).map_err(|e| format!("metrics on {addr}: {e}"))?;
+    std::thread::Builder::new()
+        .name("attuned-metrics".into())
+        .spawn(move || {
+            for req in server.incoming_requests() {
+                let resp = if req.url() == "/metrics" {
+                    let st = state.lock().unwrap_or_else(|p| p.into_inner()).status();
+                    let h =
+                        tiny_http::Header::from_bytes("Content-Type", "text/plain; version=0.0.4")
+                            .unwrap();
+                    tiny_http::Response::from_string(render(&st)).with_header(h)
+                } else {
+                    tiny_http::Response::from_string("see /metrics\n").with_status_code(404)
+                };
+                let _ = req.respond(resp);
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_workflows_and_regions() {
+        let s = Status {
+            dram_pool: 1 << 30,
+            workflows: vec![attune_proto::WorkflowStatus {
+                name: "lat-job".into(),
+                uid: 1000,
+                flags: "LAT".into(),
+                grant: 4096,
+                pids: vec![7],
+                ..Default::default()
+            }],
+            shared: vec![attune_proto::SharedStatus {
+                name: "input".into(),
+                owner: 1000,
+                refs: 2,
+                resident: 8192,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let t = render(&s);
+        assert!(t.contains("attune_dram_pool_bytes 1073741824"), "{t}");
+        assert!(
+            t.contains(
+                "attune_workflow_grant_bytes{workflow=\"lat-job\",uid=\"1000\",flags=\"LAT\"} 4096"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("attune_shared_region_refs{region=\"input\",owner=\"1000\"} 2"),
+            "{t}"
+        );
+        assert!(t.ends_with("# EOF\n"));
+    }
+}

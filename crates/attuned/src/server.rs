@@ -1,0 +1,418 @@
+//! The socket side: one thread per connection reads frames, checks them and applies them
+//! to the shared state. Identity comes from `SO_PEERCRED`, never from a message.
+
+use crate::state::{push, State, Writer};
+use attune_policy::Flags;
+use attune_proto::{FrameReader, ReadError, Reply, Request};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub type Shared = Arc<Mutex<State>>;
+
+fn lock(s: &Shared) -> std::sync::MutexGuard<'_, State> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub fn serve(listener: UnixListener, state: Shared) {
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        let st = state.clone();
+        let n = lock(&state).clients.len();
+        if n >= lock(&state).cfg.max_clients {
+            crate::log(&format!(
+                "refusing a connection: {n} clients already (max_clients)"
+            ));
+            lock(&state).rejected += 1;
+            continue;
+        }
+        let _ = std::thread::Builder::new()
+            .name("attuned-conn".into())
+            .stack_size(256 << 10)
+            .spawn(move || connection(conn, st));
+    }
+}
+
+fn connection(sock: UnixStream, state: Shared) {
+    let Ok(cred) = attune_sys::unix::peer_cred(&sock) else {
+        return;
+    };
+    let _ = sock.set_write_timeout(Some(Duration::from_millis(500)));
+    let Ok(w) = sock.try_clone() else { return };
+    let writer: Writer = Arc::new(Mutex::new(w));
+    let id = lock(&state).add_client(cred.pid, cred.uid, writer.clone());
+    let mut rd = FrameReader::default();
+    loop {
+        match rd.read(&sock, Request::fds) {
+            Ok((req, fds)) => {
+                let reply = {
+                    let mut st = lock(&state);
+                    st.requests += 1;
+                    handle(&mut st, id, cred.uid, req, fds)
+                };
+                if let Some((reply, fd)) = reply {
+                    let raw: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
+                    let s = writer.lock().unwrap_or_else(|p| p.into_inner());
+                    if attune_proto::write_frame(&s, &reply, &raw).is_err() {
+                        break;
+                    }
+                }
+            }
+            Err(ReadError::Closed) => break,
+            Err(ReadError::Io(_)) => break,
+            Err(ReadError::Malformed(m)) => {
+                crate::log(&format!(
+                    "pid {} uid {}: {m}; connection closed",
+                    cred.pid, cred.uid
+                ));
+                let mut st = lock(&state);
+                st.rejected += 1;
+                let c = st.clients.get(&id).map(|c| c.writer.clone());
+                drop(st);
+                if let Some(w) = c {
+                    push(
+                        &w,
+                        &Reply::Error {
+                            id: 0,
+                            errno: libc::EPROTO,
+                            message: m,
+                        },
+                    );
+                }
+                break;
+            }
+        }
+    }
+    lock(&state).remove_client(id);
+}
+
+fn err(id: u64, errno: i32, message: impl Into<String>) -> Option<(Reply, Option<OwnedFd>)> {
+    Some((
+        Reply::Error {
+            id,
+            errno,
+            message: message.into(),
+        },
+        None,
+    ))
+}
+
+/// Shared-region names: short, printable, no path separators (they name memfds and
+/// appear in logs and metrics labels).
+fn valid_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 64
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+fn valid_workflow(n: &str) -> bool {
+    !n.is_empty() && n.len() <= 128 && n.bytes().all(|b| b.is_ascii_graphic())
+}
+
+fn may_open(st: &State, name: &str, uid: u32) -> bool {
+    let s = &st.shared[name];
+    uid == s.owner || uid == 0 || s.granted.contains(&uid)
+}
+
+fn handle(
+    st: &mut State,
+    id: u64,
+    uid: u32,
+    req: Request,
+    fds: Vec<OwnedFd>,
+) -> Option<(Reply, Option<OwnedFd>)> {
+    match req {
+        Request::Ping { id: rid } => Some((Reply::Pong { id: rid }, None)),
+        Request::Status { id: rid } => Some((
+            Reply::Status {
+                id: rid,
+                status: Box::new(st.status()),
+            },
+            None,
+        )),
+        Request::Hello {
+            version,
+            workflow,
+            flags,
+            want,
+            protected,
+            shared,
+            fds: _,
+        } => {
+            let refuse = |st: &mut State, m: String| {
+                st.rejected += 1;
+                crate::log(&format!("client {id} uid {uid}: hello refused: {m}"));
+                err(0, libc::EINVAL, m)
+            };
+            if version != attune_proto::VERSION {
+                return refuse(
+                    st,
+                    format!(
+                        "protocol version {version}, this daemon speaks {}",
+                        attune_proto::VERSION
+                    ),
+                );
+            }
+            if !valid_workflow(&workflow) {
+                return refuse(
+                    st,
+                    format!("workflow name {workflow:?}: 1-128 printable characters"),
+                );
+            }
+            let Ok(f) = Flags::parse(&flags) else {
+                return refuse(st, format!("flags {flags:?}"));
+            };
+            if st.clients[&id].reg.is_some() {
+                return refuse(st, "hello twice on one connection".into());
+            }
+            if shared.len() != fds.len() {
+                return refuse(st, "shared regions and descriptors do not match".into());
+            }
+            // Re-registration after a daemon restart: the client still maps these regions.
+            for (h, fd) in shared.into_iter().zip(fds) {
+                readopt(st, id, uid, h, fd);
+            }
+            let want = want.min(st.cfg.dram);
+            let c = st.clients.get_mut(&id).unwrap();
+            c.reg = Some(crate::state::Registration {
+                workflow,
+                flags: f,
+                want,
+                protected: protected.min(want),
+                usage: Default::default(),
+                grant: 0,
+                seq: 0,
+                welcomed: false,
+            });
+            st.rebalance();
+            let r = st.clients.get_mut(&id).unwrap().reg.as_mut().unwrap();
+            r.welcomed = true;
+            Some((
+                Reply::Welcome {
+                    client: id,
+                    grant: r.grant,
+                    seq: r.seq,
+                },
+                None,
+            ))
+        }
+        Request::Usage(u) => {
+            st.usage(id, u);
+            None
+        }
+        Request::SharedOpen {
+            id: rid,
+            name,
+            size,
+            flags,
+        } => shared_open(st, id, uid, rid, name, size, flags),
+        Request::SharedClose { id: rid, name } => {
+            let c = st.clients.get_mut(&id).unwrap();
+            match c.shared_refs.get_mut(&name) {
+                Some(n) => {
+                    *n -= 1;
+                    if *n == 0 {
+                        c.shared_refs.remove(&name);
+                    }
+                    st.release_if_unused(&name);
+                    st.rebalance();
+                    Some((Reply::Ok { id: rid }, None))
+                }
+                None => err(
+                    rid,
+                    libc::ENOENT,
+                    format!("shared region '{name}' is not open in this process"),
+                ),
+            }
+        }
+        Request::SharedGrant {
+            id: rid,
+            name,
+            uid: to,
+        } => {
+            match st.shared.get_mut(&name) {
+                None => err(rid, libc::ENOENT, format!("no shared region '{name}'")),
+                Some(s) if s.owner != uid => {
+                    st.rejected += 1;
+                    err(rid, libc::EPERM, format!("shared region '{name}' belongs to uid {}; only its owner grants access", s.owner))
+                }
+                Some(s) => {
+                    s.granted.insert(to);
+                    crate::log(&format!(
+                        "shared region '{name}': uid {uid} granted uid {to}"
+                    ));
+                    Some((Reply::Ok { id: rid }, None))
+                }
+            }
+        }
+    }
+}
+
+fn shared_open(
+    st: &mut State,
+    cid: u64,
+    uid: u32,
+    rid: u64,
+    name: String,
+    size: u64,
+    flags: String,
+) -> Option<(Reply, Option<OwnedFd>)> {
+    if !valid_name(&name) {
+        return err(
+            rid,
+            libc::EINVAL,
+            format!("shared region name {name:?}: 1-64 characters of A-Z a-z 0-9 . _ -"),
+        );
+    }
+    if Flags::parse(&flags).is_err() {
+        return err(rid, libc::EINVAL, format!("flags {flags:?}"));
+    }
+    let created = if let Some(s) = st.shared.get(&name) {
+        if !may_open(st, &name, uid) {
+            st.rejected += 1;
+            crate::log(&format!(
+                "uid {uid} refused shared region '{name}' of uid {}",
+                s.owner
+            ));
+            return err(
+                rid,
+                libc::EACCES,
+                format!(
+                    "shared region '{name}' belongs to another user, who has not granted uid {uid}"
+                ),
+            );
+        }
+        if size != 0 && size != s.size {
+            return err(
+                rid,
+                libc::EINVAL,
+                format!(
+                    "shared region '{name}' exists with {} bytes, not {size}",
+                    s.size
+                ),
+            );
+        }
+        false
+    } else {
+        if size == 0 {
+            return err(
+                rid,
+                libc::ENOENT,
+                format!("no shared region '{name}' (give a size to create it)"),
+            );
+        }
+        let room = st.cfg.shared_max.saturating_sub(st.shared_bytes());
+        if size > room {
+            return err(
+                rid,
+                libc::ENOMEM,
+                format!(
+                    "shared region '{name}' of {size} bytes: only {room} bytes left of shared_max"
+                ),
+            );
+        }
+        let file = match attune_sys::unix::memfd_sized(&format!("attune-shared:{name}"), size) {
+            Ok(f) => f,
+            Err(e) => {
+                return err(
+                    rid,
+                    e.0,
+                    format!("cannot create shared region '{name}': {e}"),
+                )
+            }
+        };
+        crate::log(&format!(
+            "shared region '{name}' created by uid {uid}: {size} bytes, flags {flags}"
+        ));
+        st.shared.insert(
+            name.clone(),
+            crate::state::SharedRegion {
+                owner: uid,
+                flags,
+                size,
+                file,
+                granted: Default::default(),
+            },
+        );
+        true
+    };
+    let s = &st.shared[&name];
+    let (size, owner) = (s.size, s.owner);
+    let fd = match attune_sys::unix::dup(&s.file) {
+        Ok(f) => f,
+        Err(e) => {
+            st.release_if_unused(&name);
+            return err(rid, e.0, format!("cannot pass shared region '{name}': {e}"));
+        }
+    };
+    *st.clients
+        .get_mut(&cid)
+        .unwrap()
+        .shared_refs
+        .entry(name.clone())
+        .or_default() += 1;
+    if created {
+        st.rebalance();
+    }
+    Some((
+        Reply::Shared {
+            id: rid,
+            name,
+            size,
+            created,
+            owner,
+            fds: 1,
+        },
+        Some(fd),
+    ))
+}
+
+/// A region a client still maps, brought back after a daemon restart. The first
+/// re-registrant's file is kept; a name held by another owner is not taken over (the
+/// client keeps its own mapping; new opens see the first owner's region).
+fn readopt(st: &mut State, cid: u64, uid: u32, h: attune_proto::SharedHeld, fd: OwnedFd) {
+    if !valid_name(&h.name) || h.refs == 0 || !attune_sys::unix::is_sealed_memfd(&fd) {
+        crate::log(&format!(
+            "client {cid}: ignoring re-registered shared region {:?} (not a sealed memory file)",
+            h.name
+        ));
+        return;
+    }
+    match st.shared.get(&h.name) {
+        Some(s) if s.owner != uid && !s.granted.contains(&uid) => {
+            crate::log(&format!(
+                "client {cid} uid {uid}: shared region '{}' is held by uid {}; not re-adopted",
+                h.name, s.owner
+            ));
+            return;
+        }
+        Some(_) => {}
+        None => {
+            let Ok(size) = attune_sys::unix::fd_size(&fd) else {
+                return;
+            };
+            crate::log(&format!(
+                "shared region '{}' re-adopted from uid {uid} ({size} bytes)",
+                h.name
+            ));
+            st.shared.insert(
+                h.name.clone(),
+                crate::state::SharedRegion {
+                    owner: uid,
+                    flags: h.flags,
+                    size,
+                    file: fd,
+                    granted: Default::default(),
+                },
+            );
+        }
+    }
+    *st.clients
+        .get_mut(&cid)
+        .unwrap()
+        .shared_refs
+        .entry(h.name)
+        .or_default() += h.refs;
+}

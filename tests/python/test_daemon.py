@@ -1,0 +1,479 @@
+"""The node daemon (attuned) for real: co-located workflows linked against libattune,
+shared regions across processes and users, SIGKILL of the daemon and of clients, a fuzz
+of the socket protocol, 100 concurrent clients, status and metrics.
+
+Needs the staged build (make build): build/bin/attuned, build/bin/attune, build/lib."""
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = ROOT / "build"
+ATTUNED = BUILD / "bin" / "attuned"
+ATTUNE = BUILD / "bin" / "attune"
+MIB = 1 << 20
+
+pytestmark = pytest.mark.skipif(not ATTUNED.exists(), reason="make build first")
+
+
+@pytest.fixture(scope="module")
+def workdir():
+    # World-traversable: the other-uid tests run a client as nobody.
+    d = Path(tempfile.mkdtemp(prefix="attuned-test-"))
+    os.chmod(d, 0o755)
+    client = d / "client"
+    subprocess.run(
+        ["gcc", "-O2", f"-I{BUILD}/include", f"-I{ROOT}/tests/c", str(ROOT / "tests/daemon/client.c"),
+         "-o", str(client), f"-L{BUILD}/lib", "-lattune", f"-Wl,-rpath,{BUILD}/lib", "-lpthread"],
+        check=True)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class Daemon:
+    def __init__(self, d: Path, *args, sock=None, metrics="off"):
+        self.dir = d
+        self.sock = sock or str(d / f"s{random.randrange(1 << 30)}.sock")
+        self.args = list(args)
+        self.metrics = metrics
+        self.log = d / f"{Path(self.sock).name}.log"
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            [str(ATTUNED), "--socket", self.sock, "--metrics", self.metrics, *self.args],
+            stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
+        for _ in range(200):
+            if os.path.exists(self.sock):
+                try:
+                    socket.socket(socket.AF_UNIX).connect(self.sock)
+                    return
+                except OSError:
+                    pass
+            time.sleep(0.02)
+        raise RuntimeError("attuned did not start: " + self.log.read_text())
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait()
+
+    def env(self, **kw):
+        e = dict(os.environ, ATTUNE_SOCKET=self.sock)
+        e.update({k: str(v) for k, v in kw.items()})
+        return e
+
+    def status(self):
+        out = subprocess.run([str(ATTUNE), "status", "--json", "--socket", self.sock],
+                             capture_output=True, text=True, timeout=10)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+
+@pytest.fixture
+def daemon(workdir):
+    ds = []
+
+    def make(*args, **kw):
+        d = Daemon(workdir, *args, **kw)
+        ds.append(d)
+        return d
+    yield make
+    for d in ds:
+        d.stop()
+
+
+def client(workdir, d, *args, **env):
+    return subprocess.Popen([str(workdir / "client"), *map(str, args)], env=d.env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(p, timeout=60):
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out + err
+
+
+# --- the protocol, spoken directly -------------------------------------------------
+
+def frame(obj):
+    b = json.dumps(obj).encode()
+    return struct.pack("<I", len(b)) + b
+
+
+def recv_frame(s):
+    hdr = b""
+    while len(hdr) < 4:
+        c = s.recv(4 - len(hdr))
+        if not c:
+            return None
+        hdr += c
+    n = struct.unpack("<I", hdr)[0]
+    body = b""
+    while len(body) < n:
+        c = s.recv(n - len(body))
+        if not c:
+            return None
+        body += c
+    return json.loads(body)
+
+
+def connect(d, timeout=10):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(timeout)
+    s.connect(d.sock)
+    return s
+
+
+def hello(s, name, flags="CAP", want=64 * MIB, protected=0):
+    s.sendall(frame({"op": "hello", "version": 1, "workflow": name, "flags": flags,
+                     "want": want, "protected": protected}))
+    while True:
+        r = recv_frame(s)
+        if r is None or r["op"] != "grant":
+            return r
+
+
+def ping(d, i=7):
+    s = connect(d, 5)
+    s.sendall(frame({"op": "ping", "id": i}))
+    r = recv_frame(s)
+    s.close()
+    return r
+
+
+# --- co-location -------------------------------------------------------------------
+
+def test_three_colocated_workflows_lat_keeps_its_pages(workdir, daemon):
+    """LAT, BW and CAP workflows whose demands (24 + 96 + 96 MiB) exceed the 96 MiB pool:
+    the grants never sum above it, the LAT workflow keeps its pages (no fault after the
+    warm-up sweep), the others are squeezed (they evict), every word verifies."""
+    d = daemon("--dram", "96M", "--min-grant", "8M")
+    lat = client(workdir, d, "workflow", "LAT", 24, 4, ATTUNE_DRAM="64M")
+    time.sleep(0.5)
+    bw = client(workdir, d, "workflow", "BW", 96, 3, ATTUNE_DRAM="64M")
+    cap = client(workdir, d, "workflow", "CAP", 96, 3, ATTUNE_DRAM="64M")
+    seen = 0
+    while lat.poll() is None:
+        st = d.status()
+        grants = sum(w["grant"] for w in st["workflows"])
+        assert grants <= 96 * MIB, st
+        if len(st["workflows"]) == 3:
+            seen += 1
+            lw = next(w for w in st["workflows"] if w["flags"] == "LAT")
+            assert lw["grant"] >= 24 * MIB, st
+        time.sleep(0.1)
+    assert seen >= 5, "the three never ran together"
+    outs = [finish(p) for p in (lat, bw, cap)]
+    for rc, out in outs:
+        assert rc == 0 and "workflow: OK" in out and "connected=1" in out, out
+    lat_out = outs[0][1]
+    assert "faults_after_warmup=0 " in lat_out and "evictions_after_warmup=0 " in lat_out, lat_out
+    for rc, out in outs[1:]:
+        assert "evictions_after_warmup=0 " not in out, f"a squeezed workflow never evicted: {out}"
+    # Everyone left: nothing is granted any more.
+    time.sleep(0.3)
+    st = d.status()
+    assert st["workflows"] == [] and st["granted"] == 0, st
+
+
+def test_without_daemon_runtime_runs_alone(workdir, tmp_path):
+    env = dict(os.environ, ATTUNE_SOCKET=str(tmp_path / "none.sock"), ATTUNE_DRAM="32M")
+    out = subprocess.run([str(workdir / "client"), "workflow", "CAP", "48", "0.5"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "connected=0" in out.stdout, out
+    out = subprocess.run([str(workdir / "client"), "nodaemon"], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and "nodaemon: OK" in out.stdout, out
+    env["ATTUNE_DAEMON"] = "require"
+    out = subprocess.run([str(workdir / "client"), "workflow", "CAP", "8", "0.1"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "daemon = require" in out.stderr, out
+
+
+# --- shared regions ----------------------------------------------------------------
+
+def wait_line(p, text, timeout=20):
+    t0 = time.time()
+    line = ""
+    while time.time() - t0 < timeout:
+        line = p.stdout.readline()
+        if text in line:
+            return line
+        if not line and p.poll() is not None:
+            break
+    raise AssertionError(f"no '{text}' from client: {line} {p.stderr.read() if p.poll() is not None else ''}")
+
+
+def test_shared_region_one_writer_two_readers_freed_after_last_close(workdir, daemon):
+    d = daemon("--dram", "256M")
+    w = client(workdir, d, "write", "input", 8, 1.5)
+    wait_line(w, "write: ready input")
+    readers = [client(workdir, d, "read", "input", 8) for _ in range(2)]
+    for r in readers:
+        rc, out = finish(r)
+        assert rc == 0 and "read: OK input 8 MiB verified" in out, out
+    st = d.status()
+    (reg,) = st["shared"]
+    assert reg["name"] == "input" and reg["size"] == 8 * MIB and reg["refs"] == 1, st
+    assert reg["resident"] == 8 * MIB, st
+    rc, out = finish(w)
+    assert rc == 0, out
+    assert d.status()["shared"] == [], "freed after the last close"
+
+
+def test_shared_region_survives_its_creator_until_the_last_reference(workdir, daemon):
+    d = daemon("--dram", "256M")
+    w = client(workdir, d, "write", "staged", 4, 3)
+    wait_line(w, "write: ready staged")
+    # A second holder keeps it alive after the creator is SIGKILLed.
+    holder = connect(d)
+    holder.sendall(frame({"op": "shared_open", "id": 1, "name": "staged", "size": 0, "flags": ""}))
+    assert recv_frame(holder)["op"] == "shared"
+    w.kill()
+    w.wait()
+    time.sleep(0.2)
+    st = d.status()
+    assert [r["refs"] for r in st["shared"]] == [1], st
+    rc, out = finish(client(workdir, d, "read", "staged", 4))
+    assert rc == 0 and "read: OK" in out, out
+    holder.close()
+    time.sleep(0.2)
+    assert d.status()["shared"] == [], "the last holder's exit frees it"
+
+
+def as_nobody():
+    os.setgid(65534)
+    os.setgroups([])
+    os.setuid(65534)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another uid")
+def test_other_uid_refused_until_granted(workdir, daemon):
+    d = daemon("--dram", "256M")
+    w = client(workdir, d, "write", "private", 2, 3)
+    wait_line(w, "write: ready private")
+    p = subprocess.run([str(workdir / "client"), "refused", "private"], env=d.env(),
+                       capture_output=True, text=True, preexec_fn=as_nobody, timeout=30)
+    assert p.returncode == 0 and "refused: OK" in p.stdout, p
+    assert "belongs to another user" in p.stdout
+    # Granting is the owner's alone.
+    s = connect(d)
+    w.kill()
+    w.wait()
+    g = client(workdir, d, "grant", "granted", 2, 65534, 3)
+    wait_line(g, "write: ready granted")
+    p = subprocess.run([str(workdir / "client"), "read", "granted", "2"], env=d.env(),
+                       capture_output=True, text=True, preexec_fn=as_nobody, timeout=30)
+    assert p.returncode == 0 and "read: OK" in p.stdout, p
+    # nobody may not grant root's region to a third uid.
+    p = subprocess.run(["python3", "-c", f"""
+import socket, struct, json
+s = socket.socket(socket.AF_UNIX); s.connect({d.sock!r})
+b = json.dumps({{"op": "shared_grant", "id": 1, "name": "granted", "uid": 4242}}).encode()
+s.sendall(struct.pack('<I', len(b)) + b)
+n = struct.unpack('<I', s.recv(4))[0]; print(s.recv(n).decode())
+"""], capture_output=True, text=True, preexec_fn=as_nobody, timeout=30)
+    assert '"errno":1' in p.stdout.replace(" ", ""), p
+    g.kill()
+    s.close()
+
+
+# --- faults ------------------------------------------------------------------------
+
+def test_daemon_sigkill_and_restart(workdir, daemon):
+    """Clients keep running on their last grant, register again, and hand back the shared
+    regions they hold: data written before the crash is readable after it."""
+    d = daemon("--dram", "128M")
+    wf = client(workdir, d, "workflow", "LAT", 16, 4, ATTUNE_DRAM="48M")
+    w = client(workdir, d, "write", "survivor", 4, 5)
+    wait_line(w, "write: ready survivor")
+    time.sleep(0.5)
+    assert len(d.status()["workflows"]) == 2
+    d.kill()
+    time.sleep(0.7)
+    d.start()
+    time.sleep(1.5)
+    st = d.status()
+    names = sorted(w_["flags"] for w_ in st["workflows"])
+    assert names == ["LAT", "auto"], st  # the writer allocates nothing: flags auto
+    assert [(r["name"], r["refs"]) for r in st["shared"]] == [("survivor", 1)], st
+    rc, out = finish(client(workdir, d, "read", "survivor", 4))
+    assert rc == 0 and "read: OK" in out, out
+    rc, out = finish(wf)
+    assert rc == 0 and "workflow: OK" in out, out
+    rc, out = finish(w)
+    assert rc == 0, out
+
+
+def test_client_sigkill_reclaimed(workdir, daemon):
+    d = daemon("--dram", "128M")
+    w = client(workdir, d, "write", "orphan", 4, 30)
+    wait_line(w, "write: ready orphan")
+    wf = client(workdir, d, "workflow", "BW", 32, 30, ATTUNE_DRAM="64M")
+    time.sleep(0.8)
+    st = d.status()
+    assert len(st["workflows"]) == 2 and st["granted"] > 0, st
+    for p in (w, wf):
+        p.kill()
+        p.wait()
+    time.sleep(0.3)
+    st = d.status()
+    assert st["workflows"] == [] and st["shared"] == [] and st["granted"] == 0, st
+
+
+def test_protocol_fuzz_daemon_keeps_serving(daemon):
+    d = daemon("--dram", "64M")
+    rng = random.Random(1234)
+    ops = ["hello", "usage", "shared_open", "shared_close", "shared_grant", "status", "ping", "x"]
+    keys = ["id", "name", "size", "flags", "uid", "version", "workflow", "want", "protected", "fds", "shared"]
+    vals = [None, -1, 0, 1, 2 ** 63, 2 ** 64 + 5, 1.5, "", "a" * 300, "../../etc", "LAT", [], {}, [1, 2], True]
+    for i in range(600):
+        kind = i % 6
+        s = connect(d, 2)
+        try:
+            if kind == 0:
+                s.sendall(bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))))
+            elif kind == 1:
+                s.sendall(struct.pack("<I", rng.choice([0, 70000, 2 ** 32 - 1])) + b"{}")
+            elif kind == 2:
+                obj = {"op": rng.choice(ops)}
+                for k in rng.sample(keys, rng.randrange(0, 6)):
+                    obj[k] = rng.choice(vals)
+                s.sendall(frame(obj))
+            elif kind == 3:
+                b = frame({"op": "ping", "id": 1})
+                s.sendall(b[: rng.randrange(1, len(b))])
+            elif kind == 4:
+                s.sendall(frame({"op": "shared_open", "id": 1, "name": rng.choice(["../x", "", "a/b", "n" * 65, "ok"]),
+                                 "size": rng.choice([0, 1, 2 ** 62]), "flags": rng.choice(["", "BOGUS", "LAT"])}))
+            else:
+                r = hello(s, rng.choice(["", "w" * 200, "has space", "ok"]), flags=rng.choice(["LAT", "NOPE"]),
+                          want=rng.choice([0, 2 ** 63]))
+                assert r is None or r["op"] in ("welcome", "error")
+        except (BrokenPipeError, ConnectionResetError, socket.timeout):
+            pass
+        finally:
+            s.close()
+        if i % 50 == 0:
+            assert ping(d, i) == {"op": "pong", "id": i}
+    assert ping(d) == {"op": "pong", "id": 7}
+    st = d.status()
+    assert st["rejected"] > 100, st
+    # Regions the fuzz created went with their connections.
+    assert st["shared"] == [] and st["workflows"] == [], st
+    assert d.proc.poll() is None, "the daemon died"
+    assert "connection closed" in d.log.read_text()
+
+
+def test_fds_sent_without_announcement_are_refused(daemon, tmp_path):
+    d = daemon("--dram", "64M")
+    s = connect(d)
+    f = open(tmp_path / "f", "w")
+    socket.send_fds(s, [frame({"op": "ping", "id": 1})], [f.fileno()])
+    r = recv_frame(s)
+    assert r is not None and r["op"] == "error" and "descriptors" in r["message"], r
+    assert ping(d)["op"] == "pong"
+
+
+def test_hundred_concurrent_clients(daemon):
+    d = daemon("--dram", "4G", "--min-grant", "16M")
+    socks = [None] * 100
+    errors = []
+
+    def one(i):
+        try:
+            s = connect(d, 20)
+            r = hello(s, f"wf{i}", flags=["LAT", "BW", "CAP"][i % 3], want=64 * MIB, protected=(8 * MIB if i % 3 == 0 else 0))
+            assert r["op"] == "welcome", r
+            s.sendall(frame({"op": "ping", "id": i}))
+            while True:
+                m = recv_frame(s)
+                if m["op"] == "pong":
+                    break
+            socks[i] = s
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(100)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert errors == []
+    st = d.status()
+    assert len(st["workflows"]) == 100
+    assert sum(w["grant"] for w in st["workflows"]) <= 4 << 30
+    # 100 x 64 MiB wanted > 4 GiB: LAT ones got their protected part and more than CAP.
+    lat = [w["grant"] for w in st["workflows"] if w["flags"] == "LAT"]
+    cap = [w["grant"] for w in st["workflows"] if w["flags"] == "CAP"]
+    assert min(lat) >= 8 * MIB and min(lat) > max(cap), (lat[:3], cap[:3])
+    for s in socks:
+        s.close()
+    time.sleep(0.5)
+    assert d.status()["workflows"] == []
+
+
+# --- status, metrics, bad input -----------------------------------------------------
+
+def test_status_table_and_metrics(workdir, daemon):
+    port = random.randrange(20000, 40000)
+    d = daemon("--dram", "128M", metrics=f"127.0.0.1:{port}")
+    s = connect(d)
+    hello(s, "visible", flags="LAT", want=32 * MIB, protected=16 * MIB)
+    out = subprocess.run([str(ATTUNE), "status", "--socket", d.sock], capture_output=True, text=True)
+    assert out.returncode == 0
+    assert "DRAM pool 128.0 MiB" in out.stdout and "visible" in out.stdout and "32.0" in out.stdout, out.stdout
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'attune_workflow_grant_bytes{workflow="visible"' in text, text
+    assert "attune_dram_pool_bytes 134217728" in text
+    s.close()
+
+
+def test_bad_input(workdir, daemon, tmp_path):
+    r = subprocess.run([str(ATTUNED), "--dram", "lots", "--socket", str(tmp_path / "x")], capture_output=True, text=True)
+    assert r.returncode == 2 and "dram 'lots'" in r.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("dram = 3\n")
+    r = subprocess.run([str(ATTUNED), "--config", str(bad), "--socket", str(tmp_path / "x")], capture_output=True, text=True)
+    assert r.returncode == 2 and "bad.toml" in r.stderr
+    d = daemon("--dram", "64M")
+    r = subprocess.run([str(ATTUNED), "--socket", d.sock, "--metrics", "off"], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 1 and "another attuned" in r.stderr
+    r = subprocess.run([str(ATTUNE), "status", "--socket", str(tmp_path / "none")], capture_output=True, text=True)
+    assert r.returncode == 1 and "no attuned answers" in r.stderr
+    s = connect(d)
+    r = hello(s, "v", flags="LAT")
+    s2 = connect(d)
+    s2.sendall(frame({"op": "hello", "version": 99, "workflow": "w", "flags": "", "want": 1, "protected": 0}))
+    e = recv_frame(s2)
+    assert e["op"] == "error" and "version 99" in e["message"], e
+    # A second hello on one connection.
+    s.sendall(frame({"op": "hello", "version": 1, "workflow": "v", "flags": "", "want": 1, "protected": 0}))
+    while True:
+        m = recv_frame(s)
+        if m["op"] != "grant":
+            break
+    assert m["op"] == "error" and "twice" in m["message"], m
+
+
+def test_stale_socket_replaced(workdir, daemon):
+    d = daemon("--dram", "64M")
+    d.kill()
+    assert os.path.exists(d.sock)
+    d.start()
+    assert ping(d)["op"] == "pong"
