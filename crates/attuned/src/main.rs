@@ -86,6 +86,13 @@ fn main() {
             .unwrap_or_default()
     ));
     let state = Arc::new(Mutex::new(state::State::new(cfg, tiers)));
+    {
+        let st = state.clone();
+        if let Err(e) = std::thread::Builder::new().name("attuned-rebalance".into()).spawn(move || state::rebalancer(st)) {
+            eprintln!("attuned: cannot start the rebalancer thread: {e}");
+            std::process::exit(1);
+        }
+    }
     if let Some(addr) = metrics {
         if let Err(e) = metrics::serve(&addr, state.clone()) {
             eprintln!("attuned: {e}");

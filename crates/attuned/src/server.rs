@@ -217,7 +217,7 @@ fn handle(
                         c.shared_refs.remove(&name);
                     }
                     st.release_if_unused(&name);
-                    st.rebalance();
+                    crate::state::request_rebalance();
                     Some((Reply::Ok { id: rid }, None))
                 }
                 None => err(
@@ -354,7 +354,7 @@ fn shared_open(
         .entry(name.clone())
         .or_default() += 1;
     if created {
-        st.rebalance();
+        crate::state::request_rebalance();
     }
     Some((
         Reply::Shared {

@@ -106,7 +106,7 @@ impl State {
                 self.release_if_unused(&name);
             }
             if c.reg.is_some() {
-                self.rebalance();
+                request_rebalance();
             }
         }
     }
@@ -229,7 +229,7 @@ impl State {
             }
         }
         if want_changed {
-            self.rebalance();
+            request_rebalance();
         }
     }
 
@@ -302,6 +302,33 @@ impl State {
             rebalances: self.rebalances,
             last_reclaim_ms: self.last_reclaim_ms,
         }
+    }
+}
+
+/// Changes of demand (usage reports, departures) are coalesced: the rebalancer thread
+/// recomputes at most once per `COALESCE`, so a burst of reports from many clients costs
+/// one pass over the workflows and one push per changed grant, not one per report.
+/// Registrations and shared regions rebalance at once (the caller needs the grant).
+const COALESCE: std::time::Duration = std::time::Duration::from_millis(5);
+static DIRTY: (Mutex<bool>, std::sync::Condvar) = (Mutex::new(false), std::sync::Condvar::new());
+
+pub fn request_rebalance() {
+    *DIRTY.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    DIRTY.1.notify_one();
+}
+
+/// The rebalancer thread's loop.
+pub fn rebalancer(state: Arc<Mutex<State>>) {
+    loop {
+        {
+            let mut d = DIRTY.0.lock().unwrap_or_else(|p| p.into_inner());
+            while !*d {
+                d = DIRTY.1.wait(d).unwrap_or_else(|p| p.into_inner());
+            }
+        }
+        std::thread::sleep(COALESCE);
+        *DIRTY.0.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        state.lock().unwrap_or_else(|p| p.into_inner()).rebalance();
     }
 }
 
