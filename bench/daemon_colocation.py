@@ -3,7 +3,10 @@
 node daemon (attuned) and under kernel swap with the same total memory; side by side,
 interleaved, in one run (docs/benchmarks.md).
 
-  python3 bench/daemon_colocation.py [--reps 3] [--pool 128] [--lat-mib 32] [--cap-mib 256] [--sweeps 40]
+  python3 bench/daemon_colocation.py [--reps 3] [--pool 128] [--lat-mib 32] [--cap-mib 256] [--sweeps 40] [--no-pin]
+
+Each workflow runs on its own core (taskset: LAT on CPU 0, CAP on CPU 1), as Slurm's
+cpusets give co-located jobs; --no-pin lets them share both cores.
 
 Rows, each the LAT workflow's time for a fixed number of verified sweeps over its data:
   attuned alone / attuned pair: the runtimes join attuned, whose pool is --pool MiB; the
@@ -64,6 +67,10 @@ class Daemon:
         self.p.wait()
 
 
+def pin(a, cpu):
+    return [] if a.no_pin else ["taskset", "-c", str(cpu)]
+
+
 def attuned_run(exe, d, a, pair):
     dm = Daemon(d, a.pool)
     env = dict(os.environ, ATTUNE_SOCKET=dm.sock, ATTUNE_DAEMON="require", ATTUNE_DRAM=f"{a.pool}M")
@@ -71,10 +78,10 @@ def attuned_run(exe, d, a, pair):
     reclaim = None
     try:
         if pair:
-            cap = subprocess.Popen([str(exe), "workflow", "CAP", str(a.cap_mib), "600"], env=env,
+            cap = subprocess.Popen([*pin(a, 1), str(exe), "workflow", "CAP", str(a.cap_mib), "600"], env=env,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.5)  # the capacity workflow fills its grant first
-        out = subprocess.run([str(exe), "sweeps", "LAT", str(a.lat_mib), str(a.sweeps)], env=env,
+        out = subprocess.run([*pin(a, 0), str(exe), "sweeps", "LAT", str(a.lat_mib), str(a.sweeps)], env=env,
                              capture_output=True, text=True, timeout=900)
         if pair:
             reclaim = dm.status()["last_reclaim_ms"]
@@ -87,9 +94,10 @@ def attuned_run(exe, d, a, pair):
 
 
 def kernel_run(exe, a, pair):
-    inner = f"'{exe}' sweeps LAT {a.lat_mib} {a.sweeps}"
+    t0, t1 = " ".join(pin(a, 0)), " ".join(pin(a, 1))
+    inner = f"{t0} '{exe}' sweeps LAT {a.lat_mib} {a.sweeps}"
     if pair:
-        inner = (f"'{exe}' workflow CAP {a.cap_mib} 600 >/dev/null 2>&1 & c=$!; sleep 1.5; {inner}; "
+        inner = (f"{t1} '{exe}' workflow CAP {a.cap_mib} 600 >/dev/null 2>&1 & c=$!; sleep 1.5; {inner}; "
                  f"kill -9 $c; wait $c 2>/dev/null; true")
     env = dict(os.environ, ATTUNE_DISABLE_UFFD="1", ATTUNE_DAEMON="off")
     out = subprocess.run([str(ATTUNE), "kernel-swap", "--limit", f"{a.pool}M", "--swap", "memory", "--swap-size", "1G",
@@ -105,6 +113,7 @@ def main():
     ap.add_argument("--cap-mib", type=int, default=256)
     ap.add_argument("--sweeps", type=int, default=40)
     ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--no-pin", action="store_true", help="let the workflows share all cores")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (cgroup memory limit and a swap device for the kernel rows)")
@@ -126,7 +135,7 @@ def main():
             print(f"rep {r} {k:<14} {t:.3f} s", flush=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
     print(f"\nLAT workflow: {a.lat_mib} MiB x {a.sweeps} sweeps; neighbour: CAP {a.cap_mib} MiB; node DRAM {a.pool} MiB; "
-          f"median of {a.reps}")
+          f"median of {a.reps}; " + ("cores shared" if a.no_pin else "one core each"))
     print(f"{'environment':<16}{'alone s':>10}{'pair s':>10}{'pair/alone':>12}{'spread (pair)':>16}")
     res = {}
     for env in ("attuned", "kernel"):

@@ -53,6 +53,8 @@ pub struct Client {
     connected: AtomicBool,
     /// Sequence number of the grant applied last, and whether it is met.
     seq: AtomicU64,
+    /// Sequence number last acknowledged to the daemon.
+    acked: AtomicU64,
     grant: AtomicU64,
     held: Mutex<BTreeMap<String, Held>>,
     /// Connection generation: waiters fail when it changes under them.
@@ -142,6 +144,7 @@ pub fn start(cfg: &Config, engine: Option<&'static Engine>) -> Result<(), String
         next_id: AtomicU64::new(1),
         connected: AtomicBool::new(false),
         seq: AtomicU64::new(0),
+        acked: AtomicU64::new(0),
         grant: AtomicU64::new(0),
         held: Mutex::new(BTreeMap::new()),
         generation: AtomicU64::new(0),
@@ -274,6 +277,14 @@ impl Client {
         }
     }
 
+    /// Resident memory is within the grant (or at the pinned floor nothing goes below).
+    fn within_grant(&self) -> bool {
+        match self.engine {
+            Some(e) => e.resident.load(Relaxed) <= e.budget().max(e.pinned_bytes()),
+            None => true,
+        }
+    }
+
     /// Sends a usage report; returns false when the connection is gone.
     fn usage(&self, sock: &UnixStream) -> bool {
         let mut u = Usage {
@@ -292,13 +303,10 @@ impl Client {
             u.evicted_bytes = c.evicted_bytes.load(Relaxed);
             u.sample_parks = c.sample_parks.load(Relaxed);
             u.sample_hits = c.sample_hits.load(Relaxed);
-            // Within the grant (or at the pinned floor nothing can go below): acknowledged.
-            let limit = e.budget().max(u.pinned);
-            if u.resident <= limit {
-                u.ack = self.seq.load(Relaxed);
-            }
-        } else {
+        }
+        if self.within_grant() {
             u.ack = self.seq.load(Relaxed);
+            self.acked.store(u.ack, Relaxed);
         }
         let w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         let _ = sock;
@@ -339,7 +347,10 @@ impl Client {
             // Report every 200 ms, and at once when the footprint moved by a MiB or more
             // (a big allocation should not run 200 ms on a budget sized for less).
             let want = self.want_now();
-            if last.elapsed() >= REPORT_EVERY || want.abs_diff(last_want) >= 1 << 20 {
+            // A shrunk grant is acknowledged as soon as it is met: the daemon times how long
+            // neighbours take to give DRAM back to a newcomer.
+            let ack_due = self.seq.load(Relaxed) > self.acked.load(Relaxed) && self.within_grant();
+            if ack_due || last.elapsed() >= REPORT_EVERY || want.abs_diff(last_want) >= 1 << 20 {
                 if !self.usage(&sock) {
                     return;
                 }
@@ -347,11 +358,7 @@ impl Client {
                 last_want = want;
             }
             match rd.read(&sock, Reply::fds) {
-                Ok((Reply::Grant { grant, seq }, _)) => {
-                    self.apply(grant, seq);
-                    // Report at once if already within it: the daemon times reclaims.
-                    last = Instant::now() - REPORT_EVERY;
-                }
+                Ok((Reply::Grant { grant, seq }, _)) => self.apply(grant, seq),
                 Ok((r, fds)) => {
                     let id = match &r {
                         Reply::Shared { id, .. }
