@@ -49,10 +49,10 @@ def elapsed(out):
 
 
 class Daemon:
-    def __init__(self, d, pool):
+    def __init__(self, d, pool, move_limit="1G"):
         self.sock = str(d / f"b{random.randrange(1 << 30)}.sock")
         self.p = subprocess.Popen([str(ATTUNED), "--socket", self.sock, "--dram", f"{pool}M", "--metrics", "off",
-                                   "--min-grant", "8M"], stderr=subprocess.DEVNULL)
+                                   "--min-grant", "8M", "--move-limit", move_limit], stderr=subprocess.DEVNULL)
         for _ in range(200):
             if os.path.exists(self.sock):
                 break
@@ -72,7 +72,7 @@ def pin(a, cpu):
 
 
 def attuned_run(exe, d, a, pair):
-    dm = Daemon(d, a.pool)
+    dm = Daemon(d, a.pool, a.move_limit)
     env = dict(os.environ, ATTUNE_SOCKET=dm.sock, ATTUNE_DAEMON="require", ATTUNE_DRAM=f"{a.pool}M")
     cap = None
     reclaim = None
@@ -113,6 +113,7 @@ def main():
     ap.add_argument("--cap-mib", type=int, default=256)
     ap.add_argument("--sweeps", type=int, default=40)
     ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--move-limit", default="1G", help="attuned --move-limit (bytes/s or off)")
     ap.add_argument("--no-pin", action="store_true", help="let the workflows share all cores")
     a = ap.parse_args()
     if os.geteuid() != 0:
@@ -135,7 +136,7 @@ def main():
             print(f"rep {r} {k:<14} {t:.3f} s", flush=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
     print(f"\nLAT workflow: {a.lat_mib} MiB x {a.sweeps} sweeps; neighbour: CAP {a.cap_mib} MiB; node DRAM {a.pool} MiB; "
-          f"median of {a.reps}; " + ("cores shared" if a.no_pin else "one core each"))
+          f"median of {a.reps}; " + ("cores shared" if a.no_pin else "one core each") + f"; attuned --move-limit {a.move_limit}")
     print(f"{'environment':<16}{'alone s':>10}{'pair s':>10}{'pair/alone':>12}{'spread (pair)':>16}")
     res = {}
     for env in ("attuned", "kernel"):

@@ -163,12 +163,14 @@ def test_three_colocated_workflows_lat_keeps_its_pages(workdir, daemon):
     """LAT, BW and CAP workflows whose demands (24 + 96 + 96 MiB) exceed the 96 MiB pool:
     the grants never sum above it, the LAT workflow keeps its pages (no fault after the
     warm-up sweep), the others are squeezed (they evict), every word verifies."""
-    d = daemon("--dram", "96M", "--min-grant", "8M")
+    limit = 64 * MIB
+    d = daemon("--dram", "96M", "--min-grant", "8M", "--move-limit", str(limit))
     lat = client(workdir, d, "workflow", "LAT", 24, 4, ATTUNE_DRAM="64M")
     time.sleep(0.5)
     bw = client(workdir, d, "workflow", "BW", 96, 3, ATTUNE_DRAM="64M")
     cap = client(workdir, d, "workflow", "CAP", 96, 3, ATTUNE_DRAM="64M")
     seen = 0
+    moved = {}  # flags -> [(time, fetched + evicted bytes)]
     while lat.poll() is None:
         st = d.status()
         grants = sum(w["grant"] for w in st["workflows"])
@@ -177,8 +179,18 @@ def test_three_colocated_workflows_lat_keeps_its_pages(workdir, daemon):
             seen += 1
             lw = next(w for w in st["workflows"] if w["flags"] == "LAT")
             assert lw["grant"] >= 24 * MIB, st
+            for w in st["workflows"]:
+                # Movement is limited for the neighbours of a LAT workflow, not for it.
+                assert w["move_limit"] == (0 if w["flags"] == "LAT" else limit), st
+                moved.setdefault(w["flags"], []).append((time.time(), w["fetched_bytes"] + w["evicted_bytes"]))
         time.sleep(0.1)
     assert seen >= 5, "the three never ran together"
+    for flags in ("BW", "CAP"):
+        (t0, b0), (t1, b1) = moved[flags][0], moved[flags][-1]
+        rate = (b1 - b0) / (t1 - t0)
+        # The limit plus the 20 ms burst and the reports' 200 ms staleness.
+        assert rate <= limit * 1.3, f"{flags} moved {rate / MIB:.0f} MiB/s, limit {limit / MIB:.0f}"
+        assert b1 > b0, f"{flags} never moved a page"
     outs = [finish(p) for p in (lat, bw, cap)]
     for rc, out in outs:
         assert rc == 0 and "workflow: OK" in out and "connected=1" in out, out

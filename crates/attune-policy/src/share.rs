@@ -93,6 +93,36 @@ pub fn grant(pool: u64, min_grant: u64, demands: &[Demand]) -> Vec<u64> {
     g
 }
 
+/// Movement limits (bytes/s, 0 = none) per workflow: while a LAT/SHL workflow is on the
+/// node, the others move pages between tiers at most `limit` bytes/s each, so their
+/// thrashing does not take the memory bandwidth a latency-sensitive neighbour runs on.
+pub fn move_limits(demands: &[Demand], limit: u64) -> Vec<u64> {
+    let protected_present = demands.iter().any(|d| d.flags.is_protected());
+    demands
+        .iter()
+        .map(|d| {
+            if protected_present && !d.flags.is_protected() {
+                limit
+            } else {
+                0
+            }
+        })
+        .collect()
+}
+
+/// Pacing of page movement at `rate` bytes/s with a burst allowance: `next` is the
+/// virtual time (ns) at which the mover's budget is spent. Returns the new `next` and how
+/// long to wait before moving `bytes` now.
+pub fn pace(now: u64, next: u64, bytes: u64, rate: u64, burst_ns: u64) -> (u64, u64) {
+    if rate == 0 {
+        return (next, 0);
+    }
+    let start = next.max(now.saturating_sub(burst_ns));
+    let cost = (bytes as u128 * 1_000_000_000 / rate as u128) as u64;
+    let new_next = start + cost;
+    (new_next, new_next.saturating_sub(now + burst_ns))
+}
+
 fn round(b: u64) -> u64 {
     b / PAGE * PAGE
 }
@@ -225,6 +255,36 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn movement_limited_only_next_to_protected_workflows() {
+        let cap = d(100, 0, Flags::CAP);
+        let bw = d(100, 0, Flags::BW);
+        assert_eq!(move_limits(&[cap, bw], 5), vec![0, 0]);
+        assert_eq!(
+            move_limits(&[cap, d(10, 10, Flags::LAT), bw], 5),
+            vec![5, 0, 5]
+        );
+    }
+
+    #[test]
+    fn pacing_holds_the_rate() {
+        // 1 MB/s, 10 ms burst: 100 moves of 100 KB take 10 s of virtual time.
+        let (mut next, mut now, mut waited) = (0u64, 1_000_000_000u64, 0u64);
+        for _ in 0..100 {
+            let (n, w) = pace(now, next, 100_000, 1_000_000, 10_000_000);
+            next = n;
+            now += w; // the mover sleeps
+            waited += w;
+        }
+        let secs = (now - 1_000_000_000) as f64 / 1e9;
+        assert!((9.8..=10.0).contains(&secs), "{secs}");
+        assert!(waited > 0);
+        // Idle time is not banked beyond the burst.
+        let (_, w) = pace(now + 60_000_000_000, next, 100_000, 1_000_000, 10_000_000);
+        assert_eq!(w, 80_000_000); // 100 ms of work, 10 banked, 10 allowed ahead
+        assert_eq!(pace(5, 7, 1 << 30, 0, 0), (7, 0));
     }
 
     #[test]

@@ -111,6 +111,9 @@ pub struct Usage {
     /// Sampled accesses (the runtime's heat signal): parks and hits since start.
     pub sample_parks: u64,
     pub sample_hits: u64,
+    /// Time spent waiting for the movement limit, ns.
+    #[serde(default)]
+    pub paced_ns: u64,
     pub ack: u64,
 }
 
@@ -122,11 +125,16 @@ pub enum Reply {
         client: u64,
         grant: u64,
         seq: u64,
+        #[serde(default)]
+        move_limit: u64,
     },
-    /// A new DRAM budget for this process (pushed, no id).
+    /// A new DRAM budget for this process (pushed, no id), and the limit on its page
+    /// movement in bytes/s (0: none).
     Grant {
         grant: u64,
         seq: u64,
+        #[serde(default)]
+        move_limit: u64,
     },
     /// A shared region: its memory file is attached (`fds` = 1).
     Shared {
@@ -163,6 +171,7 @@ pub struct Status {
     /// DRAM the daemon divides among workflows (before shared regions).
     pub dram_pool: u64,
     pub min_grant: u64,
+    pub move_limit: u64,
     pub shared_bytes: u64,
     pub granted: u64,
     pub tiers: Vec<TierStatus>,
@@ -192,6 +201,8 @@ pub struct WorkflowStatus {
     pub want: u64,
     pub protected: u64,
     pub grant: u64,
+    /// Page movement limit of each process, bytes/s (0: none).
+    pub move_limit: u64,
     pub resident: u64,
     pub pinned: u64,
     pub faults: u64,

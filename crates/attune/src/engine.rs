@@ -49,6 +49,8 @@ pub struct EngineCounters {
     /// Delays of sample hits in 1 us buckets (the last one: 31 us and more). Its low end is
     /// the delivery floor (fault raised, taken, timed) that analysis subtracts.
     pub sample_delay_us: [AtomicU64; 32],
+    /// Time spent waiting for the movement limit (ns).
+    pub paced_ns: AtomicU64,
 }
 
 /// Clock hand over all regions.
@@ -86,6 +88,10 @@ pub struct Engine {
     pub pinned: AtomicU64,
     /// The DRAM budget now: the configured `dram`, or the node daemon's grant (`tmm.rs`).
     budget: AtomicU64,
+    /// Page movement limit in bytes/s (0: none), set by the node daemon while a
+    /// latency-sensitive neighbour runs; `move_next` is the pacing's virtual time.
+    move_limit: AtomicU64,
+    move_next: AtomicU64,
     pub capacity: u64,
     pub(crate) wake_evictor: os::EventFd,
     pub counters: EngineCounters,
@@ -148,6 +154,8 @@ impl Engine {
         Ok(Engine {
             numa,
             budget: AtomicU64::new(cfg.dram),
+            move_limit: AtomicU64::new(0),
+            move_next: AtomicU64::new(0),
             capacity,
             cfg,
             uffd_thread,
@@ -210,6 +218,42 @@ impl Engine {
             self.wake_evictor.notify();
         }
         b
+    }
+
+    /// Limits page movement (fetches and evictions) to `bps` bytes/s; 0 lifts it.
+    pub fn set_move_limit(&self, bps: u64) {
+        self.move_limit.store(bps, Relaxed);
+    }
+
+    pub fn move_limit(&self) -> u64 {
+        self.move_limit.load(Relaxed)
+    }
+
+    /// Waits until moving `bytes` fits the movement limit (a 20 ms burst allowed).
+    /// Signal-safe: atomics and nanosleep only.
+    pub(crate) fn pace(&self, bytes: u64) {
+        let rate = self.move_limit.load(Relaxed);
+        if rate == 0 {
+            return;
+        }
+        let now = os::now_ns();
+        let mut cur = self.move_next.load(Relaxed);
+        loop {
+            let (next, wait) = attune_policy::share::pace(now, cur, bytes, rate, 20_000_000);
+            match self
+                .move_next
+                .compare_exchange_weak(cur, next, AcqRel, Relaxed)
+            {
+                Ok(_) => {
+                    if wait > 0 {
+                        self.counters.paced_ns.fetch_add(wait, Relaxed);
+                        std::thread::sleep(std::time::Duration::from_nanos(wait));
+                    }
+                    return;
+                }
+                Err(c) => cur = c,
+            }
+        }
     }
 
     /// Free DRAM headroom the evictor keeps: evict above `high`, down to `low`. The

@@ -113,6 +113,9 @@ fn store_run(e: &Engine, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
     let home = r.home_tier.load(Relaxed);
     let order = std::iter::once(home).chain((0..e.tiers.len()).filter(move |&t| t != home));
     let uffd = e.uffd_for(r.delivery);
+    if !sample {
+        e.pace(len as u64);
+    }
     let mut hashes = [0u64; MAX_RUN / 4096];
     for t in order {
         let Some(tier) = e.tiers.get(t) else { continue };

@@ -162,6 +162,7 @@ fn place_run(e: &Engine, r: &Region, c: usize, n: usize, src: Where, tier: usize
     let result: Result<(), Errno> = match src {
         Where::Far => match e.tiers.get(tier) {
             Some(t) => {
+                e.pace(len as u64);
                 let off = r.slots[tier] + (c * r.chunk) as u64;
                 let keeps = t.keeps_copy();
                 let mut seen = |data: usize| {

@@ -231,9 +231,24 @@ impl Client {
         loop {
             match rd.read(&sock, Reply::fds) {
                 // A grant computed for a later rebalance may overtake the welcome.
-                Ok((Reply::Grant { grant, seq }, _)) => self.apply(grant, seq),
-                Ok((Reply::Welcome { grant, seq, .. }, _)) => {
-                    self.apply(grant, seq);
+                Ok((
+                    Reply::Grant {
+                        grant,
+                        seq,
+                        move_limit,
+                    },
+                    _,
+                )) => self.apply(grant, seq, move_limit),
+                Ok((
+                    Reply::Welcome {
+                        grant,
+                        seq,
+                        move_limit,
+                        ..
+                    },
+                    _,
+                )) => {
+                    self.apply(grant, seq, move_limit);
                     CONN_FD.store(sock.as_raw_fd(), Relaxed);
                     *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = sock.try_clone().ok();
                     self.connected.store(true, Release);
@@ -261,13 +276,14 @@ impl Client {
     }
 
     /// Applies a grant unless a later one was applied already (pushes may overtake).
-    fn apply(&self, grant: u64, seq: u64) {
+    fn apply(&self, grant: u64, seq: u64, move_limit: u64) {
         if seq < self.seq.load(Relaxed) {
             return;
         }
         self.grant.store(grant, Relaxed);
         self.seq.store(seq, Relaxed);
         if let Some(e) = self.engine {
+            e.set_move_limit(move_limit);
             let b = e.set_budget(grant);
             crate::info!(
                 "attuned grant {seq}: {} MiB (budget {} MiB)",
@@ -303,6 +319,7 @@ impl Client {
             u.evicted_bytes = c.evicted_bytes.load(Relaxed);
             u.sample_parks = c.sample_parks.load(Relaxed);
             u.sample_hits = c.sample_hits.load(Relaxed);
+            u.paced_ns = c.paced_ns.load(Relaxed);
         }
         if self.within_grant() {
             u.ack = self.seq.load(Relaxed);
@@ -358,7 +375,14 @@ impl Client {
                 last_want = want;
             }
             match rd.read(&sock, Reply::fds) {
-                Ok((Reply::Grant { grant, seq }, _)) => self.apply(grant, seq),
+                Ok((
+                    Reply::Grant {
+                        grant,
+                        seq,
+                        move_limit,
+                    },
+                    _,
+                )) => self.apply(grant, seq, move_limit),
                 Ok((r, fds)) => {
                     let id = match &r {
                         Reply::Shared { id, .. }

@@ -13,6 +13,9 @@ pub struct DaemonConfig {
     pub min_grant: u64,
     /// Most bytes all shared regions together may hold.
     pub shared_max: u64,
+    /// Page movement limit (bytes/s) of each non-protected workflow while a LAT/SHL
+    /// workflow is on the node; 0: none.
+    pub move_limit: u64,
     pub socket: PathBuf,
     /// Prometheus text endpoint (`127.0.0.1:9464`), or None.
     pub metrics: Option<String>,
@@ -26,6 +29,7 @@ struct File {
     dram: Option<String>,
     min_grant: Option<String>,
     shared_max: Option<String>,
+    move_limit: Option<String>,
     socket: Option<PathBuf>,
     metrics: Option<String>,
     max_clients: Option<usize>,
@@ -37,6 +41,7 @@ pub struct Overrides {
     pub dram: Option<String>,
     pub min_grant: Option<String>,
     pub shared_max: Option<String>,
+    pub move_limit: Option<String>,
     pub socket: Option<PathBuf>,
     pub metrics: Option<String>,
     pub max_clients: Option<usize>,
@@ -92,6 +97,19 @@ pub fn load(
             Some(m)
         }
     };
+    let ml_s = o.move_limit.or(f.move_limit).unwrap_or_else(|| "1G".into());
+    let move_limit = if ml_s == "0" || ml_s == "off" {
+        0
+    } else {
+        let v = parse_size(&ml_s)
+            .map_err(|e| format!("move_limit '{ml_s}': {e} (bytes per second, or off)"))?;
+        if v < 1 << 20 {
+            return Err(format!(
+                "move_limit '{ml_s}': at least 1M per second (or off)"
+            ));
+        }
+        v
+    };
     let max_clients = o.max_clients.or(f.max_clients).unwrap_or(4096);
     if max_clients == 0 {
         return Err("max_clients: at least 1".into());
@@ -100,6 +118,7 @@ pub fn load(
         dram,
         min_grant,
         shared_max,
+        move_limit,
         socket,
         metrics,
         max_clients,

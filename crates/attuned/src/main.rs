@@ -37,6 +37,10 @@ struct Cli {
     /// Most bytes of shared regions, a size or a percentage of --dram [default: 25%].
     #[arg(long)]
     shared_max: Option<String>,
+    /// Page movement limit, bytes/s, of each non-LAT/SHL workflow while a LAT/SHL one
+    /// runs ("off" for none) [default: 1G].
+    #[arg(long)]
+    move_limit: Option<String>,
     /// Prometheus endpoint ADDRESS:PORT on loopback, or "off" [default: 127.0.0.1:9464].
     #[arg(long)]
     metrics: Option<String>,
@@ -55,6 +59,7 @@ fn main() {
         dram: cli.dram,
         min_grant: cli.min_grant,
         shared_max: cli.shared_max,
+        move_limit: cli.move_limit,
         socket: cli.socket,
         metrics: cli.metrics,
         max_clients: cli.max_clients,
@@ -88,7 +93,10 @@ fn main() {
     let state = Arc::new(Mutex::new(state::State::new(cfg, tiers)));
     {
         let st = state.clone();
-        if let Err(e) = std::thread::Builder::new().name("attuned-rebalance".into()).spawn(move || state::rebalancer(st)) {
+        if let Err(e) = std::thread::Builder::new()
+            .name("attuned-rebalance".into())
+            .spawn(move || state::rebalancer(st))
+        {
             eprintln!("attuned: cannot start the rebalancer thread: {e}");
             std::process::exit(1);
         }

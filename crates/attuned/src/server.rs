@@ -184,6 +184,7 @@ fn handle(
                 usage: Default::default(),
                 grant: 0,
                 seq: 0,
+                move_limit: 0,
                 welcomed: false,
             });
             st.rebalance();
@@ -194,6 +195,7 @@ fn handle(
                     client: id,
                     grant: r.grant,
                     seq: r.seq,
+                    move_limit: r.move_limit,
                 },
                 None,
             ))

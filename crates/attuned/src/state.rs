@@ -33,6 +33,7 @@ pub struct Registration {
     pub usage: Usage,
     pub grant: u64,
     pub seq: u64,
+    pub move_limit: u64,
     /// The welcome (with the first grant) is produced: later changes are pushed.
     pub welcomed: bool,
 }
@@ -161,8 +162,9 @@ impl State {
         }
         let demands: Vec<share::Demand> = wfs.values().map(|w| w.0).collect();
         let grants = share::grant(self.pool(), self.cfg.min_grant, &demands);
+        let limits = share::move_limits(&demands, self.cfg.move_limit);
         let mut shrunk = HashMap::new();
-        for ((demand, ids), wf_grant) in wfs.values().zip(grants) {
+        for (((demand, ids), wf_grant), limit) in wfs.values().zip(grants).zip(limits) {
             for id in ids {
                 let c = self.clients.get_mut(id).unwrap();
                 let r = c.reg.as_mut().unwrap();
@@ -172,18 +174,20 @@ impl State {
                 } else {
                     (wf_grant as u128 * r.want as u128 / demand.want as u128) as u64 / 4096 * 4096
                 };
-                if g != r.grant {
+                if g != r.grant || limit != r.move_limit {
                     r.seq += 1;
                     if g < r.grant && r.usage.resident > g {
                         shrunk.insert(*id, r.seq);
                     }
                     r.grant = g;
+                    r.move_limit = limit;
                     if r.welcomed {
                         push(
                             &c.writer,
                             &Reply::Grant {
                                 grant: g,
                                 seq: r.seq,
+                                move_limit: limit,
                             },
                         );
                     }
@@ -250,6 +254,7 @@ impl State {
             w.want += r.want;
             w.protected += r.protected;
             w.grant += r.grant;
+            w.move_limit = r.move_limit;
             w.resident += r.usage.resident;
             w.pinned += r.usage.pinned;
             w.faults += r.usage.faults;
@@ -292,6 +297,7 @@ impl State {
             uptime_s: self.started.elapsed().as_secs_f64(),
             dram_pool: self.cfg.dram,
             min_grant: self.cfg.min_grant,
+            move_limit: self.cfg.move_limit,
             shared_bytes: self.shared_bytes(),
             granted: workflows.iter().map(|w| w.grant).sum(),
             tiers: self.tiers.clone(),

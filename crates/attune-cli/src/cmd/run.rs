@@ -289,9 +289,22 @@ pub fn run(a: Args) -> i32 {
     if std::env::var_os("ATTUNE_WORKFLOW").is_none() && std::env::var_os("SLURM_JOB_ID").is_none() {
         let base: String = std::path::Path::new(prog)
             .file_name()
-            .map(|f| f.to_string_lossy().chars().filter(|c| c.is_ascii_graphic()).take(64).collect())
+            .map(|f| {
+                f.to_string_lossy()
+                    .chars()
+                    .filter(|c| c.is_ascii_graphic())
+                    .take(64)
+                    .collect()
+            })
             .unwrap_or_default();
-        cmd.env("ATTUNE_WORKFLOW", format!("{}.{}", if base.is_empty() { "run" } else { &base }, std::process::id()));
+        cmd.env(
+            "ATTUNE_WORKFLOW",
+            format!(
+                "{}.{}",
+                if base.is_empty() { "run" } else { &base },
+                std::process::id()
+            ),
+        );
     }
     let t0 = std::time::Instant::now();
     let mut child = match cmd.spawn() {
