@@ -1,11 +1,31 @@
-//! Replacement decisions (the default CLOCK, IMME Algorithm 2's filter).
+//! Replacement decisions: a CLOCK over chunks with two classes (IMME Algorithm 2's filter
+//! on top), and the class and credit a chunk earns when it is placed.
+//!
+//! The runtime sees a chunk's accesses only when it faults, so a plain CLOCK (one
+//! reference bit set on fault) degenerates into FIFO between faults: hot chunks are
+//! evicted as readily as dead ones, and refault right away. What a fault does tell is the
+//! **refault distance** (the kernel's workingset detection, in bytes evicted instead of
+//! LRU positions): a chunk that comes back from a far tier before the budget's worth of
+//! other bytes was evicted was evicted while still in use. Such chunks become **active**
+//! (2Q's protected queue, CLOCK-Pro's hot pages); everything else is **inactive** and is
+//! evicted in clock order after one lap of grace. The hand leaves active chunks alone while
+//! they hold at most `active_target` bytes, and moves the oldest ones back to inactive
+//! when they hold more, so a hot set that fits stays resident, a phase change still
+//! displaces an old hot set (its newcomers refault close and become active in turn), and a
+//! scan larger than memory does not flush it.
+
+/// Most credit (laps of grace) an inactive chunk can hold: two bits in the state word.
+pub const MAX_CREDIT: u8 = 3;
 
 /// What the clock hand sees of one chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkView {
     pub resident: bool,
     pub pinned: bool,
-    pub referenced: bool,
+    /// Refaulted close: in the working set.
+    pub active: bool,
+    /// Laps an inactive chunk may still survive.
+    pub credit: u8,
     /// The chunk's region is LAT or SHL.
     pub protected_region: bool,
 }
@@ -13,29 +33,75 @@ pub struct ChunkView {
 /// What the hand does with a chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClockAction {
-    /// Not a candidate (absent or pinned).
+    /// Not a candidate now (absent, pinned, protected outside a last-resort pass, or
+    /// active while the active class is within its target).
     Skip,
-    /// Referenced since the last pass: clear the bit, give a second chance.
-    SecondChance,
+    /// Inactive with credit: take one.
+    Age,
+    /// Active while the active class is over its target: back to inactive, one lap of grace.
+    Demote,
     /// Evict now.
     Evict,
 }
 
 /// The CLOCK rule with Algorithm 2's filter: pinned chunks are never victims; pageable
 /// chunks of LAT/SHL regions are taken only in `last_resort` passes (after every other
-/// region was swept without freeing enough).
-pub fn clock_decide(c: ChunkView, last_resort: bool) -> ClockAction {
+/// region was swept without freeing enough); active chunks only while the active class
+/// holds more than its target (or in a last-resort pass).
+pub fn clock_decide(c: ChunkView, last_resort: bool, active_over_target: bool) -> ClockAction {
     if !c.resident || c.pinned {
         return ClockAction::Skip;
     }
     if c.protected_region && !last_resort {
         return ClockAction::Skip;
     }
-    if c.referenced {
-        ClockAction::SecondChance
+    if c.active {
+        return if active_over_target || last_resort {
+            ClockAction::Demote
+        } else {
+            ClockAction::Skip
+        };
+    }
+    if c.credit > 0 {
+        ClockAction::Age
     } else {
         ClockAction::Evict
     }
+}
+
+/// How a chunk came to be placed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arrival {
+    /// First touch (zero fill) or read ahead of a fault.
+    First,
+    /// Brought back from a far tier; `distance` is the bytes evicted by the whole runtime
+    /// between its eviction and now.
+    Refault { distance: u64 },
+}
+
+/// Class and credit of a chunk placed now: `(active, credit)`, given the DRAM budget.
+pub fn on_arrival(a: Arrival, budget: u64) -> (bool, u8) {
+    match a {
+        Arrival::First => (false, 1),
+        // Evicted and wanted again before the budget's worth of other bytes was evicted:
+        // with a little more DRAM it would have been a hit. It is in the working set.
+        Arrival::Refault { distance } if distance <= budget => (true, 1),
+        Arrival::Refault { .. } => (false, 1),
+    }
+}
+
+/// Bytes the active class may hold: the pageable budget less a share kept for inactive
+/// chunks, where newcomers prove themselves (2Q keeps about a quarter for its A1 queue).
+pub fn active_target(budget: u64, pinned: u64, inactive_share_pct: u64) -> u64 {
+    let pageable = budget.saturating_sub(pinned);
+    pageable - pageable * inactive_share_pct.min(100) / 100
+}
+
+/// How many chunks the hand looks at in a region per visit: every region is lapped in
+/// about `laps_per` visits whatever its size, so the hand moves over all regions' chunks
+/// at one rate (one global clock) instead of draining whichever region it stands in.
+pub fn scan_quantum(chunks: usize, laps_per: usize) -> usize {
+    chunks.div_ceil(laps_per.max(1)).max(1)
 }
 
 #[cfg(test)]
@@ -43,25 +109,172 @@ mod tests {
     use super::*;
 
     #[test]
-    fn table() {
-        let v = |resident, pinned, referenced, protected_region| ChunkView {
+    fn clock_table() {
+        let v = |resident, pinned, active, credit, protected_region| ChunkView {
             resident,
             pinned,
-            referenced,
+            active,
+            credit,
             protected_region,
         };
         use ClockAction::*;
+        // (chunk, last resort, active over target) -> action
         let cases = [
-            (v(false, false, false, false), false, Skip),
-            (v(true, true, false, false), true, Skip),
-            (v(true, false, true, false), false, SecondChance),
-            (v(true, false, false, false), false, Evict),
-            (v(true, false, false, true), false, Skip),
-            (v(true, false, false, true), true, Evict),
-            (v(true, true, false, true), true, Skip),
+            (v(false, false, false, 0, false), false, false, Skip),
+            (v(false, false, true, 3, false), true, true, Skip),
+            (v(true, true, false, 0, false), true, true, Skip),
+            (v(true, false, false, 1, false), false, false, Age),
+            (v(true, false, false, 3, false), false, true, Age),
+            (v(true, false, false, 0, false), false, false, Evict),
+            (v(true, false, true, 0, false), false, false, Skip),
+            (v(true, false, true, 1, false), false, true, Demote),
+            (v(true, false, true, 1, false), true, false, Demote),
+            (v(true, false, false, 0, true), false, true, Skip),
+            (v(true, false, true, 2, true), false, true, Skip),
+            (v(true, false, false, 0, true), true, false, Evict),
+            (v(true, false, false, 2, true), true, false, Age),
+            (v(true, true, false, 0, true), true, true, Skip),
         ];
-        for (i, (c, lr, want)) in cases.into_iter().enumerate() {
-            assert_eq!(clock_decide(c, lr), want, "case {i}");
+        for (i, (c, lr, over, want)) in cases.into_iter().enumerate() {
+            assert_eq!(clock_decide(c, lr, over), want, "case {i}");
         }
+    }
+
+    #[test]
+    fn arrival_table() {
+        let mib = 1u64 << 20;
+        let cases = [
+            (Arrival::First, 64 * mib, (false, 1)),
+            (Arrival::Refault { distance: 0 }, 64 * mib, (true, 1)),
+            (Arrival::Refault { distance: 64 * mib }, 64 * mib, (true, 1)),
+            (
+                Arrival::Refault {
+                    distance: 64 * mib + 1,
+                },
+                64 * mib,
+                (false, 1),
+            ),
+            (
+                Arrival::Refault { distance: u64::MAX },
+                64 * mib,
+                (false, 1),
+            ),
+        ];
+        for (i, (a, budget, want)) in cases.into_iter().enumerate() {
+            assert_eq!(on_arrival(a, budget), want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn active_target_table() {
+        assert_eq!(active_target(100, 0, 25), 75);
+        assert_eq!(active_target(100, 40, 25), 45);
+        assert_eq!(active_target(100, 200, 25), 0);
+        assert_eq!(active_target(100, 0, 0), 100);
+        assert_eq!(active_target(100, 0, 300), 0);
+    }
+
+    #[test]
+    fn quantum_laps_every_region_at_one_rate() {
+        assert_eq!(scan_quantum(0, 32), 1);
+        assert_eq!(scan_quantum(1, 32), 1);
+        assert_eq!(scan_quantum(512, 32), 16);
+        assert_eq!(scan_quantum(513, 32), 17);
+        assert_eq!(scan_quantum(100, 0), 100);
+        for n in [64usize, 4096, 100_000] {
+            let q = scan_quantum(n, 32);
+            assert!(n.div_ceil(q) <= 32 && n.div_ceil(q) >= 31, "{n}");
+        }
+    }
+
+    /// The rule simulated on one region: a hot set touched between faults (never seen by
+    /// the runtime) and a stream of once-touched chunks, in `slots` chunks of DRAM.
+    /// Returns the hot set's refaults after warm-up.
+    fn simulate(slots: usize, hot: usize, with_classes: bool) -> usize {
+        let mut resident: Vec<(usize, bool, u8)> = Vec::new();
+        let mut evicted_at = std::collections::HashMap::new();
+        let mut evictions = 0u64;
+        let mut active = 0u64;
+        let mut hand = 0usize;
+        let mut hot_refaults = 0;
+        let mut next_stream = hot;
+        let target = active_target(slots as u64, 0, 25);
+        for step in 0..20_000 {
+            let mut want = vec![step % hot];
+            if step % 4 == 0 {
+                want.push(next_stream);
+                next_stream += 1;
+            }
+            for id in want {
+                if resident.iter().any(|&(r, _, _)| r == id) {
+                    continue; // a hit: invisible to the runtime
+                }
+                if id < hot && step > 2000 {
+                    hot_refaults += 1;
+                }
+                while resident.len() >= slots {
+                    hand %= resident.len();
+                    let (_, act, credit) = resident[hand];
+                    let view = ChunkView {
+                        resident: true,
+                        pinned: false,
+                        active: act,
+                        credit,
+                        protected_region: false,
+                    };
+                    match clock_decide(view, false, active > target) {
+                        ClockAction::Age => {
+                            resident[hand].2 -= 1;
+                            hand += 1;
+                        }
+                        ClockAction::Demote => {
+                            resident[hand].1 = false;
+                            active -= 1;
+                            hand += 1;
+                        }
+                        ClockAction::Evict => {
+                            let (gone, _, _) = resident.remove(hand);
+                            evictions += 1;
+                            evicted_at.insert(gone, evictions);
+                        }
+                        ClockAction::Skip => hand += 1,
+                    }
+                }
+                let arrival = match evicted_at.get(&id) {
+                    Some(&at) if with_classes => Arrival::Refault {
+                        distance: evictions - at,
+                    },
+                    _ => Arrival::First,
+                };
+                let (act, credit) = on_arrival(arrival, slots as u64);
+                active += act as u64;
+                // Insert behind the hand: the newest chunk is the last the hand reaches.
+                let at = hand.min(resident.len());
+                resident.insert(at, (id, act, credit));
+                hand = at + 1;
+            }
+        }
+        hot_refaults
+    }
+
+    #[test]
+    fn a_hot_set_that_fits_stops_refaulting() {
+        let with = simulate(100, 70, true);
+        let without = simulate(100, 70, false);
+        assert!(
+            without > 1000,
+            "plain CLOCK keeps refaulting the hot set: {without}"
+        );
+        assert!(
+            with < 20,
+            "active class: {with} hot refaults (plain CLOCK {without})"
+        );
+    }
+
+    #[test]
+    fn a_hot_set_larger_than_memory_is_no_worse_than_plain_clock() {
+        let with = simulate(100, 130, true);
+        let without = simulate(100, 130, false);
+        assert!(with <= without, "{with} vs plain {without}");
     }
 }

@@ -82,6 +82,7 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "readahead", env: "ATTUNE_READAHEAD", default: "1M", suggested: "1M; 0 disables", doc: "Largest read-ahead window on sequential faults" },
     OptionDoc { key: "headroom", env: "ATTUNE_HEADROOM", default: "2%", suggested: "2%-5% of the budget, at least a few MiB", doc: "Free DRAM the background evictor keeps, as a size or a percentage of the budget" },
     OptionDoc { key: "evict_batch", env: "ATTUNE_EVICT_BATCH", default: "64", suggested: "64", doc: "Chunks evicted per batch (one move per contiguous run)" },
+    OptionDoc { key: "inactive_share", env: "ATTUNE_INACTIVE_SHARE", default: "25", suggested: "25; 10 when the working set is known to be stable", doc: "Percent of the pageable budget kept for chunks not (yet) proven hot; the rest may hold chunks that refaulted soon after eviction" },
     OptionDoc { key: "small_threshold", env: "ATTUNE_SMALL_THRESHOLD", default: "1M", suggested: "1M", doc: "Allocations below this size share per-class arenas (mimalloc) instead of getting a region each" },
     OptionDoc { key: "small_arena", env: "ATTUNE_SMALL_ARENA", default: "1G", suggested: "enough for the program's small managed objects per class", doc: "Virtual size of each small-object arena (one per placement class)" },
     OptionDoc { key: "pin_fraction", env: "ATTUNE_PIN_FRACTION", default: "0.25", suggested: "0.1-0.5", doc: "Part of a LAT or SHL region pinned and pre-faulted in DRAM" },
@@ -192,6 +193,8 @@ pub struct Config {
     pub readahead: usize,
     pub headroom: u64,
     pub evict_batch: usize,
+    /// Percent of the pageable budget kept for inactive chunks (`attune_policy::victim`).
+    pub inactive_share: u64,
     pub small_threshold: usize,
     pub small_arena: usize,
     pub pin_fraction: f64,
@@ -217,6 +220,7 @@ struct FileConfig {
     readahead: Option<String>,
     headroom: Option<String>,
     evict_batch: Option<u64>,
+    inactive_share: Option<u64>,
     small_threshold: Option<String>,
     small_arena: Option<String>,
     pin_fraction: Option<f64>,
@@ -412,25 +416,40 @@ pub fn load(
             "must be smaller than the DRAM budget".into(),
         ));
     }
-    let evict_batch = match getenv("ATTUNE_EVICT_BATCH") {
-        Some(v) => v.trim().parse::<u64>().map_err(|_| {
-            err(
-                "evict_batch",
-                "ATTUNE_EVICT_BATCH",
+    let int_opt = |key: &str, env_name: &str, file: Option<u64>, default: u64, lo: u64, hi: u64| {
+        let v = match getenv(env_name) {
+            Some(v) => v
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| err(key, env_name, None, format!("'{v}' is not a whole number")))?,
+            None => file.unwrap_or(default),
+        };
+        if !(lo..=hi).contains(&v) {
+            return Err(err(
+                key,
+                env_name,
                 None,
-                format!("'{v}' is not a whole number"),
-            )
-        })?,
-        None => fc.evict_batch.unwrap_or(64),
+                format!("must be between {lo} and {hi}"),
+            ));
+        }
+        Ok(v)
     };
-    if !(1..=4096).contains(&evict_batch) {
-        return Err(err(
-            "evict_batch",
-            "ATTUNE_EVICT_BATCH",
-            None,
-            "must be between 1 and 4096".into(),
-        ));
-    }
+    let evict_batch = int_opt(
+        "evict_batch",
+        "ATTUNE_EVICT_BATCH",
+        fc.evict_batch,
+        64,
+        1,
+        4096,
+    )?;
+    let inactive_share = int_opt(
+        "inactive_share",
+        "ATTUNE_INACTIVE_SHARE",
+        fc.inactive_share,
+        25,
+        0,
+        90,
+    )?;
     let small_threshold = size_opt(
         "small_threshold",
         "ATTUNE_SMALL_THRESHOLD",
@@ -471,24 +490,6 @@ pub fn load(
         ));
     }
     // A whole-number option from the environment or the file, within [lo, hi].
-    let int_opt = |key: &str, env_name: &str, file: Option<u64>, default: u64, lo: u64, hi: u64| {
-        let v = match getenv(env_name) {
-            Some(v) => v
-                .trim()
-                .parse::<u64>()
-                .map_err(|_| err(key, env_name, None, format!("'{v}' is not a whole number")))?,
-            None => file.unwrap_or(default),
-        };
-        if !(lo..=hi).contains(&v) {
-            return Err(err(
-                key,
-                env_name,
-                None,
-                format!("must be between {lo} and {hi}"),
-            ));
-        }
-        Ok(v)
-    };
     let sample_rate = int_opt(
         "sample_rate",
         "ATTUNE_SAMPLE_RATE",
@@ -700,6 +701,7 @@ pub fn load(
         readahead,
         headroom,
         evict_batch: evict_batch as usize,
+        inactive_share,
         small_threshold,
         small_arena,
         pin_fraction,

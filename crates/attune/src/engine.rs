@@ -86,6 +86,8 @@ pub struct Engine {
     pub peak_resident: AtomicU64,
     /// Bytes of pinned chunks over all regions.
     pub pinned: AtomicU64,
+    /// Bytes of resident chunks in the active class (refaulted soon after eviction).
+    pub active: AtomicU64,
     /// The DRAM budget now: the configured `dram`, or the node daemon's grant (`tmm.rs`).
     budget: AtomicU64,
     /// Page movement limit in bytes/s (0: none), set by the node daemon while a
@@ -169,6 +171,7 @@ impl Engine {
             retired: Mutex::new(Vec::new()),
             sampled_history: Mutex::new(Vec::new()),
             clock: Mutex::new(ClockState::default()),
+            active: AtomicU64::new(0),
             resident: AtomicU64::new(0),
             committed: AtomicU64::new(0),
             peak_resident: AtomicU64::new(0),
@@ -265,6 +268,28 @@ impl Engine {
         let low = budget.saturating_sub(headroom);
         let high = budget.saturating_sub(headroom / 2);
         (high, low)
+    }
+
+    /// Whether the active class holds more than it may (`attune_policy::victim`).
+    pub fn active_over_target(&self) -> bool {
+        let target = attune_policy::victim::active_target(
+            self.budget(),
+            self.pinned.load(Relaxed),
+            self.cfg.inactive_share,
+        );
+        self.active.load(Relaxed) > target
+    }
+
+    /// Takes `bytes` out of the active class's count.
+    pub(crate) fn deactivate(&self, bytes: u64) {
+        let _ = self
+            .active
+            .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(bytes)));
+    }
+
+    /// Evicted bytes so far in 4 KiB pages, wrapping: the clock of refault distances.
+    pub(crate) fn eviction_clock(&self) -> u32 {
+        (self.counters.evicted_bytes.load(Relaxed) >> 12) as u32
     }
 
     /// Whether flags protect a region in the current mode.
@@ -429,13 +454,19 @@ impl Engine {
         let _ = mem::unmap(r.base, r.len);
         let mut resident = 0u64;
         let mut pinned = 0u64;
+        let mut active = 0u64;
         for c in 0..r.chunks() {
             let s = r.state(c);
             if s.pinned() {
                 pinned += r.chunk as u64;
             }
             match s.place() {
-                Where::Resident | Where::Fetching | Where::Evicting => resident += r.chunk as u64,
+                Where::Resident | Where::Fetching | Where::Evicting => {
+                    resident += r.chunk as u64;
+                    if s.active() {
+                        active += r.chunk as u64;
+                    }
+                }
                 Where::Far => {
                     if let Some(t) = self.tiers.get(s.tier()) {
                         t.forget(r.chunk as u64);
@@ -450,6 +481,7 @@ impl Engine {
         let _ = self
             .pinned
             .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(pinned)));
+        self.deactivate(active);
         for (i, o) in r.slots.iter().enumerate() {
             self.tiers[i].release(*o, r.len as u64);
         }

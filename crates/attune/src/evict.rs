@@ -2,11 +2,17 @@
 //! that keeps a free headroom under the DRAM budget so faulting threads rarely evict.
 //!
 //! Decisions come from `attune_policy::victim::clock_decide` (pinned chunks never,
-//! LAT/SHL regions only as a last resort); this module only moves pages.
+//! LAT/SHL regions only as a last resort, active chunks only while the active class is
+//! over its target); this module only moves pages.
+//!
+//! The hand is global: each visit to a region looks at a fixed share of its chunks
+//! (`scan_quantum`) and moves on to the next region, so every region's chunks age at the
+//! same rate. (A hand that stays in one region while it yields victims evicts a hot
+//! region over and over while dead chunks of other regions stay resident.)
 
 use crate::engine::{Engine, MAX_RUN};
-use crate::region::{Region, Where, REF};
-use attune_policy::victim::{clock_decide, ChunkView, ClockAction};
+use crate::region::{Region, State, Where, ACTIVE, CREDIT_MASK};
+use attune_policy::victim::{clock_decide, scan_quantum, ChunkView, ClockAction};
 use attune_sys::os;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -23,38 +29,49 @@ pub fn reclaim(e: &Engine, want: u64) -> u64 {
     if table.is_empty() {
         return 0;
     }
+    let total: usize = table.iter().map(|r| r.chunks()).sum();
     let mut freed = 0u64;
-    // Passes 0 and 1: ordinary (the second gives referenced chunks their second chance);
-    // pass 2: last resort, pageable chunks of protected regions too.
-    for pass in 0..3 {
-        let last_resort = pass == 2;
-        for _ in 0..table.len() {
+    // Pass 0: ordinary, for up to MAX_CREDIT + 2 laps (credit is taken one per lap, an
+    // active chunk is demoted in one lap and evicted after its grace); pass 1, the last
+    // resort: pageable chunks of protected regions and active chunks too.
+    let laps = attune_policy::victim::MAX_CREDIT as usize + 2;
+    for pass in 0..2 {
+        let last_resort = pass == 1;
+        let mut scanned = 0usize;
+        while scanned < laps * total + table.len() {
             let ri = clock.region_cursor % table.len();
             let r = &table[ri];
-            freed += sweep_region(e, r, want - freed, last_resort);
+            let (f, s) = sweep_region(e, r, want - freed, last_resort);
+            freed += f;
+            scanned += s.max(1);
+            clock.region_cursor = ri + 1;
             if freed >= want {
                 return freed;
             }
-            clock.region_cursor = ri + 1;
         }
     }
     freed
 }
 
-/// Sweeps one region once from its hand; returns bytes evicted.
-fn sweep_region(e: &Engine, r: &Region, want: u64, last_resort: bool) -> u64 {
+/// Visits where a region is lapped (see `scan_quantum`).
+const LAP_VISITS: usize = 32;
+
+/// Moves one region's hand over its quantum of chunks; returns (bytes evicted, chunks
+/// looked at).
+fn sweep_region(e: &Engine, r: &Region, want: u64, last_resort: bool) -> (u64, usize) {
     let n = r.chunks();
     if n == 0 || r.freed.load(Acquire) {
-        return 0;
+        return (0, 0);
     }
     let protected = e.is_protected(r);
     let max_run = (MAX_RUN / r.chunk).clamp(1, e.cfg.evict_batch);
+    let quantum = scan_quantum(n, LAP_VISITS);
     let mut freed = 0u64;
     let mut run_start = 0usize;
     let mut run_len = 0usize;
     let start = r.hand.load(Relaxed) % n;
     let mut i = 0;
-    while i < n {
+    while i < quantum {
         let c = (start + i) % n;
         i += 1;
         // A run must be contiguous and not wrap around the region's end.
@@ -63,20 +80,32 @@ fn sweep_region(e: &Engine, r: &Region, want: u64, last_resort: bool) -> u64 {
             run_len = 0;
             if freed >= want {
                 r.hand.store(c, Relaxed);
-                return freed;
+                return (freed, i - 1);
             }
         }
         let s = r.state(c);
         let view = ChunkView {
             resident: s.place() == Where::Resident,
             pinned: s.pinned(),
-            referenced: s.referenced(),
+            active: s.active(),
+            credit: s.credit(),
             protected_region: protected,
         };
-        match clock_decide(view, last_resort) {
+        match clock_decide(view, last_resort, e.active_over_target()) {
             ClockAction::Skip => {}
-            ClockAction::SecondChance => {
-                let _ = r.cas(c, s, s.with_bits(0, REF));
+            ClockAction::Age => {
+                let credit = State::class_bits(false, s.credit() - 1);
+                let _ = r.cas(c, s, s.with_bits(0, CREDIT_MASK).with_bits(credit, 0));
+            }
+            ClockAction::Demote => {
+                let grace = State::class_bits(false, 1);
+                if r.cas(
+                    c,
+                    s,
+                    s.with_bits(0, ACTIVE | CREDIT_MASK).with_bits(grace, 0),
+                ) {
+                    e.deactivate(r.chunk as u64);
+                }
             }
             ClockAction::Evict => {
                 if r.cas(c, s, s.with(Where::Evicting, 0)) {
@@ -91,8 +120,8 @@ fn sweep_region(e: &Engine, r: &Region, want: u64, last_resort: bool) -> u64 {
     if run_len > 0 {
         freed += flush_run(e, r, run_start, run_len);
     }
-    r.hand.store(start, Relaxed);
-    freed
+    r.hand.store((start + quantum) % n, Relaxed);
+    (freed, quantum)
 }
 
 /// Stores chunks `[c, c+n)` (claimed Evicting by this thread) in a far tier: the home
@@ -140,6 +169,8 @@ fn store_run(e: &Engine, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
         };
         match tier.store(&e.io(), uffd, src, off, len, &mut already_there) {
             Ok(()) => {
+                // Refault distances count from the bytes evicted before this run.
+                let clock = e.eviction_clock();
                 for i in 0..n {
                     if keeps {
                         if r.file_hash[c + i].load(Relaxed) == hashes[i] {
@@ -148,7 +179,10 @@ fn store_run(e: &Engine, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
                         r.file_hash[c + i].store(hashes[i], Relaxed);
                     }
                     r.settle(c + i, Where::Far, t, 0);
-                    r.set_bits(c + i, 0, REF);
+                    r.evicted_at[c + i].store(clock, Relaxed);
+                    if r.set_bits(c + i, 0, ACTIVE | CREDIT_MASK).active() {
+                        e.deactivate(r.chunk as u64);
+                    }
                 }
                 let _ = e
                     .resident

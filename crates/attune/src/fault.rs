@@ -14,10 +14,12 @@
 //! 2. extend the claim ahead on sequential faults (read-ahead, same source only);
 //! 3. reserve DRAM: over the budget, evict synchronously (direct reclaim);
 //! 4. place the run: zero-fill (Fresh) or load from its tier (Far), one ioctl per run;
-//! 5. publish Resident|REF and bump the heat of c.
+//! 5. publish Resident with the class and credit the replacement policy gives its arrival
+//!    (a refault soon after eviction makes a chunk active), and bump the heat of c.
 
 use crate::engine::{Engine, MAX_RUN};
-use crate::region::{Region, Where, REF};
+use crate::region::{Region, State, Where};
+use attune_policy::victim::{on_arrival, Arrival};
 use attune_sys::uffd::{Delivery, Msg, EVENT_PAGEFAULT};
 use attune_sys::{os, Errno};
 use std::sync::atomic::Ordering::*;
@@ -198,9 +200,30 @@ fn place_run(e: &Engine, r: &Region, c: usize, n: usize, src: Where, tier: usize
             if r.samples.enabled() {
                 crate::sample::on_placed(e, r, c, n, fault_ns);
             }
-            r.settle_heated(c, Where::Resident, 0, REF);
-            for i in 1..n {
-                r.settle(c + i, Where::Resident, 0, REF);
+            let now = e.eviction_clock();
+            let budget = e.budget();
+            let mut active = 0u64;
+            for i in 0..n {
+                let arrival = match src {
+                    Where::Far => Arrival::Refault {
+                        distance: (now.wrapping_sub(r.evicted_at[c + i].load(Relaxed)) as u64)
+                            << 12,
+                    },
+                    _ => Arrival::First,
+                };
+                let (act, credit) = on_arrival(arrival, budget);
+                if act {
+                    active += r.chunk as u64;
+                }
+                let bits = State::class_bits(act, credit);
+                if i == 0 {
+                    r.settle_heated(c, Where::Resident, 0, bits);
+                } else {
+                    r.settle(c + i, Where::Resident, 0, bits);
+                }
+            }
+            if active > 0 {
+                e.active.fetch_add(active, Relaxed);
             }
         }
         Err(err) => {

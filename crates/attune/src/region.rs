@@ -25,10 +25,14 @@ pub enum Where {
 const WHERE_MASK: u64 = 0xF;
 const TIER_SHIFT: u64 = 4;
 const TIER_MASK: u64 = 0xF << TIER_SHIFT;
-/// Referenced since the clock hand last passed.
-pub const REF: u64 = 1 << 8;
+/// In the working set: came back from a far tier soon after its eviction (see
+/// `attune_policy::victim`). Counted in the engine's `active` bytes while resident.
+pub const ACTIVE: u64 = 1 << 8;
 /// Never evicted (LAT/SHL pinned part, or `attune_pin`).
 pub const PIN: u64 = 1 << 9;
+const CREDIT_SHIFT: u64 = 10;
+/// Laps of grace left to an inactive chunk (two bits).
+pub const CREDIT_MASK: u64 = 0x3 << CREDIT_SHIFT;
 const HEAT_SHIFT: u64 = 16;
 const HEAT_MASK: u64 = 0xFFFF << HEAT_SHIFT;
 
@@ -52,8 +56,15 @@ impl State {
     pub fn pinned(self) -> bool {
         self.0 & PIN != 0
     }
-    pub fn referenced(self) -> bool {
-        self.0 & REF != 0
+    pub fn active(self) -> bool {
+        self.0 & ACTIVE != 0
+    }
+    pub fn credit(self) -> u8 {
+        ((self.0 & CREDIT_MASK) >> CREDIT_SHIFT) as u8
+    }
+    /// The bits of a class and credit, for `settle` and `with_bits`.
+    pub fn class_bits(active: bool, credit: u8) -> u64 {
+        (if active { ACTIVE } else { 0 }) | ((credit.min(3) as u64) << CREDIT_SHIFT)
     }
     pub fn heat(self) -> u32 {
         ((self.0 & HEAT_MASK) >> HEAT_SHIFT) as u32
@@ -146,6 +157,9 @@ pub struct Region {
     /// Sequential-fault detector for read-ahead.
     pub last_fault: AtomicUsize,
     pub ra_chunks: AtomicUsize,
+    /// When each chunk was last evicted, in the engine's evicted 4 KiB pages (wrapping):
+    /// the refault distance of its next fault.
+    pub evicted_at: Box<[AtomicU32]>,
     /// Clock hand position (chunk index).
     pub hand: AtomicUsize,
     pub freed: AtomicBool,
@@ -180,6 +194,7 @@ impl Region {
             kind,
             states: (0..n).map(|_| AtomicU64::new(0)).collect(),
             file_hash: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            evicted_at: (0..n).map(|_| AtomicU32::new(0)).collect(),
             slots,
             home_tier: AtomicUsize::new(home_tier),
             counters: RegionCounters::default(),
@@ -261,6 +276,20 @@ impl Region {
             .filter(|&c| self.state(c).pinned())
             .count()
     }
+    /// Bytes of resident chunks in the active class.
+    pub fn active_bytes(&self) -> u64 {
+        (0..self.chunks())
+            .filter(|&c| {
+                let s = self.state(c);
+                s.active()
+                    && matches!(
+                        s.place(),
+                        Where::Resident | Where::Evicting | Where::Fetching
+                    )
+            })
+            .count() as u64
+            * self.chunk as u64
+    }
     /// The heat counters (faults per chunk since allocation), for statistics.
     pub fn heat_total(&self) -> u64 {
         (0..self.chunks())
@@ -277,16 +306,24 @@ mod tests {
     fn state_word_round_trips() {
         let s = State(0)
             .with(Where::Far, 3)
-            .with_bits(PIN | REF, 0)
+            .with_bits(PIN | State::class_bits(true, 3), 0)
             .heated()
             .heated();
         assert_eq!(s.place(), Where::Far);
         assert_eq!(s.tier(), 3);
-        assert!(s.pinned() && s.referenced());
+        assert!(s.pinned() && s.active());
+        assert_eq!(s.credit(), 3);
         assert_eq!(s.heat(), 2);
-        let t = s.with(Where::Resident, 0).with_bits(0, REF);
+        let t = s
+            .with(Where::Resident, 0)
+            .with_bits(State::class_bits(false, 1), ACTIVE | CREDIT_MASK);
         assert_eq!(t.place(), Where::Resident);
-        assert!(t.pinned() && !t.referenced());
-        assert_eq!(t.heat(), 2);
+        assert!(t.pinned() && !t.active());
+        assert_eq!(t.credit(), 0, "clear wins over set in with_bits");
+        let u = s
+            .with_bits(0, ACTIVE | CREDIT_MASK)
+            .with_bits(State::class_bits(false, 1), 0);
+        assert!(!u.active() && u.credit() == 1 && u.pinned());
+        assert_eq!(u.heat(), 2);
     }
 }
