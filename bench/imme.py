@@ -30,6 +30,9 @@ ROOT = os.path.dirname(HERE)
 ATT = os.path.join(ROOT, "build", "bin", "attune")
 W = os.path.join(HERE, "workloads")
 PY = sys.executable
+# Flags as the workflows' users pass them, never what an earlier `attune profile` of the
+# same program taught `attune run`.
+os.environ["ATTUNE_HISTORY"] = "off"
 
 # name, class, kind (c|py), source, size MiB (default, quick), flags a user would pass
 WORKLOADS = [

@@ -9,6 +9,8 @@ PREFIX=$ROOT/build
 export PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig
 OUT=$(mktemp -d /tmp/attune-test.XXXXXX)
 trap 'umount "$OUT/full" 2>/dev/null; rm -rf "$OUT"' EXIT
+# Tests never read or write the user's execution history (attune profile records there).
+export ATTUNE_HISTORY="$OUT/history.json"
 pass=0; fail=0; failed=()
 
 run() { # run NAME CMD...: one native test

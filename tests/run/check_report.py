@@ -53,6 +53,13 @@ def main():
         for k, t in PROC.items():
             if not isinstance(p.get(k), t):
                 fail(f"per_process.{k} missing or not {t.__name__}")
+    if r.get("prediction") is not None:
+        pr = r["prediction"]
+        if not (isinstance(pr, dict) and isinstance(pr.get("runs"), int) and isinstance(pr.get("regions"), list)
+                and isinstance(pr.get("encoded"), str)):
+            fail("prediction is not {runs, regions, encoded}")
+    elif "prediction" not in r:
+        fail("missing prediction (null when the history was not used)")
     if r["processes"] != len(r["per_process"]):
         fail("processes != len(per_process)")
     if a.exit is not None and r.get("exit_code") != a.exit:

@@ -1,6 +1,7 @@
 //! `attune`: the command-line front end. One module per sub-command in `cmd/`.
 
 mod cmd;
+mod history;
 mod kernel_env;
 
 use clap::{Parser, Subcommand};

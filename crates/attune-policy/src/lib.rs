@@ -10,6 +10,7 @@ pub mod flags;
 pub mod heat;
 pub mod numa;
 pub mod plan;
+pub mod predict;
 pub mod share;
 pub mod victim;
 

@@ -16,7 +16,7 @@ use attune::engine::AllocOptions;
 use attune_sys::libc_alloc as glibc;
 use attune_sys::mem;
 use libc::{c_int, c_void, off_t};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 const PAGE: usize = 4096;
 
@@ -61,11 +61,15 @@ fn managed_slow(size: usize, region: bool) -> (usize, bool) {
         Err(_) => return (0, false),
     };
     let is_region = region || size >= rt.config().small_threshold;
-    let flags = s.flags_for(size);
+    let (flags, hot) = match predicted(size) {
+        Some(r) => (r.flags, r.hot.as_slice()),
+        None => (s.flags_for(size), &[][..]),
+    };
     if is_region && !region {
         if let Some(b) = table::cache_take(size) {
             // A reused region takes the flags of its new request (size rules may differ).
             let _ = attune::runtime::set_flags(b, flags.0);
+            pin_hot(b, size, hot);
             SERVED.fetch_add(1, Relaxed);
             return (b, false);
         }
@@ -83,6 +87,7 @@ fn managed_slow(size: usize, region: bool) -> (usize, bool) {
         Ok(p) => {
             if is_region {
                 table::insert(p, len);
+                pin_hot(p, size, hot);
             }
             SERVED.fetch_add(1, Relaxed);
             (p, is_region)
@@ -90,6 +95,44 @@ fn managed_slow(size: usize, region: bool) -> (usize, bool) {
         Err(_) => {
             FELL_BACK.fetch_add(1, Relaxed);
             (0, false)
+        }
+    }
+}
+
+/// Requests that took the history's prediction, and bytes pinned for their hot ranges.
+pub static PREDICTED: AtomicU64 = AtomicU64::new(0);
+pub static PREDICTED_PINNED: AtomicU64 = AtomicU64::new(0);
+
+/// The recorded region a request of `size` takes from the history's prediction, if no
+/// flags or rule decide it: the n-th request of a size takes the n-th region recorded at
+/// that size.
+fn predicted(size: usize) -> Option<&'static attune_policy::predict::RegionRecord> {
+    static TAKEN: std::sync::OnceLock<Vec<AtomicUsize>> = std::sync::OnceLock::new();
+    let s = settings();
+    if s.predicted.is_empty() {
+        return None;
+    }
+    let cands = s.predicted_for(size);
+    let first = *cands.first()?;
+    let taken = TAKEN.get_or_init(|| {
+        (0..s.predicted.len())
+            .map(|_| AtomicUsize::new(0))
+            .collect()
+    });
+    let n = taken[first].fetch_add(1, Relaxed);
+    PREDICTED.fetch_add(1, Relaxed);
+    Some(&s.predicted[cands[n % cands.len()]])
+}
+
+/// Pins the predicted hot ranges of a new region (its LAT part). A pin the budget cannot
+/// hold is refused by the runtime; the region then simply stays pageable.
+fn pin_hot(p: usize, size: usize, hot: &[(f64, f64)]) {
+    for &(a, b) in hot {
+        let start = ((a * size as f64) as usize) & !(PAGE - 1);
+        let end = (((b * size as f64) as usize) + PAGE - 1) & !(PAGE - 1);
+        let end = end.min(round_page(size).unwrap_or(size));
+        if end > start && attune::runtime::pin(p + start, end - start, true).is_ok() {
+            PREDICTED_PINNED.fetch_add((end - start) as u64, Relaxed);
         }
     }
 }

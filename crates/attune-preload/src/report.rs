@@ -86,6 +86,8 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "live_bytes": live_b,
         "threshold_bytes": settings().threshold,
         "flags": settings().flags.to_string(),
+        "predicted_requests": hooks::PREDICTED.load(Relaxed),
+        "predicted_pinned_bytes": hooks::PREDICTED_PINNED.load(Relaxed),
         "tiers": tiers,
         "top_regions": top,
         "timeline": TIMELINE.lock().map(|t| t.clone()).unwrap_or_default(),

@@ -8,12 +8,15 @@
 
 use crate::config::OptionDoc;
 use crate::size::parse_size;
+use attune_policy::predict::{candidates, RegionRecord};
 use attune_policy::Flags;
 
 /// The options table of `attune run` (also in `attune config --options` and docs/tuning.md).
 pub const RUN_OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "flags", env: "ATTUNE_FLAGS (or TM_FLAGS)", default: "auto", suggested: "what the workflow is: LAT, BW, CAP, SHL, combined with ','", doc: "Flags of every managed allocation; TM_FLAGS is the name the Slurm plugin sets, ATTUNE_FLAGS wins" },
     OptionDoc { key: "flag_rules", env: "ATTUNE_FLAG_RULES", default: "(none)", suggested: "e.g. `..64M:LAT,1G..:CAP`", doc: "Flags by allocation size: comma-separated `MIN..MAX:FLAGS` (either bound may be empty, MAX exclusive); the first match wins over ATTUNE_FLAGS" },
+    OptionDoc { key: "predict", env: "ATTUNE_PREDICT", default: "(set by attune run from the history)", suggested: "-", doc: "Flags per allocation learned by `attune profile` (`SIZE:FLAGS[@S-E+...]`, hot ranges as fractions, pinned); used when no flags or rule apply" },
+    OptionDoc { key: "history", env: "ATTUNE_HISTORY", default: "$XDG_STATE_HOME/attune/history.json (~/.local/state/...)", suggested: "the default; off to neither read nor write it", doc: "Execution history: `attune profile` records what it learned per program, `attune run` without flags predicts from it" },
     OptionDoc { key: "run_threshold", env: "ATTUNE_RUN_THRESHOLD", default: "1M", suggested: "1M; 256K for programs with many mid-sized buffers", doc: "malloc-family and anonymous mmap requests of at least this size are managed; smaller ones stay with the system allocator" },
     OptionDoc { key: "run_small", env: "ATTUNE_RUN_SMALL", default: "0", suggested: "0; 1 when small objects dominate the footprint", doc: "1: small requests are managed too (per-class arenas), so the whole heap is tiered" },
     OptionDoc { key: "run_children", env: "ATTUNE_RUN_CHILDREN", default: "1", suggested: "1", doc: "1: forked and exec'd children are managed too (each with its own budget); 0: only the first process" },
@@ -39,6 +42,8 @@ pub struct RunSettings {
     pub children: bool,
     pub report_dir: Option<std::path::PathBuf>,
     pub report_interval_ms: u64,
+    /// Regions learned from the history (`ATTUNE_PREDICT`), in allocation order.
+    pub predicted: Vec<RegionRecord>,
 }
 
 impl Default for RunSettings {
@@ -51,6 +56,7 @@ impl Default for RunSettings {
             children: true,
             report_dir: None,
             report_interval_ms: 1000,
+            predicted: Vec::new(),
         }
     }
 }
@@ -64,6 +70,17 @@ impl RunSettings {
             .find(|r| s >= r.min && s < r.max)
             .map(|r| r.flags)
             .unwrap_or(self.flags)
+    }
+
+    /// Whether a request of `size` is left to the prediction: no rule matches and no
+    /// flags were given. Returns the recorded regions it may take (see
+    /// `attune_policy::predict::candidates`).
+    pub fn predicted_for(&self, size: usize) -> Vec<usize> {
+        let s = size as u64;
+        if !self.flags.is_empty() || self.rules.iter().any(|r| s >= r.min && s < r.max) {
+            return Vec::new();
+        }
+        candidates(&self.predicted, s)
     }
 }
 
@@ -118,6 +135,10 @@ pub fn from_env(getenv: impl Fn(&str) -> Option<String>) -> Result<RunSettings, 
     }
     if let Some(r) = getenv("ATTUNE_FLAG_RULES") {
         s.rules = parse_rules(&r).map_err(|e| format!("ATTUNE_FLAG_RULES: {e}"))?;
+    }
+    if let Some(p) = getenv("ATTUNE_PREDICT") {
+        s.predicted =
+            attune_policy::predict::decode(&p).map_err(|e| format!("ATTUNE_PREDICT: {e}"))?;
     }
     if let Some(t) = getenv("ATTUNE_RUN_THRESHOLD") {
         let v = parse_size(&t).map_err(|e| format!("ATTUNE_RUN_THRESHOLD={t}: {e}"))?;
@@ -186,6 +207,20 @@ mod tests {
     }
 
     #[test]
+    fn prediction_applies_only_without_flags_or_rule() {
+        let p = ("ATTUNE_PREDICT", "67108864:CAP@0-0.1;8388608:LAT");
+        let s = from_env(env(&[p])).unwrap();
+        assert_eq!(s.predicted_for(64 << 20), vec![0]);
+        assert_eq!(s.predicted_for(8 << 20), vec![1]);
+        assert!(s.predicted_for(1 << 20).is_empty());
+        let s = from_env(env(&[p, ("ATTUNE_FLAGS", "BW")])).unwrap();
+        assert!(s.predicted_for(64 << 20).is_empty(), "explicit flags win");
+        let s = from_env(env(&[p, ("ATTUNE_FLAG_RULES", "32M..:BW")])).unwrap();
+        assert!(s.predicted_for(64 << 20).is_empty(), "a matching rule wins");
+        assert_eq!(s.predicted_for(8 << 20), vec![1]);
+    }
+
+    #[test]
     fn errors_name_the_variable() {
         for (k, v) in [
             ("ATTUNE_FLAGS", "FAST"),
@@ -196,6 +231,7 @@ mod tests {
             ("ATTUNE_RUN_THRESHOLD", "lots"),
             ("ATTUNE_RUN_SMALL", "maybe"),
             ("ATTUNE_REPORT_INTERVAL_MS", "1"),
+            ("ATTUNE_PREDICT", "64M:CAP"),
         ] {
             let e = from_env(env(&[(k, v)])).unwrap_err();
             assert!(e.starts_with(k), "{k}={v}: {e}");

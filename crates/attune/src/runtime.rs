@@ -598,6 +598,8 @@ pub fn sampling_cells() -> Vec<SampledRegion> {
             .filter(|r| r.samples.enabled() && !r.freed.load(std::sync::atomic::Ordering::Acquire))
             .cloned(),
     );
+    // Allocation order: the history (`attune profile`) matches regions by it.
+    regions.sort_by_key(|r| r.id);
     regions
         .iter()
         .map(|r| {

@@ -79,6 +79,8 @@ pub fn run(a: Args) -> i32 {
         cmd.arg("--config").arg(c);
     }
     cmd.arg("--").args(&a.command);
+    // The profile learns from the program as it is: no predicted pins in its run.
+    cmd.env("ATTUNE_HISTORY", "off");
     cmd.env("ATTUNE_SAMPLE_RATE", a.rate.to_string())
         .env("ATTUNE_SAMPLE_WINDOW_US", a.window_us.to_string())
         .env("ATTUNE_REPORT_INTERVAL_MS", a.interval.to_string());
@@ -119,6 +121,9 @@ pub fn run(a: Args) -> i32 {
             ));
         }
         _ => {}
+    }
+    if code == 0 {
+        remember(&profile, &a.command);
     }
     if let Err(e) = write_outputs(&a.out, &profile) {
         eprintln!("attune profile: cannot write to {}: {e}", a.out.display());
@@ -194,6 +199,42 @@ impl RegionMix {
     }
 }
 
+/// Hot ranges of a sampled region (fractions), from its per-chunk rates.
+fn hot_ranges_of(r: &Value, hot_share: f64) -> Vec<(f64, f64)> {
+    let rates: Vec<Option<f64>> = u64s(&r["hits"])
+        .iter()
+        .zip(u64s(&r["exposure_us"]))
+        .map(|(&h, x)| (x > 0).then(|| h as f64 / x as f64))
+        .collect();
+    attune_policy::predict::hot_ranges(&rates, hot_share, 16)
+}
+
+/// What this profile teaches `attune run` about the program: the regions of its first
+/// process in allocation order, with their suggested flags and hot ranges.
+fn learned(profile: &Value, args: &[String]) -> attune_policy::predict::RunRecord {
+    let regions = profile["regions"].as_array().cloned().unwrap_or_default();
+    let first = regions.first().map(|r| r["pid"].clone());
+    let regions = regions
+        .iter()
+        .filter(|r| Some(&r["pid"]) == first.as_ref())
+        .map(|r| {
+            let flags = attune::Flags::parse(r["suggested_flags"].as_str().unwrap_or(""))
+                .unwrap_or_default();
+            let hot = r["hot_ranges"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|h| Some((h[0].as_f64()?, h[1].as_f64()?)))
+                .collect();
+            attune_policy::predict::record_region(r["size"].as_u64().unwrap_or(0), flags, hot)
+        })
+        .collect();
+    attune_policy::predict::RunRecord {
+        args: args.to_vec(),
+        regions,
+    }
+}
+
 fn floor_of(p: &Value) -> u64 {
     heat::delay_floor_ns(&u64s(&p["sampling"]["delay_hist_us"]))
 }
@@ -209,12 +250,14 @@ fn share(part: f64, whole: f64) -> f64 {
 /// Everything the profile reports, from the processes' statistics files.
 fn analyze(procs: &[Value], wall: f64, code: i32, a: &Args) -> Value {
     let mut regions: Vec<(&Value, RegionMix)> = Vec::new();
+    let mut pids: Vec<&Value> = Vec::new();
     let mut floor_ns = 0;
     for p in procs {
         let floor = floor_of(p);
         floor_ns = floor_ns.max(floor);
         for r in p["sampling"]["regions"].as_array().into_iter().flatten() {
             regions.push((r, RegionMix::of(r, floor)));
+            pids.push(&p["pid"]);
         }
     }
     let all: Vec<(f64, f64)> = regions.iter().flat_map(|(_, m)| m.pages()).collect();
@@ -231,17 +274,21 @@ fn analyze(procs: &[Value], wall: f64, code: i32, a: &Args) -> Value {
     let hits: u64 = regions.iter().map(|(_, m)| m.hits).sum();
     let regions_out: Vec<Value> = regions
         .iter()
-        .map(|(r, m)| {
+        .zip(&pids)
+        .map(|((r, m), pid)| {
             let size = r["size"].as_u64().unwrap_or(0);
             let (a_share, b_share) = (share(m.accesses(), acc_total), share(size as f64, bytes_total as f64));
             let c = heat::mixture_curve(&m.mix, 100);
             let sg = heat::suggest(&c, a_share, b_share);
+            // Where the hot part lies, for a split: pinned as the LAT part by `attune run`.
+            let hot = sg.hot_share.map(|h| hot_ranges_of(r, h)).unwrap_or_default();
             json!({
-                "address": r["address"], "size": size, "chunk_size": r["chunk_size"], "flags": r["flags"],
+                "pid": pid, "address": r["address"], "size": size, "chunk_size": r["chunk_size"], "flags": r["flags"],
                 "sampled_chunks": m.sampled, "chunks": m.chunks,
                 "access_share": a_share, "byte_share": b_share,
                 "top10_share": heat::accesses_at(&c, 0.1), "top20_share": heat::accesses_at(&c, 0.2),
                 "suggested_flags": sg.flags.to_string(), "suggested_hot_share": sg.hot_share, "why": sg.why,
+                "hot_ranges": hot.iter().map(|(a, b)| json!([a, b])).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -315,6 +362,28 @@ fn phase_curves(procs: &[Value]) -> Vec<Value> {
         }
     }
     out
+}
+
+/// Records what was learned in the execution history (a run that failed teaches nothing).
+fn remember(profile: &Value, command: &[String]) {
+    let Some(store) = crate::history::path() else {
+        return;
+    };
+    let Ok(program) = super::run::locate(&command[0]) else {
+        return;
+    };
+    let run = learned(profile, &command[1..]);
+    if run.regions.is_empty() {
+        return;
+    }
+    match crate::history::record(&store, &program, &run) {
+        Ok(()) => eprintln!(
+            "attune profile: recorded in {} for `attune run` without flags: {}",
+            store.display(),
+            crate::history::describe(&run.regions).join("; ")
+        ),
+        Err(e) => eprintln!("attune profile: warning: {e}"),
+    }
 }
 
 fn write_outputs(out: &Path, p: &Value) -> std::io::Result<()> {

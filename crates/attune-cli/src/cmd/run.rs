@@ -67,7 +67,7 @@ fn fail(code: i32, msg: &str) -> i32 {
 }
 
 /// Finds `prog` as execvp would: a path if it has a slash, else along $PATH.
-fn locate(prog: &str) -> Result<PathBuf, (i32, String)> {
+pub fn locate(prog: &str) -> Result<PathBuf, (i32, String)> {
     let candidates: Vec<PathBuf> = if prog.contains('/') {
         vec![PathBuf::from(prog)]
     } else {
@@ -225,11 +225,11 @@ pub fn run(a: Args) -> i32 {
     if let Err(e) = run_options::from_env(get) {
         return fail(2, &e);
     }
-    if let Err(e) =
-        attune::config::load(a.config.as_deref(), &seen, &attune::config::Machine::this())
-    {
-        return fail(2, &format!("configuration: {e}"));
-    }
+    let temperature_only =
+        match attune::config::load(a.config.as_deref(), &seen, &attune::config::Machine::this()) {
+            Ok(c) => c.mode == attune::config::Mode::Temperature,
+            Err(e) => return fail(2, &format!("configuration: {e}")),
+        };
 
     let prog = &a.command[0];
     let path = match locate(prog) {
@@ -246,6 +246,26 @@ pub fn run(a: Args) -> i32 {
         }
         eprintln!("attune run: warning: {why}; running it unmanaged");
         managed = false;
+    }
+    // No flags given: predict them from what `attune profile` learned about this program.
+    // (Not in temperature-only mode: it ignores what the workflow is, by definition.)
+    let prediction = if temperature_only {
+        None
+    } else {
+        predict(&path, &a, &get)
+    };
+    if let Some((regions, runs)) = &prediction {
+        env.push((
+            "ATTUNE_PREDICT".into(),
+            attune_policy::predict::encode(regions),
+        ));
+        if !a.quiet {
+            eprintln!(
+                "attune run: flags from the history ({runs} profiled run(s) of {}): {}",
+                path.display(),
+                crate::history::describe(regions).join("; ")
+            );
+        }
     }
     let lib = match preload_library() {
         Ok(l) => l,
@@ -349,7 +369,15 @@ pub fn run(a: Args) -> i32 {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    let report = build_report(&a.command, &path, managed, wall, status, procs);
+    let mut report = build_report(&a.command, &path, managed, wall, status, procs);
+    report["prediction"] = match &prediction {
+        Some((regions, runs)) => json!({
+            "runs": runs,
+            "regions": crate::history::describe(regions),
+            "encoded": attune_policy::predict::encode(regions),
+        }),
+        None => Value::Null,
+    };
     if !a.quiet {
         eprint!("{}", text_report(&report));
     }
@@ -370,6 +398,33 @@ pub fn run(a: Args) -> i32 {
         (Some(c), _) => c,
         (None, Some(sig)) => attune_sys::os::die_by_signal(sig),
         _ => 1,
+    }
+}
+
+/// The history's prediction for this program, when no flags, rules or prediction were
+/// given (`--flags auto` counts as none). A history that cannot be used is a warning.
+fn predict(
+    path: &Path,
+    a: &Args,
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Option<(Vec<attune_policy::predict::RegionRecord>, usize)> {
+    let given =
+        |k: &str| get(k).is_some_and(|v| !attune::Flags::parse(&v).is_ok_and(|f| f.is_empty()));
+    if given("ATTUNE_FLAGS")
+        || given("TM_FLAGS")
+        || get("ATTUNE_FLAG_RULES").is_some()
+        || get("ATTUNE_PREDICT").is_some()
+    {
+        return None;
+    }
+    let store = crate::history::path()?;
+    match crate::history::lookup(&store, path, &a.command[1..]) {
+        Ok(Some((run, n))) if !run.regions.is_empty() => Some((run.regions, n)),
+        Ok(_) => None,
+        Err(w) => {
+            eprintln!("attune run: warning: {w}; the history is not used");
+            None
+        }
     }
 }
 
@@ -491,6 +546,8 @@ pub fn build_report(
             "budget_overruns": sum(&procs, "budget_overruns"),
             "managed_requests": sum(&procs, "managed_requests"),
             "fallback_requests": sum(&procs, "fallback_requests"),
+            "predicted_requests": sum(&procs, "predicted_requests"),
+            "predicted_pinned_bytes": sum(&procs, "predicted_pinned_bytes"),
         },
         "tiers": tiers,
         "hottest_regions": top,
@@ -539,6 +596,13 @@ pub fn text_report(r: &Value) -> String {
         "  kernel page faults: {} minor, {} major; managed requests {}, fell back to malloc {}\n",
         t["os_minor_faults"], t["os_major_faults"], t["managed_requests"], t["fallback_requests"]
     );
+    if t["predicted_requests"].as_u64().unwrap_or(0) > 0 {
+        s += &format!(
+            "  flags from the history: {} request(s), {} pinned as their hot part\n",
+            t["predicted_requests"],
+            u(&t["predicted_pinned_bytes"])
+        );
+    }
     for tier in r["tiers"].as_array().into_iter().flatten() {
         s += &format!(
             "  tier {:<8} {:<7} peak {:>10}  in {:>10}  out {:>10}\n",

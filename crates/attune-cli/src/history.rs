@@ -1,0 +1,304 @@
+//! The execution history: what `attune profile` learned about each program, kept for
+//! `attune run` to predict flags when none are given (decisions in
+//! `attune_policy::predict`; the store is described in docs/design.md).
+//!
+//! One JSON file per user (`ATTUNE_HISTORY`, default
+//! `$XDG_STATE_HOME/attune/history.json`, else `~/.local/state/attune/history.json`), mode
+//! 0600 in a 0700 directory, replaced atomically (written aside, renamed). Keyed by the
+//! program's canonical path; the last [`RUNS_KEPT`] runs per program, the
+//! [`PROGRAMS_KEPT`] most recently profiled programs. A file that cannot be read, is not
+//! JSON, or is of another schema is ignored with a warning (and set aside when a new
+//! record is written); it never stops a run.
+
+use attune_policy::predict::{RegionRecord, RunRecord};
+use attune_policy::Flags;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+pub const SCHEMA: &str = "attune-history/1";
+pub const RUNS_KEPT: usize = 8;
+pub const PROGRAMS_KEPT: usize = 256;
+
+#[derive(Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Store {
+    schema: String,
+    programs: BTreeMap<String, Vec<StoredRun>>,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct StoredRun {
+    args: Vec<String>,
+    /// Unix seconds.
+    recorded: u64,
+    regions: Vec<StoredRegion>,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct StoredRegion {
+    size: u64,
+    flags: String,
+    /// Hot ranges as fractions of the region, pinned at allocation.
+    #[serde(default)]
+    hot: Vec<[f64; 2]>,
+}
+
+/// Where the history is, or None when it is turned off (`ATTUNE_HISTORY=off`).
+pub fn path() -> Option<PathBuf> {
+    match std::env::var("ATTUNE_HISTORY") {
+        Ok(v) if v == "off" || v == "0" => None,
+        Ok(v) if !v.is_empty() => Some(PathBuf::from(v)),
+        _ => {
+            let base = std::env::var_os("XDG_STATE_HOME")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state"))
+                })?;
+            Some(base.join("attune/history.json"))
+        }
+    }
+}
+
+/// The key of a program: its canonical path.
+pub fn key(program: &Path) -> String {
+    std::fs::canonicalize(program)
+        .unwrap_or_else(|_| program.to_path_buf())
+        .display()
+        .to_string()
+}
+
+fn load(path: &Path) -> Result<Option<Store>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    let store: Store = serde_json::from_str(&text)
+        .map_err(|e| format!("{} is not a history file ({e})", path.display()))?;
+    if store.schema != SCHEMA {
+        return Err(format!(
+            "{} is of schema '{}', this attune reads '{SCHEMA}'",
+            path.display(),
+            store.schema
+        ));
+    }
+    Ok(Some(store))
+}
+
+fn to_record(r: &StoredRun) -> Result<RunRecord, String> {
+    let regions = r
+        .regions
+        .iter()
+        .map(|g| {
+            Ok(RegionRecord {
+                size: g.size,
+                flags: Flags::parse(&g.flags)?,
+                hot: g.hot.iter().map(|h| (h[0], h[1])).collect(),
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(RunRecord {
+        args: r.args.clone(),
+        regions,
+    })
+}
+
+/// The recorded run nearest to `args` for `program`, and how many runs were recorded.
+/// Err: a warning to print (the history is then not used).
+pub fn lookup(
+    path: &Path,
+    program: &Path,
+    args: &[String],
+) -> Result<Option<(RunRecord, usize)>, String> {
+    let Some(store) = load(path)? else {
+        return Ok(None);
+    };
+    let Some(runs) = store.programs.get(&key(program)) else {
+        return Ok(None);
+    };
+    let records = runs
+        .iter()
+        .map(to_record)
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(attune_policy::predict::nearest_run(&records, args).map(|r| (r.clone(), runs.len())))
+}
+
+/// Adds a run to the history. A history that cannot be read is set aside
+/// (`history.json.bad`) with a warning and a new one started.
+pub fn record(path: &Path, program: &Path, run: &RunRecord) -> Result<(), String> {
+    let mut store = match load(path) {
+        Ok(Some(s)) => s,
+        Ok(None) => Store {
+            schema: SCHEMA.into(),
+            ..Default::default()
+        },
+        Err(e) => {
+            let aside = path.with_extension("json.bad");
+            eprintln!(
+                "attune: warning: {e}; set aside as {} and started anew",
+                aside.display()
+            );
+            let _ = std::fs::rename(path, &aside);
+            Store {
+                schema: SCHEMA.into(),
+                ..Default::default()
+            }
+        }
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let stored = StoredRun {
+        args: run.args.clone(),
+        recorded: now,
+        regions: run
+            .regions
+            .iter()
+            .map(|g| StoredRegion {
+                size: g.size,
+                flags: if g.flags.is_empty() {
+                    "auto".into()
+                } else {
+                    g.flags.to_string()
+                },
+                hot: g.hot.iter().map(|&(a, b)| [a, b]).collect(),
+            })
+            .collect(),
+    };
+    let runs = store.programs.entry(key(program)).or_default();
+    runs.retain(|r| r.args != run.args);
+    runs.push(stored);
+    if runs.len() > RUNS_KEPT {
+        let extra = runs.len() - RUNS_KEPT;
+        runs.drain(..extra);
+    }
+    while store.programs.len() > PROGRAMS_KEPT {
+        let oldest = store
+            .programs
+            .iter()
+            .min_by_key(|(_, r)| r.iter().map(|x| x.recorded).max().unwrap_or(0))
+            .map(|(k, _)| k.clone());
+        match oldest {
+            Some(k) => store.programs.remove(&k),
+            None => break,
+        };
+    }
+    write(path, &store)
+}
+
+fn write(path: &Path, store: &Store) -> Result<(), String> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let body = serde_json::to_vec_pretty(store).map_err(|e| e.to_string())?;
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(&body).and_then(|_| f.sync_all()))
+        .and_then(|_| std::fs::rename(&tmp, path));
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("cannot write {}: {e}", path.display())
+    })
+}
+
+/// One line per recorded region, for the launcher's message and the report.
+pub fn describe(regions: &[RegionRecord]) -> Vec<String> {
+    regions
+        .iter()
+        .map(|r| {
+            let hot: f64 = r.hot.iter().map(|(a, b)| b - a).sum();
+            let flags = if r.flags.is_empty() {
+                "auto".to_string()
+            } else {
+                r.flags.to_string()
+            };
+            if r.hot.is_empty() {
+                format!("{} {flags}", attune::size::human(r.size))
+            } else {
+                format!(
+                    "{} {flags}, hot {:.0}% pinned (LAT) in {} range(s)",
+                    attune::size::human(r.size),
+                    hot * 100.0,
+                    r.hot.len()
+                )
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str], size: u64) -> RunRecord {
+        RunRecord {
+            args: args.iter().map(|s| s.to_string()).collect(),
+            regions: vec![RegionRecord {
+                size,
+                flags: Flags::CAP,
+                hot: vec![(0.0, 0.1)],
+            }],
+        }
+    }
+
+    #[test]
+    fn record_then_lookup_nearest_and_private() {
+        let d = std::env::temp_dir().join(format!("attune-hist-{}", std::process::id()));
+        let p = d.join("sub/history.json");
+        let prog = Path::new("/bin/true");
+        record(&p, prog, &run(&["64"], 64 << 20)).unwrap();
+        record(&p, prog, &run(&["1024"], 1 << 30)).unwrap();
+        let (r, n) = lookup(&p, prog, &["80".to_string()]).unwrap().unwrap();
+        assert_eq!((r.regions[0].size, n), (64 << 20, 2));
+        assert_eq!(r.regions[0].hot, vec![(0.0, 0.1)]);
+        assert!(lookup(&p, Path::new("/bin/false"), &[]).unwrap().is_none());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        // The same arguments replace their older record; at most RUNS_KEPT per program.
+        for i in 0..20 {
+            record(&p, prog, &run(&[&i.to_string()], 1 << 20)).unwrap();
+        }
+        record(&p, prog, &run(&["19"], 2 << 20)).unwrap();
+        let (r, n) = lookup(&p, prog, &["19".to_string()]).unwrap().unwrap();
+        assert_eq!((r.regions[0].size, n), (2 << 20, RUNS_KEPT));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_corrupt_or_foreign_history_is_a_warning_and_set_aside() {
+        let d = std::env::temp_dir().join(format!("attune-hist-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let p = d.join("history.json");
+        let prog = Path::new("/bin/true");
+        for bad in [
+            "{not json",
+            r#"{"schema":"attune-history/9","programs":{}}"#,
+            r#"{"schema":"attune-history/1","programs":{"/bin/true":[{"args":[],"recorded":1,"regions":[{"size":1,"flags":"FAST"}]}]}}"#,
+        ] {
+            std::fs::write(&p, bad).unwrap();
+            let e = lookup(&p, prog, &[]).unwrap_err();
+            assert!(e.contains("history.json"), "{e}");
+            record(&p, prog, &run(&[], 1 << 20)).unwrap();
+            assert!(d.join("history.json.bad").exists());
+            assert!(lookup(&p, prog, &[]).unwrap().is_some());
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}

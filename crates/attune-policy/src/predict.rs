@@ -1,0 +1,431 @@
+//! Flags predicted from the execution history of the same program (IMME §III-C2: "no
+//! flags: the runtime decides"). Pure: the store's file format and I/O live in the CLI
+//! (`attune-cli/src/history.rs`); here are the decisions.
+//!
+//! * A **run record** is what `attune profile` learned about one run: per managed region
+//!   in allocation order, its size, the flags suggested for it and, when a small part of
+//!   it takes most accesses, where that part lies (fractions of the region).
+//! * A new run takes the record whose arguments are **nearest** to its own (exact first;
+//!   numbers compared by ratio, so `app 2048` is nearer to `app 1024` than to `app 64`).
+//! * Each allocation takes the recorded region of **nearest size** (within a factor 2),
+//!   the n-th allocation of a size the n-th such region, so equal-sized arrays keep their
+//!   own flags.
+//! * A region whose hot part is known is allocated with the flags of the rest (CAP) and
+//!   its hot ranges pinned in DRAM: IMME's split into a LAT part and a CAP part.
+
+use crate::Flags;
+
+/// What was learned about one region.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RegionRecord {
+    pub size: u64,
+    pub flags: Flags,
+    /// Hot ranges `[start, end)` as fractions of the region, sorted, disjoint.
+    pub hot: Vec<(f64, f64)>,
+}
+
+/// What was learned about one run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunRecord {
+    pub args: Vec<String>,
+    pub regions: Vec<RegionRecord>,
+}
+
+/// Distance between two argument lists of one program, or None when they describe
+/// different work (another count of arguments, or a differing argument that is not a
+/// number: `python3 a.py` learns nothing from `python3 b.py`). Equal lists are 0; each
+/// pair of differing positive numbers adds `min(1, |ln(a/b)| / ln 16)`.
+pub fn args_distance(a: &[String], b: &[String]) -> Option<f64> {
+    if a.len() != b.len() {
+        return None;
+    }
+    let mut d = 0.0;
+    for (x, y) in a.iter().zip(b) {
+        if x == y {
+            continue;
+        }
+        d += match (x.parse::<f64>(), y.parse::<f64>()) {
+            (Ok(p), Ok(q)) if p > 0.0 && q > 0.0 => ((p / q).ln().abs() / 16f64.ln()).min(1.0),
+            _ => return None,
+        };
+    }
+    Some(d)
+}
+
+/// The run whose arguments are nearest to `args` (the later one on a tie: newer).
+pub fn nearest_run<'a>(runs: &'a [RunRecord], args: &[String]) -> Option<&'a RunRecord> {
+    let mut best: Option<(f64, &RunRecord)> = None;
+    for r in runs {
+        let Some(d) = args_distance(&r.args, args) else {
+            continue;
+        };
+        if best.is_none_or(|(bd, _)| d <= bd) {
+            best = Some((d, r));
+        }
+    }
+    best.map(|b| b.1)
+}
+
+/// Sizes within this factor of a recorded region may take its flags.
+const SIZE_FACTOR: f64 = 2.0;
+
+/// The recorded regions an allocation of `size` may take, in recorded order: those at
+/// the nearest size (log scale, 1% slack), none beyond a factor 2. Returns their indices.
+pub fn candidates(regions: &[RegionRecord], size: u64) -> Vec<usize> {
+    let dist = |r: &RegionRecord| ((size.max(1) as f64) / (r.size.max(1) as f64)).ln().abs();
+    let Some(best) = regions.iter().map(dist).min_by(|a, b| a.total_cmp(b)) else {
+        return Vec::new();
+    };
+    if best > SIZE_FACTOR.ln() {
+        return Vec::new();
+    }
+    (0..regions.len())
+        .filter(|&i| dist(&regions[i]) <= best + 0.01)
+        .collect()
+}
+
+/// Where the hot part of a region lies, from per-chunk access rates (`None`: chunk not
+/// sampled) and the share of the region the hot part takes. Samples are few and single
+/// delays noisy (a cold chunk is sometimes touched at once), so:
+/// 1. the hottest sampled chunks up to that share are hot;
+/// 2. each sampled chunk takes the majority class of itself and two sampled neighbours
+///    on each side (a median filter: lone hot chunks in a cold area and lone cold ones in
+///    a hot area are noise);
+/// 3. an unsampled chunk is hot when the sampled chunks on both sides are (one side at the
+///    region's ends);
+/// 4. the longest ranges are kept until they cover the share, at most `max_ranges`.
+pub fn hot_ranges(rates: &[Option<f64>], hot_share: f64, max_ranges: usize) -> Vec<(f64, f64)> {
+    let n = rates.len();
+    let sampled: Vec<(usize, f64)> = rates
+        .iter()
+        .enumerate()
+        .filter_map(|(c, r)| r.map(|r| (c, r)))
+        .collect();
+    if n == 0 || sampled.is_empty() || hot_share <= 0.0 {
+        return Vec::new();
+    }
+    let mut sorted: Vec<f64> = sampled.iter().map(|s| s.1).collect();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let k = ((hot_share.min(1.0) * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    let cut = sorted[k - 1];
+    let raw: Vec<bool> = sampled.iter().map(|s| s.1 >= cut && s.1 > 0.0).collect();
+    let m = raw.len();
+    let smooth: Vec<bool> = (0..m)
+        .map(|i| {
+            let w = &raw[i.saturating_sub(2)..(i + 3).min(m)];
+            2 * w.iter().filter(|&&h| h).count() > w.len()
+        })
+        .collect();
+    let mut hot = vec![false; n];
+    for (i, &(c, _)) in sampled.iter().enumerate() {
+        hot[c] = smooth[i];
+        // The unsampled chunks up to the next sample (or the end).
+        let next = sampled.get(i + 1).map(|s| s.0).unwrap_or(n);
+        let fill = smooth[i] && smooth.get(i + 1).copied().unwrap_or(true);
+        hot[c + 1..next].iter_mut().for_each(|h| *h = fill);
+    }
+    // Before the first sample: as the first sample.
+    let first = sampled[0].0;
+    hot[..first].iter_mut().for_each(|h| *h = smooth[0]);
+    let mut ranges: Vec<(usize, usize)> = Vec::new();
+    for (c, &h) in hot.iter().enumerate() {
+        if !h {
+            continue;
+        }
+        match ranges.last_mut() {
+            Some(last) if last.1 == c => last.1 = c + 1,
+            _ => ranges.push((c, c + 1)),
+        }
+    }
+    ranges.sort_by_key(|r| std::cmp::Reverse(r.1 - r.0));
+    let want = (hot_share.min(1.0) * n as f64).ceil() as usize;
+    let mut kept = Vec::new();
+    let mut covered = 0;
+    for r in ranges {
+        if covered >= want || kept.len() >= max_ranges.max(1) {
+            break;
+        }
+        covered += r.1 - r.0;
+        kept.push(r);
+    }
+    kept.sort();
+    kept.into_iter()
+        .map(|(s, e)| (s as f64 / n as f64, e as f64 / n as f64))
+        .collect()
+}
+
+/// The record kept for a region the profiler suggested `flags` for: a split (LAT with
+/// CAP and a hot share) becomes CAP flags with the hot ranges pinned.
+pub fn record_region(size: u64, flags: Flags, hot: Vec<(f64, f64)>) -> RegionRecord {
+    let split = flags.0 & Flags::LAT.0 != 0 && flags.0 & Flags::CAP.0 != 0 && !hot.is_empty();
+    RegionRecord {
+        size,
+        flags: if split { Flags::CAP } else { flags },
+        hot: if split { hot } else { Vec::new() },
+    }
+}
+
+/// The interposer's form of a run record (`ATTUNE_PREDICT`): regions separated by `;`,
+/// each `SIZE:FLAGS` with optional hot ranges `@S-E+S-E` (fractions).
+pub fn encode(regions: &[RegionRecord]) -> String {
+    regions
+        .iter()
+        .map(|r| {
+            let flags = if r.flags.0 == 0 {
+                "auto".to_string()
+            } else {
+                r.flags.to_string()
+            };
+            let mut s = format!("{}:{}", r.size, flags.replace(',', "|"));
+            if !r.hot.is_empty() {
+                let hot: Vec<String> = r
+                    .hot
+                    .iter()
+                    .map(|(a, b)| format!("{a:.6}-{b:.6}"))
+                    .collect();
+                s.push('@');
+                s.push_str(&hot.join("+"));
+            }
+            s
+        })
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// Parses [`encode`]'s form; an error names the bad entry.
+pub fn decode(s: &str) -> Result<Vec<RegionRecord>, String> {
+    let mut out = Vec::new();
+    for entry in s.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+        let bad = |why: &str| format!("'{entry}': {why}");
+        let (head, hot) = match entry.split_once('@') {
+            Some((h, r)) => (h, Some(r)),
+            None => (entry, None),
+        };
+        let (size, flags) = head
+            .split_once(':')
+            .ok_or_else(|| bad("expected SIZE:FLAGS"))?;
+        let size: u64 = size
+            .parse()
+            .map_err(|_| bad("size is not a number of bytes"))?;
+        let flags = if flags == "auto" {
+            Flags(0)
+        } else {
+            Flags::parse(&flags.replace('|', ",")).map_err(|e| bad(&e))?
+        };
+        let mut ranges = Vec::new();
+        for r in hot.into_iter().flat_map(|h| h.split('+')) {
+            let (a, b) = r
+                .split_once('-')
+                .ok_or_else(|| bad("hot range is not S-E"))?;
+            let (a, b): (f64, f64) = (
+                a.parse().map_err(|_| bad("hot range start"))?,
+                b.parse().map_err(|_| bad("hot range end"))?,
+            );
+            if !(0.0..=1.0).contains(&a) || !(0.0..=1.0).contains(&b) || a >= b {
+                return Err(bad("hot range outside [0, 1]"));
+            }
+            ranges.push((a, b));
+        }
+        out.push(RegionRecord {
+            size,
+            flags,
+            hot: ranges,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn args_distance_table() {
+        let cases: &[(&[&str], &[&str], Option<f64>)] = &[
+            (&["64", "3"], &["64", "3"], Some(0.0)),
+            (&["64"], &["64", "3"], None),
+            (&["in.nml"], &["out.nml"], None),
+            (&["1024"], &["2048"], Some(0.25)),
+            (&["1024", "x"], &["2048", "x"], Some(0.25)),
+            (&["1024"], &["16384"], Some(1.0)),
+            (&["1024"], &["1e9"], Some(1.0)),
+            (&["-1"], &["1"], None),
+        ];
+        for (i, (a, b, want)) in cases.iter().enumerate() {
+            let got = args_distance(&s(a), &s(b));
+            assert_eq!(got.is_some(), want.is_some(), "case {i}");
+            if let (Some(g), Some(w)) = (got, want) {
+                assert!((g - w).abs() < 1e-9, "case {i}: {g}");
+            }
+        }
+    }
+
+    #[test]
+    fn nearest_run_prefers_exact_then_ratio_then_newest() {
+        let run = |a: &[&str], size| RunRecord {
+            args: s(a),
+            regions: vec![RegionRecord {
+                size,
+                flags: Flags::CAP,
+                hot: vec![],
+            }],
+        };
+        let runs = vec![
+            run(&["64"], 1),
+            run(&["1024"], 2),
+            run(&["2048"], 3),
+            run(&["1024"], 4),
+        ];
+        assert_eq!(
+            nearest_run(&runs, &s(&["1024"])).unwrap().regions[0].size,
+            4
+        );
+        assert_eq!(
+            nearest_run(&runs, &s(&["1200"])).unwrap().regions[0].size,
+            4
+        );
+        assert_eq!(
+            nearest_run(&runs, &s(&["1800"])).unwrap().regions[0].size,
+            3
+        );
+        assert_eq!(nearest_run(&runs, &s(&["70"])).unwrap().regions[0].size, 1);
+        assert!(nearest_run(&runs, &s(&["big"])).is_none(), "other work");
+        assert!(nearest_run(&runs, &s(&["64", "1"])).is_none(), "other work");
+        assert!(nearest_run(&[], &s(&["1"])).is_none());
+    }
+
+    #[test]
+    fn candidates_by_nearest_size() {
+        let r = |size| RegionRecord {
+            size,
+            flags: Flags::BW,
+            hot: vec![],
+        };
+        let regions = vec![r(100 << 20), r(8 << 20), r(100 << 20), r(400 << 20)];
+        assert_eq!(candidates(&regions, 100 << 20), vec![0, 2]);
+        assert_eq!(candidates(&regions, 120 << 20), vec![0, 2]);
+        assert_eq!(candidates(&regions, 9 << 20), vec![1]);
+        assert_eq!(candidates(&regions, 300 << 20), vec![3]);
+        assert!(
+            candidates(&regions, 1 << 20).is_empty(),
+            "beyond a factor 2"
+        );
+        assert!(candidates(&[], 1 << 20).is_empty());
+    }
+
+    #[test]
+    fn hot_ranges_find_a_hot_prefix_with_gaps_in_sampling() {
+        // 100 chunks, the first 10 hot (rate 80), the rest cold (rate 1); every third
+        // chunk unsampled.
+        let rates: Vec<Option<f64>> = (0..100)
+            .map(|c| (c % 3 != 1).then_some(if c < 10 { 80.0 } else { 1.0 }))
+            .collect();
+        assert_eq!(hot_ranges(&rates, 0.1, 8), vec![(0.0, 0.1)]);
+    }
+
+    #[test]
+    fn hot_ranges_drop_noise_and_keep_the_longest() {
+        // Hot blocks of 6 and 4 chunks and a lone hot chunk (noise) in a cold region.
+        let mut rates = vec![Some(1.0); 40];
+        for c in (4..10).chain(20..24).chain([32]) {
+            rates[c] = Some(50.0);
+        }
+        assert_eq!(hot_ranges(&rates, 0.25, 8), vec![(0.1, 0.25), (0.5, 0.6)]);
+        assert_eq!(hot_ranges(&rates, 0.25, 1), vec![(0.1, 0.25)]);
+        assert_eq!(
+            hot_ranges(&rates, 0.1, 8),
+            vec![(0.1, 0.25)],
+            "the share is covered by the longest"
+        );
+        // A cold chunk inside the hot block is noise too (the block's edge next to it
+        // erodes by one chunk).
+        rates[6] = Some(1.0);
+        assert_eq!(hot_ranges(&rates, 0.25, 8), vec![(0.125, 0.25), (0.5, 0.6)]);
+        // Nothing accessed at all: no hot part.
+        assert!(hot_ranges(&[Some(0.0); 10], 0.2, 4).is_empty());
+        assert!(hot_ranges(&[None; 10], 0.2, 4).is_empty());
+        assert!(hot_ranges(&[], 0.2, 4).is_empty());
+    }
+
+    /// Single-delay estimates as the sampler gives them: one exponential delay per sampled
+    /// chunk, an eighth of the chunks sampled, hot chunks 81 times as fast (10% of pages
+    /// take 90% of accesses).
+    #[test]
+    fn hot_ranges_from_noisy_single_samples() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let n = 8192;
+        let rates: Vec<Option<f64>> = (0..n)
+            .map(|c| {
+                if !rng.random_bool(0.125) {
+                    return None;
+                }
+                let lambda = if c < n / 10 { 81.0 } else { 1.0 };
+                let delay = -(1.0 - rng.random::<f64>()).ln() / lambda;
+                Some(1.0 / delay)
+            })
+            .collect();
+        let r = hot_ranges(&rates, 0.1, 16);
+        let covered: f64 = r.iter().map(|(a, b)| b - a).sum();
+        let inside: f64 = r.iter().map(|&(a, b)| (b.min(0.1) - a).max(0.0)).sum();
+        assert!(covered < 0.15, "{r:?}");
+        assert!(
+            inside > 0.08,
+            "most of the hot 10% found: {inside} in {r:?}"
+        );
+    }
+
+    #[test]
+    fn a_split_suggestion_becomes_cap_with_pinned_hot_ranges() {
+        let lat_cap = Flags(Flags::LAT.0 | Flags::CAP.0);
+        let r = record_region(64 << 20, lat_cap, vec![(0.0, 0.1)]);
+        assert_eq!(r.flags, Flags::CAP);
+        assert_eq!(r.hot, vec![(0.0, 0.1)]);
+        let r = record_region(64 << 20, lat_cap, vec![]);
+        assert_eq!(
+            r.flags, lat_cap,
+            "no known hot part: the combined flags as they are"
+        );
+        let r = record_region(64 << 20, Flags::BW, vec![(0.0, 0.1)]);
+        assert_eq!((r.flags, r.hot.len()), (Flags::BW, 0));
+    }
+
+    #[test]
+    fn encode_decode_round_trip_and_errors() {
+        let regions = vec![
+            RegionRecord {
+                size: 67108864,
+                flags: Flags::CAP,
+                hot: vec![(0.0, 0.1), (0.5, 0.625)],
+            },
+            RegionRecord {
+                size: 4096,
+                flags: Flags(Flags::LAT.0 | Flags::BW.0),
+                hot: vec![],
+            },
+            RegionRecord {
+                size: 1 << 20,
+                flags: Flags(0),
+                hot: vec![],
+            },
+        ];
+        let text = encode(&regions);
+        assert_eq!(decode(&text).unwrap(), regions);
+        assert_eq!(decode("").unwrap(), vec![]);
+        for bad in [
+            "64",
+            "x:CAP",
+            "64:NOPE",
+            "64:CAP@0.5",
+            "64:CAP@0.5-0.2",
+            "64:CAP@0-2",
+        ] {
+            let e = decode(bad).unwrap_err();
+            assert!(e.contains(bad.split('@').next().unwrap()), "{bad}: {e}");
+        }
+    }
+}
