@@ -24,9 +24,9 @@ build:
 # Lays out a prefix: lib/, include/, bin/, lib/pkgconfig, lib/cmake/Attune.
 stage:
 	@mkdir -p $(PREFIX)/lib/pkgconfig $(PREFIX)/lib/cmake/Attune $(PREFIX)/include $(PREFIX)/bin
-	@cp $(REL)/libattune.so $(REL)/libattune.a $(REL)/libattune_preload.so $(PREFIX)/lib/
+	@cp --remove-destination $(REL)/libattune.so $(REL)/libattune.a $(REL)/libattune_preload.so $(PREFIX)/lib/
 	@cp include/attune.h include/attune.f90 $(PREFIX)/include/
-	@cp $(REL)/attune $(REL)/attuned $(PREFIX)/bin/
+	@cp --remove-destination $(REL)/attune $(REL)/attuned $(PREFIX)/bin/
 	@mkdir -p $(PREFIX)/share/attune/python && cp -r python/attune_usage $(PREFIX)/share/attune/python/
 	@cp python/attune_plots.py $(PREFIX)/share/attune/python/
 	@rm -rf $(PREFIX)/share/attune/python/attune_usage/__pycache__

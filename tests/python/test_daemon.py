@@ -204,6 +204,51 @@ def test_three_colocated_workflows_lat_keeps_its_pages(workdir, daemon):
     assert st["workflows"] == [] and st["granted"] == 0, st
 
 
+def test_far_memory_divided_among_workflows(workdir, daemon):
+    """Staging buffers of the far tier: two capacity workflows each push 64 MiB out of a
+    32 MiB DRAM grant, into a node far pool of 48 MiB. The daemon grants each a share;
+    each runtime keeps its memory tier within it and spills the rest to its file tier;
+    every word verifies."""
+    d = daemon("--dram", "64M", "--min-grant", "8M", "--far-pool", "48M", "--move-limit", "off")
+    a = client(workdir, d, "workflow", "CAP", 96, 4, ATTUNE_DRAM="64M")
+    b = client(workdir, d, "workflow", "CAP", 96, 4, ATTUNE_DRAM="64M")
+    t0 = time.time()
+    late = []
+    while a.poll() is None and b.poll() is None:
+        st = d.status()
+        assert st["far_pool"] == 48 * MIB, st
+        assert st["far_granted"] <= 48 * MIB, st
+        if len(st["workflows"]) == 2 and time.time() - t0 > 2.0:
+            late.append(st)
+        time.sleep(0.1)
+    assert len(late) >= 3, "the two never ran together long enough"
+    for st in late[-3:]:
+        used = sum(w["far_used"] for w in st["workflows"])
+        # Within the pool plus a run in flight per process.
+        assert used <= (48 + 4) * MIB, st
+        for w in st["workflows"]:
+            assert 16 * MIB <= w["far_grant"] <= 32 * MIB, st      # about half each
+            assert w["far_used"] <= w["far_grant"] + 2 * MIB, st
+            tiers = dict(w["tiers"])
+            assert tiers.get("file", 0) > 0, f"nothing spilled to the file tier: {st}"
+    for p in (a, b):
+        rc, out = finish(p)
+        assert rc == 0 and "workflow: OK" in out and "connected=1" in out, out
+    time.sleep(0.3)
+    st = d.status()
+    assert st["workflows"] == [] and st["far_granted"] == 0, st
+
+
+def test_far_pool_off(workdir, daemon):
+    d = daemon("--dram", "64M", "--far-pool", "off")
+    a = client(workdir, d, "workflow", "CAP", 16, 1, ATTUNE_DRAM="64M")
+    time.sleep(0.5)
+    st = d.status()
+    assert st["far_pool"] == 0 and st["far_granted"] == 0, st
+    rc, out = finish(a)
+    assert rc == 0 and "workflow: OK" in out, out
+
+
 def test_without_daemon_runtime_runs_alone(workdir, tmp_path):
     env = dict(os.environ, ATTUNE_SOCKET=str(tmp_path / "none.sock"), ATTUNE_DRAM="32M")
     out = subprocess.run([str(workdir / "client"), "workflow", "CAP", "48", "0.5"], env=env,

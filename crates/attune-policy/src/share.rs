@@ -63,33 +63,64 @@ pub fn grant(pool: u64, min_grant: u64, demands: &[Demand]) -> Vec<u64> {
         .collect();
     left -= give_scaled(&mut g, &floor, left);
     // Round 3: weighted water-filling up to each want.
+    let wants: Vec<u64> = demands.iter().map(|d| d.want).collect();
+    let weights: Vec<u64> = demands.iter().map(|d| weight(d.flags)).collect();
+    water_fill(&mut g, &wants, &weights, left);
+    g
+}
+
+/// Gives `left` bytes to `g` by weight, nobody above its want (what one does not need goes
+/// to the others), in whole pages.
+fn water_fill(g: &mut [u64], wants: &[u64], weights: &[u64], mut left: u64) {
+    let n = g.len();
     loop {
-        let active: Vec<usize> = (0..n).filter(|&i| g[i] + PAGE <= demands[i].want).collect();
+        let active: Vec<usize> = (0..n).filter(|&i| g[i] + PAGE <= wants[i]).collect();
         if active.is_empty() || left < PAGE {
             break;
         }
-        let total_w: u128 = active
-            .iter()
-            .map(|&i| weight(demands[i].flags) as u128)
-            .sum();
+        let total_w: u128 = active.iter().map(|&i| weights[i].max(1) as u128).sum();
         let mut given = 0;
         for &i in &active {
-            let share = (left as u128 * weight(demands[i].flags) as u128 / total_w) as u64;
-            let add = round(share.min(demands[i].want - g[i]));
+            let share = (left as u128 * weights[i].max(1) as u128 / total_w) as u64;
+            let add = round(share.min(wants[i] - g[i]));
             g[i] += add;
             given += add;
         }
         if given == 0 {
             // Shares rounded to zero pages: hand out page by page, heaviest first.
-            let i = *active
-                .iter()
-                .max_by_key(|&&i| weight(demands[i].flags))
-                .unwrap();
+            let i = *active.iter().max_by_key(|&&i| weights[i]).unwrap();
             g[i] += PAGE;
             given = PAGE;
         }
         left -= given;
     }
+}
+
+/// Weight of a workflow when the node's far memory (the runtimes' `memory` tiers:
+/// emulated CXL or pooled memory) is divided: the inverse of the DRAM order, since
+/// capacity workflows are the ones whose data belongs there.
+pub fn far_weight(flags: Flags) -> u64 {
+    if flags.contains(Flags::CAP) {
+        4
+    } else if flags.contains(Flags::BW) {
+        2
+    } else {
+        1
+    }
+}
+
+/// Far-memory grants ("staging buffers" of the far tier, IMME §III-B): `pool` bytes of
+/// node memory for the runtimes' memory tiers, by weighted fair share of what each
+/// workflow wants there (what it holds now plus what it may still push out, so the
+/// grants follow utilization), a floor of `min_grant` each while it lasts. A runtime
+/// over its grant stores new evictions in its next tier (a file); none is lost.
+pub fn far_grant(pool: u64, min_grant: u64, demands: &[(u64, Flags)]) -> Vec<u64> {
+    let mut g = vec![0u64; demands.len()];
+    let floor: Vec<u64> = demands.iter().map(|d| d.0.min(min_grant)).collect();
+    let left = pool - give_scaled(&mut g, &floor, pool);
+    let wants: Vec<u64> = demands.iter().map(|d| d.0).collect();
+    let weights: Vec<u64> = demands.iter().map(|d| far_weight(d.1)).collect();
+    water_fill(&mut g, &wants, &weights, left);
     g
 }
 
@@ -296,5 +327,33 @@ mod tests {
             let g = grant(256 * M, 8 * M, &ds);
             assert!(g[0] >= 48 * M, "LAT lost its protected pages: {:?}", g);
         }
+    }
+
+    #[test]
+    fn far_grants_follow_want_and_capacity_first() {
+        let cap = (100 * M, Flags::CAP);
+        let lat = (100 * M, Flags::LAT);
+        // Enough for everyone: each gets what it wants.
+        assert_eq!(
+            far_grant(400 * M, 8 * M, &[cap, lat]),
+            vec![100 * M, 100 * M]
+        );
+        // Short: the floor each, then 4:1 for the capacity workflow.
+        let g = far_grant(108 * M, 4 * M, &[cap, lat]);
+        assert_eq!(g.iter().sum::<u64>(), 108 * M);
+        assert_eq!(g, vec![84 * M, 24 * M]);
+        // What one does not want goes to the other; nobody above its want.
+        let g = far_grant(
+            200 * M,
+            8 * M,
+            &[(10 * M, Flags::CAP), (500 * M, Flags::NONE)],
+        );
+        assert_eq!(g, vec![10 * M, 190 * M]);
+        // Nothing wanted: nothing given; an empty node.
+        assert_eq!(far_grant(100 * M, 8 * M, &[(0, Flags::CAP)]), vec![0]);
+        assert!(far_grant(100 * M, 8 * M, &[]).is_empty());
+        // Floors scaled down together when even they do not fit; never above the pool.
+        let g = far_grant(8 * M, 8 * M, &[cap, lat, cap]);
+        assert!(g.iter().sum::<u64>() <= 8 * M, "{g:?}");
     }
 }

@@ -114,6 +114,15 @@ pub struct Usage {
     /// Time spent waiting for the movement limit, ns.
     #[serde(default)]
     pub paced_ns: u64,
+    /// Bytes in the process's `memory` far tiers (node memory outside DRAM budgets), and
+    /// what it wants there: what it holds plus what it may still push out.
+    #[serde(default)]
+    pub far_used: u64,
+    #[serde(default)]
+    pub far_want: u64,
+    /// Bytes per far tier, `[name, bytes]` (status: resident bytes per tier).
+    #[serde(default)]
+    pub tiers: Vec<(String, u64)>,
     pub ack: u64,
 }
 
@@ -127,6 +136,10 @@ pub enum Reply {
         seq: u64,
         #[serde(default)]
         move_limit: u64,
+        /// Bytes of the node's far memory the process may hold in its `memory` tiers
+        /// (None: no limit from the daemon).
+        #[serde(default)]
+        far_grant: Option<u64>,
     },
     /// A new DRAM budget for this process (pushed, no id), and the limit on its page
     /// movement in bytes/s (0: none).
@@ -135,6 +148,8 @@ pub enum Reply {
         seq: u64,
         #[serde(default)]
         move_limit: u64,
+        #[serde(default)]
+        far_grant: Option<u64>,
     },
     /// A shared region: its memory file is attached (`fds` = 1).
     Shared {
@@ -174,6 +189,12 @@ pub struct Status {
     pub move_limit: u64,
     pub shared_bytes: u64,
     pub granted: u64,
+    /// Node memory the daemon divides among the runtimes' `memory` far tiers, and the sum
+    /// of those grants.
+    #[serde(default)]
+    pub far_pool: u64,
+    #[serde(default)]
+    pub far_granted: u64,
     pub tiers: Vec<TierStatus>,
     pub workflows: Vec<WorkflowStatus>,
     pub shared: Vec<SharedStatus>,
@@ -211,6 +232,16 @@ pub struct WorkflowStatus {
     pub evicted_bytes: u64,
     /// Share of sampled pages touched again within the window (0-1): a heat summary.
     pub heat: Option<f64>,
+    /// Far memory (`memory` tiers): held, wanted, granted.
+    #[serde(default)]
+    pub far_used: u64,
+    #[serde(default)]
+    pub far_want: u64,
+    #[serde(default)]
+    pub far_grant: u64,
+    /// Bytes per tier: `dram` first (resident), then each far tier by name.
+    #[serde(default)]
+    pub tiers: Vec<(String, u64)>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]

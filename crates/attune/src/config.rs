@@ -82,6 +82,7 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "readahead", env: "ATTUNE_READAHEAD", default: "1M", suggested: "1M; 0 disables", doc: "Largest read-ahead window on sequential faults" },
     OptionDoc { key: "headroom", env: "ATTUNE_HEADROOM", default: "2%", suggested: "2%-5% of the budget, at least a few MiB", doc: "Free DRAM the background evictor keeps, as a size or a percentage of the budget" },
     OptionDoc { key: "evict_batch", env: "ATTUNE_EVICT_BATCH", default: "64", suggested: "64", doc: "Chunks evicted per batch (one move per contiguous run)" },
+    OptionDoc { key: "move_limit", env: "ATTUNE_MOVE_LIMIT", default: "0", suggested: "0 (none); 1G a second beside latency-sensitive jobs on a shared node", doc: "Most bytes a second this process moves between tiers (fetches and evictions); the node daemon may set a lower one; 0 = no limit" },
     OptionDoc { key: "inactive_share", env: "ATTUNE_INACTIVE_SHARE", default: "25", suggested: "25; 10 when the working set is known to be stable", doc: "Percent of the pageable budget kept for chunks not (yet) proven hot; the rest may hold chunks that refaulted soon after eviction" },
     OptionDoc { key: "small_threshold", env: "ATTUNE_SMALL_THRESHOLD", default: "1M", suggested: "1M", doc: "Allocations below this size share per-class arenas (mimalloc) instead of getting a region each" },
     OptionDoc { key: "small_arena", env: "ATTUNE_SMALL_ARENA", default: "1G", suggested: "enough for the program's small managed objects per class", doc: "Virtual size of each small-object arena (one per placement class)" },
@@ -193,6 +194,8 @@ pub struct Config {
     pub readahead: usize,
     pub headroom: u64,
     pub evict_batch: usize,
+    /// Bytes a second moved between tiers at most (0: none).
+    pub move_limit: u64,
     /// Percent of the pageable budget kept for inactive chunks (`attune_policy::victim`).
     pub inactive_share: u64,
     pub small_threshold: usize,
@@ -221,6 +224,7 @@ struct FileConfig {
     headroom: Option<String>,
     evict_batch: Option<u64>,
     inactive_share: Option<u64>,
+    move_limit: Option<String>,
     small_threshold: Option<String>,
     small_arena: Option<String>,
     pin_fraction: Option<f64>,
@@ -405,6 +409,12 @@ pub fn load(
     )? as usize;
     validate_chunk(chunk_size).map_err(|e| err("chunk_size", "ATTUNE_CHUNK_SIZE", None, e))?;
     let readahead = size_opt("readahead", "ATTUNE_READAHEAD", fc.readahead.clone(), "1M")? as usize;
+    let move_limit = size_opt(
+        "move_limit",
+        "ATTUNE_MOVE_LIMIT",
+        fc.move_limit.clone(),
+        "0",
+    )?;
     let headroom_s = pick("headroom", "ATTUNE_HEADROOM", fc.headroom.clone(), "2%");
     let headroom = parse_size_or_percent(&headroom_s, dram)
         .map_err(|e| err("headroom", "ATTUNE_HEADROOM", None, e))?;
@@ -702,6 +712,7 @@ pub fn load(
         headroom,
         evict_batch: evict_batch as usize,
         inactive_share,
+        move_limit,
         small_threshold,
         small_arena,
         pin_fraction,

@@ -156,7 +156,7 @@ impl Engine {
         Ok(Engine {
             numa,
             budget: AtomicU64::new(cfg.dram),
-            move_limit: AtomicU64::new(0),
+            move_limit: AtomicU64::new(cfg.move_limit),
             move_next: AtomicU64::new(0),
             capacity,
             cfg,
@@ -223,9 +223,16 @@ impl Engine {
         b
     }
 
-    /// Limits page movement (fetches and evictions) to `bps` bytes/s; 0 lifts it.
+    /// Limits page movement (fetches and evictions) to `bps` bytes/s (the node daemon's
+    /// limit); 0 lifts it. The configured `move_limit` stays in force: the lower of the two
+    /// applies.
     pub fn set_move_limit(&self, bps: u64) {
-        self.move_limit.store(bps, Relaxed);
+        let eff = match (self.cfg.move_limit, bps) {
+            (0, b) => b,
+            (c, 0) => c,
+            (c, b) => c.min(b),
+        };
+        self.move_limit.store(eff, Relaxed);
     }
 
     pub fn move_limit(&self) -> u64 {
@@ -268,6 +275,32 @@ impl Engine {
         let low = budget.saturating_sub(headroom);
         let high = budget.saturating_sub(headroom / 2);
         (high, low)
+    }
+
+    /// Applies the node daemon's far-memory grant over the `memory` tiers, fastest first
+    /// (None lifts it).
+    pub fn set_far_grant(&self, bytes: Option<u64>) {
+        let mut left = bytes;
+        for t in self.tiers.iter().filter(|t| t.is_memory()) {
+            let mine = left.map(|l| l.min(t.cfg.capacity));
+            t.set_grant(mine);
+            left = left.map(|l| l - mine.unwrap_or(0));
+        }
+    }
+
+    /// Bytes in the `memory` tiers now, and what this process wants there: the managed
+    /// bytes that do not fit its DRAM budget, within the tiers' configured capacity.
+    pub fn far_memory(&self) -> (u64, u64) {
+        let mem = || self.tiers.iter().filter(|t| t.is_memory());
+        let used: u64 = mem().map(|t| t.used()).sum();
+        let cap: u64 = mem().map(|t| t.cfg.capacity).sum();
+        let outside = self.committed.load(Relaxed).saturating_sub(self.budget());
+        let want = if cap == 0 {
+            0
+        } else {
+            outside.max(used).saturating_add(4 << 20).min(cap)
+        };
+        (used, want)
     }
 
     /// Whether the active class holds more than it may (`attune_policy::victim`).

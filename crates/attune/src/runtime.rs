@@ -551,7 +551,7 @@ pub fn tier_stats() -> Result<Vec<TierStats>, Errno> {
                 v.push(TierStats {
                     name: t.cfg.name.clone(),
                     kind: format!("{:?}", t.cfg.kind).to_lowercase(),
-                    capacity: t.cfg.capacity,
+                    capacity: t.capacity(),
                     used_bytes: k.stored.load(Relaxed),
                     peak_used_bytes: k.peak_stored.load(Relaxed),
                     latency_ns: t.cfg.latency_ns,

@@ -236,19 +236,21 @@ impl Client {
                         grant,
                         seq,
                         move_limit,
+                        far_grant,
                     },
                     _,
-                )) => self.apply(grant, seq, move_limit),
+                )) => self.apply(grant, seq, move_limit, far_grant),
                 Ok((
                     Reply::Welcome {
                         grant,
                         seq,
                         move_limit,
+                        far_grant,
                         ..
                     },
                     _,
                 )) => {
-                    self.apply(grant, seq, move_limit);
+                    self.apply(grant, seq, move_limit, far_grant);
                     CONN_FD.store(sock.as_raw_fd(), Relaxed);
                     *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = sock.try_clone().ok();
                     self.connected.store(true, Release);
@@ -276,7 +278,7 @@ impl Client {
     }
 
     /// Applies a grant unless a later one was applied already (pushes may overtake).
-    fn apply(&self, grant: u64, seq: u64, move_limit: u64) {
+    fn apply(&self, grant: u64, seq: u64, move_limit: u64, far_grant: Option<u64>) {
         if seq < self.seq.load(Relaxed) {
             return;
         }
@@ -284,6 +286,7 @@ impl Client {
         self.seq.store(seq, Relaxed);
         if let Some(e) = self.engine {
             e.set_move_limit(move_limit);
+            e.set_far_grant(far_grant);
             let b = e.set_budget(grant);
             crate::info!(
                 "attuned grant {seq}: {} MiB (budget {} MiB)",
@@ -320,6 +323,12 @@ impl Client {
             u.sample_parks = c.sample_parks.load(Relaxed);
             u.sample_hits = c.sample_hits.load(Relaxed);
             u.paced_ns = c.paced_ns.load(Relaxed);
+            (u.far_used, u.far_want) = e.far_memory();
+            u.tiers = e
+                .tiers
+                .iter()
+                .map(|t| (t.name().to_string(), t.used()))
+                .collect();
         }
         if self.within_grant() {
             u.ack = self.seq.load(Relaxed);
@@ -380,9 +389,10 @@ impl Client {
                         grant,
                         seq,
                         move_limit,
+                        far_grant,
                     },
                     _,
-                )) => self.apply(grant, seq, move_limit),
+                )) => self.apply(grant, seq, move_limit, far_grant),
                 Ok((r, fds)) => {
                     let id = match &r {
                         Reply::Shared { id, .. }

@@ -13,6 +13,8 @@ pub struct DaemonConfig {
     pub min_grant: u64,
     /// Most bytes all shared regions together may hold.
     pub shared_max: u64,
+    /// Node memory divided among the runtimes' `memory` far tiers (None: not divided).
+    pub far_pool: Option<u64>,
     /// Page movement limit (bytes/s) of each non-protected workflow while a LAT/SHL
     /// workflow is on the node; 0: none.
     pub move_limit: u64,
@@ -29,6 +31,7 @@ struct File {
     dram: Option<String>,
     min_grant: Option<String>,
     shared_max: Option<String>,
+    far_pool: Option<String>,
     move_limit: Option<String>,
     socket: Option<PathBuf>,
     metrics: Option<String>,
@@ -41,6 +44,7 @@ pub struct Overrides {
     pub dram: Option<String>,
     pub min_grant: Option<String>,
     pub shared_max: Option<String>,
+    pub far_pool: Option<String>,
     pub move_limit: Option<String>,
     pub socket: Option<PathBuf>,
     pub metrics: Option<String>,
@@ -80,6 +84,26 @@ pub fn load(
             "shared_max '{sm_s}' is above the DRAM pool ({dram} bytes)"
         ));
     }
+    // Default: 15% of the node's memory, less if the DRAM pool leaves less; a pool
+    // given explicitly must fit beside the DRAM pool.
+    let fp_given = o.far_pool.or(f.far_pool);
+    let far_pool = match fp_given.as_deref() {
+        Some("off") => None,
+        None => Some((total_memory / 100 * 15).min(total_memory.saturating_sub(dram))),
+        Some(fp_s) => {
+            let v = parse_size_or_percent(fp_s, total_memory).map_err(|e| {
+                format!(
+                    "far_pool '{fp_s}': {e} (a size, a percentage of the node's memory, or off)"
+                )
+            })?;
+            if v.saturating_add(dram) > total_memory {
+                return Err(format!(
+                    "far_pool '{fp_s}': with the DRAM pool ({dram} bytes) it is above the node's memory ({total_memory} bytes)"
+                ));
+            }
+            Some(v)
+        }
+    };
     let socket = o
         .socket
         .or(f.socket)
@@ -118,6 +142,7 @@ pub fn load(
         dram,
         min_grant,
         shared_max,
+        far_pool,
         move_limit,
         socket,
         metrics,
@@ -171,5 +196,35 @@ mod tests {
         let c = load(Some(&d), Overrides::default(), 1 << 34).unwrap();
         assert_eq!((c.dram, c.metrics), (1 << 30, None));
         std::fs::remove_file(d).unwrap();
+    }
+
+    #[test]
+    fn far_pool_default_fits_beside_the_dram_pool() {
+        let with = |dram: &str, far: Option<&str>| {
+            load(
+                None,
+                Overrides {
+                    dram: Some(dram.into()),
+                    far_pool: far.map(Into::into),
+                    ..Default::default()
+                },
+                100 << 30,
+            )
+        };
+        assert_eq!(with("80%", None).unwrap().far_pool, Some(15 << 30));
+        assert_eq!(
+            with("90%", None).unwrap().far_pool,
+            Some(10 << 30),
+            "the default shrinks"
+        );
+        assert_eq!(with("80%", Some("off")).unwrap().far_pool, None);
+        assert_eq!(with("80%", Some("10G")).unwrap().far_pool, Some(10 << 30));
+        let e = with("90%", Some("15%")).unwrap_err();
+        assert!(
+            e.contains("far_pool '15%'") && e.contains("above the node's memory"),
+            "{e}"
+        );
+        let e = with("80%", Some("much")).unwrap_err();
+        assert!(e.contains("far_pool 'much'"), "{e}");
     }
 }

@@ -37,6 +37,10 @@ struct Cli {
     /// Most bytes of shared regions, a size or a percentage of --dram [default: 25%].
     #[arg(long)]
     shared_max: Option<String>,
+    /// Node memory divided among the runtimes' `memory` far tiers (emulated CXL or pooled
+    /// memory), a size or a percentage of the machine's, or "off" [default: 15%].
+    #[arg(long)]
+    far_pool: Option<String>,
     /// Page movement limit, bytes/s, of each non-LAT/SHL workflow while a LAT/SHL one
     /// runs ("off" for none) [default: 1G].
     #[arg(long)]
@@ -59,6 +63,7 @@ fn main() {
         dram: cli.dram,
         min_grant: cli.min_grant,
         shared_max: cli.shared_max,
+        far_pool: cli.far_pool,
         move_limit: cli.move_limit,
         socket: cli.socket,
         metrics: cli.metrics,

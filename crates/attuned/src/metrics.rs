@@ -34,6 +34,18 @@ pub fn render(s: &Status) -> String {
     );
     node(
         &mut reg,
+        "far_pool_bytes",
+        "Node memory divided among the runtimes' memory far tiers (0: not divided)",
+        s.far_pool as f64,
+    );
+    node(
+        &mut reg,
+        "far_granted_bytes",
+        "Far memory granted to workflows, summed",
+        s.far_granted as f64,
+    );
+    node(
+        &mut reg,
         "shared_bytes",
         "Bytes held by shared regions",
         s.shared_bytes as f64,
@@ -70,7 +82,17 @@ pub fn render(s: &Status) -> String {
             ms / 1e3,
         );
     }
-    let per_wf: [(&str, &str, fn(&attune_proto::WorkflowStatus) -> f64); 7] = [
+    let per_wf: [(&str, &str, fn(&attune_proto::WorkflowStatus) -> f64); 9] = [
+        (
+            "workflow_far_bytes",
+            "Bytes in the workflow's memory far tiers",
+            |w| w.far_used as f64,
+        ),
+        (
+            "workflow_far_grant_bytes",
+            "Far memory granted to the workflow",
+            |w| w.far_grant as f64,
+        ),
         (
             "workflow_grant_bytes",
             "DRAM budget granted to the workflow",

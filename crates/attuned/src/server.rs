@@ -185,6 +185,9 @@ fn handle(
                 grant: 0,
                 seq: 0,
                 move_limit: 0,
+                // Until its first report, a newcomer is assumed to want the floor.
+                far_want: st.cfg.min_grant,
+                far_grant: None,
                 welcomed: false,
             });
             st.rebalance();
@@ -196,6 +199,7 @@ fn handle(
                     grant: r.grant,
                     seq: r.seq,
                     move_limit: r.move_limit,
+                    far_grant: r.far_grant,
                 },
                 None,
             ))

@@ -34,6 +34,10 @@ pub struct Registration {
     pub grant: u64,
     pub seq: u64,
     pub move_limit: u64,
+    /// Far memory it wants (its last report) and is granted (None: the daemon does not
+    /// divide far memory).
+    pub far_want: u64,
+    pub far_grant: Option<u64>,
     /// The welcome (with the first grant) is produced: later changes are pushed.
     pub welcomed: bool,
 }
@@ -163,24 +167,55 @@ impl State {
         let demands: Vec<share::Demand> = wfs.values().map(|w| w.0).collect();
         let grants = share::grant(self.pool(), self.cfg.min_grant, &demands);
         let limits = share::move_limits(&demands, self.cfg.move_limit);
+        // Far memory (the runtimes' memory tiers), by the same workflows.
+        let far_wants: Vec<u64> = wfs
+            .values()
+            .map(|(_, ids)| {
+                ids.iter()
+                    .map(|i| self.clients[i].reg.as_ref().map_or(0, |r| r.far_want))
+                    .sum()
+            })
+            .collect();
+        let far_demands: Vec<(u64, Flags)> = far_wants
+            .iter()
+            .zip(&demands)
+            .map(|(&w, d)| (w, d.flags))
+            .collect();
+        let far_grants: Vec<Option<u64>> = match self.cfg.far_pool {
+            Some(pool) => share::far_grant(pool, self.cfg.min_grant, &far_demands)
+                .into_iter()
+                .map(Some)
+                .collect(),
+            None => vec![None; far_demands.len()],
+        };
         let mut shrunk = HashMap::new();
-        for (((demand, ids), wf_grant), limit) in wfs.values().zip(grants).zip(limits) {
+        for ((((demand, ids), wf_grant), limit), (wf_far, far_want)) in wfs
+            .values()
+            .zip(grants)
+            .zip(limits)
+            .zip(far_grants.into_iter().zip(far_wants))
+        {
             for id in ids {
                 let c = self.clients.get_mut(id).unwrap();
                 let r = c.reg.as_mut().unwrap();
-                // Processes of one workflow share its grant in proportion to their wants.
-                let g = if demand.want == 0 {
-                    0
-                } else {
-                    (wf_grant as u128 * r.want as u128 / demand.want as u128) as u64 / 4096 * 4096
+                // Processes of one workflow share its grants in proportion to their wants.
+                let part = |whole: u64, mine: u64, all: u64| {
+                    if all == 0 {
+                        0
+                    } else {
+                        (whole as u128 * mine as u128 / all as u128) as u64 / 4096 * 4096
+                    }
                 };
-                if g != r.grant || limit != r.move_limit {
+                let g = part(wf_grant, r.want, demand.want);
+                let fg = wf_far.map(|f| part(f, r.far_want, far_want));
+                if g != r.grant || limit != r.move_limit || fg != r.far_grant {
                     r.seq += 1;
                     if g < r.grant && r.usage.resident > g {
                         shrunk.insert(*id, r.seq);
                     }
                     r.grant = g;
                     r.move_limit = limit;
+                    r.far_grant = fg;
                     if r.welcomed {
                         push(
                             &c.writer,
@@ -188,6 +223,7 @@ impl State {
                                 grant: g,
                                 seq: r.seq,
                                 move_limit: limit,
+                                far_grant: fg,
                             },
                         );
                     }
@@ -215,11 +251,16 @@ impl State {
             u.want.min(self.cfg.dram)
         };
         let protected = u.protected.min(want);
-        let want_changed = want != r.want || protected != r.protected || flags != r.flags;
+        // Far wants follow utilization; a change under a MiB is not worth a rebalance.
+        let far_want = u.far_want.min(self.cfg.far_pool.unwrap_or(u64::MAX));
+        let far_changed = far_want.abs_diff(r.far_want) >= 1 << 20;
+        let want_changed =
+            want != r.want || protected != r.protected || flags != r.flags || far_changed;
         if want_changed {
             r.want = want;
             r.protected = protected;
             r.flags = flags;
+            r.far_want = far_want;
         }
         r.usage = u;
         if let Some(rc) = &mut self.reclaim {
@@ -261,6 +302,13 @@ impl State {
             w.evictions += r.usage.evictions;
             w.fetched_bytes += r.usage.fetched_bytes;
             w.evicted_bytes += r.usage.evicted_bytes;
+            w.far_used += r.usage.far_used;
+            w.far_want += r.far_want;
+            w.far_grant += r.far_grant.unwrap_or(0);
+            add_tier(&mut w.tiers, "dram", r.usage.resident);
+            for (name, b) in &r.usage.tiers {
+                add_tier(&mut w.tiers, name, *b);
+            }
             let s = samples.entry((c.uid, r.workflow.clone())).or_default();
             s.0 += r.usage.sample_parks;
             s.1 += r.usage.sample_hits;
@@ -300,6 +348,8 @@ impl State {
             move_limit: self.cfg.move_limit,
             shared_bytes: self.shared_bytes(),
             granted: workflows.iter().map(|w| w.grant).sum(),
+            far_pool: self.cfg.far_pool.unwrap_or(0),
+            far_granted: workflows.iter().map(|w| w.far_grant).sum(),
             tiers: self.tiers.clone(),
             workflows,
             shared,
@@ -308,6 +358,14 @@ impl State {
             rebalances: self.rebalances,
             last_reclaim_ms: self.last_reclaim_ms,
         }
+    }
+}
+
+/// Adds `bytes` to the tier `name` of a per-tier list.
+fn add_tier(tiers: &mut Vec<(String, u64)>, name: &str, bytes: u64) {
+    match tiers.iter_mut().find(|t| t.0 == name) {
+        Some(t) => t.1 += bytes,
+        None => tiers.push((name.to_string(), bytes)),
     }
 }
 

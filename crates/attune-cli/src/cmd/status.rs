@@ -44,6 +44,13 @@ pub fn render(s: &Status) -> String {
     if let Some(ms) = s.last_reclaim_ms {
         o += &format!("; last reclaim {ms:.1} ms");
     }
+    if s.far_pool > 0 {
+        o += &format!(
+            "\nfar memory (the runtimes' memory tiers): pool {} MiB, granted {} MiB",
+            mib(s.far_pool),
+            mib(s.far_granted)
+        );
+    }
     o += "\n\ntiers\n";
     o += &format!(
         "  {:<12} {:<6} {:<8} {:>12}\n",
@@ -64,7 +71,7 @@ pub fn render(s: &Status) -> String {
         o += "  (none)\n";
     } else {
         o += &format!(
-            "  {:<24} {:>6} {:<8} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6}\n",
+            "  {:<24} {:>6} {:<8} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6}\n",
             "workflow",
             "uid",
             "flags",
@@ -72,13 +79,19 @@ pub fn render(s: &Status) -> String {
             "want MiB",
             "grant MiB",
             "DRAM MiB",
+            "far MiB",
             "faults",
             "evictions",
             "heat"
         );
         for w in &s.workflows {
+            let far = if s.far_pool > 0 {
+                format!("{}/{}", mib(w.far_used), mib(w.far_grant))
+            } else {
+                mib(w.far_used)
+            };
             o += &format!(
-                "  {:<24} {:>6} {:<8} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6}\n",
+                "  {:<24} {:>6} {:<8} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6}\n",
                 w.name,
                 w.uid,
                 if w.flags.is_empty() { "-" } else { &w.flags },
@@ -86,6 +99,7 @@ pub fn render(s: &Status) -> String {
                 mib(w.want),
                 mib(w.grant),
                 mib(w.resident),
+                far,
                 w.faults,
                 w.evictions,
                 w.heat

@@ -46,6 +46,9 @@ pub struct FarTier {
     /// After the medium reported ENOSPC, stores are refused until this time (ns) so that
     /// a full disk costs one failed write per interval, not one per eviction.
     full_until: AtomicU64,
+    /// The node daemon's grant of far memory for this tier (u64::MAX: none); the tier
+    /// holds at most the lower of it and its configured capacity.
+    granted: AtomicU64,
 }
 
 /// How long a tier whose medium is full is left alone.
@@ -86,6 +89,7 @@ impl FarTier {
             space: Mutex::new(slots::FreeList::new(space)),
             counters: TierCounters::default(),
             full_until: AtomicU64::new(0),
+            granted: AtomicU64::new(u64::MAX),
         })
     }
 
@@ -112,11 +116,32 @@ impl FarTier {
             && attune_sys::os::now_ns() >= self.full_until.load(Relaxed)
     }
 
-    /// Bytes free on the tier by its configured capacity.
+    /// Bytes free on the tier by its capacity now.
     pub fn free_bytes(&self) -> u64 {
-        self.cfg
-            .capacity
+        self.capacity()
             .saturating_sub(self.counters.stored.load(Relaxed))
+    }
+
+    /// What the tier may hold now: its configured capacity, or less if the node daemon
+    /// granted less. Over it, new stores go to the next tier; what is stored stays until
+    /// it is fetched (nothing is lost, the tier drains as the program runs).
+    pub fn capacity(&self) -> u64 {
+        self.cfg.capacity.min(self.granted.load(Relaxed))
+    }
+
+    /// Sets (or with None lifts) the daemon's grant for this tier.
+    pub fn set_grant(&self, bytes: Option<u64>) {
+        self.granted.store(bytes.unwrap_or(u64::MAX), Relaxed);
+    }
+
+    /// Whether the tier is node memory (the daemon divides it among workflows).
+    pub fn is_memory(&self) -> bool {
+        matches!(self.backend, Backend::Memory(_))
+    }
+
+    /// Bytes stored now.
+    pub fn used(&self) -> u64 {
+        self.counters.stored.load(Relaxed)
     }
 
     /// Reserves offset space for a region of `len` bytes (not on the fault path).
