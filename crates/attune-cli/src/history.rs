@@ -287,11 +287,11 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         let p = d.join("history.json");
         let prog = Path::new("/bin/true");
-        for bad in [
-            "{not json",
-            r#"{"schema":"attune-history/9","programs":{}}"#,
-            r#"{"schema":"attune-history/1","programs":{"/bin/true":[{"args":[],"recorded":1,"regions":[{"size":1,"flags":"FAST"}]}]}}"#,
-        ] {
+        let bad_flag = format!(
+            r#"{{"schema":"attune-history/1","programs":{{"{}":[{{"args":[],"recorded":1,"regions":[{{"size":1,"flags":"FAST"}}]}}]}}}}"#,
+            key(prog)
+        );
+        for bad in ["{not json", r#"{"schema":"attune-history/9","programs":{}}"#, bad_flag.as_str()] {
             std::fs::write(&p, bad).unwrap();
             let e = lookup(&p, prog, &[]).unwrap_err();
             assert!(e.contains("history.json"), "{e}");
