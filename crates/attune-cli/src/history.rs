@@ -291,7 +291,11 @@ mod tests {
             r#"{{"schema":"attune-history/1","programs":{{"{}":[{{"args":[],"recorded":1,"regions":[{{"size":1,"flags":"FAST"}}]}}]}}}}"#,
             key(prog)
         );
-        for bad in ["{not json", r#"{"schema":"attune-history/9","programs":{}}"#, bad_flag.as_str()] {
+        for bad in [
+            "{not json",
+            r#"{"schema":"attune-history/9","programs":{}}"#,
+            bad_flag.as_str(),
+        ] {
             std::fs::write(&p, bad).unwrap();
             let e = lookup(&p, prog, &[]).unwrap_err();
             assert!(e.contains("history.json"), "{e}");

@@ -51,12 +51,18 @@ pub struct EngineCounters {
     pub sample_delay_us: [AtomicU64; 32],
     /// Time spent waiting for the movement limit (ns).
     pub paced_ns: AtomicU64,
+    /// Chunks that refaulted close but found the active class full, and active chunks
+    /// tested (evicted to see whether they are still used) because of them.
+    pub denied_activations: AtomicU64,
+    pub active_tests: AtomicU64,
 }
 
 /// Clock hand over all regions.
 #[derive(Default)]
 pub struct ClockState {
     pub region_cursor: usize,
+    /// Region where the tests of active chunks go on.
+    pub test_cursor: usize,
 }
 
 pub struct Engine {
@@ -303,14 +309,18 @@ impl Engine {
         (used, want)
     }
 
-    /// Whether the active class holds more than it may (`attune_policy::victim`).
-    pub fn active_over_target(&self) -> bool {
-        let target = attune_policy::victim::active_target(
+    /// Bytes the active class may hold now (`attune_policy::victim`).
+    pub fn active_target(&self) -> u64 {
+        attune_policy::victim::active_target(
             self.budget(),
             self.pinned.load(Relaxed),
             self.cfg.inactive_share,
-        );
-        self.active.load(Relaxed) > target
+        )
+    }
+
+    /// Whether the active class holds more than it may (after a budget shrink).
+    pub fn active_over_target(&self) -> bool {
+        self.active.load(Relaxed) > self.active_target()
     }
 
     /// Takes `bytes` out of the active class's count.

@@ -35,18 +35,39 @@ pub fn reclaim(e: &Engine, want: u64) -> u64 {
     // active chunk is demoted in one lap and evicted after its grace); pass 1, the last
     // resort: pageable chunks of protected regions and active chunks too.
     let laps = attune_policy::victim::MAX_CREDIT as usize + 2;
-    for pass in 0..2 {
+    // Every region LAT/SHL (a latency-sensitive workflow alone): only the last resort
+    // can free anything.
+    let first_pass = if table.iter().all(|r| e.is_protected(r)) {
+        1
+    } else {
+        0
+    };
+    for pass in first_pass..2 {
         let last_resort = pass == 1;
         let mut scanned = 0usize;
+        // A lap in which the hand found nothing to age, demote or evict will not find
+        // anything in the next: go on to the last resort at once (a process whose memory
+        // is all LAT/SHL would otherwise scan every lap of the pass on every fault).
+        let mut lap_scanned = 0usize;
+        let mut lap_acted = 0usize;
         while scanned < laps * total + table.len() {
             let ri = clock.region_cursor % table.len();
             let r = &table[ri];
-            let (f, s) = sweep_region(e, r, want - freed, last_resort);
+            let (f, s, acted) = sweep_region(e, r, want - freed, last_resort);
             freed += f;
             scanned += s.max(1);
             clock.region_cursor = ri + 1;
             if freed >= want {
                 return freed;
+            }
+            lap_scanned += s.max(1);
+            lap_acted += acted;
+            if lap_scanned >= total {
+                if lap_acted == 0 {
+                    break;
+                }
+                lap_scanned = 0;
+                lap_acted = 0;
             }
         }
     }
@@ -57,11 +78,11 @@ pub fn reclaim(e: &Engine, want: u64) -> u64 {
 const LAP_VISITS: usize = 32;
 
 /// Moves one region's hand over its quantum of chunks; returns (bytes evicted, chunks
-/// looked at).
-fn sweep_region(e: &Engine, r: &Region, want: u64, last_resort: bool) -> (u64, usize) {
+/// looked at, chunks aged, demoted or claimed for eviction).
+fn sweep_region(e: &Engine, r: &Region, want: u64, last_resort: bool) -> (u64, usize, usize) {
     let n = r.chunks();
     if n == 0 || r.freed.load(Acquire) {
-        return (0, 0);
+        return (0, 0, 0);
     }
     let protected = e.is_protected(r);
     let max_run = (MAX_RUN / r.chunk).clamp(1, e.cfg.evict_batch);
@@ -69,6 +90,7 @@ fn sweep_region(e: &Engine, r: &Region, want: u64, last_resort: bool) -> (u64, u
     let mut freed = 0u64;
     let mut run_start = 0usize;
     let mut run_len = 0usize;
+    let mut acted = 0usize;
     let start = r.hand.load(Relaxed) % n;
     let mut i = 0;
     while i < quantum {
@@ -80,7 +102,7 @@ fn sweep_region(e: &Engine, r: &Region, want: u64, last_resort: bool) -> (u64, u
             run_len = 0;
             if freed >= want {
                 r.hand.store(c, Relaxed);
-                return (freed, i - 1);
+                return (freed, i - 1, acted);
             }
         }
         let s = r.state(c);
@@ -91,7 +113,11 @@ fn sweep_region(e: &Engine, r: &Region, want: u64, last_resort: bool) -> (u64, u
             credit: s.credit(),
             protected_region: protected,
         };
-        match clock_decide(view, last_resort, e.active_over_target()) {
+        let action = clock_decide(view, last_resort, e.active_over_target());
+        if action != ClockAction::Skip {
+            acted += 1;
+        }
+        match action {
             ClockAction::Skip => {}
             ClockAction::Age => {
                 let credit = State::class_bits(false, s.credit() - 1);
@@ -121,7 +147,7 @@ fn sweep_region(e: &Engine, r: &Region, want: u64, last_resort: bool) -> (u64, u
         freed += flush_run(e, r, run_start, run_len);
     }
     r.hand.store((start + quantum) % n, Relaxed);
-    (freed, quantum)
+    (freed, quantum, acted)
 }
 
 /// Stores chunks `[c, c+n)` (claimed Evicting by this thread) in a far tier: the home
@@ -207,12 +233,69 @@ fn store_run(e: &Engine, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
     0
 }
 
-/// The background evictor: keeps `headroom` free below the budget.
+/// Tests up to `max` active chunks: evicts them (they refault at once, close, if still
+/// used, and take their place back). Unprotected regions only: LAT/SHL pages are not
+/// evicted for a test. Returns how many were tested.
+pub fn test_active(e: &Engine, max: usize) -> usize {
+    let mut clock = e.clock.lock().unwrap_or_else(|p| p.into_inner());
+    let table = e.regions.read().unwrap_or_else(|p| p.into_inner());
+    let mut tested = 0;
+    for _ in 0..table.len() {
+        if tested >= max {
+            break;
+        }
+        let ri = clock.test_cursor % table.len();
+        clock.test_cursor = ri + 1;
+        let r = &table[ri];
+        let n = r.chunks();
+        if n == 0 || r.freed.load(Acquire) || e.is_protected(r) {
+            continue;
+        }
+        let start = r.test_hand.load(Relaxed) % n;
+        let mut i = 0;
+        while i < n && tested < max {
+            let c = (start + i) % n;
+            i += 1;
+            let s = r.state(c);
+            if s.active()
+                && !s.pinned()
+                && s.place() == Where::Resident
+                && r.cas(c, s, s.with(Where::Evicting, 0))
+            {
+                if flush_run(e, r, c, 1) > 0 {
+                    tested += 1;
+                }
+            }
+        }
+        r.test_hand.store((start + i) % n, Relaxed);
+    }
+    e.counters.active_tests.fetch_add(tested as u64, Relaxed);
+    tested
+}
+
+/// The background evictor: keeps `headroom` free below the budget, and tests active
+/// chunks while activations are denied (paced to `ACTIVE_TESTS_PER_S`).
 pub fn evictor_loop(e: &'static Engine) {
     os::block_all_signals();
+    let mut denied_seen = 0u64;
+    let mut test_credit = 0f64;
+    let mut last = os::now_ns();
     while !e.shutdown.load(Relaxed) {
         e.wake_evictor.wait(50);
         drop_retired(e);
+        let now = os::now_ns();
+        let rate = attune_policy::victim::ACTIVE_TESTS_PER_S as f64;
+        test_credit = (test_credit + (now - last) as f64 * 1e-9 * rate).min(rate / 10.0);
+        last = now;
+        let denied = e.counters.denied_activations.load(Relaxed);
+        let want = (denied - denied_seen).min(test_credit as u64) as usize;
+        if want > 0 {
+            test_credit -= test_active(e, want) as f64;
+            denied_seen = denied;
+        } else if denied == denied_seen {
+            // Nothing asked for a test: no credit piles up for a later burst.
+            test_credit = test_credit.min(1.0);
+        }
         let (high, low) = e.watermarks();
         if e.resident.load(Acquire) <= high {
             continue;

@@ -202,6 +202,7 @@ fn place_run(e: &Engine, r: &Region, c: usize, n: usize, src: Where, tier: usize
             }
             let now = e.eviction_clock();
             let budget = e.budget();
+            let target = e.active_target();
             let mut active = 0u64;
             for i in 0..n {
                 let arrival = match src {
@@ -211,11 +212,15 @@ fn place_run(e: &Engine, r: &Region, c: usize, n: usize, src: Where, tier: usize
                     },
                     _ => Arrival::First,
                 };
-                let (act, credit) = on_arrival(arrival, budget);
-                if act {
+                let room = e.active.load(Relaxed) + active + r.chunk as u64 <= target;
+                let placed = on_arrival(arrival, budget, room);
+                if placed.active {
                     active += r.chunk as u64;
                 }
-                let bits = State::class_bits(act, credit);
+                if placed.denied {
+                    e.counters.denied_activations.fetch_add(1, Relaxed);
+                }
+                let bits = State::class_bits(placed.active, placed.credit);
                 if i == 0 {
                     r.settle_heated(c, Where::Resident, 0, bits);
                 } else {

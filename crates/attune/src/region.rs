@@ -162,6 +162,8 @@ pub struct Region {
     pub evicted_at: Box<[AtomicU32]>,
     /// Clock hand position (chunk index).
     pub hand: AtomicUsize,
+    /// Where the tests of active chunks go on (chunk index).
+    pub test_hand: AtomicUsize,
     pub freed: AtomicBool,
     pub samples: SampleCells,
 }
@@ -201,6 +203,7 @@ impl Region {
             last_fault: AtomicUsize::new(usize::MAX - 1),
             ra_chunks: AtomicUsize::new(0),
             hand: AtomicUsize::new(0),
+            test_hand: AtomicUsize::new(0),
             freed: AtomicBool::new(false),
             samples: if sampling {
                 SampleCells::new(n)
