@@ -12,7 +12,7 @@ help:
 	@echo "make build    build libattune (.so/.a), the attune CLI, and stage them in build/"
 	@echo "make install  PREFIX=/usr/local: install library, header, pkg-config and CMake files"
 	@echo "make test     set up and run every test (Rust, C/C++/Fortran/CMake, Python)"
-	@echo "make bench    set up and run the main job: attune bench, then IMME's evaluation (bench/imme.py)"
+	@echo "make bench    set up and run the main job: attune bench (runtime scenarios, then IMME's evaluation)"
 
 setup:
 	@scripts/setup.sh
@@ -29,6 +29,7 @@ stage:
 	@cp --remove-destination $(REL)/attune $(REL)/attuned $(PREFIX)/bin/
 	@mkdir -p $(PREFIX)/share/attune/python && cp -r python/attune_usage $(PREFIX)/share/attune/python/
 	@cp python/attune_plots.py $(PREFIX)/share/attune/python/
+	@mkdir -p $(PREFIX)/share/attune/bench && cp -r bench/imme.py bench/workloads $(PREFIX)/share/attune/bench/
 	@rm -rf $(PREFIX)/share/attune/python/attune_usage/__pycache__
 	@sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' packaging/attune.pc.in > $(PREFIX)/lib/pkgconfig/attune.pc
 	@sed -e 's|@VERSION@|$(VERSION)|' packaging/AttuneConfig.cmake.in > $(PREFIX)/lib/cmake/Attune/AttuneConfig.cmake
@@ -42,7 +43,6 @@ test: setup build
 
 bench: setup build
 	./build/bin/attune bench
-	python3 bench/imme.py
 
 clean:
 	$(CARGO) clean

@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -27,7 +28,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-ATT = os.path.join(ROOT, "build", "bin", "attune")
+ATT = os.environ.get("ATTUNE_BIN") or os.path.join(ROOT, "build", "bin", "attune")
 W = os.path.join(HERE, "workloads")
 PY = sys.executable
 # Flags as the workflows' users pass them, never what an earlier `attune profile` of the
@@ -90,20 +91,42 @@ def run(cmd, env=None):
     return wall, out.decode(), err.decode(), p.returncode, before
 
 
-def run_wait4(cmd, env=None):
+def run_wait4(cmd, env=None, limit=None):
+    """Runs cmd; `limit` seconds at most (then SIGTERM, which attune run and attune
+    kernel-swap pass on and clean up after, and SIGKILL 5 s later): the run is "cut"."""
     before = vmstat()
     t = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    out = p.stdout.read()
-    err = p.stderr.read()
-    _, status, ru = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
+    with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
+        p = subprocess.Popen(cmd, stdout=fo, stderr=fe, env=env)
+        cut = False
+        if limit:
+            # Poll (5 ms) so the run can be stopped; wait4 reaps it with its own rusage.
+            kill_at = None
+            while True:
+                pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+                if pid:
+                    break
+                now = time.perf_counter()
+                if not cut and now - t > limit:
+                    cut = True
+                    p.send_signal(signal.SIGTERM)
+                    kill_at = now + 5
+                elif kill_at and now > kill_at:
+                    p.kill()
+                    kill_at = None
+                time.sleep(0.005)
+        else:
+            _, status, ru = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        fo.seek(0)
+        fe.seek(0)
+        out, err = fo.read(), fe.read()
     wall = time.perf_counter() - t
     after = vmstat()
     line = next((l for l in out.decode().splitlines() if l.startswith("RESULT ")), "")
-    ok = p.returncode == 0 and " OK " in line
+    ok = p.returncode == 0 and " OK " in line and not cut
     return {
-        "wall": wall, "ok": ok, "exit": p.returncode, "result": line,
+        "wall": wall, "ok": ok, "exit": p.returncode, "result": line, "cut": cut,
         "maxrss": ru.ru_maxrss * 1024, "majflt": ru.ru_majflt, "minflt": ru.ru_minflt,
         "pswpin": after["pswpin"] - before["pswpin"], "pswpout": after["pswpout"] - before["pswpout"],
         "stderr": err.decode()[-2000:],
@@ -148,14 +171,19 @@ def tme_env():
     return e
 
 
-def measure(envname, prog, total, managed, flags, reps, bar, label, chunk=None):
+def measure(envname, prog, total, managed, flags, reps, bar, label, chunk=None, limit=None):
     runs = []
     for _ in range(reps):
         rep = tempfile.mktemp(suffix=".json")
         attune = envname in ("TME", "IMME")
         cmd = env_cmd(envname, prog, total, managed, flags, chunk, rep if attune else None)
         bar.set_description(f"{label} {envname}")
-        r = run_wait4(cmd, tme_env() if envname == "TME" else None)
+        r = run_wait4(cmd, tme_env() if envname == "TME" else None, limit)
+        if r["cut"]:
+            # One cut run says enough: the others would be cut too.
+            runs.append(r)
+            bar.update(reps - len(runs) + 1)
+            break
         if attune and os.path.exists(rep):
             with open(rep) as f:
                 rj = json.load(f)
@@ -175,7 +203,8 @@ def measure(envname, prog, total, managed, flags, reps, bar, label, chunk=None):
         "moved_pages": statistics.median(r["moved_pages"] for r in runs),
         "result": runs[-1]["result"], "errors": [r["stderr"] for r in runs if not r["ok"]][:1],
         # The kernel's OOM killer (SIGKILL), as the paper's "would otherwise crash".
-        "oom_killed": any(not r["ok"] and (r["exit"] == -9 or "signal 9" in r["stderr"]) for r in runs),
+        "oom_killed": any(not r["ok"] and not r["cut"] and (r["exit"] == -9 or "signal 9" in r["stderr"]) for r in runs),
+        "cut": any(r["cut"] for r in runs),
     }
 
 
@@ -193,7 +222,7 @@ def footprint(prog, bar, label):
     bar.update(2)
     if not ie["ok"] or not r["ok"]:
         raise RuntimeError(f"{label}: the unconstrained run failed: {ie['stderr']}{r['stderr']}")
-    return ie["maxrss"], min(managed, ie["maxrss"])
+    return ie["maxrss"], min(managed, ie["maxrss"]), ie["wall"]
 
 
 def plots(res, out, sweep, chunks):
@@ -225,7 +254,8 @@ def plots(res, out, sweep, chunks):
         ax.bar(pos, vals, width, label=e)
         for p, x in zip(pos, xs):
             if x and not x.get("ok"):
-                ax.text(p, 1.0, "OOM" if x.get("oom_killed") else "X", rotation=90, fontsize=7, ha="center", va="bottom")
+                mark = "OOM" if x.get("oom_killed") else ("cut" if x.get("cut") else "X")
+                ax.text(p, 1.0, mark, rotation=90, fontsize=7, ha="center", va="bottom")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names)
     ax.set_ylabel("time / IE time")
     ax.set_title(f"Figure 5 on this machine: {int(res['outside'] * 100)}% of the footprint outside DRAM")
@@ -274,7 +304,8 @@ def plots(res, out, sweep, chunks):
 def markdown(res, cmdline):
     s = [f"Reproduce: `{cmdline}` ({res['date']}, {res['reps']} runs each, median; "
          f"{int(res['outside'] * 100)}% of each footprint outside DRAM). Time normalized to IE; "
-         "OOM-killed: the kernel killed the program in its cgroup; FAILED: a wrong result or a crash.\n",
+         "OOM-killed: the kernel killed the program in its cgroup; FAILED: a wrong result or a crash"
+         + (f"; cut: stopped at {res['max_slowdown']:g}x the IE time" if res.get("max_slowdown") else "") + ".\n",
          "| workflow | flags | footprint | budget | " + " | ".join(ENVS) + " | IMME vs CBE-mem | IMME vs TME |",
          "|---|---|---|---|" + "---|" * len(ENVS) + "---|---|"]
     for w, r in res["workloads"].items():
@@ -284,6 +315,8 @@ def markdown(res, cmdline):
             x = e.get(n)
             if x and x.get("oom_killed"):
                 cells.append("OOM-killed")
+            elif x and x.get("cut"):
+                cells.append(f"> {res['max_slowdown']:g} (cut)")
             else:
                 cells.append("FAILED" if not x or not x["ok"] else f"{x['normalized']:.2f}")
 
@@ -327,6 +360,8 @@ def main():
     ap.add_argument("--chunks", action="store_true", help="rMap chunk sweep (stream, gups)")
     ap.add_argument("--quick", action="store_true", help="small sizes (tests)")
     ap.add_argument("--envs", default=",".join(ENVS))
+    ap.add_argument("--max-slowdown", type=float, default=0,
+                    help="stop a run at this multiple of the workflow's IE time (0: never)")
     ap.add_argument("--out", default=os.path.join(ROOT, "results"))
     ap.add_argument("--update-docs", action="store_true")
     ap.add_argument("--replot", metavar="JSON", help="only redraw the plots of a previous imme.json into --out")
@@ -357,22 +392,23 @@ def main():
     total = len(sel) * (2 + a.reps * len(envs)) + len(sweep_sel) * 4 * a.reps * 3 \
         + len(chunk_sel) * len(chunk_sizes) * a.reps
     bar = progress(total)
-    res = {"date": time.strftime("%Y-%m-%d"), "reps": a.reps, "outside": a.outside,
+    res = {"date": time.strftime("%Y-%m-%d"), "reps": a.reps, "outside": a.outside, "max_slowdown": a.max_slowdown,
            "machine": {"cpus": os.cpu_count()}, "workloads": {}}
     failed = 0
     try:
         for name, title, kind, src, sizes, flags in sel:
             size = sizes[1] if a.quick else sizes[0]
             prog = exes[name] + [str(size)]
-            foot, managed_peak = footprint(prog, bar, name)
+            foot, managed_peak, ie_wall = footprint(prog, bar, name)
+            limit = a.max_slowdown * max(ie_wall, 0.5) if a.max_slowdown > 0 else None
             unmanaged = foot - managed_peak
             budget = int(foot * (1 - a.outside))
             managed_budget = max(budget - unmanaged, 8 << 20)
             r = {"title": title, "flags": flags, "size_mib": size, "footprint": foot,
                  "unmanaged": unmanaged, "budget": budget, "managed_budget": managed_budget, "envs": {}}
             for e in envs:
-                r["envs"][e] = measure(e, prog, budget, managed_budget, flags, a.reps, bar, name)
-                failed += not r["envs"][e]["ok"] and e in ("IE", "TME", "IMME")
+                r["envs"][e] = measure(e, prog, budget, managed_budget, flags, a.reps, bar, name, limit=limit)
+                failed += not r["envs"][e]["ok"] and not r["envs"][e]["cut"] and e in ("IE", "TME", "IMME")
             ie = r["envs"].get("IE", {}).get("median")
             for e in r["envs"].values():
                 e["normalized"] = e["median"] / ie if ie else float("nan")

@@ -105,3 +105,31 @@ def test_exit_status_and_bad_input(tmp_path):
     assert r.returncode == 2 and "sample_window_us" in r.stderr and "between" in r.stderr
     r = subprocess.run([ATT, "profile", "--out", str(tmp_path), "--", "/no/such/prog"], capture_output=True, text=True)
     assert r.returncode == 127
+
+
+def test_a_program_on_the_c_api_is_profiled(tmp_path):
+    """A program linked against libattune (allocate_TM/free_TM, phase marks) under
+    `attune profile`: its calls bind to the interposer's copy of the API, so the one
+    runtime samples its region and reports it; the curve is recovered as for malloc."""
+    build = os.path.join(ROOT, "build")
+    exe = tmp_path / "capi_skewed"
+    subprocess.run(["gcc", "-O2", f"-I{build}/include", f"-I{ROOT}/tests/run", os.path.join(ROOT, "tests", "run", "capi_skewed.c"),
+                    "-o", str(exe), f"-L{build}/lib", "-lattune", f"-Wl,-rpath,{build}/lib"], check=True)
+    out = tmp_path / "prof"
+    r = subprocess.run([ATT, "profile", "--out", str(out), "--dram", "1G", "--", str(exe), "128", "3"],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, PHASES="1"))
+    assert r.returncode == 0 and "skewed: OK" in r.stdout, r.stderr
+    p = json.loads((out / "profile.json").read_text())
+    regions = [g for g in p["regions"] if g["size"] == 128 << 20]
+    assert len(regions) == 1, p["regions"]
+    assert regions[0]["sampled_chunks"] > 1000
+    ph = {x["name"]: x for x in p["phases"]}
+    assert set(ph) == {"uniform", "skewed"}
+    assert ph["skewed"]["top10_share"] > 0.7 > 0.3 > ph["uniform"]["top10_share"], ph
+    # And under attune run: one runtime, its faults in the report.
+    rep = tmp_path / "r.json"
+    r = subprocess.run([ATT, "run", "--dram", "16M", "--report", str(rep), "--", str(exe), "32", "1"],
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, ATTUNE_HISTORY="off"))
+    assert r.returncode == 0 and "skewed: OK" in r.stdout, r.stderr
+    t = json.loads(rep.read_text())["totals"]
+    assert t["faults"] > 0 and t["managed_requests"] == 0, t   # through the API, not malloc

@@ -15,13 +15,14 @@
 //! makes a loop over more than the budget hit on the active part instead of missing on
 //! everything (LRU's and FIFO's failure). It changes in two ways: a budget shrink puts the
 //! class over its target and the hand demotes; and a chunk that refaulted close but found
-//! no room (**denied**) asks the evictor to **test** an active chunk: evict it; if it was
-//! hot it refaults at once, close, and takes the room back, if it was stale it stays out.
+//! no room (**denied**) asks the evictor to **test** an active chunk: move it back to the
+//! inactive class; if it is still hot it refaults close after the hand evicts it and takes
+//! the room back, if it was stale it is evicted and stays out.
 //! Tests are paced (`ACTIVE_TESTS_PER_S`), so a phase change replaces an old hot set at a
 //! bounded rate, and a loop rotates its active part no faster than that.
 
 /// Active chunks tested at most this many times a second (only while activations are
-/// denied): a hot chunk costs one eviction and one refault per test.
+/// denied): a hot chunk costs at most one eviction and one refault per test.
 pub const ACTIVE_TESTS_PER_S: u64 = 200;
 
 /// Most credit (laps of grace) an inactive chunk can hold: two bits in the state word.

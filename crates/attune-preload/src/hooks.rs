@@ -487,28 +487,9 @@ pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int
     status(mem::advise(addr, len, advice))
 }
 
-/// Phase marks for `attune profile` (see include/attune.h); 0, or -1 with errno EINVAL.
-#[no_mangle]
-pub extern "C" fn attune_phase_begin(name: *const libc::c_char) -> libc::c_int {
-    if name.is_null() {
-        return phase_rc(Err(attune_sys::Errno(libc::EINVAL)));
-    }
-    // SAFETY: a NUL-terminated string from the caller.
-    let n = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
-    phase_rc(attune::runtime::phase_begin(&n))
-}
-
-#[no_mangle]
-pub extern "C" fn attune_phase_end() -> libc::c_int {
-    phase_rc(attune::runtime::phase_end())
-}
-
-fn phase_rc(r: Result<(), attune_sys::Errno>) -> libc::c_int {
-    match r {
-        Ok(()) => 0,
-        Err(e) => {
-            glibc::set_errno(e.0);
-            -1
-        }
-    }
-}
+// The C API (allocate_TM, attune_*, the phase marks) is libattune's, linked into this
+// library: a program linked against libattune.so binds to these definitions first (the
+// preload comes first in the lookup order), so its own calls and its large mallocs share
+// one runtime, one budget and one statistics file (`attune run`, `attune profile`).
+#[allow(unused_imports)]
+use capi as _;

@@ -119,7 +119,9 @@ extern "C" fn in_child_after_fork() {
 }
 
 extern "C" fn at_exit() {
-    if STATE.load(Acquire) == READY {
+    // The engine may have been started by the C API (a program linked against libattune,
+    // whose calls bind to this library's copy of it) rather than by a malloc request.
+    if STATE.load(Acquire) == READY || attune::runtime::engine_if_started().is_some() {
         if let Some(_b) = Busy::enter() {
             report::write_now(true);
         }
@@ -154,6 +156,7 @@ extern "C" fn constructor() {
         Some(in_child_after_fork),
     );
     attune_sys::os::at_exit(at_exit);
+    attune::runtime::on_start(report::start);
     SMALL.store(s.small, Relaxed);
     THRESHOLD.store(if s.small { 0 } else { s.threshold }, Relaxed);
 }

@@ -233,9 +233,11 @@ fn store_run(e: &Engine, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
     0
 }
 
-/// Tests up to `max` active chunks: evicts them (they refault at once, close, if still
-/// used, and take their place back). Unprotected regions only: LAT/SHL pages are not
-/// evicted for a test. Returns how many were tested.
+/// Tests up to `max` active chunks of unprotected regions: moves them back to the
+/// inactive class with a lap of grace. One still in use is evicted by the hand in time,
+/// refaults close and becomes active again (the room it left is there for it or for the
+/// chunk that was denied); a stale one is evicted and stays out. No page moves here: the
+/// hand's eviction path does that. Returns how many were tested.
 pub fn test_active(e: &Engine, max: usize) -> usize {
     let mut clock = e.clock.lock().unwrap_or_else(|p| p.into_inner());
     let table = e.regions.read().unwrap_or_else(|p| p.into_inner());
@@ -257,12 +259,14 @@ pub fn test_active(e: &Engine, max: usize) -> usize {
             let c = (start + i) % n;
             i += 1;
             let s = r.state(c);
-            if s.active()
-                && !s.pinned()
-                && s.place() == Where::Resident
-                && r.cas(c, s, s.with(Where::Evicting, 0))
-            {
-                if flush_run(e, r, c, 1) > 0 {
+            if s.active() && !s.pinned() && s.place() == Where::Resident {
+                let grace = State::class_bits(false, 1);
+                if r.cas(
+                    c,
+                    s,
+                    s.with_bits(0, ACTIVE | CREDIT_MASK).with_bits(grace, 0),
+                ) {
+                    e.deactivate(r.chunk as u64);
                     tested += 1;
                 }
             }

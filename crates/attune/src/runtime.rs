@@ -78,6 +78,16 @@ pub fn engine_if_started() -> Option<&'static Engine> {
     }
 }
 
+/// Called once the engine runs, whoever started it (the interposer starts its statistics
+/// thread here: a program calling the C API directly under `attune run` has no
+/// malloc-family request of the interposer's to start it).
+static ON_START: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Registers the hook run when the engine has started (at most one; later calls ignored).
+pub fn on_start(f: fn()) {
+    let _ = ON_START.set(f);
+}
+
 fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
     let cfg = config::load_from_process(path).map_err(|e| e.0)?;
     crate::log::set_level(cfg.log);
@@ -98,6 +108,9 @@ fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
             ENGINE_PTR.store(e as *const Engine as usize, Release);
             e.start().map_err(|x| x.0)?;
             crate::tmm::start(&e.cfg, Some(e))?;
+            if let Some(f) = ON_START.get() {
+                f();
+            }
             Ok(Runtime::Tiered {
                 engine: e,
                 small: SmallAllocator::new(),

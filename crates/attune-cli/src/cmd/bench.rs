@@ -5,8 +5,10 @@
 //! Scenarios of the runtime core (issue "Runtime core"): fault-in latency against a plain
 //! handler-thread UFFDIO_COPY design, sequential and random passes over twice the budget,
 //! allocate_TM/free_TM against malloc/free, and the overhead when everything fits.
-//! The workflow suite of IMME's evaluation (DL, DM, DC, SC, kernel-swap environments)
-//! plugs in here as further scenarios.
+//! Then IMME's evaluation (`bench/imme.py`: nine verified workflows in the environments
+//! IE, CBE-mem, CBE-disk, TME and IMME), unless `--core-only`: by default two runs each
+//! with runs stopped at 20x their IE time (the default suite stays within 10 minutes on
+//! 2 cores), with `--full` three runs, no cut, the Figure 6 and chunk-size sweeps.
 
 use attune::runtime;
 use attune_sys::{mem, os, uffd};
@@ -27,6 +29,56 @@ pub struct Args {
     /// Repetitions of each scenario (the median is reported).
     #[arg(long, default_value_t = 3)]
     reps: usize,
+    /// Only the runtime's own scenarios (no IMME evaluation).
+    #[arg(long)]
+    core_only: bool,
+    /// Only IMME's evaluation (no runtime scenarios).
+    #[arg(long, conflicts_with = "core_only")]
+    imme_only: bool,
+    /// IMME workflows to run (dl,dm,dc,sc,stream,gups,xsbench,bfs,dgemm; default all).
+    #[arg(long, value_name = "LIST")]
+    workloads: Option<String>,
+    /// IMME environments to run (IE,CBE-mem,CBE-disk,TME,IMME; default all).
+    #[arg(long, value_name = "LIST")]
+    envs: Option<String>,
+}
+
+/// Runs IMME's evaluation harness (`imme.py`, staged in share/attune/bench, or the source
+/// tree's bench/) with this `attune`. Returns its exit status.
+fn imme(a: &Args) -> i32 {
+    let Some(script) = super::python::dir()
+        .map(|d| d.join("../bench/imme.py"))
+        .filter(|p| p.is_file())
+    else {
+        eprintln!(
+            "attune bench: IMME's harness (bench/imme.py) is not installed next to this attune"
+        );
+        return 2;
+    };
+    let mut cmd = Command::new(super::python::interpreter());
+    cmd.arg(&script).arg("--out").arg(&a.out);
+    if a.full {
+        cmd.args(["--reps", "3", "--sweep", "--chunks"]);
+    } else {
+        cmd.args(["--reps", "2", "--max-slowdown", "20"]);
+    }
+    if let Some(w) = &a.workloads {
+        cmd.arg("--only").arg(w);
+    }
+    if let Some(e) = &a.envs {
+        cmd.arg("--envs").arg(e);
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        cmd.env("ATTUNE_BIN", exe);
+    }
+    eprintln!("\nIMME's evaluation: {}", script.display());
+    match cmd.status() {
+        Ok(s) => s.code().unwrap_or(1),
+        Err(e) => {
+            eprintln!("attune bench: cannot run {}: {e}", script.display());
+            2
+        }
+    }
 }
 
 const CGROUP_VAR: &str = "ATTUNE_BENCH_CGROUP";
@@ -110,6 +162,23 @@ fn scenarios(full: bool) -> Vec<(&'static str, Vec<(&'static str, &'static str)>
 }
 
 pub fn run(a: Args) -> i32 {
+    if a.imme_only {
+        return imme(&a);
+    }
+    let core = core(&a);
+    if a.core_only || (a.only.is_some() && a.workloads.is_none() && a.envs.is_none()) {
+        return core;
+    }
+    let workflows = imme(&a);
+    if core != 0 {
+        core
+    } else {
+        workflows
+    }
+}
+
+/// The runtime's own scenarios.
+fn core(a: &Args) -> i32 {
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => {
