@@ -93,7 +93,7 @@ def run(cmd, env=None):
 
 def run_wait4(cmd, env=None, limit=None):
     """Runs cmd; `limit` seconds at most (then SIGTERM, which attune run and attune
-    kernel-swap pass on and clean up after, and SIGKILL 5 s later): the run is "cut"."""
+    kernel-swap pass on and clean up after, and SIGKILL 30 s later): the run is "cut"."""
     before = vmstat()
     t = time.perf_counter()
     with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
@@ -110,7 +110,7 @@ def run_wait4(cmd, env=None, limit=None):
                 if not cut and now - t > limit:
                     cut = True
                     p.send_signal(signal.SIGTERM)
-                    kill_at = now + 5
+                    kill_at = now + 30
                 elif kill_at and now > kill_at:
                     p.kill()
                     kill_at = None
@@ -179,20 +179,24 @@ def measure(envname, prog, total, managed, flags, reps, bar, label, chunk=None, 
         cmd = env_cmd(envname, prog, total, managed, flags, chunk, rep if attune else None)
         bar.set_description(f"{label} {envname}")
         r = run_wait4(cmd, tme_env() if envname == "TME" else None, limit)
-        if r["cut"]:
-            # One cut run says enough: the others would be cut too.
-            runs.append(r)
-            bar.update(reps - len(runs) + 1)
-            break
+        rj = None
         if attune and os.path.exists(rep):
-            with open(rep) as f:
-                rj = json.load(f)
+            try:
+                with open(rep) as f:
+                    rj = json.load(f)
+            except ValueError:
+                rj = None     # a cut run may leave a partial report
             os.unlink(rep)
+        if rj:
             r["moved_pages"] = rj["totals"]["moved_bytes"] // 4096
             r["attune_faults"] = rj["totals"]["faults"]
         else:
             r["moved_pages"] = r["pswpin"] + r["pswpout"] if envname.startswith("CBE") else 0
         runs.append(r)
+        if r["cut"]:
+            # One cut run says enough: the others would be cut too.
+            bar.update(reps - len(runs) + 1)
+            break
         bar.update()
     ok = all(r["ok"] for r in runs)
     walls = [r["wall"] for r in runs]

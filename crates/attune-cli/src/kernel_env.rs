@@ -63,7 +63,13 @@ pub struct Swap {
     file: PathBuf,
     device: String,
     loop_dev: bool,
+    /// The memory-backed file's pages, mapped and locked (address, length).
+    locked: Option<(usize, usize)>,
 }
+
+/// Swap priority of our devices: above any the host has, so the baseline's pages go to the
+/// medium under test and never to another swap device (a stale or foreign one).
+const PRIORITY: &str = "32767";
 
 impl Swap {
     pub fn new(medium: Medium, disk_dir: &Path, size: u64) -> Result<Swap, String> {
@@ -81,6 +87,7 @@ impl Swap {
             file: file.clone(),
             device: fs.clone(),
             loop_dev: false,
+            locked: None,
         };
         // A swap file must have no holes: allocate it for real.
         std::fs::File::create(&file).map_err(|e| format!("{fs}: {e}"))?;
@@ -99,11 +106,29 @@ impl Swap {
             )
         })?;
         if medium == Medium::Memory {
+            // Lock the file's pages in memory first. Unlocked, memory pressure can swap the
+            // swap device's own tmpfs pages out to that same device; the loop worker then
+            // waits for a page only it could read back: a deadlock that hung every process
+            // swapping to it (seen here once, under a cgroup limit; see docs/design.md).
+            let f = std::fs::File::open(&file).map_err(|e| format!("{fs}: {e}"))?;
+            let fd: std::os::fd::OwnedFd = f.into();
+            let len = size as usize;
+            let addr = attune_sys::mem::map_file_shared_ro(&fd, len)
+                .map_err(|e| format!("{fs}: cannot map the swap file: {e:?}"))?;
+            if let Err(e) = attune_sys::numa::mlock(addr, len) {
+                let _ = attune_sys::mem::unmap(addr, len);
+                let _ = std::fs::remove_file(&file);
+                return Err(format!(
+                    "cannot lock the memory-backed swap file in memory ({e:?}): without it the kernel \
+                     may swap the device's own pages to itself and deadlock"
+                ));
+            }
+            s.locked = Some((addr, len));
             s.device = sh("losetup", &["--find", "--show", &fs])?;
             s.loop_dev = true;
         }
         sh("mkswap", &[&s.device])?;
-        sh("swapon", &[&s.device])?;
+        sh("swapon", &["-p", PRIORITY, &s.device])?;
         Ok(s)
     }
 }
@@ -115,6 +140,9 @@ impl Drop for Swap {
         }
         if self.loop_dev {
             let _ = sh("losetup", &["-d", &self.device]);
+        }
+        if let Some((addr, len)) = self.locked.take() {
+            let _ = attune_sys::mem::unmap(addr, len);
         }
         let _ = std::fs::remove_file(&self.file);
     }
