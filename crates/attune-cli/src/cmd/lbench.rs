@@ -493,6 +493,14 @@ fn run_inner(a: Args) -> Result<(), String> {
                 ics.push(probe_once(&mut s.probe, s.passes) / t_idle);
             }
             let status = child.wait().map_err(|e| e.to_string())?;
+            // The idle time is taken before and after the program (5 probes each), so a
+            // machine whose speed drifts during the run (a shared host) biases neither way.
+            idle.extend((0..5).map(|_| probe_once(&mut s.probe, s.passes)));
+            let t_idle2 = median(&mut idle);
+            for ic in ics.iter_mut() {
+                *ic *= t_idle / t_idle2;
+            }
+            let t_idle = t_idle2;
             if ics.is_empty() {
                 return Err(format!(
                     "{} ended before the first probe; give it more work",
