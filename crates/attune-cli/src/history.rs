@@ -164,11 +164,7 @@ pub fn record(path: &Path, program: &Path, run: &RunRecord) -> Result<(), String
             .iter()
             .map(|g| StoredRegion {
                 size: g.size,
-                flags: if g.flags.is_empty() {
-                    "auto".into()
-                } else {
-                    g.flags.to_string()
-                },
+                flags: g.flags.to_string(),
                 hot: g.hot.iter().map(|&(a, b)| [a, b]).collect(),
             })
             .collect(),
@@ -223,17 +219,13 @@ pub fn describe(regions: &[RegionRecord]) -> Vec<String> {
         .iter()
         .map(|r| {
             let hot: f64 = r.hot.iter().map(|(a, b)| b - a).sum();
-            let flags = if r.flags.is_empty() {
-                "auto".to_string()
-            } else {
-                r.flags.to_string()
-            };
             if r.hot.is_empty() {
-                format!("{} {flags}", attune::size::human(r.size))
+                format!("{} {}", attune::size::human(r.size), r.flags)
             } else {
                 format!(
-                    "{} {flags}, hot {:.0}% pinned (LAT) in {} range(s)",
+                    "{} {}, hot {:.0}% pinned (LAT) in {} range(s)",
                     attune::size::human(r.size),
+                    r.flags,
                     hot * 100.0,
                     r.hot.len()
                 )

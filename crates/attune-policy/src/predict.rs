@@ -171,12 +171,7 @@ pub fn encode(regions: &[RegionRecord]) -> String {
     regions
         .iter()
         .map(|r| {
-            let flags = if r.flags.0 == 0 {
-                "auto".to_string()
-            } else {
-                r.flags.to_string()
-            };
-            let mut s = format!("{}:{}", r.size, flags.replace(',', "|"));
+            let mut s = format!("{}:{}", r.size, r.flags.to_string().replace(',', "|"));
             if !r.hot.is_empty() {
                 let hot: Vec<String> = r
                     .hot
@@ -207,11 +202,7 @@ pub fn decode(s: &str) -> Result<Vec<RegionRecord>, String> {
         let size: u64 = size
             .parse()
             .map_err(|_| bad("size is not a number of bytes"))?;
-        let flags = if flags == "auto" {
-            Flags(0)
-        } else {
-            Flags::parse(&flags.replace('|', ",")).map_err(|e| bad(&e))?
-        };
+        let flags = Flags::parse(flags).map_err(|e| bad(&e))?;
         let mut ranges = Vec::new();
         for r in hot.into_iter().flat_map(|h| h.split('+')) {
             let (a, b) = r

@@ -25,8 +25,9 @@
 /// denied): a hot chunk costs at most one eviction and one refault per test.
 pub const ACTIVE_TESTS_PER_S: u64 = 200;
 
-/// Most credit (laps of grace) an inactive chunk can hold: two bits in the state word.
-pub const MAX_CREDIT: u8 = 3;
+/// Most credit (laps of grace) an inactive chunk can hold: one bit in the state word.
+/// Every arrival gets one lap; the fault path sees nothing that would earn more.
+pub const MAX_CREDIT: u8 = 1;
 
 /// What the clock hand sees of one chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -160,18 +161,18 @@ mod tests {
         // (chunk, last resort, active over target) -> action
         let cases = [
             (v(false, false, false, 0, false), false, false, Skip),
-            (v(false, false, true, 3, false), true, true, Skip),
+            (v(false, false, true, 1, false), true, true, Skip),
             (v(true, true, false, 0, false), true, true, Skip),
             (v(true, false, false, 1, false), false, false, Age),
-            (v(true, false, false, 3, false), false, true, Age),
+            (v(true, false, false, 1, false), false, true, Age),
             (v(true, false, false, 0, false), false, false, Evict),
             (v(true, false, true, 0, false), false, false, Skip),
             (v(true, false, true, 1, false), false, true, Demote),
             (v(true, false, true, 1, false), true, false, Demote),
             (v(true, false, false, 0, true), false, true, Skip),
-            (v(true, false, true, 2, true), false, true, Skip),
+            (v(true, false, true, 1, true), false, true, Skip),
             (v(true, false, false, 0, true), true, false, Evict),
-            (v(true, false, false, 2, true), true, false, Age),
+            (v(true, false, false, 1, true), true, false, Age),
             (v(true, true, false, 0, true), true, true, Skip),
         ];
         for (i, (c, lr, over, want)) in cases.into_iter().enumerate() {

@@ -850,6 +850,30 @@ mod tests {
     }
 
     #[test]
+    fn replacement_and_movement_options() {
+        let ok = load(
+            None,
+            &env(&[
+                ("ATTUNE_INACTIVE_SHARE", "10"),
+                ("ATTUNE_MOVE_LIMIT", "512M"),
+            ]),
+            &machine(),
+        )
+        .unwrap();
+        assert_eq!((ok.inactive_share, ok.move_limit), (10, 512 << 20));
+        let d = load(None, &[], &machine()).unwrap();
+        assert_eq!((d.inactive_share, d.move_limit), (25, 0));
+        for (k, v, want) in [
+            ("ATTUNE_INACTIVE_SHARE", "95", "between 0 and 90"),
+            ("ATTUNE_INACTIVE_SHARE", "a quarter", "not a whole number"),
+            ("ATTUNE_MOVE_LIMIT", "fast", "ATTUNE_MOVE_LIMIT"),
+        ] {
+            let e = load(None, &env(&[(k, v)]), &machine()).unwrap_err().0;
+            assert!(e.contains(k) && e.contains(want), "{k}={v}: {e}");
+        }
+    }
+
+    #[test]
     fn every_option_is_documented_and_in_env() {
         for o in OPTIONS {
             assert!(o.env.starts_with("ATTUNE_"), "{}", o.key);

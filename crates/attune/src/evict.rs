@@ -31,8 +31,8 @@ pub fn reclaim(e: &Engine, want: u64) -> u64 {
     }
     let total: usize = table.iter().map(|r| r.chunks()).sum();
     let mut freed = 0u64;
-    // Pass 0: ordinary, for up to MAX_CREDIT + 2 laps (credit is taken one per lap, an
-    // active chunk is demoted in one lap and evicted after its grace); pass 1, the last
+    // Pass 0: ordinary, for up to MAX_CREDIT + 2 laps (grace is taken one lap at a time,
+    // an active chunk is demoted in one lap and evicted after its grace); pass 1, the last
     // resort: pageable chunks of protected regions and active chunks too.
     let laps = attune_policy::victim::MAX_CREDIT as usize + 2;
     // Every region LAT/SHL (a latency-sensitive workflow alone): only the last resort
@@ -87,6 +87,9 @@ fn sweep_region(e: &Engine, r: &Region, want: u64, last_resort: bool) -> (u64, u
     let protected = e.is_protected(r);
     let max_run = (MAX_RUN / r.chunk).clamp(1, e.cfg.evict_batch);
     let quantum = scan_quantum(n, LAP_VISITS);
+    // Read once per visit and again after each demotion (the only thing here that moves
+    // it), not for every chunk looked at.
+    let mut active_over = e.active_over_target();
     let mut freed = 0u64;
     let mut run_start = 0usize;
     let mut run_len = 0usize;
@@ -113,7 +116,7 @@ fn sweep_region(e: &Engine, r: &Region, want: u64, last_resort: bool) -> (u64, u
             credit: s.credit(),
             protected_region: protected,
         };
-        let action = clock_decide(view, last_resort, e.active_over_target());
+        let action = clock_decide(view, last_resort, active_over);
         if action != ClockAction::Skip {
             acted += 1;
         }
@@ -124,13 +127,8 @@ fn sweep_region(e: &Engine, r: &Region, want: u64, last_resort: bool) -> (u64, u
                 let _ = r.cas(c, s, s.with_bits(0, CREDIT_MASK).with_bits(credit, 0));
             }
             ClockAction::Demote => {
-                let grace = State::class_bits(false, 1);
-                if r.cas(
-                    c,
-                    s,
-                    s.with_bits(0, ACTIVE | CREDIT_MASK).with_bits(grace, 0),
-                ) {
-                    e.deactivate(r.chunk as u64);
+                if demote(e, r, c, s) {
+                    active_over = e.active_over_target();
                 }
             }
             ClockAction::Evict => {
@@ -233,6 +231,21 @@ fn store_run(e: &Engine, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
     0
 }
 
+/// Moves chunk `c` (seen in state `s`) from the active class back to inactive with a lap
+/// of grace; false if its state changed meanwhile.
+fn demote(e: &Engine, r: &Region, c: usize, s: State) -> bool {
+    let grace = State::class_bits(false, 1);
+    let done = r.cas(
+        c,
+        s,
+        s.with_bits(0, ACTIVE | CREDIT_MASK).with_bits(grace, 0),
+    );
+    if done {
+        e.deactivate(r.chunk as u64);
+    }
+    done
+}
+
 /// Tests up to `max` active chunks of unprotected regions: moves them back to the
 /// inactive class with a lap of grace. One still in use is evicted by the hand in time,
 /// refaults close and becomes active again (the room it left is there for it or for the
@@ -259,16 +272,8 @@ pub fn test_active(e: &Engine, max: usize) -> usize {
             let c = (start + i) % n;
             i += 1;
             let s = r.state(c);
-            if s.active() && !s.pinned() && s.place() == Where::Resident {
-                let grace = State::class_bits(false, 1);
-                if r.cas(
-                    c,
-                    s,
-                    s.with_bits(0, ACTIVE | CREDIT_MASK).with_bits(grace, 0),
-                ) {
-                    e.deactivate(r.chunk as u64);
-                    tested += 1;
-                }
+            if s.active() && !s.pinned() && s.place() == Where::Resident && demote(e, r, c, s) {
+                tested += 1;
             }
         }
         r.test_hand.store((start + i) % n, Relaxed);

@@ -31,8 +31,8 @@ pub const ACTIVE: u64 = 1 << 8;
 /// Never evicted (LAT/SHL pinned part, or `attune_pin`).
 pub const PIN: u64 = 1 << 9;
 const CREDIT_SHIFT: u64 = 10;
-/// Laps of grace left to an inactive chunk (two bits).
-pub const CREDIT_MASK: u64 = 0x3 << CREDIT_SHIFT;
+/// Laps of grace left to an inactive chunk (`attune_policy::victim::MAX_CREDIT`, one bit).
+pub const CREDIT_MASK: u64 = 0x1 << CREDIT_SHIFT;
 const HEAT_SHIFT: u64 = 16;
 const HEAT_MASK: u64 = 0xFFFF << HEAT_SHIFT;
 
@@ -64,7 +64,8 @@ impl State {
     }
     /// The bits of a class and credit, for `settle` and `with_bits`.
     pub fn class_bits(active: bool, credit: u8) -> u64 {
-        (if active { ACTIVE } else { 0 }) | ((credit.min(3) as u64) << CREDIT_SHIFT)
+        (if active { ACTIVE } else { 0 })
+            | ((credit.min(attune_policy::victim::MAX_CREDIT) as u64) << CREDIT_SHIFT)
     }
     pub fn heat(self) -> u32 {
         ((self.0 & HEAT_MASK) >> HEAT_SHIFT) as u32
@@ -279,20 +280,6 @@ impl Region {
             .filter(|&c| self.state(c).pinned())
             .count()
     }
-    /// Bytes of resident chunks in the active class.
-    pub fn active_bytes(&self) -> u64 {
-        (0..self.chunks())
-            .filter(|&c| {
-                let s = self.state(c);
-                s.active()
-                    && matches!(
-                        s.place(),
-                        Where::Resident | Where::Evicting | Where::Fetching
-                    )
-            })
-            .count() as u64
-            * self.chunk as u64
-    }
     /// The heat counters (faults per chunk since allocation), for statistics.
     pub fn heat_total(&self) -> u64 {
         (0..self.chunks())
@@ -309,13 +296,13 @@ mod tests {
     fn state_word_round_trips() {
         let s = State(0)
             .with(Where::Far, 3)
-            .with_bits(PIN | State::class_bits(true, 3), 0)
+            .with_bits(PIN | State::class_bits(true, 1), 0)
             .heated()
             .heated();
         assert_eq!(s.place(), Where::Far);
         assert_eq!(s.tier(), 3);
         assert!(s.pinned() && s.active());
-        assert_eq!(s.credit(), 3);
+        assert_eq!(s.credit(), 1);
         assert_eq!(s.heat(), 2);
         let t = s
             .with(Where::Resident, 0)
