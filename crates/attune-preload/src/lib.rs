@@ -106,22 +106,35 @@ fn ready() -> bool {
 }
 
 extern "C" fn in_child_after_fork() {
-    table::after_fork_in_child();
-    // The parent's runtime (threads, userfaultfds) does not exist here; the child starts
-    // its own on first use, or stays unmanaged.
-    let next = if settings().children { UNSTARTED } else { OFF };
-    if next == OFF {
+    // First: the runtime takes the parent's over (its regions are the child's memory now),
+    // before anything here could touch it. Registered before the runtime's own handler,
+    // this one runs first in the child.
+    let was_ready = STATE.load(Acquire) == READY;
+    let adopted = attune::runtime::after_fork_in_child()
+        && attune::runtime::engine_if_started().is_some();
+    table::after_fork_in_child(adopted);
+    report::after_fork_in_child();
+    if !settings().children {
+        // New allocations go to glibc; the inherited ones are still served (and freed) by
+        // the runtime, and this process writes no report.
         THRESHOLD.store(usize::MAX, Relaxed);
         SMALL.store(false, Relaxed);
+        STATE.store(OFF, Release);
+    } else if adopted && was_ready {
+        STATE.store(READY, Release);
+        report::start();
+    } else {
+        // Not started in the parent, or the child could not take it over: start on first
+        // use, as a new process would.
+        STATE.store(UNSTARTED, Release);
     }
-    STATE.store(next, Release);
-    report::after_fork_in_child();
 }
 
 extern "C" fn at_exit() {
     // The engine may have been started by the C API (a program linked against libattune,
     // whose calls bind to this library's copy of it) rather than by a malloc request.
-    if STATE.load(Acquire) == READY || attune::runtime::engine_if_started().is_some() {
+    let st = STATE.load(Acquire);
+    if st == READY || (st != OFF && attune::runtime::engine_if_started().is_some()) {
         if let Some(_b) = Busy::enter() {
             report::write_now(true);
         }

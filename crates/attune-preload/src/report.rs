@@ -18,9 +18,14 @@ pub fn start() {
     let every = settings().report_interval_ms.max(10);
     let _ = std::thread::Builder::new()
         .name("attune-report".into())
-        .spawn(move || loop {
-            std::thread::sleep(std::time::Duration::from_millis(every));
-            write_now(false);
+        .spawn(move || {
+            // A first snapshot soon: short-lived processes (forked pool workers that end
+            // with _exit, skipping exit handlers) still leave their statistics.
+            std::thread::sleep(std::time::Duration::from_millis(every.min(100)));
+            loop {
+                write_now(false);
+                std::thread::sleep(std::time::Duration::from_millis(every));
+            }
         });
 }
 

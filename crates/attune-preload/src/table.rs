@@ -3,9 +3,10 @@
 //!
 //! The map is behind a `Mutex` that is only ever taken while holding `GATE`, a spin bit;
 //! `fork` takes the gate in its prepare handler, so the child never inherits the mutex
-//! held by a thread that does not exist there. In the child the parent's managed memory
-//! is gone (MADV_DONTFORK); its entries are kept as *inherited* so that freeing such a
-//! pointer is a harmless no-op instead of reaching glibc with a foreign pointer.
+//! held by a thread that does not exist there. A forked child takes the parent's runtime
+//! over and its entries stay live; if it could not, the parent's managed memory is gone
+//! from the child, and its entries are kept as *inherited* so that freeing such a pointer
+//! is a harmless no-op instead of reaching glibc with a foreign pointer.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
@@ -219,10 +220,16 @@ pub extern "C" fn after_fork_in_parent() {
     GATE.store(false, Release);
 }
 
-pub fn after_fork_in_child() {
+/// In a forked child. `adopted`: the runtime took the parent's over (crate::fork), so the
+/// parent's allocations are this process's too and stay live. Otherwise their memory is
+/// gone from the child: the entries are kept as *inherited* and their ranges reserved.
+pub fn after_fork_in_child(adopted: bool) {
     GATE.store(false, Release);
+    if adopted {
+        return;
+    }
     with_both(|m, c| {
-        // Cached regions of the parent are gone too (MADV_DONTFORK).
+        // Cached regions of the parent are gone too.
         c.clear();
         for (b, e) in m.iter_mut() {
             e.inherited = true;

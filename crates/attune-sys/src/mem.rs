@@ -275,6 +275,57 @@ pub fn punch_hole(fd: &OwnedFd, off: u64, len: u64) -> SysResult<()> {
     }
 }
 
+/// Copies every data extent of `src` into `dst` at the same offsets (holes stay holes), with
+/// copy_file_range (in the kernel; a reflink where the file system can) and, where that is
+/// refused (O_DIRECT, another file system), pread/pwrite through `buf` (`buf_len` bytes,
+/// runtime-owned). Returns the bytes copied.
+pub fn copy_file_data(src: &OwnedFd, dst: &OwnedFd, buf: usize, buf_len: usize) -> SysResult<u64> {
+    let (s, d) = (src.as_raw_fd(), dst.as_raw_fd());
+    let mut pos: i64 = 0;
+    let mut copied = 0u64;
+    loop {
+        // SAFETY: lseek on owned descriptors.
+        let data = unsafe { libc::lseek(s, pos, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = Errno::last();
+            if e.0 == libc::ENXIO {
+                return Ok(copied);
+            }
+            return Err(e);
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(s, data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(Errno::last());
+        }
+        let mut off = data;
+        while off < hole {
+            let (mut so, mut doff) = (off, off);
+            // SAFETY: offsets are locals; both descriptors are owned.
+            let n = unsafe {
+                libc::copy_file_range(s, &mut so, d, &mut doff, (hole - off) as usize, 0)
+            };
+            let n = if n > 0 {
+                n as usize
+            } else if n == 0 {
+                break;
+            } else {
+                let e = Errno::last();
+                if !matches!(e.0, libc::EXDEV | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS) {
+                    return Err(e);
+                }
+                let len = ((hole - off) as usize).min(buf_len);
+                pread_raw(src, buf, len, off as u64)?;
+                pwrite_raw(dst, buf, len, off as u64)?;
+                len
+            };
+            off += n as i64;
+            copied += n as u64;
+        }
+        pos = hole;
+    }
+}
+
 /// Maps `len` bytes of an open file shared and read-only (the kernel-mmap baseline).
 pub fn map_file_shared_ro(fd: &OwnedFd, len: usize) -> SysResult<usize> {
     raw_mmap(0, len, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0)

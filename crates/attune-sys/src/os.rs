@@ -94,6 +94,52 @@ impl Drop for SignalGuard {
     }
 }
 
+/// Blocks every asynchronous signal on the calling thread and returns the mask to restore
+/// (fork: held from the prepare handler until the child's memory is ready again).
+pub fn block_signals_saving() -> libc::sigset_t {
+    let set = async_signal_set();
+    // SAFETY: both sets are valid; the caller restores the old mask.
+    unsafe {
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        old
+    }
+}
+
+/// Restores a mask saved by [`block_signals_saving`].
+pub fn restore_signals(old: &libc::sigset_t) {
+    // SAFETY: restores a valid saved mask.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+}
+
+/// Puts `new` in place of the descriptor numbered `target` (dup3 with O_CLOEXEC), so that
+/// every holder of that number now uses `new`. A forked child uses it to trade the
+/// descriptors it shares with its parent (userfaultfds, eventfds, tier files) for its own
+/// without changing the numbers its structures hold.
+pub fn replace_fd(new: OwnedFd, target: i32) -> SysResult<()> {
+    // SAFETY: dup3 onto a number this process owns; `new` is closed when dropped.
+    let r = unsafe { libc::dup3(new.as_raw_fd(), target, libc::O_CLOEXEC) };
+    if r < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(())
+    }
+}
+
+/// Like [`replace_fd`] for a raw descriptor this process owns (closed afterwards).
+pub fn replace_raw_fd(new: i32, target: i32) -> SysResult<()> {
+    // SAFETY: the caller owns `new`; it is closed when the OwnedFd drops.
+    replace_fd(unsafe { OwnedFd::from_raw_fd(new) }, target)
+}
+
+/// Closes a raw descriptor this process owns (negative: nothing).
+pub fn close_fd(fd: i32) {
+    if fd >= 0 {
+        // SAFETY: the caller owns fd and does not use it again.
+        unsafe { libc::close(fd) };
+    }
+}
+
 /// A non-blocking eventfd used to wake runtime threads (written from signal handlers).
 pub struct EventFd(OwnedFd);
 
@@ -132,6 +178,12 @@ impl EventFd {
     }
     pub fn raw_fd(&self) -> i32 {
         self.0.as_raw_fd()
+    }
+    /// In a forked child: a new eventfd under the same number (the inherited one is the
+    /// parent's: a notify would wake the parent's threads).
+    pub fn reopen_in_place(&self) -> SysResult<()> {
+        let fresh = EventFd::new()?;
+        replace_fd(fresh.0, self.0.as_raw_fd())
     }
 }
 

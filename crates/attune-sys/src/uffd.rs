@@ -145,6 +145,8 @@ pub enum Delivery {
 pub struct Uffd {
     fd: OwnedFd,
     features: u64,
+    /// The features asked for (what a reopened descriptor asks for again).
+    wanted: u64,
     /// True when the fd only sees user-mode faults (unprivileged fallback).
     pub user_mode_only: bool,
 }
@@ -219,6 +221,7 @@ impl Uffd {
         Ok(Uffd {
             fd,
             features: api.features,
+            wanted,
             user_mode_only,
         })
     }
@@ -241,6 +244,23 @@ impl Uffd {
             return Err(Errno::last());
         }
         Ok(api.features)
+    }
+
+    /// In a forked child: a new userfaultfd with the same features under the same number.
+    /// The inherited descriptor is the parent's (its registrations cover the parent's
+    /// address space; the child's copies of the ranges were unregistered by the fork), so
+    /// the child's ranges must then be registered again.
+    pub fn reopen_in_place(&self) -> Result<(), OpenError> {
+        let delivery = if self.wanted & feature::SIGBUS != 0 {
+            Delivery::Signal
+        } else {
+            Delivery::Thread
+        };
+        let fresh = Uffd::open(delivery, self.wanted)?;
+        crate::os::replace_fd(fresh.fd, self.fd.as_raw_fd()).map_err(|errno| OpenError {
+            errno,
+            missing_features: 0,
+        })
     }
 
     pub fn features(&self) -> u64 {

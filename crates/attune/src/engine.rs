@@ -55,6 +55,8 @@ pub struct EngineCounters {
     /// tested (evicted to see whether they are still used) because of them.
     pub denied_activations: AtomicU64,
     pub active_tests: AtomicU64,
+    /// Chunks un-shared after a fork left their pages shared with another process.
+    pub unshared: AtomicU64,
 }
 
 /// Clock hand over all regions.
@@ -105,6 +107,14 @@ pub struct Engine {
     pub counters: EngineCounters,
     next_id: AtomicU32,
     pub(crate) shutdown: AtomicBool,
+    /// Operations that claim chunks or take engine locks run inside it; a fork waits
+    /// until none is in flight (`crate::fork`).
+    pub(crate) gate: crate::fork::Gate,
+    /// Forks this process took part in, as parent or child: after one, pages may be
+    /// shared copy-on-write and `UFFDIO_MOVE` refuses them (EBUSY).
+    pub forks: AtomicU64,
+    /// Chunks marked SHARED since the evictor's last un-share pass.
+    pub(crate) unshare_pending: AtomicU64,
 }
 
 /// Why the engine could not start.
@@ -186,6 +196,9 @@ impl Engine {
             counters: EngineCounters::default(),
             next_id: AtomicU32::new(1),
             shutdown: AtomicBool::new(false),
+            gate: crate::fork::Gate::new(),
+            forks: AtomicU64::new(0),
+            unshare_pending: AtomicU64::new(0),
         })
     }
 
@@ -396,7 +409,7 @@ impl Engine {
                 return Err(e);
             }
         };
-        let _ = mem::advise(base, len, mem::MADV_DONTFORK);
+        // Inherited by a forked child, which takes the runtime over (`crate::fork`).
         let _ = mem::advise(base, len, mem::MADV_NOHUGEPAGE);
         let delivery = match opts.fault_mode.unwrap_or(self.cfg.fault_mode) {
             FaultMode::Thread => Delivery::Thread,
@@ -577,8 +590,55 @@ impl Engine {
         }
     }
 
-    /// Starts the background threads (evictor, fault handler).
+    /// Enters the fork gate (see `crate::fork::Gate`): every API operation on regions.
+    pub fn enter(&self) -> crate::fork::Inside<'_> {
+        self.gate.enter()
+    }
+
+    /// Sets the counters of events (not of state) to zero: a forked child reports its own.
+    pub(crate) fn reset_event_counters(&self) {
+        let c = &self.counters;
+        for a in [
+            &c.faults,
+            &c.evictions,
+            &c.evicted_bytes,
+            &c.fetched_bytes,
+            &c.direct_reclaims,
+            &c.budget_overruns,
+            &c.load_errors,
+            &c.sample_parks,
+            &c.sample_hits,
+            &c.paced_ns,
+            &c.denied_activations,
+            &c.active_tests,
+            &c.unshared,
+        ] {
+            a.store(0, Relaxed);
+        }
+        for a in &c.sample_delay_us {
+            a.store(0, Relaxed);
+        }
+        self.peak_resident
+            .store(self.resident.load(Relaxed), Relaxed);
+        for t in &self.tiers {
+            t.reset_event_counters();
+        }
+        for r in self.regions.read().unwrap_or_else(|p| p.into_inner()).iter() {
+            r.counters.reset();
+        }
+    }
+
+    /// Starts the background threads and the SIGBUS resolver.
     pub fn start(self: &'static Self) -> Result<(), InitError> {
+        self.start_threads()?;
+        attune_sys::signal::install(crate::fault::on_sigbus)
+            .map_err(|e| InitError(format!("cannot install the SIGBUS handler: {e}")))?;
+        Ok(())
+    }
+
+    /// Starts the background threads (evictor, fault handler, sampler): at start, and in a
+    /// forked child, which has none of its parent's threads.
+    pub(crate) fn start_threads(self: &'static Self) -> Result<(), InitError> {
         std::thread::Builder::new()
             .name("attune-evict".into())
             .spawn(move || crate::evict::evictor_loop(self))
@@ -593,8 +653,6 @@ impl Engine {
                 .spawn(move || crate::sample::sampler_loop(self))
                 .map_err(|e| InitError(format!("cannot start the sampler thread: {e}")))?;
         }
-        attune_sys::signal::install(crate::fault::on_sigbus)
-            .map_err(|e| InitError(format!("cannot install the SIGBUS handler: {e}")))?;
         Ok(())
     }
 }

@@ -11,7 +11,7 @@
 //! region over and over while dead chunks of other regions stay resident.)
 
 use crate::engine::{Engine, MAX_RUN};
-use crate::region::{Region, State, Where, ACTIVE, CREDIT_MASK};
+use crate::region::{Region, State, Where, ACTIVE, CREDIT_MASK, SHARED};
 use attune_policy::victim::{clock_decide, scan_quantum, ChunkView, ClockAction};
 use attune_sys::os;
 use std::sync::atomic::Ordering::*;
@@ -109,6 +109,10 @@ fn sweep_region(e: &Engine, r: &Region, want: u64, last_resort: bool) -> (u64, u
             }
         }
         let s = r.state(c);
+        if s.0 & SHARED != 0 {
+            // Waits for the evictor's un-share pass (a fork left its pages shared).
+            continue;
+        }
         let view = ChunkView {
             resident: s.place() == Where::Resident,
             pinned: s.pinned(),
@@ -222,7 +226,19 @@ fn store_run(e: &Engine, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
                 return len as u64;
             }
             Err(err) if err.0 == libc::ENOSPC || err.0 == libc::EOPNOTSUPP => continue,
-            Err(_) => break,
+            Err(err) => {
+                if err.0 == libc::EBUSY && e.forks.load(Acquire) > 0 {
+                    // Pages shared with another process since a fork: the evictor makes
+                    // them this process's own first (`crate::fork::unshare_pass`).
+                    for i in 0..n {
+                        r.settle(c + i, Where::Resident, 0, SHARED);
+                    }
+                    e.unshare_pending.fetch_add(n as u64, AcqRel);
+                    e.wake_evictor.notify();
+                    return 0;
+                }
+                break;
+            }
         }
     }
     for i in 0..n {
@@ -291,6 +307,9 @@ pub fn evictor_loop(e: &'static Engine) {
     let mut last = os::now_ns();
     while !e.shutdown.load(Relaxed) {
         e.wake_evictor.wait(50);
+        // Outside the gate: a hole in an un-shared range faults into the fault path.
+        crate::fork::unshare_pass(e);
+        let _in = e.enter();
         drop_retired(e);
         let now = os::now_ns();
         let rate = attune_policy::victim::ACTIVE_TESTS_PER_S as f64;

@@ -286,6 +286,7 @@ pub fn handler_loop(e: &'static Engine) {
                 continue;
             }
             let addr = m.arg[1] as usize;
+            let _in = e.enter();
             match e.find(addr) {
                 Some(r) => resolve(e, &r, addr),
                 None => {
@@ -309,6 +310,7 @@ pub fn on_sigbus(addr: usize) -> bool {
         let _ = e.uffd_internal.zeropage(addr & !(ps - 1), ps);
         return true;
     }
+    let _in = e.enter();
     match e.find(addr) {
         Some(r) if r.delivery == Delivery::Signal => {
             resolve(e, &r, addr);

@@ -16,6 +16,7 @@ pub mod config;
 pub mod engine;
 pub mod evict;
 pub mod fault;
+pub mod fork;
 pub mod hash;
 pub mod log;
 pub mod numa;

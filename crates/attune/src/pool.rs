@@ -35,7 +35,7 @@ impl BufferPool {
     pub fn new(count: usize, slot: usize) -> Result<BufferPool, attune_sys::Errno> {
         let count = count.clamp(1, 64);
         let base = mem::map_anon_aligned(count * slot, 2 << 20, true)?;
-        let _ = mem::advise(base, count * slot, mem::MADV_DONTFORK);
+        // Inherited by a forked child (staging must be at the same address there).
         let _ = mem::advise(base, count * slot, mem::MADV_NOHUGEPAGE);
         Ok(BufferPool {
             base,

@@ -30,6 +30,9 @@ const TIER_MASK: u64 = 0xF << TIER_SHIFT;
 pub const ACTIVE: u64 = 1 << 8;
 /// Never evicted (LAT/SHL pinned part, or `attune_pin`).
 pub const PIN: u64 = 1 << 9;
+/// An eviction met pages that a fork left shared (UFFDIO_MOVE refuses them); the evictor
+/// un-shares the chunk before the hand tries it again (`crate::fork::unshare_pass`).
+pub const SHARED: u64 = 1 << 11;
 const CREDIT_SHIFT: u64 = 10;
 /// Laps of grace left to an inactive chunk (`attune_policy::victim::MAX_CREDIT`, one bit).
 pub const CREDIT_MASK: u64 = 0x1 << CREDIT_SHIFT;
@@ -107,6 +110,23 @@ pub struct RegionCounters {
     pub evicted_bytes: AtomicU64,
     pub clean_skips: AtomicU64,
     pub discarded: AtomicU64,
+}
+
+impl RegionCounters {
+    pub fn reset(&self) {
+        for a in [
+            &self.faults,
+            &self.fetched_bytes,
+            &self.zero_fills,
+            &self.readahead_chunks,
+            &self.evictions,
+            &self.evicted_bytes,
+            &self.clean_skips,
+            &self.discarded,
+        ] {
+            a.store(0, Relaxed);
+        }
+    }
 }
 
 /// Access sampling cells, one per chunk (empty when sampling is off). A sample parks a

@@ -37,9 +37,8 @@ pub fn errno(e: i32) -> Errno {
     Errno(e)
 }
 
-/// The runtime of this process. A forked child starts its own on first use: the parent's
-/// userfaultfds belong to the parent's address space and its threads do not exist in the
-/// child (managed memory is not inherited, see docs/design.md "fork and exec").
+/// The runtime of this process. A forked child takes its parent's over (`crate::fork`); if
+/// it cannot, it starts its own on first use.
 static RUNTIME: Mutex<Option<(u32, &'static Result<Runtime, String>)>> = Mutex::new(None);
 static ENGINE_PTR: AtomicUsize = AtomicUsize::new(0);
 /// Lock-free fast path to the current runtime (cleared in a forked child by atfork).
@@ -61,10 +60,57 @@ pub fn last_error() -> String {
     LAST_ERROR.with(|l| l.borrow().clone())
 }
 
-/// Runs in a forked child: the parent's runtime is not usable there.
-extern "C" fn forget_runtime_in_child() {
-    FAST.store(0, Release);
-    ENGINE_PTR.store(0, Release);
+/// The parts of the runtime a fork must quiesce: the engine and the small allocator's gate.
+fn fork_parts() -> (Option<&'static Engine>, Option<&'static crate::fork::Gate>) {
+    let fast = FAST.load(Acquire);
+    if fast == 0 {
+        return (None, None);
+    }
+    // SAFETY: FAST only holds a leaked &'static Result<Runtime, String>.
+    match unsafe { &*(fast as *const Result<Runtime, String>) } {
+        Ok(Runtime::Tiered { engine, small }) => (Some(engine), Some(&small.gate)),
+        _ => (None, None),
+    }
+}
+
+extern "C" fn fork_prepare() {
+    let (e, g) = fork_parts();
+    crate::fork::prepare(e, g);
+}
+
+extern "C" fn fork_parent() {
+    let (e, g) = fork_parts();
+    crate::fork::parent(e, g);
+}
+
+extern "C" fn fork_child() {
+    if after_fork_in_child() {
+        // The daemon knows the parent's connection, not this process: join it anew
+        // (in a thread, so the fork does not wait for the daemon).
+        if let (Some(e), _) = fork_parts() {
+            let _ = std::thread::Builder::new()
+                .name("attune-tmm".into())
+                .spawn(move || {
+                    if let Err(m) = crate::tmm::start(&e.cfg, Some(e)) {
+                        crate::log::emit(crate::log::Level::Warn, &m);
+                    }
+                });
+        }
+    }
+}
+
+/// In a forked child: takes the parent's runtime over (once; later calls return the first
+/// outcome). True when the inherited managed memory is served here; false when it was
+/// unmapped instead (then the child starts a runtime of its own on first use). The
+/// interposer calls it before its own fork handling; the runtime's handler calls it too.
+pub fn after_fork_in_child() -> bool {
+    let (e, g) = fork_parts();
+    let ok = crate::fork::child(e, g);
+    if !ok {
+        FAST.store(0, Release);
+        ENGINE_PTR.store(0, Release);
+    }
+    ok
 }
 
 /// The engine, if the runtime started in tiered mode (signal-safe, no initialisation).
@@ -143,12 +189,19 @@ pub fn init(path: Option<&std::path::Path>) -> Result<&'static Runtime, Errno> {
         match *g {
             Some((p, r)) if p == pid => r,
             _ => {
-                // First use in this process (or in a forked child): start a runtime.
+                // First use in this process (or in a child that could not take its
+                // parent's over): start a runtime.
                 ENGINE_PTR.store(0, Release);
-                attune_sys::os::on_fork_child(forget_runtime_in_child);
                 let r: &'static Result<Runtime, String> = Box::leak(Box::new(start(path)));
                 *g = Some((pid, r));
                 FAST.store(r as *const _ as usize, Release);
+                // After start: the daemon client registered its own fork handler then, and
+                // a child's handlers run in registration order (it forgets the parent's
+                // connection before this one joins anew).
+                static ATFORK: std::sync::Once = std::sync::Once::new();
+                ATFORK.call_once(|| {
+                    attune_sys::os::atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child))
+                });
                 r
             }
         }
@@ -221,6 +274,7 @@ pub fn alloc(size: usize, flag_bits: u32, opts: Option<AllocOptions>) -> Result<
                     .alloc(engine, size, flags)
                     .map_err(|e| fail(e, format!("small allocation of {size} bytes failed: {e}")));
             }
+            let _in = engine.enter();
             if let Some(n) = &engine.numa {
                 return n.alloc(size, flags).map_err(|e| {
                     fail(
@@ -285,7 +339,11 @@ fn lookup(ptr: usize) -> Result<Lookup, Errno> {
                     return Ok(Lookup::Small(r, sz));
                 }
             }
-            match engine.find(ptr) {
+            let found = {
+                let _in = engine.enter();
+                engine.find(ptr)
+            };
+            match found {
                 Some(r) if r.base == ptr && r.kind == RegionKind::Dedicated => Ok(Lookup::Region(r)),
                 Some(r) if r.kind == RegionKind::Dedicated => Err(fail(Errno(libc::EINVAL), format!("{ptr:#x} points inside an allocation starting at {:#x}", r.base))),
                 Some(_) => Err(fail(Errno(libc::EINVAL), format!("{ptr:#x} is not the start of a live allocation (freed twice, or an interior pointer)"))),
@@ -316,7 +374,10 @@ pub fn free(ptr: usize) -> Result<(), Errno> {
             }
         }
         Runtime::Tiered { engine, small } => {
-            if engine.numa.as_ref().is_some_and(|n| n.free(ptr)) {
+            if engine.numa.as_ref().is_some_and(|n| {
+                let _in = engine.enter();
+                n.free(ptr)
+            }) {
                 return Ok(());
             }
             if small.owns(ptr) {
@@ -324,6 +385,7 @@ pub fn free(ptr: usize) -> Result<(), Errno> {
             }
             match lookup(ptr)? {
                 Lookup::Region(r) => {
+                    let _in = engine.enter();
                     engine.free_region(&r);
                     Ok(())
                 }
@@ -351,7 +413,9 @@ fn allocation(ptr: usize) -> Result<(Arc<Region>, usize, usize), Errno> {
 /// Changes a region's flags (dedicated allocations only).
 pub fn set_flags(ptr: usize, bits: u32) -> Result<(), Errno> {
     let flags = check_flags(bits)?;
-    if let Some(n) = runtime()?.engine().and_then(|e| e.numa.as_ref()) {
+    if let Some(e) = runtime()?.engine().filter(|e| e.numa.is_some()) {
+        let _in = e.enter();
+        let n = e.numa.as_ref().expect("checked");
         if n.owns(ptr) {
             return n.set_flags(ptr, flags).map(|_| ()).map_err(|e| {
                 fail(
@@ -382,7 +446,11 @@ fn range_in(ptr: usize, len: usize) -> Result<(Arc<Region>, &'static Engine), Er
             "the runtime runs without userfaultfd",
         ));
     };
-    let r = e.find(ptr).ok_or_else(|| {
+    let found = {
+        let _in = e.enter();
+        e.find(ptr)
+    };
+    let r = found.ok_or_else(|| {
         fail(
             Errno(libc::EINVAL),
             format!("{ptr:#x} is not managed memory"),
@@ -406,6 +474,7 @@ pub fn pin(ptr: usize, len: usize, on: bool) -> Result<(), Errno> {
             return Err(fail(Errno(libc::ENOMEM), format!("pinning {len} bytes would exceed the DRAM budget ({} bytes, {} pinned already)", e.budget(), all_pinned)));
         }
     }
+    let _in = e.enter();
     e.pin(&r, ptr, len, on);
     Ok(())
 }
@@ -413,6 +482,7 @@ pub fn pin(ptr: usize, len: usize, on: bool) -> Result<(), Errno> {
 /// Brings a range into DRAM now.
 pub fn prefetch(ptr: usize, len: usize) -> Result<(), Errno> {
     let (r, e) = range_in(ptr, len)?;
+    let _in = e.enter();
     e.prefetch(&r, ptr, len);
     Ok(())
 }
@@ -438,7 +508,9 @@ pub struct RegionStats {
 }
 
 pub fn region_stats(ptr: usize) -> Result<RegionStats, Errno> {
-    if let Some(n) = runtime()?.engine().and_then(|e| e.numa.as_ref()) {
+    if let Some(e) = runtime()?.engine().filter(|e| e.numa.is_some()) {
+        let _in = e.enter();
+        let n = e.numa.as_ref().expect("checked");
         if let Some(r) = n.region(ptr).filter(|r| r.base == ptr) {
             // Mapped pages: where the kernel holds them now (tier 0 is DRAM).
             let (per_tier, _absent) = n.residency(r.base, r.len)?;
@@ -480,14 +552,16 @@ pub fn all_region_stats() -> Vec<(usize, RegionStats)> {
     let Some(e) = engine_if_started() else {
         return Vec::new();
     };
-    let regions: Vec<Arc<Region>> = e
-        .regions
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .filter(|r| r.kind == RegionKind::Dedicated)
-        .cloned()
-        .collect();
+    let regions: Vec<Arc<Region>> = {
+        let _in = e.enter();
+        e.regions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|r| r.kind == RegionKind::Dedicated)
+            .cloned()
+            .collect()
+    };
     regions
         .iter()
         .filter_map(|r| region_stats(r.base).ok().map(|s| (r.base, s)))
@@ -584,7 +658,10 @@ pub fn tier_stats() -> Result<Vec<TierStats>, Errno> {
 /// Where a chunk is, for tests and tools: None if not managed.
 pub fn chunk_place(ptr: usize) -> Option<(Where, usize)> {
     let e = engine_if_started()?;
-    let r = e.find(ptr)?;
+    let r = {
+        let _in = e.enter();
+        e.find(ptr)?
+    };
     let s = r.state(r.chunk_of(ptr));
     Some((s.place(), s.tier()))
 }
@@ -598,6 +675,7 @@ pub fn sampling_cells() -> Vec<SampledRegion> {
     let Some(e) = engine_if_started() else {
         return Vec::new();
     };
+    let _in = e.enter();
     let mut regions: Vec<Arc<Region>> = e
         .sampled_history
         .lock()

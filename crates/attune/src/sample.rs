@@ -37,6 +37,7 @@ pub fn sampler_loop(e: &'static Engine) {
         credit = (credit + rate * now.saturating_sub(last) as f64 / 1e9).min(rate / 100.0 + 1.0);
         last = now;
         expire(&mut pending, now, window);
+        let _in = e.enter();
         let regions: Vec<Arc<Region>> = {
             let t = e.regions.read().unwrap_or_else(|p| p.into_inner());
             t.iter()

@@ -31,6 +31,9 @@ pub struct SmallAllocator {
     /// Arena ranges, for a lock-free "is this ours" test: (base, end) per class.
     ranges: [(AtomicU64, AtomicU64); CLASSES],
     secret: u64,
+    /// Allocations and frees run inside it (they touch arena pages and mimalloc's state);
+    /// a fork closes it before the engine's gate (`crate::fork`).
+    pub gate: crate::fork::Gate,
 }
 
 impl SmallAllocator {
@@ -41,6 +44,7 @@ impl SmallAllocator {
             classes: Default::default(),
             ranges: Default::default(),
             secret: secret | 1,
+            gate: crate::fork::Gate::new(),
         }
     }
 
@@ -56,8 +60,10 @@ impl SmallAllocator {
                 pin_bytes: Some(0),
                 ..Default::default()
             };
-            let region =
-                e.alloc_region(e.cfg.small_arena, &opts, RegionKind::SmallArena, 64 << 20)?;
+            let region = {
+                let _in = e.enter();
+                e.alloc_region(e.cfg.small_arena, &opts, RegionKind::SmallArena, 64 << 20)?
+            };
             let mut id: mi::mi_arena_id_t = std::ptr::null_mut();
             // SAFETY: the range is a fresh mapping owned by this arena for the life of the
             // process, aligned to 64 MiB; it reads as zero until written.
@@ -74,6 +80,7 @@ impl SmallAllocator {
                 )
             };
             if !ok {
+                let _in = e.enter();
                 e.free_region(&region);
                 return Err(Errno(libc::ENOMEM));
             }
@@ -96,6 +103,7 @@ impl SmallAllocator {
 
     /// Allocates `size` bytes in the class of `flags`.
     pub fn alloc(&self, e: &Engine, size: usize, flags: Flags) -> Result<usize, Errno> {
+        let _in = self.gate.enter();
         let class = self.class(e, flags)?;
         let total = size.checked_add(HEADER).ok_or(Errno(libc::ENOMEM))?;
         // SAFETY: heap is a live mimalloc heap; v3 heaps may be used from any thread.
@@ -126,6 +134,7 @@ impl SmallAllocator {
             return Err(Errno(libc::EINVAL));
         }
         let block = ptr - HEADER;
+        let _in = self.gate.enter();
         // SAFETY: block lies inside an arena we manage (checked above); reading it may
         // fault it in.
         let tag = unsafe { *(block as *const u64) };
@@ -146,6 +155,7 @@ impl SmallAllocator {
             return None;
         }
         let block = ptr - HEADER;
+        let _in = self.gate.enter();
         // SAFETY: inside a managed arena (checked above).
         unsafe {
             if *(block as *const u64) != self.tag(block) {

@@ -170,6 +170,7 @@ impl Client {
         let Some(e) = self.engine else {
             return Flags::NONE;
         };
+        let _in = e.enter();
         let t = e.regions.read().unwrap_or_else(|p| p.into_inner());
         Flags(t.iter().fold(0, |a, r| a | r.flags().0))
     }
@@ -191,6 +192,7 @@ impl Client {
     fn protected_now(&self) -> u64 {
         let Some(e) = self.engine else { return 0 };
         let from_launch = self.launch_flags.is_protected();
+        let _in = e.enter();
         let t = e.regions.read().unwrap_or_else(|p| p.into_inner());
         let b: u64 = t
             .iter()

@@ -12,9 +12,46 @@ use crate::config::TierConfig;
 use attune_sys::uffd::Uffd;
 use attune_sys::{mem, Errno, SysResult};
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicI32, Ordering::AcqRel};
 
 pub struct FileTier {
     fd: OwnedFd,
+    /// The file prepared for a child during a fork (-1: none).
+    child_file: AtomicI32,
+}
+
+impl FileTier {
+    /// Before a fork (the runtime quiesced): a private file for the child with a copy of
+    /// what this one holds (`copy` false: an empty one). It must be made now: after the
+    /// fork the parent goes on writing its own file, and a copy made later by the child
+    /// could find chunks there overwritten.
+    pub fn prepare_child_file(&self, cfg: &TierConfig, copy: bool, buf: usize, buf_len: usize) -> Result<(), String> {
+        let dir = cfg.path.as_deref().ok_or("no path")?;
+        let (fresh, _) = mem::open_private_file(dir, cfg.direct)
+            .map_err(|e| format!("cannot create a private file in {}: {e}", dir.display()))?;
+        if copy {
+            mem::copy_file_data(&self.fd, &fresh, buf, buf_len)
+                .map_err(|e| format!("cannot copy the data for the child: {e}"))?;
+        }
+        let old = self.child_file.swap(std::os::fd::IntoRawFd::into_raw_fd(fresh), AcqRel);
+        attune_sys::os::close_fd(old);
+        Ok(())
+    }
+
+    /// After the fork, in the parent: the child's file is not ours.
+    pub fn drop_child_file(&self) {
+        attune_sys::os::close_fd(self.child_file.swap(-1, AcqRel));
+    }
+
+    /// In the child: the file prepared for it replaces the parent's (same number).
+    pub fn take_child_file(&self) -> Result<(), String> {
+        let fd = self.child_file.swap(-1, AcqRel);
+        if fd < 0 {
+            return Err("no file was prepared for the child".into());
+        }
+        attune_sys::os::replace_raw_fd(fd, std::os::fd::AsRawFd::as_raw_fd(&self.fd))
+            .map_err(|e| format!("cannot replace the file: {e}"))
+    }
 }
 
 impl FileTier {
@@ -45,7 +82,10 @@ impl FileTier {
                 dir.display()
             );
         }
-        Ok(FileTier { fd })
+        Ok(FileTier {
+            fd,
+            child_file: AtomicI32::new(-1),
+        })
     }
 
     /// Writes the pages at `src` (region memory) to `off`. `already_there(staging_addr)` is

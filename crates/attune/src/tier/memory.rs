@@ -25,7 +25,7 @@ impl MemoryTier {
         let len = (space.max(2 << 20) as usize).div_ceil(2 << 20) * (2 << 20);
         let base = mem::map_anon_aligned(len, 2 << 20, true)
             .map_err(|e| format!("tier '{}': cannot reserve {len} bytes: {e}", cfg.name))?;
-        let _ = mem::advise(base, len, mem::MADV_DONTFORK);
+        // Inherited by a forked child (copy-on-write): its far chunks are there.
         let _ = mem::advise(base, len, mem::MADV_NOHUGEPAGE);
         internal
             .register(base, len, mode::MISSING)
@@ -62,9 +62,40 @@ impl MemoryTier {
 
     pub fn load(&self, region_uffd: &Uffd, dst: usize, off: u64, len: usize) -> SysResult<()> {
         self.emulate(len);
-        region_uffd
-            .move_pages(dst, self.base + off as usize, len, true, true)
-            .map(|_| ())
+        let src = self.base + off as usize;
+        let busy = |r: SysResult<usize>| match r {
+            Ok(n) => Ok(n),
+            Err(attune_sys::Errno(libc::EBUSY)) => Ok(0),
+            Err(e) => Err(e),
+        };
+        let mut done = busy(region_uffd.move_pages(dst, src, len, true, true))?;
+        if done < len {
+            // Pages a fork left shared with another process (copy-on-write) cannot be
+            // moved. The arena is the runtime's own, so making them exclusive is safe here
+            // (a hole would fail with EFAULT: the internal userfaultfd delivers SIGBUS).
+            let rest = len - done;
+            let _ = mem::advise(src + done, rest, mem::MADV_POPULATE_WRITE);
+            done += busy(region_uffd.move_pages(dst + done, src + done, rest, true, true))?;
+        }
+        let ps = attune_sys::page_size();
+        while done < len {
+            // Still refused: copy the page and drop the arena's reference to it.
+            match region_uffd.copy(dst + done, src + done, ps, true) {
+                Ok(_) | Err(attune_sys::Errno(libc::EEXIST)) => {}
+                Err(e) => return Err(e),
+            }
+            let _ = mem::advise(src + done, ps, mem::MADV_DONTNEED);
+            done += ps;
+            if done < len {
+                done += busy(region_uffd.move_pages(dst + done, src + done, len - done, true, true))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// In a forked child: registers the inherited arena with the child's userfaultfd.
+    pub fn reattach(&self, internal: &Uffd) -> SysResult<()> {
+        internal.register(self.base, self.len, mode::MISSING)
     }
 
     pub fn discard(&self, off: u64, len: usize) {

@@ -230,6 +230,46 @@ impl FarTier {
         r
     }
 
+    /// Before a fork, the runtime quiesced: a file tier makes the child's file (a copy of
+    /// its data when it holds any). Returns whether the child's file will hold the
+    /// content (so the content hashes of it still hold there).
+    pub fn prepare_fork(&self, buf: usize, buf_len: usize) -> Result<bool, String> {
+        match &self.backend {
+            Backend::Memory(_) => Ok(true),
+            Backend::File(f) => {
+                // Nothing stored: no copy (fork+exec pays nothing); the hashes are dropped.
+                let copy = self.counters.stored.load(Relaxed) > 0;
+                f.prepare_child_file(&self.cfg, copy, buf, buf_len)?;
+                Ok(copy)
+            }
+        }
+    }
+
+    /// After a fork, in the parent.
+    pub fn after_fork_in_parent(&self) {
+        if let Backend::File(f) = &self.backend {
+            f.drop_child_file();
+        }
+    }
+
+    /// In a forked child: the memory arena registered with the child's userfaultfd; the
+    /// file prepared before the fork in place of the parent's.
+    pub fn reopen_in_child(&self, internal: &Uffd) -> Result<(), String> {
+        match &self.backend {
+            Backend::Memory(m) => m.reattach(internal).map_err(|e| e.to_string()),
+            Backend::File(f) => f.take_child_file(),
+        }
+    }
+
+    /// Sets event counters to zero (a forked child reports its own); `stored` stays.
+    pub fn reset_event_counters(&self) {
+        let c = &self.counters;
+        for a in [&c.loads, &c.stores, &c.bytes_in, &c.bytes_out, &c.errors, &c.full] {
+            a.store(0, Relaxed);
+        }
+        c.peak_stored.store(c.stored.load(Relaxed), Relaxed);
+    }
+
     /// Drops the stored copy of a slot range (region freed or chunk discarded).
     pub fn discard(&self, off: u64, len: usize) {
         match &self.backend {
