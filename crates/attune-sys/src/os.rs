@@ -26,6 +26,17 @@ pub fn yield_now() {
     unsafe { libc::sched_yield() };
 }
 
+/// Minor and major page faults of this process's reaped children so far
+/// (getrusage(RUSAGE_CHILDREN)).
+pub fn children_faults() -> (u64, u64) {
+    // SAFETY: ru is a valid out-parameter.
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
+        (ru.ru_minflt as u64, ru.ru_majflt as u64)
+    }
+}
+
 /// Whether a process with this pid exists.
 pub fn pid_alive(pid: i32) -> bool {
     // SAFETY: signal 0 only checks existence.

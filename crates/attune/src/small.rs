@@ -30,6 +30,10 @@ pub struct SmallAllocator {
     classes: [OnceLock<Result<Class, Errno>>; CLASSES],
     /// Arena ranges, for a lock-free "is this ours" test: (base, end) per class.
     ranges: [(AtomicU64, AtomicU64); CLASSES],
+    /// Lowest base and highest end of all arenas: most pointers that are not ours (every
+    /// dedicated region's) fail this test without a look at the classes.
+    lo: AtomicU64,
+    hi: AtomicU64,
     secret: u64,
     /// Allocations and frees run inside it (they touch arena pages and mimalloc's state);
     /// a fork closes it before the engine's gate (`crate::fork`).
@@ -43,6 +47,8 @@ impl SmallAllocator {
         SmallAllocator {
             classes: Default::default(),
             ranges: Default::default(),
+            lo: AtomicU64::new(u64::MAX),
+            hi: AtomicU64::new(0),
             secret: secret | 1,
             gate: crate::fork::Gate::new(),
         }
@@ -93,6 +99,8 @@ impl SmallAllocator {
             self.ranges[i]
                 .1
                 .store((region.base + region.len) as u64, Release);
+            self.lo.fetch_min(region.base as u64, AcqRel);
+            self.hi.fetch_max((region.base + region.len) as u64, AcqRel);
             Ok(Class {
                 region,
                 heap: heap as usize,
@@ -122,6 +130,10 @@ impl SmallAllocator {
 
     /// Whether `ptr` lies in one of the arenas.
     pub fn owns(&self, ptr: usize) -> bool {
+        let p = ptr as u64;
+        if p < self.lo.load(Relaxed) || p >= self.hi.load(Relaxed) {
+            return false;
+        }
         self.ranges.iter().any(|(b, e)| {
             let b = b.load(Acquire) as usize;
             b != 0 && ptr >= b + HEADER && ptr < e.load(Acquire) as usize

@@ -41,7 +41,22 @@ pub struct Args {
     /// IMME environments to run (IE,CBE-mem,CBE-disk,TME,IMME; default all).
     #[arg(long, value_name = "LIST")]
     envs: Option<String>,
+    /// Size factor of the random-update and file scenarios: 1 (default) is 512 MiB of
+    /// updates and a 1 GiB file over a 256 MiB budget; 4 is the full sizes (2 GiB
+    /// over 1 GiB, a 4 GiB file over 1 GiB).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    scale: u32,
 }
+
+/// The size factor in a worker (`--scale`, passed in the environment).
+fn scale() -> usize {
+    std::env::var(SCALE_VAR)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+const SCALE_VAR: &str = "ATTUNE_BENCH_SCALE";
 
 /// Runs IMME's evaluation harness (`imme.py`, staged in share/attune/bench, or the source
 /// tree's bench/) with this `attune`. Returns its exit status.
@@ -202,6 +217,8 @@ fn core(a: &Args) -> i32 {
     if list.iter().any(|(n, _)| n.contains("kswap")) && crate::kernel_env::unavailable().is_none() {
         crate::kernel_env::clean_stale(&swap_dir);
     }
+    let budget_bytes = RAND_BUDGET_MB as u64 * MB as u64 * a.scale as u64;
+    let budget_env = format!("{}M", RAND_BUDGET_MB * a.scale as usize);
     for (i, (name, env)) in list.iter().enumerate() {
         let mut runs: Vec<Value> = Vec::new();
         // Kernel-swap scenarios: our own swap device and memory cgroup for their runs.
@@ -211,7 +228,7 @@ fn core(a: &Args) -> i32 {
         )> = None;
         if *name == "file-kmmap" {
             match crate::kernel_env::unavailable().map_or_else(
-                || crate::kernel_env::MemCgroup::new(RAND_BUDGET_MB as u64 * MB as u64),
+                || crate::kernel_env::MemCgroup::new(budget_bytes),
                 Err,
             ) {
                 Ok(g) => kernel = Some((None, g)),
@@ -228,10 +245,8 @@ fn core(a: &Args) -> i32 {
                 results.push(json!({"scenario": name, "ok": null, "skipped": why}));
                 continue;
             }
-            let set_up = crate::kernel_env::Swap::new(medium, &swap_dir, 1 << 30).and_then(|s| {
-                crate::kernel_env::MemCgroup::new(RAND_BUDGET_MB as u64 * MB as u64)
-                    .map(|g| (Some(s), g))
-            });
+            let set_up = crate::kernel_env::Swap::new(medium, &swap_dir, (1 << 30) * a.scale as u64)
+                .and_then(|s| crate::kernel_env::MemCgroup::new(budget_bytes).map(|g| (Some(s), g)));
             match set_up {
                 Ok(k) => kernel = Some(k),
                 Err(e) => {
@@ -255,6 +270,11 @@ fn core(a: &Args) -> i32 {
             for (k, v) in env {
                 cmd.env(k, v);
             }
+            // The budget of the scaled scenarios grows with their data.
+            if name.starts_with("rand-attune") || *name == "file-attune" {
+                cmd.env("ATTUNE_DRAM", &budget_env);
+            }
+            cmd.env(SCALE_VAR, a.scale.to_string());
             if let Some((_, g)) = &kernel {
                 g.reset_peak();
                 cmd.env(CGROUP_VAR, g.path());
@@ -664,9 +684,14 @@ fn check_rand(p: usize, words: usize, n: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// Random updates over 512 MiB at `p`, filled and verified; `n` updates.
+/// Bytes of the random-update array (twice the budget).
+fn rand_len() -> usize {
+    2 * RAND_BUDGET_MB * MB * scale()
+}
+
+/// Random updates over `rand_len()` bytes at `p`, filled and verified; `n` updates.
 fn rand_scenario(p: usize, n: usize) -> Result<Value, String> {
-    let words = 512 * MB / 8;
+    let words = rand_len() / 8;
     fill_index(p, words);
     let ops = rand_updates(p, words, n);
     check_rand(p, words, n)?;
@@ -676,14 +701,14 @@ fn rand_scenario(p: usize, n: usize) -> Result<Value, String> {
 /// Reference: the same updates on plain memory that fits in DRAM.
 fn rand_dram() -> Result<Value, String> {
     rand_scenario(
-        mem::map_anon(512 * MB, false).map_err(|e| e.to_string())?,
+        mem::map_anon(rand_len(), false).map_err(|e| e.to_string())?,
         4_000_000,
     )
 }
 
 /// Random 8-byte updates over twice the budget.
 fn rand_attune() -> Result<Value, String> {
-    let p = alloc_managed(512 * MB, 0)?;
+    let p = alloc_managed(rand_len(), 0)?;
     let r = rand_scenario(p, 1_000_000);
     let _ = runtime::free(p);
     r
@@ -692,13 +717,16 @@ fn rand_attune() -> Result<Value, String> {
 /// The same updates on plain memory in a cgroup limited to the budget, with kernel swap.
 fn rand_kswap() -> Result<Value, String> {
     crate::kernel_env::join_cgroup_from_env(CGROUP_VAR)?;
-    let p = mem::map_anon(512 * MB, false).map_err(|e| e.to_string())?;
+    let p = mem::map_anon(rand_len(), false).map_err(|e| e.to_string())?;
     let r = rand_scenario(p, 200_000);
-    let _ = mem::unmap(p, 512 * MB);
+    let _ = mem::unmap(p, rand_len());
     r
 }
 
-const FILE_MB: usize = 1024;
+/// The file scenarios' data: 1 GiB times `--scale`.
+fn file_mb() -> usize {
+    1024 * scale()
+}
 const FILE_READS: usize = 300_000;
 
 fn bench_dir() -> std::path::PathBuf {
@@ -709,12 +737,12 @@ fn bench_dir() -> std::path::PathBuf {
 
 /// 1 GiB in Attune's file tier alone (a directory on disk), 256 MiB budget.
 fn file_attune() -> Result<Value, String> {
-    let words = FILE_MB * MB / 8;
+    let words = file_mb() * MB / 8;
     let opts = attune::engine::AllocOptions {
         preferred_tier: Some(file_tier_index()?),
         ..Default::default()
     };
-    let p = runtime::alloc(FILE_MB * MB, 0, Some(opts))
+    let p = runtime::alloc(file_mb() * MB, 0, Some(opts))
         .map_err(|e| format!("{e}: {}", runtime::last_error()))?;
     fill_index(p, words);
     let r = file_reads(p, words, false);
@@ -744,7 +772,7 @@ fn file_kmmap() -> Result<Value, String> {
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let _ = std::fs::remove_file(&path); // unnamed from here on
     let mut buf = vec![0u8; MB];
-    for m in 0..FILE_MB {
+    for m in 0..file_mb() {
         for (k, c) in buf.chunks_exact_mut(8).enumerate() {
             c.copy_from_slice(&((m * MB / 8 + k) as u64).to_ne_bytes());
         }
@@ -754,10 +782,10 @@ fn file_kmmap() -> Result<Value, String> {
     let fd: std::os::fd::OwnedFd = f.into();
     mem::drop_file_cache(&fd).map_err(|e| e.to_string())?;
     crate::kernel_env::join_cgroup_from_env(CGROUP_VAR)?;
-    let p = mem::map_file_shared_ro(&fd, FILE_MB * MB).map_err(|e| e.to_string())?;
-    let _ = mem::advise(p, FILE_MB * MB, libc::MADV_RANDOM);
-    let r = file_reads(p, FILE_MB * MB / 8, true);
-    let _ = mem::unmap(p, FILE_MB * MB);
+    let p = mem::map_file_shared_ro(&fd, file_mb() * MB).map_err(|e| e.to_string())?;
+    let _ = mem::advise(p, file_mb() * MB, libc::MADV_RANDOM);
+    let r = file_reads(p, file_mb() * MB / 8, true);
+    let _ = mem::unmap(p, file_mb() * MB);
     r
 }
 
