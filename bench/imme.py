@@ -387,9 +387,13 @@ def main():
     if not os.path.exists(ATT):
         sys.exit(f"{ATT} not found: run `make build` first")
     envs = [e for e in a.envs.split(",") if e]
-    if os.geteuid() != 0 and any(e.startswith("CBE") for e in envs):
-        print("CBE needs root (swap and a memory cgroup): skipped", file=sys.stderr)
-        envs = [e for e in envs if not e.startswith("CBE")]
+    if any(e.startswith("CBE") for e in envs):
+        # Not root, no cgroup v1, or a stuck swap device of an earlier run (the kernel's
+        # swap would hang): `attune kernel-swap --check` says which.
+        chk = subprocess.run([ATT, "kernel-swap", "--check"], capture_output=True, text=True)
+        if chk.returncode != 0:
+            print(f"CBE skipped: {chk.stdout.strip() or chk.stderr.strip()}", file=sys.stderr)
+            envs = [e for e in envs if not e.startswith("CBE")]
     if not 0 < a.outside < 1:
         sys.exit("--outside must be between 0 and 1")
     sel = [w for w in WORKLOADS if not a.only or w[0] in a.only.split(",")]

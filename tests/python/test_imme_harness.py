@@ -13,7 +13,10 @@ ATT = os.path.join(ROOT, "build", "bin", "attune")
 
 @pytest.mark.skipif(not os.path.exists(ATT), reason="make build first")
 def test_quick_suite(tmp_path):
-    envs = "IE,TME,IMME" + (",CBE-mem" if os.geteuid() == 0 else "")
+    # CBE needs root and a host whose kernel swap works (`attune kernel-swap --check`).
+    cbe = subprocess.run([ATT, "kernel-swap", "--check"], capture_output=True, text=True)
+    print(cbe.stdout.strip())
+    envs = "IE,TME,IMME" + (",CBE-mem" if cbe.returncode == 0 else "")
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "imme.py"), "--quick", "--reps", "1",
                         "--only", "stream,dgemm,sc,dm", "--envs", envs, "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=900)

@@ -46,6 +46,35 @@ pub fn unavailable() -> Option<String> {
             return Some(format!("{p} not found (util-linux)"));
         }
     }
+    stuck_swap()
+}
+
+/// A memory-backed swap device of ours that is still on although its clean-up ran (its
+/// backing file is deleted: `swapoff` failed). Seen twice on this machine kind (Linux
+/// 6.18): the loop worker of such a device waits forever on a page lock, and every process
+/// that swaps, a `swapoff` or `swapon --show`, and the host's own DAMON worker then hang in
+/// D state until a reboot. The kernel baselines are not run then (they would hang); only
+/// /proc/swaps and sysfs are read here, which never block on the device.
+pub fn stuck_swap() -> Option<String> {
+    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+    for line in swaps.lines().skip(1) {
+        let mut f = line.split_whitespace();
+        let (Some(dev), Some(_), Some(_), Some(used)) = (f.next(), f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        let Some(name) = dev.strip_prefix("/dev/") else {
+            continue;
+        };
+        let backing = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
+            .unwrap_or_default();
+        let backing = backing.trim();
+        if backing.contains("attune-swap-") && backing.ends_with("(deleted)") {
+            return Some(format!(
+                "a swap device of an earlier run is stuck ({dev} over {backing}, {used} KiB in use: \
+                 its swapoff failed); the kernel's swap path is unreliable on this host until a reboot"
+            ));
+        }
+    }
     None
 }
 

@@ -11,8 +11,8 @@ use std::os::unix::process::ExitStatusExt;
 #[derive(clap::Args)]
 pub struct Args {
     /// Memory limit of the program's cgroup: a size or a percentage of machine memory.
-    #[arg(long, value_name = "SIZE|PERCENT")]
-    limit: String,
+    #[arg(long, value_name = "SIZE|PERCENT", required_unless_present = "check")]
+    limit: Option<String>,
     /// Where the swap lives: memory (loop device over /dev/shm) or disk.
     #[arg(long, default_value = "memory", value_parser = ["memory", "disk"])]
     swap: String,
@@ -22,9 +22,12 @@ pub struct Args {
     /// Directory of the swap file on disk.
     #[arg(long, default_value = "/var/tmp")]
     swap_dir: std::path::PathBuf,
+    /// Only say whether the kernel baseline can run here (exit 0) or why not (exit 1).
+    #[arg(long, exclusive = true)]
+    check: bool,
     /// The program and its arguments.
     #[arg(
-        required = true,
+        required_unless_present = "check",
         trailing_var_arg = true,
         allow_hyphen_values = true,
         value_name = "PROGRAM"
@@ -33,11 +36,24 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> i32 {
+    if a.check {
+        return match kernel_env::unavailable() {
+            None => {
+                println!("attune kernel-swap: available");
+                0
+            }
+            Some(why) => {
+                println!("attune kernel-swap: unavailable: {why}");
+                1
+            }
+        };
+    }
     let total = attune_sys::os::total_memory();
-    let limit = match parse_size_or_percent(&a.limit, total) {
+    let limit_arg = a.limit.clone().unwrap_or_default();
+    let limit = match parse_size_or_percent(&limit_arg, total) {
         Ok(l) if l >= 4 << 20 => l,
         Ok(_) => return fail("--limit: at least 4M"),
-        Err(e) => return fail(&format!("--limit {}: {e}", a.limit)),
+        Err(e) => return fail(&format!("--limit {limit_arg}: {e}")),
     };
     let swap_size = match attune::size::parse_size(&a.swap_size) {
         Ok(s) if s >= 40 << 10 => s,
