@@ -49,8 +49,16 @@ static int workflow(const char *flags, size_t mib, double seconds) {
     CHECK(p != NULL, "allocate_TM: %s", attune_last_error());
     if (!p) CHECK_DONE();
     fill(p, words, 7);
-    /* Warm-up: one sweep brings back what was evicted while the daemon's first grant
-     * (sized before this allocation) was in force. */
+    /* Warm-up: the daemon's first grant was sized before this allocation; wait until the
+     * runtime's budget covers the region (its usage report and the daemon's rebalance can
+     * lag behind the fill on a loaded machine; 10 s at most, then the check below fails
+     * if the budget never grew), then one sweep brings back what was evicted meanwhile. */
+    attune_tier_stats_t dram;
+    for (double w0 = now(); now() - w0 < 10.0;) {
+        if (attune_tier_stats(0, &dram) == 0 && dram.capacity >= len) break;
+        struct timespec ms = {0, 10 * 1000 * 1000};
+        nanosleep(&ms, NULL);
+    }
     size_t bad = verify(p, words, 7);
     attune_region_stats_t s0, s1;
     CHECK(attune_region_stats(p, &s0) == 0, "%s", attune_last_error());
