@@ -59,7 +59,8 @@ pub fn stuck_swap() -> Option<String> {
     let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
     for line in swaps.lines().skip(1) {
         let mut f = line.split_whitespace();
-        let (Some(dev), Some(_), Some(_), Some(used)) = (f.next(), f.next(), f.next(), f.next()) else {
+        let (Some(dev), Some(_), Some(_), Some(used)) = (f.next(), f.next(), f.next(), f.next())
+        else {
             continue;
         };
         let Some(name) = dev.strip_prefix("/dev/") else {

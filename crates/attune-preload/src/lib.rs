@@ -110,8 +110,8 @@ extern "C" fn in_child_after_fork() {
     // before anything here could touch it. Registered before the runtime's own handler,
     // this one runs first in the child.
     let was_ready = STATE.load(Acquire) == READY;
-    let adopted = attune::runtime::after_fork_in_child()
-        && attune::runtime::engine_if_started().is_some();
+    let adopted =
+        attune::runtime::after_fork_in_child() && attune::runtime::engine_if_started().is_some();
     table::after_fork_in_child(adopted);
     report::after_fork_in_child();
     if !settings().children {

@@ -311,7 +311,10 @@ pub fn copy_file_data(src: &OwnedFd, dst: &OwnedFd, buf: usize, buf_len: usize) 
                 break;
             } else {
                 let e = Errno::last();
-                if !matches!(e.0, libc::EXDEV | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS) {
+                if !matches!(
+                    e.0,
+                    libc::EXDEV | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS
+                ) {
                     return Err(e);
                 }
                 let len = ((hole - off) as usize).min(buf_len);

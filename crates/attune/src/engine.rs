@@ -623,7 +623,12 @@ impl Engine {
         for t in &self.tiers {
             t.reset_event_counters();
         }
-        for r in self.regions.read().unwrap_or_else(|p| p.into_inner()).iter() {
+        for r in self
+            .regions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
             r.counters.reset();
         }
     }

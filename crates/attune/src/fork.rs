@@ -149,7 +149,10 @@ pub(crate) fn prepare(e: Option<&Engine>, small: Option<&Gate>) {
                 Err(m) => {
                     crate::log::emit(
                         crate::log::Level::Warn,
-                        &format!("fork: tier '{}': {m}; the child will not see managed memory", t.name()),
+                        &format!(
+                            "fork: tier '{}': {m}; the child will not see managed memory",
+                            t.name()
+                        ),
                     );
                     ok = false;
                 }
@@ -161,11 +164,7 @@ pub(crate) fn prepare(e: Option<&Engine>, small: Option<&Gate>) {
 }
 
 fn restore_mask() {
-    if let Some(m) = SAVED_MASK
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-    {
+    if let Some(m) = SAVED_MASK.lock().unwrap_or_else(|p| p.into_inner()).take() {
         attune_sys::os::restore_signals(&m);
     }
 }
@@ -283,10 +282,7 @@ pub(crate) fn unshare_pass(e: &Engine) -> usize {
     }
     let regions: Vec<_> = {
         let _in = e.gate.enter();
-        e.regions
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        e.regions.read().unwrap_or_else(|p| p.into_inner()).clone()
     };
     let ps = attune_sys::page_size();
     let mut done = 0;
@@ -306,7 +302,8 @@ pub(crate) fn unshare_pass(e: &Engine) -> usize {
                 {
                     let mut p = a;
                     while p < a + r.chunk {
-                        let _ = attune_sys::mem::advise(p, ps, attune_sys::mem::MADV_POPULATE_WRITE);
+                        let _ =
+                            attune_sys::mem::advise(p, ps, attune_sys::mem::MADV_POPULATE_WRITE);
                         p += ps;
                     }
                 }
@@ -332,7 +329,10 @@ mod tests {
         let g2 = g.clone();
         let closer = std::thread::spawn(move || g2.close(2_000_000_000));
         std::thread::sleep(std::time::Duration::from_millis(50));
-        assert!(!closer.is_finished(), "close returned while an operation was inside");
+        assert!(
+            !closer.is_finished(),
+            "close returned while an operation was inside"
+        );
         drop(inside);
         assert!(closer.join().unwrap());
         // Closed: a new operation waits until the gate opens.

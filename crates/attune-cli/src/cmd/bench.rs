@@ -227,10 +227,9 @@ fn core(a: &Args) -> i32 {
             crate::kernel_env::MemCgroup,
         )> = None;
         if *name == "file-kmmap" {
-            match crate::kernel_env::unavailable().map_or_else(
-                || crate::kernel_env::MemCgroup::new(budget_bytes),
-                Err,
-            ) {
+            match crate::kernel_env::unavailable()
+                .map_or_else(|| crate::kernel_env::MemCgroup::new(budget_bytes), Err)
+            {
                 Ok(g) => kernel = Some((None, g)),
                 Err(why) => {
                     eprintln!("\n{name}: skipped: {why}");
@@ -245,8 +244,11 @@ fn core(a: &Args) -> i32 {
                 results.push(json!({"scenario": name, "ok": null, "skipped": why}));
                 continue;
             }
-            let set_up = crate::kernel_env::Swap::new(medium, &swap_dir, (1 << 30) * a.scale as u64)
-                .and_then(|s| crate::kernel_env::MemCgroup::new(budget_bytes).map(|g| (Some(s), g)));
+            let set_up =
+                crate::kernel_env::Swap::new(medium, &swap_dir, (1 << 30) * a.scale as u64)
+                    .and_then(|s| {
+                        crate::kernel_env::MemCgroup::new(budget_bytes).map(|g| (Some(s), g))
+                    });
             match set_up {
                 Ok(k) => kernel = Some(k),
                 Err(e) => {

@@ -25,7 +25,13 @@ impl FileTier {
     /// what this one holds (`copy` false: an empty one). It must be made now: after the
     /// fork the parent goes on writing its own file, and a copy made later by the child
     /// could find chunks there overwritten.
-    pub fn prepare_child_file(&self, cfg: &TierConfig, copy: bool, buf: usize, buf_len: usize) -> Result<(), String> {
+    pub fn prepare_child_file(
+        &self,
+        cfg: &TierConfig,
+        copy: bool,
+        buf: usize,
+        buf_len: usize,
+    ) -> Result<(), String> {
         let dir = cfg.path.as_deref().ok_or("no path")?;
         let (fresh, _) = mem::open_private_file(dir, cfg.direct)
             .map_err(|e| format!("cannot create a private file in {}: {e}", dir.display()))?;
@@ -33,7 +39,9 @@ impl FileTier {
             mem::copy_file_data(&self.fd, &fresh, buf, buf_len)
                 .map_err(|e| format!("cannot copy the data for the child: {e}"))?;
         }
-        let old = self.child_file.swap(std::os::fd::IntoRawFd::into_raw_fd(fresh), AcqRel);
+        let old = self
+            .child_file
+            .swap(std::os::fd::IntoRawFd::into_raw_fd(fresh), AcqRel);
         attune_sys::os::close_fd(old);
         Ok(())
     }

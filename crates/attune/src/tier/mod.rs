@@ -264,7 +264,14 @@ impl FarTier {
     /// Sets event counters to zero (a forked child reports its own); `stored` stays.
     pub fn reset_event_counters(&self) {
         let c = &self.counters;
-        for a in [&c.loads, &c.stores, &c.bytes_in, &c.bytes_out, &c.errors, &c.full] {
+        for a in [
+            &c.loads,
+            &c.stores,
+            &c.bytes_in,
+            &c.bytes_out,
+            &c.errors,
+            &c.full,
+        ] {
             a.store(0, Relaxed);
         }
         c.peak_stored.store(c.stored.load(Relaxed), Relaxed);
