@@ -63,41 +63,47 @@ impl MemoryTier {
     pub fn load(&self, region_uffd: &Uffd, dst: usize, off: u64, len: usize) -> SysResult<()> {
         self.emulate(len);
         let src = self.base + off as usize;
-        let busy = |r: SysResult<usize>| match r {
-            Ok(n) => Ok(n),
-            Err(attune_sys::Errno(libc::EBUSY)) => Ok(0),
-            Err(e) => Err(e),
+        let done = match region_uffd.move_pages(dst, src, len, true, true) {
+            Ok(n) => n,
+            Err(attune_sys::Errno(libc::EBUSY)) => 0,
+            Err(e) => return Err(e),
         };
-        let mut done = busy(region_uffd.move_pages(dst, src, len, true, true))?;
         if done < len {
-            // Pages a fork left shared with another process (copy-on-write) cannot be
-            // moved: copy the rest of the run in one go (placing missing pages needs no
-            // TLB flush, a copy-on-write break per page does: measured 60% of a forked
-            // child's time in shootdowns), then drop the arena's references at once.
-            let rest = len - done;
-            match region_uffd.copy(dst + done, src + done, rest, true) {
-                Ok(_) | Err(attune_sys::Errno(libc::EEXIST)) => {
-                    let _ = mem::advise(src + done, rest, mem::MADV_DONTNEED);
-                    done = len;
-                }
-                Err(_) => {}
-            }
+            self.copy_shared(region_uffd, dst + done, src + done, len - done)?;
         }
-        let ps = attune_sys::page_size();
-        while done < len {
-            // A hole in the arena (the application had discarded the page) stops the copy:
-            // page by page, holes skipped by the move, shared pages copied.
-            match busy(region_uffd.move_pages(dst + done, src + done, ps, true, true))? {
-                0 => match region_uffd.copy(dst + done, src + done, ps, true) {
-                    Ok(_) | Err(attune_sys::Errno(libc::EEXIST)) => {
-                        let _ = mem::advise(src + done, ps, mem::MADV_DONTNEED);
+        Ok(())
+    }
+
+    /// Places `[src, src+len)` of the arena at `dst` when the pages are shared with another
+    /// process since a fork (`UFFDIO_MOVE` refuses them). One copy of the run: placing
+    /// missing pages needs no TLB flush, a copy-on-write break per page does (measured 60%
+    /// of a forked child's time in shootdowns). A page the application had discarded is a
+    /// hole in the arena and stops the copy after the pages before it: then page by page,
+    /// the move skipping holes (they read as zero, as discarded pages do), shared pages
+    /// copied, pages the partial copy placed kept. The arena's range is dropped at the end:
+    /// the slot must be empty for its next store.
+    fn copy_shared(&self, region_uffd: &Uffd, dst: usize, src: usize, len: usize) -> SysResult<()> {
+        use attune_sys::Errno;
+        let placed = |r: SysResult<usize>| matches!(r, Ok(_) | Err(Errno(libc::EEXIST)));
+        if !placed(region_uffd.copy(dst, src, len, true)) {
+            let ps = attune_sys::page_size();
+            let mut off = 0;
+            while off < len {
+                match region_uffd.move_pages(dst + off, src + off, ps, true, true) {
+                    Ok(n) if n > 0 => {}
+                    Err(Errno(libc::EEXIST)) => {}
+                    Ok(_) | Err(Errno(libc::EBUSY)) => {
+                        let r = region_uffd.copy(dst + off, src + off, ps, true);
+                        if !placed(r) {
+                            return r.map(|_| ());
+                        }
                     }
                     Err(e) => return Err(e),
-                },
-                _ => {}
+                }
+                off += ps;
             }
-            done += ps;
         }
+        let _ = mem::advise(src, len, mem::MADV_DONTNEED);
         Ok(())
     }
 
