@@ -28,6 +28,11 @@ rust_pass=$(grep -E '^test result' "$OUT/cargo.log" | sed -E 's/.* ([0-9]+) pass
 rust_fail=$(grep -E '^test result' "$OUT/cargo.log" | sed -E 's/.* ([0-9]+) failed.*/\1/' | awk '{s+=$1} END {print s+0}')
 if ! grep -q '^test result' "$OUT/cargo.log" || grep -qE '^error(\[|:)' "$OUT/cargo.log"; then rust_fail=$((rust_fail+1)); failed+=(cargo-test); fi
 pass=$((pass+${rust_pass:-0})); fail=$((fail+${rust_fail:-0}))
+# Formatting, checked where rustfmt is installed (rustup's default profile has it).
+if cargo fmt --version >/dev/null 2>&1; then
+  if cargo fmt --all --check >"$OUT/fmt.log" 2>&1; then pass=$((pass+1)); echo "ok   rustfmt"
+  else fail=$((fail+1)); failed+=(rustfmt); echo "FAIL rustfmt (run cargo fmt)"; head -n 20 "$OUT/fmt.log"; fi
+fi
 
 echo "== native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"

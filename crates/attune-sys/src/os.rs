@@ -267,15 +267,6 @@ pub fn write_stderr(b: &[u8]) {
     unsafe { libc::write(2, b.as_ptr().cast(), b.len()) };
 }
 
-/// Registers `f` to run in the child after fork(2) (once per process is enough).
-pub fn on_fork_child(f: extern "C" fn()) {
-    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !DONE.swap(true, std::sync::atomic::Ordering::AcqRel) {
-        // SAFETY: registers a handler with no preconditions.
-        unsafe { libc::pthread_atfork(None, None, Some(f)) };
-    }
-}
-
 /// Registers fork handlers (pthread_atfork), each optional.
 pub fn atfork(
     prepare: Option<extern "C" fn()>,

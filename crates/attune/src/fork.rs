@@ -281,7 +281,7 @@ pub(crate) fn unshare_pass(e: &Engine) -> usize {
         return 0;
     }
     let regions: Vec<_> = {
-        let _in = e.gate.enter();
+        let _in = e.enter();
         e.regions.read().unwrap_or_else(|p| p.into_inner()).clone()
     };
     let ps = attune_sys::page_size();

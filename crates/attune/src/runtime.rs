@@ -41,7 +41,8 @@ pub fn errno(e: i32) -> Errno {
 /// it cannot, it starts its own on first use.
 static RUNTIME: Mutex<Option<(u32, &'static Result<Runtime, String>)>> = Mutex::new(None);
 static ENGINE_PTR: AtomicUsize = AtomicUsize::new(0);
-/// Lock-free fast path to the current runtime (cleared in a forked child by atfork).
+/// Lock-free fast path to the current runtime (cleared in a forked child that could not take
+/// its parent's over).
 static FAST: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {

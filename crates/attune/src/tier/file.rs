@@ -60,9 +60,7 @@ impl FileTier {
         attune_sys::os::replace_raw_fd(fd, std::os::fd::AsRawFd::as_raw_fd(&self.fd))
             .map_err(|e| format!("cannot replace the file: {e}"))
     }
-}
 
-impl FileTier {
     pub fn new(cfg: &TierConfig) -> Result<FileTier, String> {
         let dir = cfg
             .path
