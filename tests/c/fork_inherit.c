@@ -109,7 +109,37 @@ int main(void) {
     pthread_join(th, NULL);
     CHECK(rd.bad == 0 && rd.reads > 0, "concurrent reader: %zu bad of %zu", (size_t)rd.bad, (size_t)rd.reads);
 
-    /* 4. Small blocks and a signal-delivery region are inherited too. */
+    /* 4. (Before any small block: a small-object arena reserves its whole virtual size in
+     *    every far tier, which a small file tier cannot also give this region.)
+     *    A chunk evicted with a page the application had discarded (MADV_DONTNEED) is
+     *    fetched in the child with its pages shared: the discarded page reads as zero,
+     *    every other word as it was. */
+    attune_alloc_opts ho; attune_alloc_opts_init(&ho);
+    ho.chunk_size = 64 << 10;
+    size_t hn = 3 * budget, hw = hn / 8, per = (64 << 10) / 8;
+    uint64_t *h = attune_alloc(hn, &ho);
+    CHECK(h != NULL, "64K-chunk alloc: %s", attune_last_error());
+    if (h) {
+        for (size_t c = 0; c < hw / per; c++) {  /* page 5 of every chunk, discarded while */
+            for (size_t i = c * per; i < (c + 1) * per; i++) h[i] = mix64(i) ^ 9;  /* resident */
+            madvise(h + c * per + 5 * 512, 4096, MADV_DONTNEED);
+        }
+        uint64_t sum = 0;                        /* cycle the rest through the far tier */
+        for (size_t i = 0; i < hw; i++) if ((i % per) / 512 != 5) sum += h[i];
+        (void)sum;
+        pid_t c = fork();
+        if (c == 0) {
+            for (size_t i = 0; i < hw; i++) {
+                uint64_t want = (i % per) / 512 == 5 ? 0 : (mix64(i) ^ 9);
+                if (h[i] != want) _exit(51);
+            }
+            _exit(0);
+        }
+        waitpid(c, &st, 0);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "discarded pages in the child: status %#x", st);
+        attune_free(h);
+    }
+    /* 5. Small blocks and a signal-delivery region are inherited too. */
     uint64_t *sm = allocate_TM(64, ATTUNE_LAT);
     CHECK(sm != NULL, "small alloc");
     for (int i = 0; i < 8; i++) sm[i] = mix64(1000 + i);
@@ -136,34 +166,6 @@ int main(void) {
     for (int i = 0; i < 8; i++) CHECK(sm[i] == mix64(1000 + i), "small block word %d in the parent", i);
     if (sg) CHECK(bad_words(sg, sw, 7) == 0, "signal region in the parent");
     CHECK(bad_words(a, words, 0) == 0, "parent's region after the child freed its copy");
-    /* 5. A chunk evicted with a page the application had discarded (MADV_DONTNEED) is
-     *    fetched in the child with its pages shared: the discarded page reads as zero,
-     *    every other word as it was. */
-    attune_alloc_opts ho; attune_alloc_opts_init(&ho);
-    ho.chunk_size = 64 << 10;
-    size_t hn = 3 * budget, hw = hn / 8, per = (64 << 10) / 8;
-    uint64_t *h = attune_alloc(hn, &ho);
-    CHECK(h != NULL, "64K-chunk alloc");
-    if (h) {
-        for (size_t c = 0; c < hw / per; c++) {  /* page 5 of every chunk, discarded while */
-            for (size_t i = c * per; i < (c + 1) * per; i++) h[i] = mix64(i) ^ 9;  /* resident */
-            madvise(h + c * per + 5 * 512, 4096, MADV_DONTNEED);
-        }
-        uint64_t sum = 0;                        /* cycle the rest through the far tier */
-        for (size_t i = 0; i < hw; i++) if ((i % per) / 512 != 5) sum += h[i];
-        (void)sum;
-        c = fork();
-        if (c == 0) {
-            for (size_t i = 0; i < hw; i++) {
-                uint64_t want = (i % per) / 512 == 5 ? 0 : (mix64(i) ^ 9);
-                if (h[i] != want) _exit(51);
-            }
-            _exit(0);
-        }
-        waitpid(c, &st, 0);
-        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "discarded pages in the child: status %#x", st);
-        attune_free(h);
-    }
     free_TM(sm);
     if (sg) attune_free(sg);
     free_TM(a);
