@@ -26,6 +26,19 @@ int main(void) {
     attune_region_stats_t s;
     CHECK(attune_region_stats(p[1], &s) == 0, "stats of a small block: %s", attune_last_error());
     CHECK(s.size < 65536 + 16, "stats report the block size");
+    /* The arenas take no far-tier room from regions: with six classes live (six arenas of
+     * `small_arena` virtual bytes each), a 48 MiB region still gets its tier space even
+     * when the only far tier is a 1 GiB file (scripts/test.sh runs this on it too). */
+    enum { BIG = 48 << 20 };
+    unsigned char *big = allocate_TM(BIG, 0);
+    CHECK(big != NULL, "a 48 MiB region beside the small arenas: %s", attune_last_error());
+    if (big) {
+        for (size_t k = 0; k < BIG; k += 4096) big[k] = (unsigned char)(k >> 12);
+        int badbig = 0;
+        for (size_t k = 0; k < BIG; k += 4096) badbig += big[k] != (unsigned char)(k >> 12);
+        CHECK(badbig == 0, "%d pages of the 48 MiB region corrupted", badbig);
+        free_TM(big);
+    }
     for (int i = 1; i < N; i += 2) CHECK(attune_free(p[i]) == 0, "free %d", i);
     CHECK_DONE();
 }

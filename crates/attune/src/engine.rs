@@ -150,8 +150,13 @@ impl Engine {
             .collect();
         let far_capacity: u64 = paged.iter().map(|t| t.capacity).sum();
         let capacity = cfg.dram.saturating_add(far_capacity);
-        // Offset space of each tier: enough for every byte that can be allocated at once.
-        let space = capacity.min(1 << 45) + (64 << 20);
+        // Offset space of each tier: enough for every byte that can be allocated at once,
+        // plus the virtual size of every small-object arena (they reserve a slot range like
+        // any region, but hold only what mimalloc carved; counted against the capacity they
+        // left a 1 GiB file tier no room for a region). Offsets are virtual: the memory
+        // tier's arena is a reservation, the file tier's file is sparse.
+        let arenas = (crate::small::CLASSES as u64).saturating_mul(cfg.small_arena as u64);
+        let space = capacity.min(1 << 45) + arenas + (64 << 20);
         let mut tiers = Vec::new();
         for (i, t) in paged.into_iter().enumerate() {
             tiers.push(FarTier::open(t, i, space, &uffd_internal).map_err(InitError)?);

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::{Arc, OnceLock};
 
 const HEADER: usize = 16;
-const CLASSES: usize = 16;
+pub(crate) const CLASSES: usize = 16;
 const FREED_TAG: u64 = 0xF4EE_D0D0_F4EE_D0D0;
 
 struct Class {
