@@ -4,7 +4,7 @@ reported as a table, JSON, plots and a docs/benchmarks.md section.
 
 Environments (IMME section IV-C3):
   IE        the program with all the memory it wants;
-  CBE-mem   a cgroup memory limit at the budget, kernel swap on a memory-backed loop device;
+  CBE-mem   a cgroup memory limit at the budget, kernel swap on a memory medium (a zram device of ours);
   CBE-disk  the same with a swap file on disk;
   TME       `attune run`, temperature-only policy (flags ignored);
   IMME      `attune run`, attuned, with the workflow's flags as a user would pass them.

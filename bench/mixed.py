@@ -8,7 +8,7 @@ after another in each round so that they share the machine's state (rounds repea
   attuned         Attune attuned, budget = half the footprint
   temperature     Attune temperature-only (ATTUNE_MODE=temperature), same budget
   kernel-swap     plain memory in a cgroup limit of the same budget, swap on a
-                  memory-backed loop device (root only; skipped otherwise)
+                  memory medium (a zram device of ours; root only, skipped otherwise)
 each at the configured chunk size (4K default) and at 64K (--chunks).
 
 Usage: python3 bench/mixed.py [--mib 512] [--iters 10] [--lookups 1000000] [--reps 3]

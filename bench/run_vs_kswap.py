@@ -1,6 +1,6 @@
 """An unmodified numpy program at half its footprint in DRAM: `attune run` against the
-kernel's swap at the same budget (a cgroup memory limit, swap on a memory-backed loop
-device and on disk), next to the program with all the memory it wants (IE). All four are
+kernel's swap at the same budget (a cgroup memory limit, swap on a memory medium
+(a zram device of ours) and on disk), next to the program with all the memory it wants (IE). All four are
 interleaved run by run in one invocation. Needs root (swap and cgroups).
 
 Usage: python3 bench/run_vs_kswap.py [--reps 3] [--mib 256]

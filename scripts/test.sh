@@ -208,14 +208,25 @@ if [ "$(id -u)" = 0 ]; then
   # swapoff failed: docs/design.md); then every process that swaps hangs, so the two
   # baseline runs are skipped, loudly. Only the cgroups this run creates are checked.
   cg_before=$(ls /sys/fs/cgroup/memory | grep '^attune-' | sort)
+  swaps_before=$(tail -n +2 /proc/swaps | awk '{print $1}' | sort | tr '\n' ' ')
   if check=$("$ATT" kernel-swap --check); then
     for m in memory disk; do
       expect "kernel-swap-$m" 0 "cgroup peak ([6-8][0-9]|9[0-6])\.[0-9] MiB of a 96\.0 MiB limit" "$ATT" kernel-swap --limit 96M --swap $m --swap-size 512M --swap-dir "$RT" -- "$RT/c_matrix" 128
     done
+    if [ -e /sys/class/zram-control/hot_add ]; then
+      # A run killed with SIGKILL leaves its zram device on; the next run removes it.
+      "$ATT" kernel-swap --limit 64M --swap zram --swap-size 64M -- sleep 30 >/dev/null 2>&1 &
+      ks=$!
+      for _ in $(seq 50); do ls /dev/shm/attune-zram-$ks-* >/dev/null 2>&1 && grep -q zram /proc/swaps && break; sleep 0.1; done
+      child=$(pgrep -P $ks)
+      kill -9 $ks; wait $ks 2>/dev/null
+      [ -n "$child" ] && kill -9 $child 2>/dev/null
+      expect kernel-swap-stale-zram-removed 0 "removed" sh -c "ls /dev/shm/attune-zram-$ks-* >/dev/null 2>&1 || exit 3; \"$ATT\" kernel-swap --limit 64M -- true && ! ls /dev/shm/attune-zram-* >/dev/null 2>&1 && echo removed"
+    fi
   else
     echo "SKIP kernel-swap-memory kernel-swap-disk: $check"
   fi
-  expect kernel-swap-cleaned-up 0 "clean" sh -c "! grep -q '$RT/attune-swap' /proc/swaps && [ \"\$(ls /sys/fs/cgroup/memory | grep '^attune-' | sort)\" = '$cg_before' ] && echo clean"
+  expect kernel-swap-cleaned-up 0 "clean" sh -c "[ \"\$(tail -n +2 /proc/swaps | awk '{print \$1}' | sort | tr '\\n' ' ')\" = '$swaps_before' ] && ! ls /dev/shm/attune-zram-* >/dev/null 2>&1 && [ \"\$(ls /sys/fs/cgroup/memory | grep '^attune-' | sort)\" = '$cg_before' ] && echo clean"
   if command -v setpriv >/dev/null && id nobody >/dev/null 2>&1; then
     expect kernel-swap-needs-root 2 "needs root" setpriv --reuid nobody --regid nogroup --clear-groups "$ATT" kernel-swap --limit 64M -- true
   fi

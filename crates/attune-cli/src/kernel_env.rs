@@ -1,11 +1,13 @@
 //! The kernel's own path as a baseline: a swap device and a cgroup v1 memory limit
 //! (IMME's CBE environment, and the kernel-swap rows of `attune bench`).
 //!
-//! Everything here is ours and goes away with its value (Drop): a swap file on disk or a
-//! loop device over a file in /dev/shm, switched on with `swapon` and off again, and a
+//! Everything here is ours and goes away with its value (Drop): a swap file on disk, a
+//! zram device of our own (added with zram-control's `hot_add`, never the host's zram0) or
+//! a loop device over a file in /dev/shm, switched on with `swapon` and off again, and a
 //! memory cgroup named `attune-<pid>-<n>`. Host-wide settings are never touched. A run
-//! that was killed before its cleanup leaves a swap file named `attune-swap-<pid>`;
-//! [`clean_stale`] removes those whose process is gone. Needs root.
+//! that was killed before its cleanup leaves a swap file named `attune-swap-<pid>-<n>` or a
+//! marker `/dev/shm/attune-zram-<pid>-<n>` naming its zram device; [`clean_stale`] removes
+//! those whose process is gone. Needs root.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -84,15 +86,51 @@ pub fn stuck_swap() -> Option<String> {
 pub enum Medium {
     /// A swap file on the local disk (`dir`).
     Disk,
-    /// A loop device over a file in /dev/shm: the kernel's swap path on a memory medium.
-    Memory,
+    /// A zram device of our own: the kernel's swap path on a memory medium, with no file
+    /// system or page cache under it (pages are compressed with lz4 when they compress,
+    /// stored as they are when they do not).
+    Zram,
+    /// A loop device over a locked file in /dev/shm: the same medium through the page cache
+    /// of tmpfs. It deadlocked twice on this machine kind (docs/design.md), which is why
+    /// `memory` means zram where the kernel has it.
+    Loop,
+}
+
+const ZRAM_CONTROL: &str = "/sys/class/zram-control";
+
+impl Medium {
+    /// Parses `--swap`: `disk`, `zram`, `loop`, or `memory` (zram where the kernel has it,
+    /// the loop device otherwise).
+    pub fn parse(s: &str) -> Result<Medium, String> {
+        match s {
+            "disk" => Ok(Medium::Disk),
+            "zram" => Ok(Medium::Zram),
+            "loop" => Ok(Medium::Loop),
+            "memory" if Path::new(ZRAM_CONTROL).join("hot_add").exists() => Ok(Medium::Zram),
+            "memory" => Ok(Medium::Loop),
+            _ => Err(format!(
+                "unknown swap medium '{s}' (memory, zram, loop or disk)"
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Medium::Disk => "disk",
+            Medium::Zram => "memory (zram)",
+            Medium::Loop => "memory (loop device over /dev/shm)",
+        }
+    }
 }
 
 /// An active swap device of ours.
 pub struct Swap {
+    /// The swap file (disk, loop) or the zram marker in /dev/shm.
     file: PathBuf,
     device: String,
     loop_dev: bool,
+    /// The zram device's number, for `hot_remove`.
+    zram: Option<u32>,
     /// The memory-backed file's pages, mapped and locked (address, length).
     locked: Option<(usize, usize)>,
 }
@@ -103,9 +141,12 @@ const PRIORITY: &str = "32767";
 
 impl Swap {
     pub fn new(medium: Medium, disk_dir: &Path, size: u64) -> Result<Swap, String> {
+        if medium == Medium::Zram {
+            return Swap::zram(size);
+        }
         let dir = match medium {
             Medium::Disk => disk_dir.to_path_buf(),
-            Medium::Memory => PathBuf::from("/dev/shm"),
+            _ => PathBuf::from("/dev/shm"),
         };
         let file = dir.join(format!(
             "attune-swap-{}-{}",
@@ -117,6 +158,7 @@ impl Swap {
             file: file.clone(),
             device: fs.clone(),
             loop_dev: false,
+            zram: None,
             locked: None,
         };
         // A swap file must have no holes: allocate it for real.
@@ -135,7 +177,7 @@ impl Swap {
                 ],
             )
         })?;
-        if medium == Medium::Memory {
+        if medium == Medium::Loop {
             // Lock the file's pages in memory first. Unlocked, memory pressure can swap the
             // swap device's own tmpfs pages out to that same device; the loop worker then
             // waits for a page only it could read back: a deadlock that hung every process
@@ -161,6 +203,45 @@ impl Swap {
         sh("swapon", &["-p", PRIORITY, &s.device])?;
         Ok(s)
     }
+
+    /// A zram device of our own. Its number is written to a marker in /dev/shm before
+    /// anything else can fail, so that a run killed half-way is cleaned up by the next.
+    fn zram(size: u64) -> Result<Swap, String> {
+        let control = Path::new(ZRAM_CONTROL);
+        let id: u32 = std::fs::read_to_string(control.join("hot_add"))
+            .map_err(|e| format!("{ZRAM_CONTROL}/hot_add: {e}"))?
+            .trim()
+            .parse()
+            .map_err(|e| format!("{ZRAM_CONTROL}/hot_add: {e}"))?;
+        let marker = PathBuf::from("/dev/shm").join(format!(
+            "attune-zram-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Relaxed)
+        ));
+        let s = Swap {
+            file: marker.clone(),
+            device: format!("/dev/zram{id}"),
+            loop_dev: false,
+            zram: Some(id),
+            locked: None,
+        };
+        std::fs::write(&marker, id.to_string())
+            .map_err(|e| format!("{}: {e}", marker.display()))?;
+        let sys = PathBuf::from(format!("/sys/block/zram{id}"));
+        // lz4: the cheapest compressor the kernel offers; the algorithm is set before the
+        // size (the kernel refuses it after). Where lz4 is missing the default stays.
+        let _ = std::fs::write(sys.join("comp_algorithm"), "lz4");
+        std::fs::write(sys.join("disksize"), size.to_string())
+            .map_err(|e| format!("{}/disksize: {e}", sys.display()))?;
+        sh("mkswap", &[&s.device])?;
+        sh("swapon", &["-p", PRIORITY, &s.device])?;
+        Ok(s)
+    }
+}
+
+/// Removes zram device `id` (it must be off as swap).
+fn zram_remove(id: u32) {
+    let _ = std::fs::write(Path::new(ZRAM_CONTROL).join("hot_remove"), id.to_string());
 }
 
 impl Drop for Swap {
@@ -170,6 +251,9 @@ impl Drop for Swap {
         }
         if self.loop_dev {
             let _ = sh("losetup", &["-d", &self.device]);
+        }
+        if let Some(id) = self.zram {
+            zram_remove(id);
         }
         if let Some((addr, len)) = self.locked.take() {
             let _ = attune_sys::mem::unmap(addr, len);
@@ -250,6 +334,33 @@ pub fn clean_stale(disk_dir: &Path) {
     let alive = |pid: &str| Path::new("/proc").join(pid).exists();
     let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
     let loops = sh("losetup", &["-a"]).unwrap_or_default();
+    for e in std::fs::read_dir("/dev/shm")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(rest) = name.strip_prefix("attune-zram-") else {
+            continue;
+        };
+        if alive(rest.split('-').next().unwrap_or("")) {
+            continue;
+        }
+        if let Some(id) = std::fs::read_to_string(e.path())
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+        {
+            let dev = format!("/dev/zram{id}");
+            if swaps
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(&dev))
+            {
+                let _ = sh("swapoff", &[&dev]);
+            }
+            zram_remove(id);
+        }
+        let _ = std::fs::remove_file(e.path());
+    }
     for dir in [disk_dir, Path::new("/dev/shm")] {
         for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().to_string();

@@ -102,7 +102,7 @@ const RAND_BUDGET_MB: usize = 256;
 
 fn kswap_medium(name: &str) -> Option<crate::kernel_env::Medium> {
     match name {
-        "rand-kswap-memory" => Some(crate::kernel_env::Medium::Memory),
+        "rand-kswap-memory" => crate::kernel_env::Medium::parse("memory").ok(),
         "rand-kswap-disk" => Some(crate::kernel_env::Medium::Disk),
         _ => None,
     }

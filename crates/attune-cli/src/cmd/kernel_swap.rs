@@ -1,6 +1,6 @@
 //! `attune kernel-swap`: runs a program the kernel's way at a DRAM budget: in a memory
 //! cgroup of its own limited to the budget, with a swap device of ours on a memory medium
-//! (a loop device over /dev/shm) or on disk. It is IMME's CBE environment and the
+//! (a zram device of our own, or a loop device over /dev/shm) or on disk. It is IMME's CBE environment and the
 //! baseline every "Attune vs kernel swap" figure is measured against. Needs root; the swap
 //! device and the cgroup are removed when the program ends.
 
@@ -13,8 +13,9 @@ pub struct Args {
     /// Memory limit of the program's cgroup: a size or a percentage of machine memory.
     #[arg(long, value_name = "SIZE|PERCENT", required_unless_present = "check")]
     limit: Option<String>,
-    /// Where the swap lives: memory (loop device over /dev/shm) or disk.
-    #[arg(long, default_value = "memory", value_parser = ["memory", "disk"])]
+    /// Where the swap lives: memory (a zram device of ours where the kernel has zram, else
+    /// loop), zram, loop (a loop device over a file in /dev/shm) or disk.
+    #[arg(long, default_value = "memory", value_parser = ["memory", "zram", "loop", "disk"])]
     swap: String,
     /// Size of the swap device.
     #[arg(long, default_value = "4G")]
@@ -64,10 +65,9 @@ pub fn run(a: Args) -> i32 {
         return fail(&format!("cannot set up kernel swap: {why}"));
     }
     kernel_env::clean_stale(&a.swap_dir);
-    let medium = if a.swap == "disk" {
-        Medium::Disk
-    } else {
-        Medium::Memory
+    let medium = match Medium::parse(&a.swap) {
+        Ok(m) => m,
+        Err(e) => return fail(&e),
     };
     let swap = match Swap::new(medium, &a.swap_dir, swap_size) {
         Ok(s) => s,
@@ -108,7 +108,7 @@ pub fn run(a: Args) -> i32 {
                 },
                 human(peak),
                 human(limit),
-                a.swap,
+                medium.name(),
                 min1 - min0,
                 maj1 - maj0
             );
