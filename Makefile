@@ -29,7 +29,7 @@ stage:
 	@cp --remove-destination $(REL)/attune $(REL)/attuned $(PREFIX)/bin/
 	@mkdir -p $(PREFIX)/share/attune/python && cp -r python/attune_usage $(PREFIX)/share/attune/python/
 	@cp python/attune_plots.py $(PREFIX)/share/attune/python/
-	@mkdir -p $(PREFIX)/share/attune/bench && cp -r bench/imme.py bench/workloads $(PREFIX)/share/attune/bench/
+	@mkdir -p $(PREFIX)/share/attune/bench && cp -r bench/imme.py bench/fig7.py bench/workloads $(PREFIX)/share/attune/bench/
 	@rm -rf $(PREFIX)/share/attune/python/attune_usage/__pycache__
 	@sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' packaging/attune.pc.in > $(PREFIX)/lib/pkgconfig/attune.pc
 	@sed -e 's|@VERSION@|$(VERSION)|' packaging/AttuneConfig.cmake.in > $(PREFIX)/lib/cmake/Attune/AttuneConfig.cmake

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <string.h>
 #include <fcntl.h>
+#include <signal.h>
 #include "check.h"
 
 static void run(int mode) {
@@ -37,6 +38,13 @@ static void run(int mode) {
 }
 int main(void) {
     run(ATTUNE_FAULT_THREAD);
+    run(ATTUNE_FAULT_SIGNAL);
+    /* A thread with a small alternate signal stack, as Rust's std and Python's faulthandler
+     * give theirs: the faults (and the evictions they do) must not run on it. They did,
+     * and overflowed it (SIGSEGV in the eviction path of a Rust program). */
+    static char alt[8192];
+    stack_t ss = { .ss_sp = alt, .ss_size = sizeof alt, .ss_flags = 0 };
+    CHECK(sigaltstack(&ss, NULL) == 0, "sigaltstack");
     run(ATTUNE_FAULT_SIGNAL);
     CHECK_DONE();
 }

@@ -6,7 +6,9 @@
 //! is called, or the default action (core dump) happens as if Attune were not there.
 //!
 //! The handler runs with every signal blocked (`sa_mask` full), so an application
-//! handler can never interrupt it and fault on managed memory re-entrantly.
+//! handler can never interrupt it and fault on managed memory re-entrantly, and on the
+//! faulting thread's own stack, never an alternate signal stack (too small for eviction):
+//! so signal-delivery memory must not be a thread's stack.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -59,7 +61,11 @@ pub fn install(resolver: Resolver) -> crate::SysResult<()> {
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_sigbus as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
+        // Not SA_ONSTACK: resolving a fault may evict (direct reclaim through a far tier),
+        // which needs more stack than the small alternate stacks that Rust's std and
+        // Python's faulthandler give each thread (8 KiB; overflowed here). The handler
+        // runs on the faulting thread's own stack, like the function it interrupted.
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
         libc::sigfillset(&mut sa.sa_mask);
         let mut old: libc::sigaction = std::mem::zeroed();
         if libc::sigaction(libc::SIGBUS, &sa, &mut old) != 0 {

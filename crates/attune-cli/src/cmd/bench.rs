@@ -8,7 +8,8 @@
 //! Then IMME's evaluation (`bench/imme.py`: nine verified workflows in the environments
 //! IE, CBE-mem, CBE-disk, TME and IMME), unless `--core-only`: by default two runs each
 //! with runs stopped at 20x their IE time (the default suite stays within 10 minutes on
-//! 2 cores), with `--full` three runs, no cut, the Figure 6 and chunk-size sweeps.
+//! 2 cores), with `--full` three runs, no cut, the Figure 6 and chunk-size sweeps, and
+//! Figure 7 (`bench/fig7.py`: co-located workflows, DRAM divided by allocation policy).
 
 use attune::runtime;
 use attune_sys::{mem, os, uffd};
@@ -17,7 +18,8 @@ use std::process::Command;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Also run the longer scenarios.
+    /// Also run the longer scenarios: three runs each, no cut, Figure 6 and the chunk-size
+    /// sweep, Figure 7 (co-located workflows).
     #[arg(long)]
     full: bool,
     /// Only scenarios whose name contains this text.
@@ -59,34 +61,52 @@ fn scale() -> usize {
 const SCALE_VAR: &str = "ATTUNE_BENCH_SCALE";
 
 /// Runs IMME's evaluation harness (`imme.py`, staged in share/attune/bench, or the source
-/// tree's bench/) with this `attune`. Returns its exit status.
+/// tree's bench/) with this `attune`, and with `--full` Figure 7 (`fig7.py`: co-located
+/// workflows, DRAM by allocation policy). Returns the first failing exit status.
 fn imme(a: &Args) -> i32 {
+    let mut args: Vec<String> = vec!["--out".into(), a.out.display().to_string()];
+    if a.full {
+        args.extend(["--reps", "3", "--sweep", "--chunks"].map(String::from));
+    } else {
+        args.extend(["--reps", "2", "--max-slowdown", "20"].map(String::from));
+    }
+    if let Some(w) = &a.workloads {
+        args.extend(["--only".into(), w.clone()]);
+    }
+    if let Some(e) = &a.envs {
+        args.extend(["--envs".into(), e.clone()]);
+    }
+    let rc = harness("imme.py", "IMME's evaluation", &args);
+    if !a.full {
+        return rc;
+    }
+    let fig7 = harness(
+        "fig7.py",
+        "Figure 7, co-located workflows",
+        &["--out".into(), a.out.display().to_string(), "--reps".into(), "3".into()],
+    );
+    if rc != 0 {
+        rc
+    } else {
+        fig7
+    }
+}
+
+/// Runs one script of the harness (share/attune/bench, or the source tree's bench/).
+fn harness(name: &str, what: &str, args: &[String]) -> i32 {
     let Some(script) = super::python::dir()
-        .map(|d| d.join("../bench/imme.py"))
+        .map(|d| d.join("../bench").join(name))
         .filter(|p| p.is_file())
     else {
-        eprintln!(
-            "attune bench: IMME's harness (bench/imme.py) is not installed next to this attune"
-        );
+        eprintln!("attune bench: {what} (bench/{name}) is not installed next to this attune");
         return 2;
     };
     let mut cmd = Command::new(super::python::interpreter());
-    cmd.arg(&script).arg("--out").arg(&a.out);
-    if a.full {
-        cmd.args(["--reps", "3", "--sweep", "--chunks"]);
-    } else {
-        cmd.args(["--reps", "2", "--max-slowdown", "20"]);
-    }
-    if let Some(w) = &a.workloads {
-        cmd.arg("--only").arg(w);
-    }
-    if let Some(e) = &a.envs {
-        cmd.arg("--envs").arg(e);
-    }
+    cmd.arg(&script).args(args);
     if let Ok(exe) = std::env::current_exe() {
         cmd.env("ATTUNE_BIN", exe);
     }
-    eprintln!("\nIMME's evaluation: {}", script.display());
+    eprintln!("\n{what}: {}", script.display());
     match cmd.status() {
         Ok(s) => s.code().unwrap_or(1),
         Err(e) => {
