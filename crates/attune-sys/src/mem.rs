@@ -334,24 +334,6 @@ pub fn map_file_shared_ro(fd: &OwnedFd, len: usize) -> SysResult<usize> {
     raw_mmap(0, len, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0)
 }
 
-/// Asks the kernel to read `len` bytes at `off` of a file into the page cache in the
-/// background (POSIX_FADV_WILLNEED): it submits the reads and returns without waiting for
-/// them. Signal-safe (one system call, no user memory read or written).
-pub fn prefetch_file(fd: &OwnedFd, off: u64, len: u64) -> SysResult<()> {
-    // SAFETY: posix_fadvise on a descriptor the caller owns; no memory is passed.
-    match unsafe {
-        libc::posix_fadvise(
-            fd.as_raw_fd(),
-            off as libc::off_t,
-            len as libc::off_t,
-            libc::POSIX_FADV_WILLNEED,
-        )
-    } {
-        0 => Ok(()),
-        e => Err(Errno(e)),
-    }
-}
-
 /// Drops a file's clean pages from the page cache (POSIX_FADV_DONTNEED), after fsync.
 pub fn drop_file_cache(fd: &OwnedFd) -> SysResult<()> {
     // SAFETY: fsync and posix_fadvise on a descriptor the caller owns.

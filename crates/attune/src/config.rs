@@ -80,7 +80,6 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "fault_mode", env: "ATTUNE_FAULT_MODE", default: "thread", suggested: "thread; signal for compute kernels whose managed buffers never reach system calls", doc: "How faults are resolved: thread (handler thread) or signal (the faulting thread, SIGBUS)" },
     OptionDoc { key: "chunk_size", env: "ATTUNE_CHUNK_SIZE", default: "4K", suggested: "4K for random access, 64K-1M for streaming", doc: "Default unit of placement and movement, a power of two from 4K to 2M" },
     OptionDoc { key: "readahead", env: "ATTUNE_READAHEAD", default: "1M", suggested: "1M; 0 disables", doc: "Largest read-ahead window on sequential faults" },
-    OptionDoc { key: "prefetch", env: "ATTUNE_PREFETCH", default: "4M", suggested: "4M; 8M-16M on a striped or network file system; 0 disables", doc: "How far beyond a sequential fault's read-ahead run a file tier is asked to read in the background (the kernel's page cache, several reads in flight)" },
     OptionDoc { key: "headroom", env: "ATTUNE_HEADROOM", default: "2%", suggested: "2%-5% of the budget, at least a few MiB", doc: "Free DRAM the background evictor keeps, as a size or a percentage of the budget" },
     OptionDoc { key: "evict_batch", env: "ATTUNE_EVICT_BATCH", default: "64", suggested: "64", doc: "Chunks evicted per batch (one move per contiguous run)" },
     OptionDoc { key: "move_limit", env: "ATTUNE_MOVE_LIMIT", default: "0", suggested: "0 (none); 1G a second beside latency-sensitive jobs on a shared node", doc: "Most bytes a second this process moves between tiers (fetches and evictions); the node daemon may set a lower one; 0 = no limit" },
@@ -193,8 +192,6 @@ pub struct Config {
     pub fault_mode: FaultMode,
     pub chunk_size: usize,
     pub readahead: usize,
-    /// Bytes a sequential stream asks a file tier to read ahead in the background.
-    pub prefetch: usize,
     pub headroom: u64,
     pub evict_batch: usize,
     /// Bytes a second moved between tiers at most (0: none).
@@ -224,7 +221,6 @@ struct FileConfig {
     fault_mode: Option<FaultMode>,
     chunk_size: Option<String>,
     readahead: Option<String>,
-    prefetch: Option<String>,
     headroom: Option<String>,
     evict_batch: Option<u64>,
     inactive_share: Option<u64>,
@@ -413,7 +409,6 @@ pub fn load(
     )? as usize;
     validate_chunk(chunk_size).map_err(|e| err("chunk_size", "ATTUNE_CHUNK_SIZE", None, e))?;
     let readahead = size_opt("readahead", "ATTUNE_READAHEAD", fc.readahead.clone(), "1M")? as usize;
-    let prefetch = size_opt("prefetch", "ATTUNE_PREFETCH", fc.prefetch.clone(), "4M")? as usize;
     let move_limit = size_opt(
         "move_limit",
         "ATTUNE_MOVE_LIMIT",
@@ -714,7 +709,6 @@ pub fn load(
         fault_mode,
         chunk_size,
         readahead,
-        prefetch,
         headroom,
         evict_batch: evict_batch as usize,
         inactive_share,

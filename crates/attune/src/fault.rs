@@ -11,8 +11,7 @@
 //!
 //! Resolution of chunk c:
 //! 1. claim c by CAS Fresh/Far -> Fetching (others wait on Fetching/Evicting);
-//! 2. extend the claim ahead on sequential faults (read-ahead, same source only), and ask
-//!    a tier that gains from it to read the windows beyond in the background;
+//! 2. extend the claim ahead on sequential faults (read-ahead, same source only);
 //! 3. reserve DRAM: over the budget, evict synchronously (direct reclaim);
 //! 4. place the run: zero-fill (Fresh) or load from its tier (Far), one ioctl per run;
 //! 5. publish Resident with the class and credit the replacement policy gives its arrival
@@ -67,9 +66,6 @@ pub fn resolve(e: &Engine, r: &Region, addr: usize) {
     match claim(r, c, true) {
         Some(Claim::Owned(src, tier)) => {
             let n = 1 + readahead(e, r, c, src, tier);
-            if n > 1 && src == Where::Far {
-                prefetch_beyond(e, r, c + n, n, tier);
-            }
             place_run(e, r, c, n, src, tier);
         }
         Some(Claim::Resident) | None => {
@@ -132,26 +128,6 @@ fn readahead(e: &Engine, r: &Region, c: usize, src: Where, tier: usize) -> usize
         r.counters.readahead_chunks.fetch_add(got as u64, Relaxed);
     }
     got
-}
-
-/// A sequential stream is being fetched from `tier`: asks the tier to start reading the
-/// `prefetch` bytes from chunk `from` on (past the run of `n` chunks this thread is about
-/// to load), in the background. The file tier hands it to the kernel's page cache, which
-/// keeps several reads in flight while this one is served; chunks that are not in the
-/// tier are read for nothing, which costs disk time, never correctness.
-fn prefetch_beyond(e: &Engine, r: &Region, from: usize, n: usize, tier: usize) {
-    let Some(t) = e.tiers.get(tier) else { return };
-    let ahead = (e.cfg.prefetch / r.chunk).max(n);
-    if e.cfg.prefetch == 0 {
-        return;
-    }
-    let end = (from + ahead).min(r.chunks());
-    if end > from {
-        t.prefetch(
-            r.slots[tier] + (from * r.chunk) as u64,
-            (end - from) * r.chunk,
-        );
-    }
 }
 
 /// Reserves DRAM for `bytes`, evicting synchronously when the budget is exceeded.

@@ -6,8 +6,7 @@
 //! before the move and is written out, or faults and waits) and writes them at the chunk's
 //! offset, unless the file already holds identical content (a content hash recorded when
 //! the chunk was last written or read, see docs/design.md "Dirty pages"). A fetch reads
-//! into a bounce buffer and copies into the region; a sequential stream of fetches asks
-//! the kernel to read the next windows ahead into the page cache ([`FileTier::prefetch`]).
+//! into a bounce buffer and copies into the region.
 
 use crate::config::TierConfig;
 use attune_sys::uffd::Uffd;
@@ -17,8 +16,6 @@ use std::sync::atomic::{AtomicI32, Ordering::AcqRel};
 
 pub struct FileTier {
     fd: OwnedFd,
-    /// Opened with O_DIRECT: reads bypass the page cache, so the kernel cannot read ahead.
-    direct: bool,
     /// The file prepared for a child during a fork (-1: none).
     child_file: AtomicI32,
 }
@@ -93,7 +90,6 @@ impl FileTier {
         }
         Ok(FileTier {
             fd,
-            direct,
             child_file: AtomicI32::new(-1),
         })
     }
@@ -169,15 +165,6 @@ impl FileTier {
 
     pub fn discard(&self, off: u64, len: usize) {
         let _ = mem::punch_hole(&self.fd, off, len as u64);
-    }
-
-    /// Starts reading `len` bytes at `off` into the page cache in the background, so that
-    /// the loads of a sequential stream find them there (the kernel keeps several reads in
-    /// flight; our own loads are one at a time per faulting thread). Nothing with O_DIRECT.
-    pub fn prefetch(&self, off: u64, len: usize) {
-        if !self.direct {
-            let _ = mem::prefetch_file(&self.fd, off, len as u64);
-        }
     }
 }
 

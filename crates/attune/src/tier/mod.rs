@@ -277,15 +277,6 @@ impl FarTier {
         c.peak_stored.store(c.stored.load(Relaxed), Relaxed);
     }
 
-    /// Starts reading slot range `off..off+len` ahead, in the background, where the medium
-    /// gains from it (a buffered file: the kernel's page cache; memory needs none).
-    /// Signal-safe.
-    pub fn prefetch(&self, off: u64, len: usize) {
-        if let Backend::File(f) = &self.backend {
-            f.prefetch(off, len);
-        }
-    }
-
     /// Drops the stored copy of a slot range (region freed or chunk discarded).
     pub fn discard(&self, off: u64, len: usize) {
         match &self.backend {
