@@ -347,3 +347,33 @@ pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
+
+/// `membarrier(2)` commands used here (linux/membarrier.h).
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+
+/// Registers this process (its mm; a forked child must register again) for
+/// [`membarrier_private_expedited`]. False where the kernel or a seccomp filter refuses it.
+pub fn membarrier_register() -> bool {
+    // SAFETY: membarrier takes no pointers.
+    unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+            0,
+            0,
+        ) == 0
+    }
+}
+
+/// Makes every running thread of this process execute a full memory barrier before it
+/// returns (IPIs to the CPUs running them): the slow side of an asymmetric fence, whose
+/// fast side needs only a compiler barrier. Signal-safe.
+pub fn membarrier_private_expedited() -> crate::SysResult<()> {
+    // SAFETY: as above.
+    if unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) } == 0 {
+        Ok(())
+    } else {
+        Err(crate::Errno::last())
+    }
+}

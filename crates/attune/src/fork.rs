@@ -26,6 +26,7 @@
 
 use crate::engine::Engine;
 use crate::region::{Where, SHARED};
+use crate::thread_gate::ThreadGate;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
@@ -127,7 +128,7 @@ static ADOPTED_OK: AtomicBool = AtomicBool::new(false);
 static CHILD_HASHES_HOLD: AtomicBool = AtomicBool::new(true);
 
 /// atfork prepare: quiesce the runtime; make the child's tier files.
-pub(crate) fn prepare(e: Option<&Engine>, small: Option<&Gate>) {
+pub(crate) fn prepare(e: Option<&Engine>, small: Option<&ThreadGate>) {
     let mask = attune_sys::os::block_signals_saving();
     *SAVED_MASK.lock().unwrap_or_else(|p| p.into_inner()) = Some(mask);
     // Small allocations first: they touch arena pages whose faults need the engine.
@@ -170,7 +171,7 @@ fn restore_mask() {
 }
 
 /// atfork parent: pages are now shared with the child; open the gates.
-pub(crate) fn parent(e: Option<&Engine>, small: Option<&Gate>) {
+pub(crate) fn parent(e: Option<&Engine>, small: Option<&ThreadGate>) {
     if let Some(e) = e {
         for t in &e.tiers {
             t.after_fork_in_parent();
@@ -186,7 +187,7 @@ pub(crate) fn parent(e: Option<&Engine>, small: Option<&Gate>) {
 
 /// atfork child: take the runtime over (once per process; later calls return the first
 /// outcome). Returns whether the child's managed memory is served.
-pub(crate) fn child(e: Option<&'static Engine>, small: Option<&Gate>) -> bool {
+pub(crate) fn child(e: Option<&'static Engine>, small: Option<&ThreadGate>) -> bool {
     let pid = std::process::id();
     if ADOPTED_PID.load(Acquire) == pid {
         return ADOPTED_OK.load(Acquire);

@@ -27,6 +27,7 @@ pub mod runtime;
 pub mod sample;
 pub mod size;
 pub mod small;
+pub mod thread_gate;
 pub mod tier;
 pub mod tmm;
 pub mod topology;

@@ -62,7 +62,10 @@ pub fn last_error() -> String {
 }
 
 /// The parts of the runtime a fork must quiesce: the engine and the small allocator's gate.
-fn fork_parts() -> (Option<&'static Engine>, Option<&'static crate::fork::Gate>) {
+fn fork_parts() -> (
+    Option<&'static Engine>,
+    Option<&'static crate::thread_gate::ThreadGate>,
+) {
     let fast = FAST.load(Acquire);
     if fast == 0 {
         return (None, None);

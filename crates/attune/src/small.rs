@@ -36,8 +36,9 @@ pub struct SmallAllocator {
     hi: AtomicU64,
     secret: u64,
     /// Allocations and frees run inside it (they touch arena pages and mimalloc's state);
-    /// a fork closes it before the engine's gate (`crate::fork`).
-    pub gate: crate::fork::Gate,
+    /// a fork closes it before the engine's gate (`crate::fork`). Per-thread flags instead
+    /// of a shared count: it is on the path of every small allocation and free.
+    pub gate: crate::thread_gate::ThreadGate,
 }
 
 impl SmallAllocator {
@@ -50,7 +51,7 @@ impl SmallAllocator {
             lo: AtomicU64::new(u64::MAX),
             hi: AtomicU64::new(0),
             secret: secret | 1,
-            gate: crate::fork::Gate::new(),
+            gate: crate::thread_gate::ThreadGate::new(),
         }
     }
 
