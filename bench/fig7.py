@@ -81,7 +81,7 @@ def group(cmds, envs):
 
 class Daemon:
     """attuned on a private socket with the node's DRAM pool. Its status is sampled every
-    0.25 s: the DRAM each workflow was granted (median and peak over the samples that
+    0.1 s: the DRAM each workflow was granted (median and peak over the samples that
     listed it) says what the policy did."""
 
     def __init__(self, tmp, pool):
@@ -102,7 +102,7 @@ class Daemon:
         self.sampler.start()
 
     def sample(self):
-        while not self.done.wait(0.25):
+        while not self.done.wait(0.1):
             r = subprocess.run([imme.ATT, "status", "--json", "--socket", self.sock], capture_output=True, text=True)
             if r.returncode != 0:
                 continue
@@ -194,7 +194,7 @@ def markdown(res, cmdline):
     dram_pols = [p for p in pols if p != "kernel"]
     if dram_pols:
         lines += ["", "DRAM each workflow's managed memory was given (MiB; default and attuned: median of the "
-                  "daemon's grants sampled every 0.25 s; uniform: its fixed budget):", "",
+                  "daemon's grants sampled every 0.1 s; uniform: its fixed budget):", "",
                   "| workflow | " + " | ".join(dram_pols) + " |", "|---|" + "---|" * len(dram_pols)]
         for w in res["workflows"]:
             cells = []

@@ -99,29 +99,49 @@ def run_wait4(cmd, env=None, limit=None):
     t = time.perf_counter()
     with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
         p = subprocess.Popen(cmd, stdout=fo, stderr=fe, env=env)
-        cut = False
-        if limit:
-            # Poll (5 ms) so the run can be stopped; wait4 reaps it with its own rusage.
-            kill_at = None
-            while True:
-                pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-                if pid:
-                    break
-                now = time.perf_counter()
-                if not cut and now - t > limit:
-                    cut = True
-                    p.send_signal(signal.SIGTERM)
-                    kill_at = now + 30
-                elif kill_at and now > kill_at:
-                    p.kill()
-                    kill_at = None
-                time.sleep(0.005)
-        else:
-            _, status, ru = os.wait4(p.pid, 0)
+        try:
+            status, ru, cut = wait_run(p, t, limit)
+        except BaseException:
+            # The harness is being interrupted: stop the run (attune run and attune
+            # kernel-swap clean up on SIGTERM) before the partial results are written.
+            p.terminate()
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            raise
         p.returncode = os.waitstatus_to_exitcode(status)
         fo.seek(0)
         fe.seek(0)
         out, err = fo.read(), fe.read()
+    return finish_run(p, t, before, out, err, ru, cut)
+
+
+def wait_run(p, t, limit):
+    """Reaps p with its own rusage; past `limit` seconds, SIGTERM then SIGKILL 30 s later."""
+    if not limit:
+        _, status, ru = os.wait4(p.pid, 0)
+        return status, ru, False
+    # Poll (5 ms) so the run can be stopped; wait4 reaps it with its own rusage.
+    cut = False
+    kill_at = None
+    while True:
+        pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            return status, ru, cut
+        now = time.perf_counter()
+        if not cut and now - t > limit:
+            cut = True
+            p.send_signal(signal.SIGTERM)
+            kill_at = now + 30
+        elif kill_at and now > kill_at:
+            p.kill()
+            kill_at = None
+        time.sleep(0.005)
+
+
+def finish_run(p, t, before, out, err, ru, cut):
     wall = time.perf_counter() - t
     after = vmstat()
     line = next((l for l in out.decode().splitlines() if l.startswith("RESULT ")), "")
@@ -133,7 +153,11 @@ def run_wait4(cmd, env=None, limit=None):
     if m:
         wall, minflt, majflt = float(m.group(1)), int(m.group(2)), int(m.group(3))
     ok = p.returncode == 0 and " OK " in line and not cut
+    # `attune kernel-swap` could not set up its swap device or cgroup (not enough disk for
+    # the swap file, ...): the environment is missing, the workflow did not fail.
+    setup = re.search(r"attune kernel-swap: (?:swap|cgroup|cannot set up kernel swap): (.*)", err.decode())
     return {
+        "setup_failed": setup.group(1).strip() if setup and p.returncode == 2 else None,
         "wall": wall, "ok": ok, "exit": p.returncode, "result": line, "cut": cut,
         "maxrss": ru.ru_maxrss * 1024, "majflt": majflt, "minflt": minflt,
         "pswpin": after["pswpin"] - before["pswpin"], "pswpout": after["pswpout"] - before["pswpout"],
@@ -201,8 +225,8 @@ def measure(envname, prog, total, managed, flags, reps, bar, label, chunk=None, 
         else:
             r["moved_pages"] = r["pswpin"] + r["pswpout"] if envname.startswith("CBE") else 0
         runs.append(r)
-        if r["cut"]:
-            # One cut run says enough: the others would be cut too.
+        if r["cut"] or r.get("setup_failed"):
+            # One cut run (or a missing environment) says enough: the others would be too.
             bar.update(reps - len(runs) + 1)
             break
         bar.update()
@@ -217,6 +241,7 @@ def measure(envname, prog, total, managed, flags, reps, bar, label, chunk=None, 
         # The kernel's OOM killer (SIGKILL), as the paper's "would otherwise crash".
         "oom_killed": any(not r["ok"] and not r["cut"] and (r["exit"] == -9 or "signal 9" in r["stderr"]) for r in runs),
         "cut": any(r["cut"] for r in runs),
+        "setup_failed": next((r["setup_failed"] for r in runs if r.get("setup_failed")), None),
     }
 
 
@@ -318,6 +343,8 @@ def markdown(res, cmdline):
          f"{int(res['outside'] * 100)}% of each footprint outside DRAM). Time normalized to IE; "
          "OOM-killed: the kernel killed the program in its cgroup; FAILED: a wrong result or a crash"
          + (f"; cut: stopped at {res['max_slowdown']:g}x the IE time" if res.get("max_slowdown") else "") + ".\n",
+         ] + ([f"**Interrupted**: partial results, {len(res['workloads'])} of {res['selected']} workflows "
+               "measured before the run was stopped.\n"] if res.get("interrupted") else []) + [
          "| workflow | flags | footprint | budget | " + " | ".join(ENVS) + " | IMME vs CBE-mem | IMME vs TME |",
          "|---|---|---|---|" + "---|" * len(ENVS) + "---|---|"]
     for w, r in res["workloads"].items():
@@ -325,7 +352,9 @@ def markdown(res, cmdline):
         cells = []
         for n in ENVS:
             x = e.get(n)
-            if x and x.get("oom_killed"):
+            if x and x.get("setup_failed"):
+                cells.append("n/a (set-up)")
+            elif x and x.get("oom_killed"):
                 cells.append("OOM-killed")
             elif x and x.get("cut"):
                 cells.append(f"> {res['max_slowdown']:g} (cut)")
@@ -338,6 +367,10 @@ def markdown(res, cmdline):
             return "-"
         s.append(f"| {r['title']} | {r['flags']} | {r['footprint'] >> 20} MiB | {r['budget'] >> 20} MiB | "
                  + " | ".join(cells) + f" | {ratio('IMME', 'CBE-mem')} | {ratio('IMME', 'TME')} |")
+    missing = sorted({f"{n}: {x['setup_failed']}" for r in res["workloads"].values()
+                      for n, x in r["envs"].items() if x.get("setup_failed")})
+    if missing:
+        s.append("\nn/a (set-up): the environment could not be set up (" + "; ".join(missing) + ").")
     s.append("\nFaults and pages moved (medians; Figure 9):\n")
     s.append("| workflow | " + " | ".join(f"{n} major/minor/moved" for n in ENVS[1:]) + " |")
     s.append("|---|" + "---|" * (len(ENVS) - 1))
@@ -409,8 +442,11 @@ def main():
         + len(chunk_sel) * len(chunk_sizes) * a.reps
     bar = progress(total)
     res = {"date": time.strftime("%Y-%m-%d"), "reps": a.reps, "outside": a.outside, "max_slowdown": a.max_slowdown,
-           "machine": {"cpus": os.cpu_count()}, "workloads": {}}
+           "machine": {"cpus": os.cpu_count()}, "workloads": {}, "selected": len(sel)}
     failed = 0
+    # SIGTERM (a batch system's time limit, a cancelled job) stops it like Ctrl-C: the run
+    # in flight is stopped and what was measured is written, marked as partial.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         for name, title, kind, src, sizes, flags in sel:
             size = sizes[1] if a.quick else sizes[0]
@@ -459,6 +495,10 @@ def main():
                     m = measure("TME", prog, r["budget"], r["managed_budget"], flags, a.reps, bar, f"{name} {c}", chunk=c)
                     pts.append({"chunk": c, "normalized": m["median"] / ie if m["ok"] else float("nan")})
                 res["chunks"][name] = pts
+    except KeyboardInterrupt:
+        res["interrupted"] = True
+        print(f"\ninterrupted: writing the partial results ({len(res['workloads'])} of {len(sel)} workflows)",
+              file=sys.stderr)
     finally:
         bar.close()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -471,7 +511,9 @@ def main():
     made = plots(res, a.out, res.get("sweep"), res.get("chunks"))
     print(md)
     print(f"wrote {a.out}/imme.json, {a.out}/imme.md" + ("".join(f", {os.path.basename(m)}" for m in made)))
-    if a.update_docs:
+    if a.update_docs and res.get("interrupted"):
+        print("docs/benchmarks.md not updated: the run was interrupted", file=sys.stderr)
+    elif a.update_docs:
         p = os.path.join(ROOT, "docs", "benchmarks.md")
         with open(p) as f:
             doc = f.read()
@@ -485,7 +527,7 @@ def main():
         for e, x in r["envs"].items():
             if not x["ok"]:
                 print(f"{w} {e}: FAILED {x['result']} {''.join(x['errors'])[-400:]}", file=sys.stderr)
-    sys.exit(1 if failed else 0)
+    sys.exit(130 if res.get("interrupted") else 1 if failed else 0)
 
 
 if __name__ == "__main__":

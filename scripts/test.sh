@@ -231,6 +231,7 @@ if [ "$(id -u)" = 0 ]; then
     expect kernel-swap-needs-root 2 "needs root" setpriv --reuid nobody --regid nogroup --clear-groups "$ATT" kernel-swap --limit 64M -- true
   fi
   expect kernel-swap-bad-limit 2 "--limit lots" "$ATT" kernel-swap --limit lots -- true
+  expect kernel-swap-disk-too-small 2 "not enough free space in $RT" "$ATT" kernel-swap --limit 64M --swap disk --swap-size 100T --swap-dir "$RT" -- true
 fi
 if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
   cp "$RT/crash" "$RT/crash_setuid" && chown nobody "$RT/crash_setuid" && chmod 4755 "$RT/crash_setuid"

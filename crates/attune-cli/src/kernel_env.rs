@@ -129,6 +129,8 @@ pub struct Swap {
     file: PathBuf,
     device: String,
     loop_dev: bool,
+    /// Switched on (`swapon` succeeded): only then is it switched off again.
+    on: bool,
     /// The zram device's number, for `hot_remove`.
     zram: Option<u32>,
     /// The memory-backed file's pages, mapped and locked (address, length).
@@ -148,6 +150,17 @@ impl Swap {
             Medium::Disk => disk_dir.to_path_buf(),
             _ => PathBuf::from("/dev/shm"),
         };
+        // Say so before writing gigabytes that cannot fit (and leave 256 MiB to others).
+        if let Ok(free) = attune_sys::os::fs_available(&dir) {
+            if free < size.saturating_add(256 << 20) {
+                return Err(format!(
+                    "not enough free space in {} for a {} swap file ({} free; --swap-size or --swap-dir)",
+                    dir.display(),
+                    attune::size::human(size),
+                    attune::size::human(free)
+                ));
+            }
+        }
         let file = dir.join(format!(
             "attune-swap-{}-{}",
             std::process::id(),
@@ -158,6 +171,7 @@ impl Swap {
             file: file.clone(),
             device: fs.clone(),
             loop_dev: false,
+            on: false,
             zram: None,
             locked: None,
         };
@@ -201,6 +215,7 @@ impl Swap {
         }
         sh("mkswap", &[&s.device])?;
         sh("swapon", &["-p", PRIORITY, &s.device])?;
+        s.on = true;
         Ok(s)
     }
 
@@ -218,10 +233,11 @@ impl Swap {
             std::process::id(),
             SEQ.fetch_add(1, Relaxed)
         ));
-        let s = Swap {
+        let mut s = Swap {
             file: marker.clone(),
             device: format!("/dev/zram{id}"),
             loop_dev: false,
+            on: false,
             zram: Some(id),
             locked: None,
         };
@@ -235,6 +251,7 @@ impl Swap {
             .map_err(|e| format!("{}/disksize: {e}", sys.display()))?;
         sh("mkswap", &[&s.device])?;
         sh("swapon", &["-p", PRIORITY, &s.device])?;
+        s.on = true;
         Ok(s)
     }
 }
@@ -246,8 +263,10 @@ fn zram_remove(id: u32) {
 
 impl Drop for Swap {
     fn drop(&mut self) {
-        if let Err(e) = sh("swapoff", &[&self.device]) {
-            eprintln!("attune: warning: {e}");
+        if self.on {
+            if let Err(e) = sh("swapoff", &[&self.device]) {
+                eprintln!("attune: warning: {e}");
+            }
         }
         if self.loop_dev {
             let _ = sh("losetup", &["-d", &self.device]);
