@@ -37,7 +37,7 @@ fi
 echo "== native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"
-for t in smoke integrity errors stress fork_exec fork_inherit signal_mode small config_error fallback protect; do
+for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small config_error fallback protect; do
   gcc $CFLAGS tests/c/$t.c -o "$OUT/$t" $LIBS || { fail=$((fail+1)); failed+=("build-$t"); }
 done
 g++ -O2 -std=c++17 $(pkg-config --cflags attune) tests/cpp/threads.cpp -o "$OUT/cpp_threads" $LIBS || { fail=$((fail+1)); failed+=(build-cpp); }
@@ -76,6 +76,18 @@ run fork_exec "$OUT/fork_exec"
 # A forked child reads and writes the managed memory it inherited (memory and file tiers).
 run fork-inherit-memory "$OUT/fork_inherit"
 ATTUNE_CONFIG="$OUT/file.toml" run fork-inherit-file "$OUT/fork_inherit"
+# A child that cannot take the runtime over fails loudly; the parent is intact: the
+# prepare handler fails (default tiers: no descriptor for the file tier's copy), or the
+# child does (memory tier only: no descriptor for its userfaultfds).
+run fork-abandon-prepare "$OUT/fork_abandon"
+cat > "$OUT/mem.toml" <<TOML
+dram = "16M"
+[[tier]]
+name = "far"
+kind = "memory"
+capacity = "1G"
+TOML
+ATTUNE_CONFIG="$OUT/mem.toml" run fork-abandon-child "$OUT/fork_abandon"
 run signal_mode "$OUT/signal_mode"
 run small "$OUT/small"
 ATTUNE_CONFIG="$OUT/file.toml" run small-file-tier "$OUT/small"
