@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -302,6 +303,7 @@ def main():
                 bar.update()
     finally:
         bar.close()
+        shutil.rmtree(tmp, ignore_errors=True)
     res = {"date": time.strftime("%Y-%m-%d"), "reps": a.reps, "outside": a.outside, "node_mib": node >> 20,
            "pool_mib": pool >> 20, "policies": pols, "workflows": [], "totals": {}}
     failed = 0
