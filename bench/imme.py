@@ -340,8 +340,8 @@ def plots(res, out, sweep, chunks):
 
 def markdown(res, cmdline):
     s = [f"Reproduce: `{cmdline}` ({res['date']}, {res['reps']} runs each, median; "
-         f"{int(res['outside'] * 100)}% of each footprint outside DRAM). Time normalized to IE; "
-         "OOM-killed: the kernel killed the program in its cgroup; FAILED: a wrong result or a crash"
+         f"{int(res['outside'] * 100)}% of each footprint outside DRAM). Time normalized to IE "
+         "(min-max of the runs); OOM-killed: the kernel killed the program in its cgroup; FAILED: a wrong result or a crash"
          + (f"; cut: stopped at {res['max_slowdown']:g}x the IE time" if res.get("max_slowdown") else "") + ".\n",
          ] + ([f"**Interrupted**: partial results, {len(res['workloads'])} of {res['selected']} workflows "
                "measured before the run was stopped.\n"] if res.get("interrupted") else []) + [
@@ -358,8 +358,14 @@ def markdown(res, cmdline):
                 cells.append("OOM-killed")
             elif x and x.get("cut"):
                 cells.append(f"> {res['max_slowdown']:g} (cut)")
+            elif not x or not x["ok"]:
+                cells.append("FAILED")
+            elif x["max"] > x["min"] and x["median"]:
+                # The spread of the runs, normalized like the median.
+                k = x["normalized"] / x["median"]
+                cells.append(f"{x['normalized']:.2f} ({x['min'] * k:.2f}-{x['max'] * k:.2f})")
             else:
-                cells.append("FAILED" if not x or not x["ok"] else f"{x['normalized']:.2f}")
+                cells.append(f"{x['normalized']:.2f}")
 
         def ratio(a, b):
             if e.get(a, {}).get("ok") and e.get(b, {}).get("ok"):
