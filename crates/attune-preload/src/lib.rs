@@ -122,7 +122,7 @@ extern "C" fn in_child_after_fork() {
         STATE.store(OFF, Release);
     } else if adopted && was_ready {
         STATE.store(READY, Release);
-        report::start();
+        report::start_in_child();
     } else {
         // Not started in the parent, or the child could not take it over: start on first
         // use, as a new process would.

@@ -11,6 +11,22 @@ static STARTED: AtomicBool = AtomicBool::new(false);
 static START_NS: AtomicU64 = AtomicU64::new(0);
 
 pub fn start() {
+    start_with(false);
+}
+
+/// In a forked child that took the runtime over. Pool workers may live for milliseconds
+/// and end by the pool's SIGTERM or by `_exit`, both of which skip exit handlers (seen: a
+/// 3-worker numpy pool whose workers were all gone within 100 ms, absent from the report);
+/// so the first snapshot is taken at once and then every 10 ms for the first 200 ms.
+pub fn start_in_child() {
+    start_with(true);
+}
+
+/// How long a forked child's snapshots come every `CHILD_EARLY_MS`.
+const CHILD_EARLY_SPAN_MS: u64 = 200;
+const CHILD_EARLY_MS: u64 = 10;
+
+fn start_with(child: bool) {
     START_NS.store(attune_sys::os::now_ns(), Relaxed);
     if settings().report_dir.is_none() || STARTED.swap(true, AcqRel) {
         return;
@@ -21,10 +37,19 @@ pub fn start() {
         .spawn(move || {
             // A first snapshot soon: short-lived processes (forked pool workers that end
             // with _exit, skipping exit handlers) still leave their statistics.
-            std::thread::sleep(std::time::Duration::from_millis(every.min(100)));
+            let t0 = std::time::Instant::now();
+            if !child {
+                std::thread::sleep(std::time::Duration::from_millis(every.min(100)));
+            }
             loop {
                 write_now(false);
-                std::thread::sleep(std::time::Duration::from_millis(every));
+                let early = child && t0.elapsed().as_millis() < CHILD_EARLY_SPAN_MS as u128;
+                let next = if early {
+                    CHILD_EARLY_MS.min(every)
+                } else {
+                    every
+                };
+                std::thread::sleep(std::time::Duration::from_millis(next));
             }
         });
 }
