@@ -335,15 +335,7 @@ def main():
     print(md)
     print(f"wrote {a.out}/fig7.json, {a.out}/fig7.md" + "".join(f", {os.path.basename(m)}" for m in made))
     if a.update_docs:
-        p = os.path.join(imme.ROOT, "docs", "benchmarks.md")
-        with open(p) as f:
-            doc = f.read()
-        b, e = "<!-- fig7:begin -->", "<!-- fig7:end -->"
-        block = f"{b}\n{md}{e}"
-        doc = doc[:doc.index(b)] + block + doc[doc.index(e) + len(e):] if b in doc else doc + \
-            "\n## Figure 7: co-located workflows, DRAM by allocation policy (`bench/fig7.py`)\n\n" + block + "\n"
-        with open(p, "w") as f:
-            f.write(doc)
+        imme.update_docs("fig7", "Figure 7: co-located workflows, DRAM by allocation policy (`bench/fig7.py`)", md)
     for w in res["workflows"]:
         for p, x in w["policies"].items():
             if not x["ok"]:

@@ -402,6 +402,22 @@ def markdown(res, cmdline):
     return "\n".join(s) + "\n"
 
 
+def update_docs(name, heading, md):
+    """Replaces the block between `<!-- name:begin -->` and `<!-- name:end -->` in
+    docs/benchmarks.md with `md`, or appends it under `heading` the first time."""
+    p = os.path.join(ROOT, "docs", "benchmarks.md")
+    with open(p) as f:
+        doc = f.read()
+    b, e = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    block = f"{b}\n{md}{e}"
+    if b in doc:
+        doc = doc[:doc.index(b)] + block + doc[doc.index(e) + len(e):]
+    else:
+        doc += f"\n## {heading}\n\n{block}\n"
+    with open(p, "w") as f:
+        f.write(doc)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=3)
@@ -520,15 +536,7 @@ def main():
     if a.update_docs and res.get("interrupted"):
         print("docs/benchmarks.md not updated: the run was interrupted", file=sys.stderr)
     elif a.update_docs:
-        p = os.path.join(ROOT, "docs", "benchmarks.md")
-        with open(p) as f:
-            doc = f.read()
-        b, e = "<!-- imme:begin -->", "<!-- imme:end -->"
-        block = f"{b}\n{md}{e}"
-        doc = doc[:doc.index(b)] + block + doc[doc.index(e) + len(e):] if b in doc else doc + \
-            "\n## IMME's evaluation on this machine (`bench/imme.py`)\n\n" + block + "\n"
-        with open(p, "w") as f:
-            f.write(doc)
+        update_docs("imme", "IMME's evaluation on this machine (`bench/imme.py`)", md)
     for w, r in res["workloads"].items():
         for e, x in r["envs"].items():
             if not x["ok"]:

@@ -69,12 +69,7 @@ impl Gate {
                 }
                 continue;
             }
-            spins += 1;
-            if spins > 64 {
-                attune_sys::os::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+            backoff(&mut spins);
         }
     }
 
@@ -104,6 +99,16 @@ impl Gate {
     /// Operations inside now (tests, diagnostics).
     pub fn inside(&self) -> u64 {
         self.0.load(Acquire) & !CLOSED
+    }
+}
+
+/// One wait of a thread that found a gate closed: spin a little, then yield. Signal-safe.
+pub(crate) fn backoff(spins: &mut u32) {
+    *spins += 1;
+    if *spins > 64 {
+        attune_sys::os::yield_now();
+    } else {
+        std::hint::spin_loop();
     }
 }
 

@@ -125,12 +125,7 @@ impl ThreadGate {
             }
             s.store(n, Release);
             while self.closed.load(Acquire) {
-                spins += 1;
-                if spins > 64 {
-                    attune_sys::os::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
+                crate::fork::backoff(&mut spins);
             }
         }
     }
