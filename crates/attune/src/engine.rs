@@ -151,10 +151,10 @@ impl Engine {
         let far_capacity: u64 = paged.iter().map(|t| t.capacity).sum();
         let capacity = cfg.dram.saturating_add(far_capacity);
         // Offset space of each tier: enough for every byte that can be allocated at once,
-        // plus the virtual size of every small-object arena (they reserve a slot range like
-        // any region, but hold only what mimalloc carved; counted against the capacity they
-        // left a 1 GiB file tier no room for a region). Offsets are virtual: the memory
-        // tier's arena is a reservation, the file tier's file is sparse.
+        // plus the virtual size of every small-object arena: an arena reserves a slot range
+        // like any region but holds only what mimalloc carved, and counted against the
+        // capacity two arenas left no room for a region in a 1 GiB file tier. Offsets are
+        // virtual: the memory tier's arena is a reservation, the file tier's file sparse.
         let arenas = (crate::small::CLASSES as u64).saturating_mul(cfg.small_arena as u64);
         let space = capacity.min(1 << 45) + arenas + (64 << 20);
         let mut tiers = Vec::new();
