@@ -264,8 +264,24 @@ fn zram_remove(id: u32) {
 impl Drop for Swap {
     fn drop(&mut self) {
         if self.on {
-            if let Err(e) = sh("swapoff", &[&self.device]) {
+            // A swapoff can fail for a moment (pages of a process still exiting); retried.
+            // If it still fails, a zram device keeps its marker, so the next run switches
+            // it off (a device of ours left on without one was seen on 2026-11-24).
+            let mut last = Ok(String::new());
+            for attempt in 0..5 {
+                if attempt > 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
+                last = sh("swapoff", &[&self.device]);
+                if last.is_ok() {
+                    break;
+                }
+            }
+            if let Err(e) = last {
                 eprintln!("attune: warning: {e}");
+                if self.zram.is_some() {
+                    return;
+                }
             }
         }
         if self.loop_dev {
