@@ -149,6 +149,8 @@ def policy_run(policy, sel, tmp, node, pool):
         if policy == "kernel":
             spec = os.path.join(tmp, "group.json")
             res = os.path.join(tmp, "group-out.json")
+            if os.path.exists(res):
+                os.unlink(res)      # an earlier round's; never read it as this one's
             with open(spec, "w") as f:
                 json.dump({"cmds": cmds}, f)
             r = subprocess.run([imme.ATT, "kernel-swap", "--limit", imme.mb(node), "--swap", "memory",

@@ -402,6 +402,11 @@ def markdown(res, cmdline):
     return "\n".join(s) + "\n"
 
 
+def stop_on_sigterm(signum, frame):
+    """SIGTERM handler: stops the harness the way Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
 def update_docs(name, heading, md):
     """Replaces the block between `<!-- name:begin -->` and `<!-- name:end -->` in
     docs/benchmarks.md with `md`, or appends it under `heading` the first time."""
@@ -468,7 +473,7 @@ def main():
     failed = 0
     # SIGTERM (a batch system's time limit, a cancelled job) stops it like Ctrl-C: the run
     # in flight is stopped and what was measured is written, marked as partial.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         for name, title, kind, src, sizes, flags in sel:
             size = sizes[1] if a.quick else sizes[0]

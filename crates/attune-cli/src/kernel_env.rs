@@ -386,11 +386,13 @@ pub fn clean_stale(disk_dir: &Path) {
             .and_then(|s| s.trim().parse::<u32>().ok())
         {
             let dev = format!("/dev/zram{id}");
-            if swaps
+            let on = swaps
                 .lines()
-                .any(|l| l.split_whitespace().next() == Some(&dev))
-            {
-                let _ = sh("swapoff", &[&dev]);
+                .any(|l| l.split_whitespace().next() == Some(&dev));
+            if on && sh("swapoff", &[&dev]).is_err() {
+                // Still in use: the marker stays for a later run (removing it would leave
+                // a device of ours on that nothing names any more).
+                continue;
             }
             zram_remove(id);
         }
