@@ -256,6 +256,24 @@ impl Swap {
     }
 }
 
+/// Switches a swap device or file off. A swapoff can fail for a moment (pages of a process
+/// still exiting), so it is tried 5 times, 200 ms apart. The path where it still fails (a
+/// zram device keeps its marker for the next run) has no test: a swapoff failure cannot be
+/// forced here without host-wide memory pressure.
+fn swapoff(dev: &str) -> Result<(), String> {
+    let mut last = Ok(String::new());
+    for attempt in 0..5 {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        last = sh("swapoff", &[dev]);
+        if last.is_ok() {
+            break;
+        }
+    }
+    last.map(|_| ())
+}
+
 /// Removes zram device `id` (it must be off as swap).
 fn zram_remove(id: u32) {
     let _ = std::fs::write(Path::new(ZRAM_CONTROL).join("hot_remove"), id.to_string());
@@ -264,21 +282,10 @@ fn zram_remove(id: u32) {
 impl Drop for Swap {
     fn drop(&mut self) {
         if self.on {
-            // A swapoff can fail for a moment (pages of a process still exiting); retried.
-            // If it still fails, a zram device keeps its marker, so the next run switches
-            // it off (a device of ours left on without one was seen on 2026-11-24).
-            let mut last = Ok(String::new());
-            for attempt in 0..5 {
-                if attempt > 0 {
-                    std::thread::sleep(std::time::Duration::from_millis(200));
-                }
-                last = sh("swapoff", &[&self.device]);
-                if last.is_ok() {
-                    break;
-                }
-            }
-            if let Err(e) = last {
+            if let Err(e) = swapoff(&self.device) {
                 eprintln!("attune: warning: {e}");
+                // A zram device keeps its marker (self.file), so the next run switches it
+                // off (a device of ours left on without one was seen on 2026-11-24).
                 if self.zram.is_some() {
                     return;
                 }
@@ -389,7 +396,7 @@ pub fn clean_stale(disk_dir: &Path) {
             let on = swaps
                 .lines()
                 .any(|l| l.split_whitespace().next() == Some(&dev));
-            if on && sh("swapoff", &[&dev]).is_err() {
+            if on && swapoff(&dev).is_err() {
                 // Still in use: the marker stays for a later run (removing it would leave
                 // a device of ours on that nothing names any more).
                 continue;
@@ -411,13 +418,13 @@ pub fn clean_stale(disk_dir: &Path) {
             for l in loops.lines().filter(|l| l.contains(&f)) {
                 if let Some(dev) = l.split(':').next() {
                     if swaps.contains(dev) {
-                        let _ = sh("swapoff", &[dev]);
+                        let _ = swapoff(dev);
                     }
                     let _ = sh("losetup", &["-d", dev]);
                 }
             }
             if swaps.contains(&f) {
-                let _ = sh("swapoff", &[&f]);
+                let _ = swapoff(&f);
             }
             let _ = std::fs::remove_file(e.path());
         }
