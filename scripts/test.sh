@@ -37,7 +37,7 @@ fi
 echo "== native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"
-for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small config_error fallback protect; do
+for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small config_error fallback protect lost_tier; do
   gcc $CFLAGS tests/c/$t.c -o "$OUT/$t" $LIBS || { fail=$((fail+1)); failed+=("build-$t"); }
 done
 g++ -O2 -std=c++17 $(pkg-config --cflags attune) tests/cpp/threads.cpp -o "$OUT/cpp_threads" $LIBS || { fail=$((fail+1)); failed+=(build-cpp); }
@@ -88,6 +88,19 @@ kind = "memory"
 capacity = "1G"
 TOML
 ATTUNE_CONFIG="$OUT/mem.toml" run fork-abandon-child "$OUT/fork_abandon"
+# 48 threads on 2 cores faulting the same pages, each far tier alone, both deliveries
+# (a move's unreported pages, the hold while a resident chunk is zero-filled).
+for tier in mem file; do
+  for mode in thread signal; do
+    ATTUNE_CONFIG="$OUT/$tier.toml" ATTUNE_FAULT_MODE=$mode STRESS_THREADS=48 STRESS_ITERS=15000 \
+      run "stress-48-$tier-$mode" "$OUT/stress" 32
+  done
+done
+# A tier that loses data (its file truncated, or a hole punched in it): SIGBUS, not zeros.
+for mode in thread signal; do
+  ATTUNE_CONFIG="$OUT/file.toml" TIER_DIR="$OUT" ATTUNE_FAULT_MODE=$mode run "lost-tier-truncated-$mode" "$OUT/lost_tier"
+  ATTUNE_CONFIG="$OUT/file.toml" TIER_DIR="$OUT" ATTUNE_FAULT_MODE=$mode LOST_PUNCH=1 run "lost-tier-punched-$mode" "$OUT/lost_tier"
+done
 run signal_mode "$OUT/signal_mode"
 run small "$OUT/small"
 ATTUNE_CONFIG="$OUT/file.toml" run small-file-tier "$OUT/small"

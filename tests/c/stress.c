@@ -7,11 +7,11 @@
 #include <stdatomic.h>
 #include "check.h"
 
-static uint64_t *a; static size_t words; static int nthreads = 8;
+static uint64_t *a; static size_t words; static int nthreads = 8; static long iters = 60000;
 static atomic_ulong errors;
 static void *worker(void *arg) {
     long t = (long)arg; uint64_t x = 0x9E3779B97F4A7C15ull * (t + 1);
-    for (int k = 0; k < 60000; k++) {
+    for (long k = 0; k < iters; k++) {
         x ^= x << 13; x ^= x >> 7; x ^= x << 17;
         size_t i = x % words;
         uint64_t v = __atomic_load_n(&a[i], __ATOMIC_RELAXED);
@@ -27,6 +27,9 @@ static void *worker(void *arg) {
 }
 int main(int argc, char **argv) {
     size_t n = (argc > 1 ? strtoull(argv[1], 0, 0) : 64) << 20; words = n / 8;
+    nthreads = (int)env_size("STRESS_THREADS", 8);
+    if (nthreads < 1 || nthreads > 64) nthreads = 8;
+    iters = (long)env_size("STRESS_ITERS", 60000);   /* accesses per thread */
     a = allocate_TM(n, 0);
     CHECK(a != NULL, "alloc"); if (!a) CHECK_DONE();
     for (size_t i = 0; i < words; i++) a[i] = (i & 0xffffffff) << 32;

@@ -114,6 +114,15 @@ pub fn resident_pages(addr: usize, len: usize) -> SysResult<usize> {
     Ok(vec.iter().filter(|b| **b & 1 == 1).count())
 }
 
+/// Whether the page at `addr` is mapped (mincore(2)), without touching it. Signal-safe.
+pub fn page_present(addr: usize) -> bool {
+    let ps = crate::page_size();
+    let mut v = 0u8;
+    // SAFETY: one page, one result byte on the stack.
+    let r = unsafe { libc::mincore((addr & !(ps - 1)) as *mut libc::c_void, ps, &mut v) };
+    r == 0 && v & 1 == 1
+}
+
 /// Copies `len` bytes between two runtime-owned, resident ranges (staging buffers, far
 /// tier slots). Never call it on application-visible managed memory.
 ///
@@ -227,6 +236,17 @@ pub fn pwrite_raw(fd: &OwnedFd, src: usize, len: usize, off: u64) -> SysResult<(
 
 /// pread(2) into a runtime-owned address; bytes past end of file read as zero. Signal-safe.
 pub fn pread_raw(fd: &OwnedFd, dst: usize, len: usize, off: u64) -> SysResult<()> {
+    pread_inner(fd, dst, len, off, true)
+}
+
+/// Reads exactly `len` bytes at `off` into `[dst, dst+len)`: the end of the file before
+/// that is EIO (data that was written is gone: the file was truncated under us).
+/// Signal-safe.
+pub fn pread_exact_raw(fd: &OwnedFd, dst: usize, len: usize, off: u64) -> SysResult<()> {
+    pread_inner(fd, dst, len, off, false)
+}
+
+fn pread_inner(fd: &OwnedFd, dst: usize, len: usize, off: u64, eof_zero: bool) -> SysResult<()> {
     let mut done = 0usize;
     while done < len {
         // SAFETY: dst..dst+len is a runtime-owned writable range.
@@ -246,6 +266,9 @@ pub fn pread_raw(fd: &OwnedFd, dst: usize, len: usize, off: u64) -> SysResult<()
             return Err(e);
         }
         if n == 0 {
+            if !eof_zero {
+                return Err(Errno(libc::EIO));
+            }
             // Past end of file: the rest was never written, so it is zero.
             // SAFETY: as above.
             unsafe { zero_raw(dst + done, len - done) };
@@ -289,6 +312,15 @@ pub fn copy_file_data(src: &OwnedFd, dst: &OwnedFd, buf: usize, buf_len: usize) 
         if data < 0 {
             let e = Errno::last();
             if e.0 == libc::ENXIO {
+                // A hole at the end is part of the file too: same size, so a read there
+                // is not past the end (the file tier reads that as lost data).
+                // SAFETY: fstat into a local; ftruncate on an owned descriptor.
+                unsafe {
+                    let mut st: libc::stat = std::mem::zeroed();
+                    if libc::fstat(s, &mut st) != 0 || libc::ftruncate(d, st.st_size) != 0 {
+                        return Err(Errno::last());
+                    }
+                }
                 return Ok(copied);
             }
             return Err(e);

@@ -26,6 +26,16 @@ pub fn yield_now() {
     unsafe { libc::sched_yield() };
 }
 
+/// Sleeps for `us` microseconds (nanosleep; an interruption ends it early). Signal-safe.
+pub fn sleep_us(us: u64) {
+    let ts = libc::timespec {
+        tv_sec: (us / 1_000_000) as libc::time_t,
+        tv_nsec: ((us % 1_000_000) * 1000) as libc::c_long,
+    };
+    // SAFETY: ts is a valid timespec; no remainder is asked for.
+    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+}
+
 /// Minor and major page faults of this process's reaped children so far
 /// (getrusage(RUSAGE_CHILDREN)).
 pub fn children_faults() -> (u64, u64) {

@@ -374,6 +374,15 @@ impl Uffd {
     ) -> SysResult<usize> {
         // The kernel may stop early with EAGAIN (a page briefly locked or in transition):
         // continue from where it stopped, a bounded number of times.
+        //
+        // Where it stopped is not always what it reports. On Linux 6.18 a move that stops
+        // early can report fewer bytes than it moved: the retry then fails with EEXIST on
+        // a destination page this call had just filled, its source now empty (seen 598
+        // times in one 48-thread stress run). Trusting the report had left such a page in
+        // the far tier while its chunk was published resident (it then read as zero), or
+        // made the fetch fail. So after any early stop the progress is read from the
+        // pages themselves (`settled`), and an EEXIST that `settled` explains is progress.
+        let ps = crate::page_size();
         let mut done = 0usize;
         let mut retries = 0;
         while done < len {
@@ -388,21 +397,27 @@ impl Uffd {
                 }) | (if wake { 0 } else { MOVE_MODE_DONTWAKE }),
                 moved: 0,
             };
-            let r = self.ioctl(UFFDIO_MOVE, &mut m);
+            let err = match self.ioctl(UFFDIO_MOVE, &mut m) {
+                // The kernel returns success only when the whole range moved.
+                Ok(()) => return Ok(len),
+                Err(e) => e,
+            };
             if m.moved > 0 {
-                done += m.moved as usize;
+                done = (done + m.moved as usize).min(len);
             }
-            match r {
-                Ok(()) => {
-                    if m.moved <= 0 {
-                        break;
-                    }
-                }
-                Err(Errno(libc::EAGAIN)) if retries < 1000 => {
+            let reported = done;
+            done = settled(dst, src, done, len, allow_holes, ps);
+            if wake && done > reported {
+                // Sleepers on the unreported pages: the kernel woke only what it reported.
+                let _ = self.wake(dst + reported, done - reported);
+            }
+            match err {
+                Errno(libc::EAGAIN) if retries < 1000 => {
                     retries += 1;
                     crate::os::yield_now();
                 }
-                Err(e) => {
+                Errno(libc::EEXIST) if done > reported => {}
+                e => {
                     if done > 0 {
                         return Ok(done);
                     }
@@ -410,7 +425,7 @@ impl Uffd {
                 }
             }
         }
-        Ok(done)
+        Ok(len)
     }
 
     /// Sets (`protect`) or clears write protection on a registered range.
@@ -453,4 +468,28 @@ impl Uffd {
         }
         Ok(n as usize / std::mem::size_of::<Msg>())
     }
+}
+
+/// How far a move from `src` to `dst` really got, starting from `done` bytes the kernel
+/// reported: the pages after it whose destination is present and whose source is gone
+/// were moved too (every caller hands `move_pages` an empty destination). With
+/// `allow_holes`, a page absent on both sides counts only when a moved page follows it:
+/// the kernel went past it, so it was a hole it skipped (or a swapped-out page it moved).
+/// A trailing one is left for the retry, since mincore(2) cannot tell a hole from a
+/// source page swapped out. Stops at the first page still at its source, or present on
+/// both sides (a real conflict, left to the caller). No page is touched. Signal-safe.
+fn settled(dst: usize, src: usize, done: usize, len: usize, allow_holes: bool, ps: usize) -> usize {
+    let mut at = done;
+    let mut proven = done;
+    while at < len {
+        let at_dst = crate::mem::page_present(dst + at);
+        let at_src = crate::mem::page_present(src + at);
+        if at_dst && !at_src {
+            proven = at + ps;
+        } else if !(allow_holes && !at_dst && !at_src) {
+            break;
+        }
+        at += ps;
+    }
+    proven
 }

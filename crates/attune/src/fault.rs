@@ -58,32 +58,46 @@ fn claim(r: &Region, c: usize, wait: bool) -> Option<Claim> {
     }
 }
 
-/// Resolves a fault at `addr` in region `r`.
-pub fn resolve(e: &Engine, r: &Region, addr: usize) {
+/// Resolves a fault at `addr` in region `r`. Returns false when the page cannot be
+/// given to the application (its only copy could not be read back): the access must then
+/// fail with SIGBUS, never be replayed forever and never read wrong data.
+pub fn resolve(e: &Engine, r: &Region, addr: usize) -> bool {
     e.counters.faults.fetch_add(1, Relaxed);
     r.counters.faults.fetch_add(1, Relaxed);
     let c = r.chunk_of(addr);
-    match claim(r, c, true) {
-        Some(Claim::Owned(src, tier)) => {
-            let n = 1 + readahead(e, r, c, src, tier);
-            place_run(e, r, c, n, src, tier);
-        }
-        Some(Claim::Resident) | None => {
-            // We believe it is mapped. Either another thread placed it after this fault was
-            // raised (the copy below finds the page: EEXIST, wake the sleeper), or the
-            // application discarded it with MADV_DONTNEED/munmap-like advice: then it reads
-            // as zero, exactly as the kernel would give it.
-            let ps = attune_sys::page_size();
-            let page = addr & !(ps - 1);
-            let uffd = e.uffd_for(r.delivery);
-            match uffd.copy(page, e.zero_addr(), ps, true) {
-                Ok(_) => {
-                    r.counters.discarded.fetch_add(1, Relaxed);
-                }
-                Err(_) => {
-                    let _ = uffd.wake(page, ps);
-                }
+    loop {
+        match claim(r, c, true) {
+            Some(Claim::Owned(src, tier)) => {
+                let n = 1 + readahead(e, r, c, src, tier);
+                return place_run(e, r, c, n, src, tier);
             }
+            Some(Claim::Resident) => {
+                // We believe it is mapped. Either another thread placed it after this fault
+                // was raised (the copy below finds the page: EEXIST, wake the sleeper), or
+                // the application discarded it with MADV_DONTNEED: then it reads as zero,
+                // exactly as the kernel would give it. The chunk is held (Resident ->
+                // Fetching) while we look: an eviction that moved its pages out between
+                // the check and the copy would leave a zero page mapped over data that
+                // lives in a far tier (seen: a whole page read as zero under 48 threads).
+                let s = r.state(c);
+                if s.place() != Where::Resident || !r.cas(c, s, s.with(Where::Fetching, s.tier())) {
+                    continue;
+                }
+                let ps = attune_sys::page_size();
+                let page = addr & !(ps - 1);
+                let uffd = e.uffd_for(r.delivery);
+                match uffd.copy(page, e.zero_addr(), ps, true) {
+                    Ok(_) => {
+                        r.counters.discarded.fetch_add(1, Relaxed);
+                    }
+                    Err(_) => {
+                        let _ = uffd.wake(page, ps);
+                    }
+                }
+                r.settle(c, Where::Resident, s.tier(), 0);
+                return true;
+            }
+            None => return true,
         }
     }
 }
@@ -91,7 +105,9 @@ pub fn resolve(e: &Engine, r: &Region, addr: usize) {
 /// Places chunk `c` if it is not resident (prefetch and pin).
 pub fn fetch_chunk(e: &Engine, r: &Region, c: usize) {
     if let Some(Claim::Owned(src, tier)) = claim(r, c, true) {
-        place_run(e, r, c, 1, src, tier);
+        // A chunk that cannot be read back stays Far (and poisoned in thread delivery):
+        // the application's access reports it.
+        let _ = place_run(e, r, c, 1, src, tier);
     }
 }
 
@@ -150,8 +166,18 @@ fn reserve_dram(e: &Engine, bytes: u64) {
     e.peak_resident.fetch_max(e.resident.load(Relaxed), Relaxed);
 }
 
+/// How long a fetch keeps retrying an error that can pass (EAGAIN, ENOMEM, EINTR: every
+/// bounce buffer taken by other faulting threads, the kernel short of memory for a
+/// moment) before the page is declared unreadable.
+const TRANSIENT_RETRY_NS: u64 = 2_000_000_000;
+
+fn transient(e: Errno) -> bool {
+    matches!(e.0, libc::EAGAIN | libc::ENOMEM | libc::EINTR)
+}
+
 /// Places chunks `[c, c+n)` (all claimed by this thread, same source) and publishes them.
-fn place_run(e: &Engine, r: &Region, c: usize, n: usize, src: Where, tier: usize) {
+/// Returns false when their data could not be read back from the tier.
+fn place_run(e: &Engine, r: &Region, c: usize, n: usize, src: Where, tier: usize) -> bool {
     let fault_ns = if r.samples.enabled() {
         attune_sys::os::now_ns()
     } else {
@@ -160,18 +186,52 @@ fn place_run(e: &Engine, r: &Region, c: usize, n: usize, src: Where, tier: usize
     let len = n * r.chunk;
     reserve_dram(e, len as u64);
     let dst = r.chunk_addr(c);
+    let mut tries = 0u32;
+    let mut deadline = 0u64;
+    let result = loop {
+        let res = fetch_run(e, r, c, n, src, tier, dst, len);
+        match res {
+            Err(err) if transient(err) => {
+                let now = attune_sys::os::now_ns();
+                if deadline == 0 {
+                    deadline = now + TRANSIENT_RETRY_NS;
+                }
+                if now >= deadline {
+                    break res;
+                }
+                tries += 1;
+                if tries < 64 {
+                    os::yield_now();
+                } else {
+                    os::sleep_us(500);
+                }
+            }
+            _ => break res,
+        }
+    };
+    publish_run(e, r, c, n, src, tier, dst, len, fault_ns, result)
+}
+
+/// One attempt at placing the run's data: zero-fill or a load from its tier.
+#[allow(clippy::too_many_arguments)]
+fn fetch_run(
+    e: &Engine,
+    r: &Region,
+    c: usize,
+    n: usize,
+    src: Where,
+    tier: usize,
+    dst: usize,
+    len: usize,
+) -> Result<(), Errno> {
     let uffd = e.uffd_for(r.delivery);
-    let result: Result<(), Errno> = match src {
+    match src {
         Where::Far => match e.tiers.get(tier) {
             Some(t) => {
                 e.pace(len as u64);
                 let off = r.slots[tier] + (c * r.chunk) as u64;
                 let keeps = t.keeps_copy();
-                let mut seen = |data: usize| {
-                    if keeps {
-                        record_hashes(r, c, n, data);
-                    }
-                };
+                let mut seen = |data: usize| !keeps || check_hashes(r, c, n, data);
                 let res = t.load(&e.io(), uffd, dst, off, len, &mut seen);
                 if res.is_ok() {
                     e.counters.fetched_bytes.fetch_add(len as u64, Relaxed);
@@ -194,7 +254,25 @@ fn place_run(e: &Engine, r: &Region, c: usize, n: usize, src: Where, tier: usize
                 Err(x) => Err(x),
             }
         }
-    };
+    }
+}
+
+/// Publishes the run's outcome: Resident with its replacement class, or (its data could
+/// not be read back) back to Far with the access failing loudly.
+#[allow(clippy::too_many_arguments)]
+fn publish_run(
+    e: &Engine,
+    r: &Region,
+    c: usize,
+    n: usize,
+    src: Where,
+    tier: usize,
+    dst: usize,
+    len: usize,
+    fault_ns: u64,
+    result: Result<(), Errno>,
+) -> bool {
+    let uffd = e.uffd_for(r.delivery);
     match result {
         Ok(()) => {
             if r.samples.enabled() {
@@ -230,23 +308,46 @@ fn place_run(e: &Engine, r: &Region, c: usize, n: usize, src: Where, tier: usize
             if active > 0 {
                 e.active.fetch_add(active, Relaxed);
             }
+            true
         }
         Err(err) => {
-            // The only copy cannot be read back. Never hand the application wrong data:
-            // poison the range so the access fails loudly with SIGBUS, and say why.
+            // The only copy cannot be read back. Never hand the application wrong data and
+            // never replay the access forever: it fails loudly with SIGBUS, and we say why.
+            // Thread delivery: the range is poisoned, so the woken thread's access raises
+            // SIGBUS. Signal delivery: the caller declines the fault, and the replayed
+            // access takes the process's own SIGBUS disposition.
             e.counters.load_errors.fetch_add(1, Relaxed);
             let _ = e
                 .resident
                 .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(len as u64)));
-            crate::log::emit_static("attune: error: a page could not be read back from its tier; the access fails with SIGBUS\n");
-            let _ = err;
+            crate::log::emit_static("attune: error: a page could not be read back from its tier (");
+            crate::log::emit_static(errno_name(err));
+            crate::log::emit_static("); the access fails with SIGBUS\n");
             if r.delivery == Delivery::Thread {
                 let _ = uffd.poison(dst, len);
             }
             for i in 0..n {
                 r.settle(c + i, Where::Far, tier, 0);
             }
+            false
         }
+    }
+}
+
+/// A static name for the errors a load can end with (signal-safe: no formatting).
+fn errno_name(e: Errno) -> &'static str {
+    match e.0 {
+        libc::EIO => "EIO",
+        libc::EAGAIN => "EAGAIN",
+        libc::ENOMEM => "ENOMEM",
+        libc::EINTR => "EINTR",
+        libc::EFAULT => "EFAULT",
+        libc::EBUSY => "EBUSY",
+        libc::EINVAL => "EINVAL",
+        libc::ENOENT => "ENOENT",
+        libc::EEXIST => "EEXIST",
+        libc::EBADMSG => "its checksum does not match what was written",
+        _ => "an I/O error",
     }
 }
 
@@ -260,11 +361,24 @@ fn copy_pages(uffd: &attune_sys::uffd::Uffd, dst: usize, src: usize, len: usize)
 }
 
 /// Records the content hash of chunks just read from a tier that keeps its copy.
-fn record_hashes(r: &Region, c: usize, n: usize, data: usize) {
-    for i in 0..n {
-        let h = crate::hash::chunk_hash(data + i * r.chunk, r.chunk);
-        r.file_hash[c + i].store(h, Relaxed);
+/// Checks the run read from a file tier against the hashes recorded when it was written
+/// (0: not known, as in a forked child) and records them. False when a chunk's data is not
+/// what was written (the file was truncated, punched or overwritten behind the runtime's
+/// back; a hole reads as zeros, which no read error reports): the page must not be given
+/// to the application.
+fn check_hashes(r: &Region, c: usize, n: usize, data: usize) -> bool {
+    let mut hashes = [0u64; MAX_RUN / 4096];
+    for (i, h) in hashes.iter_mut().enumerate().take(n) {
+        *h = crate::hash::chunk_hash(data + i * r.chunk, r.chunk);
+        let known = r.file_hash[c + i].load(Relaxed);
+        if known != 0 && known != *h {
+            return false;
+        }
     }
+    for (i, h) in hashes.iter().enumerate().take(n) {
+        r.file_hash[c + i].store(*h, Relaxed);
+    }
+    true
 }
 
 /// The fault-handler thread for thread-delivery regions.
@@ -288,7 +402,10 @@ pub fn handler_loop(e: &'static Engine) {
             let addr = m.arg[1] as usize;
             let _in = e.enter();
             match e.find(addr) {
-                Some(r) => resolve(e, &r, addr),
+                Some(r) => {
+                    // A failed fetch poisoned the range: the woken thread gets SIGBUS.
+                    let _ = resolve(e, &r, addr);
+                }
                 None => {
                     // The region went away while the fault was queued (freed by another
                     // thread): let the thread go; it will see SIGSEGV on the unmapped range.
@@ -312,10 +429,7 @@ pub fn on_sigbus(addr: usize) -> bool {
     }
     let _in = e.enter();
     match e.find(addr) {
-        Some(r) if r.delivery == Delivery::Signal => {
-            resolve(e, &r, addr);
-            true
-        }
+        Some(r) if r.delivery == Delivery::Signal => resolve(e, &r, addr),
         _ => false,
     }
 }

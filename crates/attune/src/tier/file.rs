@@ -112,9 +112,11 @@ impl FileTier {
             Err(e) => return Err(e),
         };
         if moved < len {
-            let _ = region_uffd.move_pages(src, st, moved, true, false);
+            // A page could not move (EBUSY: shared since a fork, or pinned by the kernel
+            // for I/O): put back what moved so the caller sees all-or-nothing.
+            let back = super::give_back(region_uffd, src, st, moved);
             let _ = mem::advise(st, len, mem::MADV_DONTNEED);
-            return Err(Errno(libc::EBUSY));
+            return Err(Errno(if back { libc::EBUSY } else { libc::EIO }));
         }
         let result = if already_there(st) {
             Ok(())
@@ -130,7 +132,7 @@ impl FileTier {
         };
         if let Err(e) = result {
             // Full disk or I/O error: give the pages back to the region. Nothing is lost.
-            let back = give_back(region_uffd, src, st, len);
+            let back = super::give_back(region_uffd, src, st, len);
             let _ = mem::advise(st, len, mem::MADV_DONTNEED);
             return Err(if back { e } else { Errno(libc::EIO) });
         }
@@ -139,7 +141,8 @@ impl FileTier {
     }
 
     /// Reads `len` bytes at `off` into the missing region range `dst`. `seen(bounce)` is
-    /// called with the data before it is placed (to record content hashes).
+    /// called with the data before it is placed (to check and record content hashes);
+    /// false from it is EBADMSG, nothing placed.
     pub fn load(
         &self,
         io: &super::IoContext,
@@ -147,12 +150,16 @@ impl FileTier {
         dst: usize,
         off: u64,
         len: usize,
-        seen: &mut dyn FnMut(usize),
+        seen: &mut dyn FnMut(usize) -> bool,
     ) -> SysResult<()> {
         let slot = io.bounce.claim(len).ok_or(Errno(libc::EAGAIN))?;
         let b = slot.addr();
-        mem::pread_raw(&self.fd, b, len, off)?;
-        seen(b);
+        // Every chunk loaded from here was written here: a short read means the file lost
+        // it (truncated by someone else), which must fail, not read as zeros.
+        mem::pread_exact_raw(&self.fd, b, len, off)?;
+        if !seen(b) {
+            return Err(Errno(libc::EBADMSG));
+        }
         match region_uffd.copy(dst, b, len, true) {
             Ok(_) => Ok(()),
             Err(Errno(libc::EEXIST)) => {
@@ -166,29 +173,6 @@ impl FileTier {
     pub fn discard(&self, off: u64, len: usize) {
         let _ = mem::punch_hole(&self.fd, off, len as u64);
     }
-}
-
-/// Puts staged pages back into the region after a failed write: moved where possible,
-/// copied page by page otherwise (a page that cannot be placed is a lost write, reported
-/// as EIO by the caller).
-fn give_back(region_uffd: &Uffd, src: usize, st: usize, len: usize) -> bool {
-    let moved = region_uffd
-        .move_pages(src, st, len, true, true)
-        .unwrap_or(0);
-    if moved >= len {
-        return true;
-    }
-    let ps = attune_sys::page_size();
-    let mut ok = true;
-    let mut off = moved & !(ps - 1);
-    while off < len {
-        match region_uffd.copy(src + off, st + off, ps, true) {
-            Ok(_) | Err(Errno(libc::EEXIST)) => {}
-            Err(_) => ok = false,
-        }
-        off += ps;
-    }
-    ok
 }
 
 fn fill_holes(internal: &Uffd, st: usize, len: usize) {

@@ -52,10 +52,17 @@ impl MemoryTier {
             .internal
             .move_pages(self.base + off as usize, src, len, true, false)?;
         if moved < len {
-            // A page could not move (EBUSY: pinned by the kernel for I/O). Put back what
-            // moved so the caller sees all-or-nothing, and report busy.
-            let _ = region_uffd.move_pages(src, self.base + off as usize, moved, true, false);
-            return Err(attune_sys::Errno(libc::EBUSY));
+            // A page could not move (EBUSY: shared since a fork, or pinned by the kernel
+            // for I/O). Put back what moved so the caller sees all-or-nothing, and report
+            // busy; the slot is emptied for its next store.
+            let slot = self.base + off as usize;
+            let back = super::give_back(region_uffd, src, slot, moved);
+            let _ = mem::advise(slot, moved, mem::MADV_DONTNEED);
+            return Err(attune_sys::Errno(if back {
+                libc::EBUSY
+            } else {
+                libc::EIO
+            }));
         }
         Ok(())
     }

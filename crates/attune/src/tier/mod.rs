@@ -203,7 +203,8 @@ impl FarTier {
     /// Places `len` bytes of slot `off` into the missing region range at `dst`, through
     /// the region's userfaultfd (which wakes threads waiting on it). Signal-safe.
     /// `seen(data)` is called with the fetched bytes when the tier reads them through a
-    /// buffer (file), to record content hashes.
+    /// buffer (file), to check and record content hashes; when it returns false the data
+    /// is not what was written, nothing is placed and the load fails with EBADMSG.
     pub fn load(
         &self,
         io: &IoContext,
@@ -211,7 +212,7 @@ impl FarTier {
         dst: usize,
         off: u64,
         len: usize,
-        seen: &mut dyn FnMut(usize),
+        seen: &mut dyn FnMut(usize) -> bool,
     ) -> SysResult<()> {
         let r = match &self.backend {
             Backend::Memory(m) => m.load(region_uffd, dst, off, len),
@@ -292,4 +293,41 @@ impl FarTier {
             .stored
             .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(len)));
     }
+}
+
+/// Puts pages a store had moved out of the region (`[st, st+len)`, a staging slot or a
+/// far-memory slot) back at `src`: moved where possible, copied page by page otherwise.
+/// A page absent from the slot is a hole the application had discarded (it reads as zero
+/// where it was) or a page already back. Returns false when a page could not be placed:
+/// a lost write, reported as EIO by the caller. Signal-safe.
+pub(crate) fn give_back(region_uffd: &Uffd, src: usize, st: usize, len: usize) -> bool {
+    let moved = region_uffd
+        .move_pages(src, st, len, true, true)
+        .unwrap_or(0);
+    if moved >= len {
+        return true;
+    }
+    let ps = attune_sys::page_size();
+    let mut ok = true;
+    let mut off = moved & !(ps - 1);
+    while off < len {
+        // Never read an absent slot page: the slot is registered with the internal
+        // userfaultfd, and a copy from it would wait for a fault nobody serves.
+        if attune_sys::mem::page_present(st + off) {
+            let put = match region_uffd.move_pages(src + off, st + off, ps, true, true) {
+                Ok(n) => n >= ps,
+                Err(_) => false,
+            };
+            if !put
+                && !matches!(
+                    region_uffd.copy(src + off, st + off, ps, true),
+                    Ok(_) | Err(Errno(libc::EEXIST))
+                )
+            {
+                ok = false;
+            }
+        }
+        off += ps;
+    }
+    ok
 }
