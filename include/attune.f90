@@ -21,6 +21,12 @@ module attune
       integer(c_size_t), value :: len
       integer(c_int) :: attune_prefetch
     end function
+    function attune_discard(ptr, len) bind(C, name="attune_discard")
+      import :: c_ptr, c_size_t, c_int
+      type(c_ptr), value :: ptr
+      integer(c_size_t), value :: len
+      integer(c_int) :: attune_discard
+    end function
     ! Phases for attune profile: pass a C string, e.g. "solve"//c_null_char.
     function attune_phase_begin(name) bind(C, name="attune_phase_begin")
       import :: c_char, c_int

@@ -74,6 +74,11 @@ int attune_pin(void *ptr, size_t len);
 int attune_unpin(void *ptr, size_t len);
 /* Bring a range into DRAM now. */
 int attune_prefetch(void *ptr, size_t len);
+/* Drop the content of a page-aligned range of an allocation: it reads as zero afterwards
+ * and its DRAM and far-tier space are freed. Use it where plain memory would take
+ * madvise(MADV_DONTNEED): on managed memory, madvise cannot reach pages held in a far
+ * tier (their old content would come back). EINVAL for an unaligned or foreign range. */
+int attune_discard(void *ptr, size_t len);
 
 #define ATTUNE_MAX_TIERS 16
 

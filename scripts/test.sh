@@ -37,7 +37,7 @@ fi
 echo "== native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"
-for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small config_error fallback protect lost_tier; do
+for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small config_error fallback protect lost_tier discard; do
   gcc $CFLAGS tests/c/$t.c -o "$OUT/$t" $LIBS || { fail=$((fail+1)); failed+=("build-$t"); }
 done
 g++ -O2 -std=c++17 $(pkg-config --cflags attune) tests/cpp/threads.cpp -o "$OUT/cpp_threads" $LIBS || { fail=$((fail+1)); failed+=(build-cpp); }
@@ -96,6 +96,13 @@ for tier in mem file; do
       run "stress-48-$tier-$mode" "$OUT/stress" 32
   done
 done
+# attune_discard: far and resident chunks read as zero, tier space freed, bad ranges refused.
+for mode in thread signal; do
+  for chunk in 4K 64K; do
+    ATTUNE_FAULT_MODE=$mode ATTUNE_CHUNK_SIZE=$chunk run "discard-memory-$mode-$chunk" "$OUT/discard"
+  done
+done
+ATTUNE_CONFIG="$OUT/file.toml" run discard-file "$OUT/discard"
 # A tier that loses data (its file truncated, or a hole punched in it): SIGBUS, not zeros.
 for mode in thread signal; do
   ATTUNE_CONFIG="$OUT/file.toml" TIER_DIR="$OUT" ATTUNE_FAULT_MODE=$mode run "lost-tier-truncated-$mode" "$OUT/lost_tier"
@@ -157,6 +164,7 @@ expect() { # expect NAME RC PATTERN CMD...: exit status RC and PATTERN in the ou
   fi
 }
 gcc -O2 tests/run/c_matrix.c -o "$RT/c_matrix" && gcc -O2 tests/run/fork_exec.c -o "$RT/fork_exec" \
+  && gcc -O2 tests/run/madvise_zero.c -o "$RT/madvise_zero" \
   && gcc -O2 tests/run/crash.c -o "$RT/crash" && gcc -O2 -static tests/run/crash.c -o "$RT/crash_static" \
   && g++ -O2 -std=c++17 tests/run/cpp_vectors.cpp -o "$RT/cpp_vectors" -lpthread \
   && gcc -O2 -fopenmp tests/run/omp_stream.c -o "$RT/omp_stream" || { fail=$((fail+1)); failed+=(build-run-tests); }
@@ -173,6 +181,8 @@ path = "$RT"
 capacity = "1G"
 TOML
 expect run-c-rss-within-budget 0 "OK" sh -c "'$ATT' run -q --config '$RT/file.toml' -- '$RT/c_matrix' 128 | tee /dev/stderr | awk -F'VmHWM_KiB=' '{ if (\$2+0 > 0 && \$2+0 < 48*1024) print \"OK\"; else print \"RSS too high: \" \$2 }'"
+# MADV_DONTNEED by an unmodified program reads as zero, its pages in a far tier too.
+expect run-madvise-dontneed-zero 0 "madvise_zero: OK" "$ATT" run -q --dram 16M -- "$RT/madvise_zero" 128
 expect run-cpp-threads 0 "cpp_vectors: OK" sh -c "'$ATT' run --dram 32M --report '$RT/cpp.json' -- '$RT/cpp_vectors' 96 4 && $CHECK '$RT/cpp.json' --exit 0 --min-procs 1 --budget-slack 2097152"
 OMP_NUM_THREADS=2 expect run-openmp 0 "omp_stream: OK" sh -c "'$ATT' run --dram 32M --report '$RT/omp.json' -- '$RT/omp_stream' 96 && $CHECK '$RT/omp.json' --exit 0 --min-procs 1 --budget-slack 2097152"
 if command -v mpicc >/dev/null && mpicc -O2 tests/run/mpi_exchange.c -o "$RT/mpi_exchange"; then

@@ -8,6 +8,8 @@
 //!   must agree on which pointers are whose.
 //! * mmap/mmap64, munmap, mremap: large anonymous private mappings are managed too
 //!   (Python's arenas, allocators that map directly); munmap and mremap must then know them.
+//! * madvise: MADV_DONTNEED, MADV_FREE and MADV_REMOVE inside one managed mapping drop its
+//!   content through the runtime (`attune_discard`: pages in a far tier too).
 //! * madvise: MADV_HUGEPAGE on managed memory is ignored (the runtime places 4 KiB to
 //!   2 MiB chunks itself; numpy asks for huge pages on every large array).
 
@@ -483,6 +485,19 @@ pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int
     let addr = addr as usize;
     if advice == libc::MADV_HUGEPAGE && table::overlaps(addr, len) {
         return 0;
+    }
+    let drops = matches!(
+        advice,
+        libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE
+    );
+    if drops && addr % PAGE == 0 && len > 0 && table::within_one(addr, len) {
+        // The kernel's advice cannot reach pages held in a far tier (not mapped): their
+        // old content would come back. The runtime drops them (they read as zero).
+        if let (Some(l), Some(_b)) = (round_page(len), Busy::enter()) {
+            if attune::runtime::discard(addr, l).is_ok() {
+                return 0;
+            }
+        }
     }
     status(mem::advise(addr, len, advice))
 }

@@ -132,6 +132,20 @@ pub fn remove(p: usize) -> Option<Entry> {
     with(|m| m.remove(&p))
 }
 
+/// Whether `[addr, addr+len)` lies inside one managed mapping of this process (not one
+/// inherited from the parent).
+pub fn within_one(addr: usize, len: usize) -> bool {
+    if !maybe_managed(addr) {
+        return false;
+    }
+    let end = addr.saturating_add(len);
+    with(|m| {
+        m.range(..=addr)
+            .next_back()
+            .is_some_and(|(b, e)| !e.inherited && b + e.size >= end)
+    })
+}
+
 /// Whether `[addr, addr+len)` overlaps managed memory.
 pub fn overlaps(addr: usize, len: usize) -> bool {
     let end = addr.saturating_add(len);

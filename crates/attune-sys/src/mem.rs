@@ -140,6 +140,18 @@ pub unsafe fn zero_raw(dst: usize, len: usize) {
     std::ptr::write_bytes(dst as *mut u8, 0, len);
 }
 
+/// Writes zeros over application memory the runtime manages (`attune_discard` of a part of
+/// a chunk). Unlike [`zero_raw`], the range may be unmapped: the write faults and the fault
+/// path places the page first.
+///
+/// # Safety
+/// `[dst, dst+len)` lies inside one live managed region, the application allowed its
+/// content to go (it asked for the discard), and the calling thread holds no chunk of it
+/// (Fetching or Evicting): its own fault would wait on that chunk forever.
+pub unsafe fn zero_managed(dst: usize, len: usize) {
+    std::ptr::write_bytes(dst as *mut u8, 0, len);
+}
+
 /// Opens an anonymous file in `dir`: `O_TMPFILE` where the file system has it (no name, so
 /// nothing is left behind even after SIGKILL); otherwise a named file removed at once.
 /// Mode 0600: the file holds the process's memory and no one else may read it.

@@ -4,7 +4,7 @@
 
 use crate::config::{Config, FaultMode, Mode};
 use crate::pool::BufferPool;
-use crate::region::{Region, RegionKind, Where, PIN};
+use crate::region::{Region, RegionKind, Where, ACTIVE, CREDIT_MASK, PIN};
 use crate::tier::{FarTier, IoContext};
 use attune_policy::Flags;
 use attune_sys::uffd::{feature, mode, Delivery, Uffd};
@@ -584,6 +584,71 @@ impl Engine {
         }
         if pin {
             self.prefetch(r, addr, len);
+        }
+    }
+
+    /// Drops the content of `[addr, addr+len)` (page-aligned, inside `r`): it reads as zero
+    /// afterwards. Whole chunks go back to Fresh, their DRAM and far-tier space released
+    /// (the application's `MADV_DONTNEED` cannot do that for a chunk in a far tier: its
+    /// pages are not mapped, so its old content would come back). The parts of chunks at
+    /// the edges, and pinned chunks (they stay resident), are written with zeros.
+    pub fn discard(&self, r: &Region, addr: usize, len: usize) {
+        let end = addr + len;
+        let lo = (addr - r.base).div_ceil(r.chunk);
+        let hi = (end - r.base) / r.chunk;
+        let zero = |a: usize, b: usize| {
+            if b > a {
+                // SAFETY: inside r, asked for by the application; no chunk is held here.
+                unsafe { mem::zero_managed(a, b - a) };
+            }
+        };
+        if lo >= hi {
+            zero(addr, end);
+            return;
+        }
+        zero(addr, r.chunk_addr(lo));
+        for c in lo..hi {
+            if !self.discard_chunk(r, c) {
+                zero(r.chunk_addr(c), r.chunk_addr(c) + r.chunk);
+            }
+        }
+        zero(r.chunk_addr(hi).min(end), end);
+    }
+
+    /// Drops chunk `c`'s content and space; false for a pinned resident chunk (the caller
+    /// zeroes it in place).
+    fn discard_chunk(&self, r: &Region, c: usize) -> bool {
+        let mut spins = 0u32;
+        loop {
+            let s = r.state(c);
+            match s.place() {
+                Where::Fresh => return true,
+                Where::Fetching | Where::Evicting => crate::fork::backoff(&mut spins),
+                Where::Resident if s.pinned() => return false,
+                Where::Resident | Where::Far => {
+                    // Held while its content goes: no fetch or eviction runs meanwhile.
+                    if !r.cas(c, s, s.with(Where::Fetching, s.tier())) {
+                        continue;
+                    }
+                    if s.place() == Where::Resident {
+                        let _ = mem::advise(r.chunk_addr(c), r.chunk, mem::MADV_DONTNEED);
+                        let _ = self.resident.fetch_update(AcqRel, Acquire, |v| {
+                            Some(v.saturating_sub(r.chunk as u64))
+                        });
+                        if s.active() {
+                            self.deactivate(r.chunk as u64);
+                        }
+                    } else if let Some(t) = self.tiers.get(s.tier()) {
+                        t.discard(r.slots[s.tier()] + (c * r.chunk) as u64, r.chunk);
+                        t.forget(r.chunk as u64);
+                    }
+                    r.file_hash[c].store(0, Relaxed);
+                    r.counters.discarded.fetch_add(1, Relaxed);
+                    r.set_bits(c, 0, ACTIVE | CREDIT_MASK);
+                    r.settle(c, Where::Fresh, 0, 0);
+                    return true;
+                }
+            }
         }
     }
 

@@ -197,6 +197,15 @@ pub fn init(path: Option<&std::path::Path>) -> Result<&'static Runtime, Errno> {
                 // parent's over): start a runtime.
                 ENGINE_PTR.store(0, Release);
                 let r: &'static Result<Runtime, String> = Box::leak(Box::new(start(path)));
+                if let Err(m) = r {
+                    // Said once, here: a program that never asks attune_last_error (or
+                    // runs under the preload, which falls back to plain memory) would
+                    // otherwise fail or run untiered without a word.
+                    crate::log::emit(
+                        crate::log::Level::Error,
+                        &format!("the runtime cannot start: {m}"),
+                    );
+                }
                 *g = Some((pid, r));
                 FAST.store(r as *const _ as usize, Release);
                 // After start: the daemon client registered its own fork handler then, and
@@ -480,6 +489,41 @@ pub fn pin(ptr: usize, len: usize, on: bool) -> Result<(), Errno> {
     }
     let _in = e.enter();
     e.pin(&r, ptr, len, on);
+    Ok(())
+}
+
+/// Drops the content of a page-aligned range of an allocation: it reads as zero afterwards
+/// and its DRAM and far-tier space are released (`MADV_DONTNEED` for managed memory).
+pub fn discard(ptr: usize, len: usize) -> Result<(), Errno> {
+    let ps = attune_sys::page_size();
+    if ptr % ps != 0 || len % ps != 0 {
+        return Err(fail(
+            Errno(libc::EINVAL),
+            format!("discard {ptr:#x}+{len}: start and length must be multiples of the page size ({ps})"),
+        ));
+    }
+    if let Some(e) = runtime()?.engine().filter(|e| e.numa.is_some()) {
+        // NUMA tiers keep pages mapped: the kernel's own advice does it.
+        let _in = e.enter();
+        let n = e.numa.as_ref().expect("checked");
+        if n.region(ptr).is_none() {
+            return Err(fail(
+                Errno(libc::EINVAL),
+                format!("{ptr:#x} is not managed memory"),
+            ));
+        }
+        return mem::advise(ptr, len, mem::MADV_DONTNEED)
+            .map_err(|e| fail(e, format!("madvise: {e}")));
+    }
+    let (r, e) = range_in(ptr, len)?;
+    if r.kind == RegionKind::SmallArena {
+        return Err(fail(
+            Errno(libc::EINVAL),
+            format!("{ptr:#x} is inside the arena of small allocations: free_TM them instead"),
+        ));
+    }
+    let _in = e.enter();
+    e.discard(&r, ptr, len);
     Ok(())
 }
 

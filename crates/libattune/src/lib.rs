@@ -286,6 +286,11 @@ pub extern "C" fn attune_unpin(ptr: *mut c_void, len: usize) -> c_int {
 }
 
 #[no_mangle]
+pub extern "C" fn attune_discard(ptr: *mut c_void, len: usize) -> c_int {
+    guard(-1, || rc(runtime::discard(ptr as usize, len)))
+}
+
+#[no_mangle]
 pub extern "C" fn attune_prefetch(ptr: *mut c_void, len: usize) -> c_int {
     guard(-1, || rc(runtime::prefetch(ptr as usize, len)))
 }
