@@ -164,7 +164,7 @@ expect() { # expect NAME RC PATTERN CMD...: exit status RC and PATTERN in the ou
   fi
 }
 gcc -O2 tests/run/c_matrix.c -o "$RT/c_matrix" && gcc -O2 tests/run/fork_exec.c -o "$RT/fork_exec" \
-  && gcc -O2 tests/run/madvise_zero.c -o "$RT/madvise_zero" \
+  && gcc -O2 tests/run/madvise_zero.c -o "$RT/madvise_zero" && gcc -O2 tests/run/munmap_part.c -o "$RT/munmap_part" \
   && gcc -O2 tests/run/crash.c -o "$RT/crash" && gcc -O2 -static tests/run/crash.c -o "$RT/crash_static" \
   && g++ -O2 -std=c++17 tests/run/cpp_vectors.cpp -o "$RT/cpp_vectors" -lpthread \
   && gcc -O2 -fopenmp tests/run/omp_stream.c -o "$RT/omp_stream" || { fail=$((fail+1)); failed+=(build-run-tests); }
@@ -183,6 +183,16 @@ TOML
 expect run-c-rss-within-budget 0 "OK" sh -c "'$ATT' run -q --config '$RT/file.toml' -- '$RT/c_matrix' 128 | tee /dev/stderr | awk -F'VmHWM_KiB=' '{ if (\$2+0 > 0 && \$2+0 < 48*1024) print \"OK\"; else print \"RSS too high: \" \$2 }'"
 # MADV_DONTNEED by an unmodified program reads as zero, its pages in a far tier too.
 expect run-madvise-dontneed-zero 0 "madvise_zero: OK" "$ATT" run -q --dram 16M -- "$RT/madvise_zero" 128
+# munmap of part of a mapping gives its memory back, far-tier copies included (the memory
+# tier's arena is in the process's RSS).
+cat > "$RT/mem.toml" <<TOML
+dram = "16M"
+[[tier]]
+name = "far"
+kind = "memory"
+capacity = "1G"
+TOML
+expect run-munmap-part-frees 0 "munmap_part: OK" "$ATT" run -q --config "$RT/mem.toml" -- "$RT/munmap_part" 128
 expect run-cpp-threads 0 "cpp_vectors: OK" sh -c "'$ATT' run --dram 32M --report '$RT/cpp.json' -- '$RT/cpp_vectors' 96 4 && $CHECK '$RT/cpp.json' --exit 0 --min-procs 1 --budget-slack 2097152"
 OMP_NUM_THREADS=2 expect run-openmp 0 "omp_stream: OK" sh -c "'$ATT' run --dram 32M --report '$RT/omp.json' -- '$RT/omp_stream' 96 && $CHECK '$RT/omp.json' --exit 0 --min-procs 1 --budget-slack 2097152"
 if command -v mpicc >/dev/null && mpicc -O2 tests/run/mpi_exchange.c -o "$RT/mpi_exchange"; then

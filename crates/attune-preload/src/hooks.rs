@@ -425,6 +425,12 @@ pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
             let _ = attune::runtime::free(b);
         }
     }
+    // The unmapped part of a mapping that stays: its content goes now (DRAM and far-tier
+    // space), though its addresses stay reserved until the last byte goes.
+    for (a, l) in u.parts {
+        let _b = Busy::enter();
+        let _ = attune::runtime::discard(a, l);
+    }
     let mut r = Ok(());
     for (a, l) in u.gaps {
         r = r.and(mem::raw_munmap(a, l));
@@ -457,7 +463,13 @@ pub extern "C" fn mremap(
     };
     if new_len <= e.size {
         if new_len < e.size {
-            let _ = table::unmap(old + new_len, e.size - new_len);
+            // The cut-off tail's content goes (a later growth in place reads zeros there,
+            // as the kernel's would).
+            let u = table::unmap(old + new_len, e.size - new_len);
+            for (a, l) in u.parts {
+                let _b = Busy::enter();
+                let _ = attune::runtime::discard(a, l);
+            }
         }
         return old as *mut c_void;
     }

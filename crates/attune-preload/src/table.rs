@@ -167,6 +167,9 @@ pub struct Unmap {
     pub free: Vec<(usize, bool)>,
     /// Parts of the range outside managed memory, for the kernel.
     pub gaps: Vec<(usize, usize)>,
+    /// Parts of managed entries of this process that stay (others of their bytes are
+    /// still mapped): start and length, for the runtime to drop their content.
+    pub parts: Vec<(usize, usize)>,
     pub touched_managed: bool,
 }
 
@@ -203,6 +206,8 @@ pub fn unmap(addr: usize, len: usize) -> Unmap {
                 let inh = e.inherited;
                 m.remove(&b);
                 u.free.push((b, inh));
+            } else if !e.inherited {
+                u.parts.push((s, t - s));
             }
         }
         if cursor < end {
