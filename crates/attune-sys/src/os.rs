@@ -26,6 +26,35 @@ pub fn yield_now() {
     unsafe { libc::sched_yield() };
 }
 
+/// The calling thread's thread pointer, read without a TLS lookup: on x86-64 the TCB's
+/// self pointer at `%fs:0`, on aarch64 `tpidr_el0`. Distinct among live threads; 0 on
+/// other architectures (callers then take their TLS path). Signal-safe.
+#[inline(always)]
+pub fn thread_pointer() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let tp: usize;
+        // SAFETY: glibc and musl keep the TCB's own address at %fs:0 for every thread.
+        unsafe {
+            std::arch::asm!("mov {}, fs:0", out(reg) tp, options(nostack, readonly, preserves_flags))
+        };
+        tp
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        let tp: usize;
+        // SAFETY: reading the thread register has no side effect.
+        unsafe {
+            std::arch::asm!("mrs {}, tpidr_el0", out(reg) tp, options(nostack, nomem, preserves_flags))
+        };
+        tp
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        0
+    }
+}
+
 /// Sleeps for `us` microseconds (nanosleep; an interruption ends it early). Signal-safe.
 pub fn sleep_us(us: u64) {
     let ts = libc::timespec {

@@ -225,7 +225,16 @@ pub fn init(path: Option<&std::path::Path>) -> Result<&'static Runtime, Errno> {
     }
 }
 
+/// The runtime, started on first use. Inlined fast path: a started runtime is one load.
+#[inline]
 pub fn runtime() -> Result<&'static Runtime, Errno> {
+    let fast = FAST.load(Acquire);
+    if fast != 0 {
+        // SAFETY: FAST only holds a leaked &'static Result<Runtime, String>.
+        if let Ok(rt) = unsafe { &*(fast as *const Result<Runtime, String>) } {
+            return Ok(rt);
+        }
+    }
     init(None)
 }
 
