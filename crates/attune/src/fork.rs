@@ -266,9 +266,20 @@ fn take_over(e: &'static Engine) -> Result<(), String> {
     Ok(())
 }
 
+/// Set in a child that could not take the runtime over: mimalloc's thread state there
+/// still links heap structures inside the small-object arenas just unmapped, so any
+/// mimalloc call would touch them (seen: SIGBUS in the child's first `allocate_TM(64)`).
+static ABANDONED: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process is a child that could not take its parent's runtime over.
+pub(crate) fn abandoned() -> bool {
+    ABANDONED.load(Acquire)
+}
+
 /// The child cannot serve its managed memory: unmap it, so a touch faults loudly instead
 /// of reading zeros where a chunk was not resident.
 fn abandon(e: &Engine) {
+    ABANDONED.store(true, Release);
     let table = e.regions.read().unwrap_or_else(|p| p.into_inner());
     for r in table.iter() {
         let _ = attune_sys::mem::unmap(r.base, r.len);

@@ -117,6 +117,12 @@ pub fn after_fork_in_child() -> bool {
     ok
 }
 
+/// Whether small requests share the per-class arenas (false in a forked child that could
+/// not take its parent's runtime over, or without a started tiered runtime).
+pub fn small_enabled() -> bool {
+    matches!(runtime(), Ok(Runtime::Tiered { small, .. }) if small.enabled)
+}
+
 /// The engine, if the runtime started in tiered mode (signal-safe, no initialisation).
 pub fn engine_if_started() -> Option<&'static Engine> {
     let p = ENGINE_PTR.load(Acquire);
@@ -161,10 +167,14 @@ fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
             if let Some(f) = ON_START.get() {
                 f();
             }
-            Ok(Runtime::Tiered {
-                engine: e,
-                small: SmallAllocator::new(),
-            })
+            let small = SmallAllocator::new();
+            if !small.enabled {
+                crate::log::emit(
+                    crate::log::Level::Warn,
+                    "this forked child could not take its parent's runtime over: its managed allocations below small_threshold get a region each",
+                );
+            }
+            Ok(Runtime::Tiered { engine: e, small })
         }
         Err(x) => {
             crate::log::emit(
@@ -291,7 +301,7 @@ pub fn alloc(size: usize, flag_bits: u32, opts: Option<AllocOptions>) -> Result<
                 && !opts.prefault
                 && opts.chunk_size.is_none()
                 && opts.fault_mode.is_none();
-            if size < engine.cfg.small_threshold && plain {
+            if size < engine.cfg.small_threshold && plain && small.enabled {
                 return small
                     .alloc(engine, size, flags)
                     .map_err(|e| fail(e, format!("small allocation of {size} bytes failed: {e}")));

@@ -35,6 +35,9 @@ pub struct SmallAllocator {
     lo: AtomicU64,
     hi: AtomicU64,
     secret: u64,
+    /// False in a child that could not take its parent's runtime over: mimalloc's state
+    /// there refers to unmapped memory, so small requests get a region each instead.
+    pub enabled: bool,
     /// Allocations and frees run inside it (they touch arena pages and mimalloc's state);
     /// a fork closes it before the engine's gate (`crate::fork`). Per-thread flags instead
     /// of a shared count: it is on the path of every small allocation and free.
@@ -51,6 +54,7 @@ impl SmallAllocator {
             lo: AtomicU64::new(u64::MAX),
             hi: AtomicU64::new(0),
             secret: secret | 1,
+            enabled: !crate::fork::abandoned(),
             gate: crate::thread_gate::ThreadGate::new(),
         }
     }
