@@ -184,15 +184,8 @@ expect run-c-rss-within-budget 0 "OK" sh -c "'$ATT' run -q --config '$RT/file.to
 # MADV_DONTNEED by an unmodified program reads as zero, its pages in a far tier too.
 expect run-madvise-dontneed-zero 0 "madvise_zero: OK" "$ATT" run -q --dram 16M -- "$RT/madvise_zero" 128
 # munmap of part of a mapping gives its memory back, far-tier copies included (the memory
-# tier's arena is in the process's RSS).
-cat > "$RT/mem.toml" <<TOML
-dram = "16M"
-[[tier]]
-name = "far"
-kind = "memory"
-capacity = "1G"
-TOML
-expect run-munmap-part-frees 0 "munmap_part: OK" "$ATT" run -q --config "$RT/mem.toml" -- "$RT/munmap_part" 128
+# tier's arena is in the process's RSS; mem.toml: 16 MiB and one memory tier, from above).
+expect run-munmap-part-frees 0 "munmap_part: OK" "$ATT" run -q --config "$OUT/mem.toml" -- "$RT/munmap_part" 128
 expect run-cpp-threads 0 "cpp_vectors: OK" sh -c "'$ATT' run --dram 32M --report '$RT/cpp.json' -- '$RT/cpp_vectors' 96 4 && $CHECK '$RT/cpp.json' --exit 0 --min-procs 1 --budget-slack 2097152"
 OMP_NUM_THREADS=2 expect run-openmp 0 "omp_stream: OK" sh -c "'$ATT' run --dram 32M --report '$RT/omp.json' -- '$RT/omp_stream' 96 && $CHECK '$RT/omp.json' --exit 0 --min-procs 1 --budget-slack 2097152"
 if command -v mpicc >/dev/null && mpicc -O2 tests/run/mpi_exchange.c -o "$RT/mpi_exchange"; then

@@ -185,11 +185,18 @@ fn place_run(e: &Engine, r: &Region, c: usize, n: usize, src: Where, tier: usize
     };
     let len = n * r.chunk;
     reserve_dram(e, len as u64);
-    let dst = r.chunk_addr(c);
+    let run = Run {
+        c,
+        n,
+        src,
+        tier,
+        dst: r.chunk_addr(c),
+        len,
+    };
     let mut tries = 0u32;
     let mut deadline = 0u64;
     let result = loop {
-        let res = fetch_run(e, r, c, n, src, tier, dst, len);
+        let res = fetch_run(e, r, &run);
         match res {
             Err(err) if transient(err) => {
                 let now = attune_sys::os::now_ns();
@@ -209,29 +216,32 @@ fn place_run(e: &Engine, r: &Region, c: usize, n: usize, src: Where, tier: usize
             _ => break res,
         }
     };
-    publish_run(e, r, c, n, src, tier, dst, len, fault_ns, result)
+    publish_run(e, r, &run, fault_ns, result)
 }
 
-/// One attempt at placing the run's data: zero-fill or a load from its tier.
-#[allow(clippy::too_many_arguments)]
-fn fetch_run(
-    e: &Engine,
-    r: &Region,
+/// Chunks `[c, c+n)` of a region, claimed by this thread, all from `src` (in far tier
+/// `tier` when Far): `len` bytes at `dst`.
+#[derive(Clone, Copy)]
+struct Run {
     c: usize,
     n: usize,
     src: Where,
     tier: usize,
     dst: usize,
     len: usize,
-) -> Result<(), Errno> {
+}
+
+/// One attempt at placing the run's data: zero-fill or a load from its tier.
+fn fetch_run(e: &Engine, r: &Region, run: &Run) -> Result<(), Errno> {
     let uffd = e.uffd_for(r.delivery);
-    match src {
-        Where::Far => match e.tiers.get(tier) {
+    let (dst, len) = (run.dst, run.len);
+    match run.src {
+        Where::Far => match e.tiers.get(run.tier) {
             Some(t) => {
                 e.pace(len as u64);
-                let off = r.slots[tier] + (c * r.chunk) as u64;
+                let off = r.slots[run.tier] + (run.c * r.chunk) as u64;
                 let keeps = t.keeps_copy();
-                let mut seen = |data: usize| !keeps || check_hashes(r, c, n, data);
+                let mut seen = |data: usize| !keeps || check_hashes(r, run.c, run.n, data);
                 let res = t.load(&e.io(), uffd, dst, off, len, &mut seen);
                 if res.is_ok() {
                     e.counters.fetched_bytes.fetch_add(len as u64, Relaxed);
@@ -242,7 +252,7 @@ fn fetch_run(
             None => Err(Errno(libc::EINVAL)),
         },
         _ => {
-            r.counters.zero_fills.fetch_add(n as u64, Relaxed);
+            r.counters.zero_fills.fetch_add(run.n as u64, Relaxed);
             match uffd.copy(dst, e.zero_addr(), len, true) {
                 Ok(_) => Ok(()),
                 // Part of the run is mapped (the application's own data after a discard
@@ -259,19 +269,21 @@ fn fetch_run(
 
 /// Publishes the run's outcome: Resident with its replacement class, or (its data could
 /// not be read back) back to Far with the access failing loudly.
-#[allow(clippy::too_many_arguments)]
 fn publish_run(
     e: &Engine,
     r: &Region,
-    c: usize,
-    n: usize,
-    src: Where,
-    tier: usize,
-    dst: usize,
-    len: usize,
+    run: &Run,
     fault_ns: u64,
     result: Result<(), Errno>,
 ) -> bool {
+    let Run {
+        c,
+        n,
+        src,
+        tier,
+        dst,
+        len,
+    } = *run;
     let uffd = e.uffd_for(r.delivery);
     match result {
         Ok(()) => {
