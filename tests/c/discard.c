@@ -1,12 +1,36 @@
 /* attune_discard: a range of an allocation reads as zero afterwards, whether its chunks
  * were resident or in a far tier (where the kernel's MADV_DONTNEED cannot reach them: the
  * test shows that too), and its far-tier space is freed. Data outside the range is kept.
- * Run under the default chunk size and a larger one (partial chunks at the edges). */
+ * Run under the default chunk size and a larger one (partial chunks at the edges). Then
+ * eight threads discard and rewrite slices of it at once while the evictor runs. */
 #define _GNU_SOURCE
 #include <attune.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <sys/mman.h>
 #include "check.h"
+
+/* Concurrent phase: each thread owns a slice, discards parts of it and rewrites them while
+ * the others fault and the evictor moves their chunks (the discard holds each chunk). */
+static uint64_t *shared_a; static size_t slice_words; static atomic_ulong concurrent_bad;
+static void *discarder(void *arg) {
+    long t = (long)arg;
+    uint64_t *s = shared_a + t * slice_words, x = 0x9E3779B97F4A7C15ull * (t + 1);
+    size_t pages = slice_words * 8 / 4096;
+    for (int round = 0; round < 12; round++) {
+        for (size_t i = 0; i < slice_words; i++) s[i] = mix64(i) ^ round;
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        size_t p0 = x % pages, np = 1 + (x >> 20) % (pages - p0);
+        if (attune_discard((char *)s + p0 * 4096, np * 4096) != 0) { atomic_fetch_add(&concurrent_bad, 1); continue; }
+        for (size_t i = 0; i < slice_words; i++) {
+            size_t page = i * 8 / 4096;
+            uint64_t want = (page >= p0 && page < p0 + np) ? 0 : (mix64(i) ^ round);
+            if (s[i] != want) atomic_fetch_add(&concurrent_bad, 1);
+        }
+    }
+    return NULL;
+}
 
 static uint64_t far_bytes(const attune_region_stats_t *s) {
     uint64_t b = 0;
@@ -68,6 +92,14 @@ int main(void) {
           "small-block arena: EINVAL");
     free_TM(small);
     CHECK(a[words - 1] == mix64(words - 1), "data kept after the refused calls");
+    /* (the concurrent phase below rewrites everything) */
+    /* Eight threads at once over the whole allocation (4x the budget). */
+    shared_a = a; slice_words = words / 8;
+    pthread_t th[8];
+    for (long t = 0; t < 8; t++) pthread_create(&th[t], 0, discarder, (void *)t);
+    for (long t = 0; t < 8; t++) pthread_join(th[t], 0);
+    CHECK(concurrent_bad == 0, "%lu wrong words or failed discards with 8 threads at once",
+          (unsigned long)concurrent_bad);
     printf("discard: far %llu -> %llu bytes\n", (unsigned long long)far_bytes(&before),
            (unsigned long long)far_bytes(&after));
     free_TM(a);
