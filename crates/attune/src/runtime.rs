@@ -412,8 +412,8 @@ pub fn free(ptr: usize) -> Result<(), Errno> {
             }) {
                 return Ok(());
             }
-            if small.owns(ptr) {
-                return small.free(ptr).map_err(|e| fail(e, format!("{ptr:#x} is not a live small allocation (freed twice, or an interior pointer)")));
+            if let Some(r) = small.free_if_owned(ptr) {
+                return r.map_err(|e| fail(e, format!("{ptr:#x} is not a live small allocation (freed twice, or an interior pointer)")));
             }
             match lookup(ptr)? {
                 Lookup::Region(r) => {
