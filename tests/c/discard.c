@@ -84,6 +84,8 @@ int main(void) {
     errno = 0;
     CHECK(attune_discard((char *)a + 1, ps) == -1 && errno == EINVAL, "unaligned start: EINVAL");
     CHECK(attune_discard(a, ps + 1) == -1 && errno == EINVAL, "unaligned length: EINVAL");
+    errno = 0;
+    CHECK(attune_discard(a, 0) == -1 && errno == EINVAL, "empty range: EINVAL");
     CHECK(attune_discard((char *)a + n - ps, 2 * ps) == -1 && errno == EINVAL, "range leaving the allocation: EINVAL");
     static char foreign[8192] __attribute__((aligned(4096)));
     CHECK(attune_discard(foreign, ps) == -1 && errno == EINVAL, "foreign memory: EINVAL");

@@ -63,7 +63,7 @@ fn managed_slow(size: usize, region: bool) -> (usize, bool) {
         Err(_) => return (0, false),
     };
     let is_region = region || size >= rt.config().small_threshold;
-    if !is_region && !attune::runtime::small_enabled() {
+    if !is_region && !rt.small_enabled() {
         // A child that could not take its parent's runtime over: no shared arenas; a
         // region per small request would cost a page each, so glibc serves them.
         return (0, false);

@@ -612,7 +612,7 @@ impl Engine {
                 zero(r.chunk_addr(c), r.chunk_addr(c) + r.chunk);
             }
         }
-        zero(r.chunk_addr(hi).min(end), end);
+        zero(r.chunk_addr(hi), end);
     }
 
     /// Drops chunk `c`'s content and space; false for a pinned resident chunk (the caller

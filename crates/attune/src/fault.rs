@@ -372,7 +372,6 @@ fn copy_pages(uffd: &attune_sys::uffd::Uffd, dst: usize, src: usize, len: usize)
     }
 }
 
-/// Records the content hash of chunks just read from a tier that keeps its copy.
 /// Checks the run read from a file tier against the hashes recorded when it was written
 /// (0: not known, as in a forked child) and records them. False when a chunk's data is not
 /// what was written (the file was truncated, punched or overwritten behind the runtime's

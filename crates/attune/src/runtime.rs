@@ -117,12 +117,6 @@ pub fn after_fork_in_child() -> bool {
     ok
 }
 
-/// Whether small requests share the per-class arenas (false in a forked child that could
-/// not take its parent's runtime over, or without a started tiered runtime).
-pub fn small_enabled() -> bool {
-    matches!(runtime(), Ok(Runtime::Tiered { small, .. }) if small.enabled)
-}
-
 /// The engine, if the runtime started in tiered mode (signal-safe, no initialisation).
 pub fn engine_if_started() -> Option<&'static Engine> {
     let p = ENGINE_PTR.load(Acquire);
@@ -249,6 +243,11 @@ pub fn runtime() -> Result<&'static Runtime, Errno> {
 }
 
 impl Runtime {
+    /// Whether small requests share the per-class arenas (false in a forked child that
+    /// could not take its parent's runtime over, and without tiering).
+    pub fn small_enabled(&self) -> bool {
+        matches!(self, Runtime::Tiered { small, .. } if small.enabled)
+    }
     pub fn config(&self) -> &Config {
         match self {
             Runtime::Tiered { engine, .. } => &engine.cfg,
@@ -525,10 +524,17 @@ pub fn discard(ptr: usize, len: usize) -> Result<(), Errno> {
         // NUMA tiers keep pages mapped: the kernel's own advice does it.
         let _in = e.enter();
         let n = e.numa.as_ref().expect("checked");
-        if n.region(ptr).is_none() {
+        let inside = n.region(ptr).is_some_and(|r| {
+            len > 0
+                && ptr
+                    .checked_add(len)
+                    .is_some_and(|end| end <= r.base + r.len)
+        });
+        if !inside {
+            // Never advise past the allocation: that would drop someone else's memory.
             return Err(fail(
                 Errno(libc::EINVAL),
-                format!("{ptr:#x} is not managed memory"),
+                format!("range {ptr:#x}+{len} is not inside one managed allocation"),
             ));
         }
         return mem::advise(ptr, len, mem::MADV_DONTNEED)

@@ -145,24 +145,14 @@ impl SmallAllocator {
         })
     }
 
-    /// Frees a block; EINVAL for anything that is not a live block start.
-    pub fn free(&self, ptr: usize) -> Result<(), Errno> {
-        self.free_if_owned(ptr).unwrap_or(Err(Errno(libc::EINVAL)))
-    }
-
-    /// [`Self::free`] for a pointer that may not be in the arenas at all: None then (one
-    /// range test on `free_TM`'s path instead of two).
-    #[inline]
+    /// Frees a block: None when `ptr` is not in the arenas at all (someone else's to
+    /// judge), EINVAL for anything in them that is not a live block start.
     pub fn free_if_owned(&self, ptr: usize) -> Option<Result<(), Errno>> {
         if !self.owns(ptr) {
             return None;
         }
-        Some(self.free_owned(ptr))
-    }
-
-    fn free_owned(&self, ptr: usize) -> Result<(), Errno> {
         if ptr % 16 != 0 {
-            return Err(Errno(libc::EINVAL));
+            return Some(Err(Errno(libc::EINVAL)));
         }
         let block = ptr - HEADER;
         let _in = self.gate.enter();
@@ -170,14 +160,14 @@ impl SmallAllocator {
         // fault it in.
         let tag = unsafe { *(block as *const u64) };
         if tag != self.tag(block) {
-            return Err(Errno(libc::EINVAL));
+            return Some(Err(Errno(libc::EINVAL)));
         }
         // SAFETY: as above; the tag proved this is the start of a live block.
         unsafe {
             *(block as *mut u64) = FREED_TAG;
             mi::mi_free(block as *mut _);
         }
-        Ok(())
+        Some(Ok(()))
     }
 
     /// Size the application asked for, if `ptr` is a live small block.

@@ -296,7 +296,8 @@ impl FarTier {
 }
 
 /// Puts pages a store had moved out of the region (`[st, st+len)`, a staging slot or a
-/// far-memory slot) back at `src`: moved where possible, copied page by page otherwise.
+/// far-memory slot) back at `src`: one move of the range (which already retries and
+/// accounts for what it moved), then the pages it could not move copied one by one.
 /// A page absent from the slot is a hole the application had discarded (it reads as zero
 /// where it was) or a page already back. Returns false when a page could not be placed:
 /// a lost write, reported as EIO by the caller. Signal-safe.
@@ -313,19 +314,13 @@ pub(crate) fn give_back(region_uffd: &Uffd, src: usize, st: usize, len: usize) -
     while off < len {
         // Never read an absent slot page: the slot is registered with the internal
         // userfaultfd, and a copy from it would wait for a fault nobody serves.
-        if attune_sys::mem::page_present(st + off) {
-            let put = match region_uffd.move_pages(src + off, st + off, ps, true, true) {
-                Ok(n) => n >= ps,
-                Err(_) => false,
-            };
-            if !put
-                && !matches!(
-                    region_uffd.copy(src + off, st + off, ps, true),
-                    Ok(_) | Err(Errno(libc::EEXIST))
-                )
-            {
-                ok = false;
-            }
+        if attune_sys::mem::page_present(st + off)
+            && !matches!(
+                region_uffd.copy(src + off, st + off, ps, true),
+                Ok(_) | Err(Errno(libc::EEXIST))
+            )
+        {
+            ok = false;
         }
         off += ps;
     }
