@@ -78,6 +78,7 @@ pub struct OptionDoc {
 pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "dram", env: "ATTUNE_DRAM", default: "25%", suggested: "what the job may keep resident, e.g. its cgroup limit minus 10%", doc: "DRAM budget for managed memory: a size (K/M/G) or a percentage of the machine's memory" },
     OptionDoc { key: "fault_mode", env: "ATTUNE_FAULT_MODE", default: "thread", suggested: "thread; signal for compute kernels whose managed buffers never reach system calls", doc: "How faults are resolved: thread (handler thread) or signal (the faulting thread, SIGBUS)" },
+    OptionDoc { key: "handler_spin_us", env: "ATTUNE_HANDLER_SPIN_US", default: "100", suggested: "100; 0 where every core is busy with the application's own threads", doc: "How long the fault-handler thread (thread delivery) polls for the next fault before it sleeps, when the previous fault came sooner than that (microseconds; 0 = always sleep)" },
     OptionDoc { key: "chunk_size", env: "ATTUNE_CHUNK_SIZE", default: "4K", suggested: "4K for random access, 64K-1M for streaming", doc: "Default unit of placement and movement, a power of two from 4K to 2M" },
     OptionDoc { key: "readahead", env: "ATTUNE_READAHEAD", default: "1M", suggested: "1M; 0 disables", doc: "Largest read-ahead window on sequential faults" },
     OptionDoc { key: "headroom", env: "ATTUNE_HEADROOM", default: "2%", suggested: "2%-5% of the budget, at least a few MiB", doc: "Free DRAM the background evictor keeps, as a size or a percentage of the budget" },
@@ -190,6 +191,8 @@ pub struct TierConfig {
 pub struct Config {
     pub dram: u64,
     pub fault_mode: FaultMode,
+    /// Microseconds the handler thread polls before sleeping (`fault::handler_loop`).
+    pub handler_spin_us: u64,
     pub chunk_size: usize,
     pub readahead: usize,
     pub headroom: u64,
@@ -219,6 +222,7 @@ pub struct Config {
 struct FileConfig {
     dram: Option<String>,
     fault_mode: Option<FaultMode>,
+    handler_spin_us: Option<u64>,
     chunk_size: Option<String>,
     readahead: Option<String>,
     headroom: Option<String>,
@@ -508,6 +512,14 @@ pub fn load(
         0,
         100_000,
     )?;
+    let handler_spin_us = int_opt(
+        "handler_spin_us",
+        "ATTUNE_HANDLER_SPIN_US",
+        fc.handler_spin_us,
+        100,
+        0,
+        10_000,
+    )?;
     let sample_window_us = int_opt(
         "sample_window_us",
         "ATTUNE_SAMPLE_WINDOW_US",
@@ -707,6 +719,7 @@ pub fn load(
         workflow,
         dram,
         fault_mode,
+        handler_spin_us,
         chunk_size,
         readahead,
         headroom,
@@ -812,6 +825,24 @@ mod tests {
         let e = load(Some(&p), &[], &machine()).unwrap_err().0;
         assert!(
             e.contains("sample_window_us") && e.contains("between"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn handler_spin_is_checked() {
+        assert_eq!(load(None, &[], &machine()).unwrap().handler_spin_us, 100);
+        let off = load(None, &env(&[("ATTUNE_HANDLER_SPIN_US", "0")]), &machine()).unwrap();
+        assert_eq!(off.handler_spin_us, 0);
+        let e = load(
+            None,
+            &env(&[("ATTUNE_HANDLER_SPIN_US", "20000")]),
+            &machine(),
+        )
+        .unwrap_err()
+        .0;
+        assert!(
+            e.contains("ATTUNE_HANDLER_SPIN_US") && e.contains("between 0 and 10000"),
             "{e}"
         );
     }
