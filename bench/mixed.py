@@ -58,8 +58,8 @@ def main():
     a = ap.parse_args()
     if a.mib < 64 or a.iters < 1 or a.reps < 1:
         sys.exit("--mib must be at least 64, --iters and --reps at least 1")
-    tmp = tempfile.mkdtemp(prefix="attune-mixed-")
-    prog = os.path.join(tmp, "mixed")
+    tmp = tempfile.TemporaryDirectory(prefix="attune-mixed-")
+    prog = os.path.join(tmp.name, "mixed")
     build(prog)
     args = [prog, str(a.mib), str(a.iters), str(a.lookups)]
     budget = f"{a.mib // 2}M"
