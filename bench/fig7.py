@@ -85,10 +85,12 @@ class Daemon:
     0.1 s: the DRAM each workflow was granted (median and peak over the samples that
     listed it) says what the policy did."""
 
-    def __init__(self, tmp, pool):
+    def __init__(self, tmp, pool, bw_dram_share, move_limit):
         self.sock = os.path.join(tmp, f"fig7-{random.randrange(1 << 30)}.sock")
         self.p = subprocess.Popen([ATTUNED, "--socket", self.sock, "--dram", imme.mb(pool), "--metrics", "off",
-                                   "--min-grant", "8M"], stderr=subprocess.DEVNULL)
+                                   "--min-grant", "8M", "--bw-dram-share", str(bw_dram_share),
+                                   "--move-limit", move_limit],
+                                  stderr=subprocess.DEVNULL)
         for _ in range(250):
             if os.path.exists(self.sock):
                 break
@@ -121,10 +123,10 @@ class Daemon:
         return {n: {"median": statistics.median(g), "peak": max(g)} for n, g in self.grants.items()}
 
 
-def policy_run(policy, sel, tmp, node, pool):
+def policy_run(policy, sel, tmp, node, pool, bw_dram_share, move_limit):
     """One co-located run of the selected workflows under `policy`."""
     cmds, envs = [], []
-    daemon = Daemon(tmp, pool) if policy in ("default", "attuned") else None
+    daemon = Daemon(tmp, pool, bw_dram_share, move_limit) if policy in ("default", "attuned") else None
     grants = {}
     try:
         for w in sel:
@@ -174,7 +176,9 @@ def markdown(res, cmdline):
     pols = res["policies"]
     lines = [f"Reproduce: `{cmdline}` ({res['date']}, {res['reps']} rounds, median; node DRAM "
              f"{res['node_mib']} MiB = {100 - int(res['outside'] * 100)}% of the workflows' footprints added up, "
-             f"Attune's pool {res['pool_mib']} MiB after their unmanaged parts). Wall time of each workflow "
+             f"Attune's pool {res['pool_mib']} MiB after their unmanaged parts; a BW workflow claims "
+             f"{res.get('bw_dram_share', 100)}% of its want in DRAM, DRAM's share of a DRAM+CXL node's bandwidth). "
+             "Wall time of each workflow "
              "started together with the others, normalized to its time alone with all the memory it wants (IE).",
              "", "| workflow | flags | footprint | IE alone (s) | " + " | ".join(pols) + " |",
              "|---|---|---|---|" + "---|" * len(pols)]
@@ -256,7 +260,15 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small sizes (tests)")
     ap.add_argument("--out", default=os.path.join(imme.ROOT, "results"))
     ap.add_argument("--update-docs", action="store_true")
+    # The far memory modelled is CXL: the QEMU guest's HMAT figures, 100 GB/s of DRAM
+    # beside 30 GB/s of CXL, give DRAM 77% of the node's bandwidth (attuned's
+    # --bw-dram-share: a BW workflow claims that part of its want in DRAM).
+    ap.add_argument("--bw-dram-share", type=int, default=77)
+    # attuned's pacing of non-LAT/SHL workflows' page movement while a LAT/SHL one runs.
+    ap.add_argument("--move-limit", default="1G")
     a = ap.parse_args()
+    if not 1 <= a.bw_dram_share <= 100:
+        sys.exit("--bw-dram-share is a percentage from 1 to 100")
     if not 0 < a.outside < 1:
         sys.exit("--outside must be between 0 and 1")
     if a.reps < 1:
@@ -301,13 +313,14 @@ def main():
             for k in range(len(pols)):
                 p = pols[(k + rnd) % len(pols)]
                 bar.set_description(f"round {rnd + 1} {p}")
-                runs[p].append(policy_run(p, sel, tmp, node, pool))
+                runs[p].append(policy_run(p, sel, tmp, node, pool, a.bw_dram_share, a.move_limit))
                 bar.update()
     finally:
         bar.close()
         shutil.rmtree(tmp, ignore_errors=True)
     res = {"date": time.strftime("%Y-%m-%d"), "reps": a.reps, "outside": a.outside, "node_mib": node >> 20,
-           "pool_mib": pool >> 20, "policies": pols, "workflows": [], "totals": {}}
+           "pool_mib": pool >> 20, "bw_dram_share": a.bw_dram_share, "policies": pols, "workflows": [],
+           "totals": {}}
     failed = 0
     for i, w in enumerate(sel):
         row = {k: w[k] for k in ("name", "title", "flags", "footprint", "ie", "unmanaged", "managed_budget")}

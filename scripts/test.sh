@@ -37,7 +37,7 @@ fi
 echo "== native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"
-for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small config_error fallback protect lost_tier discard; do
+for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small config_error fallback protect lost_tier discard cap_tier; do
   gcc $CFLAGS tests/c/$t.c -o "$OUT/$t" $LIBS || { fail=$((fail+1)); failed+=("build-$t"); }
 done
 g++ -O2 -std=c++17 $(pkg-config --cflags attune) tests/cpp/threads.cpp -o "$OUT/cpp_threads" $LIBS || { fail=$((fail+1)); failed+=(build-cpp); }
@@ -66,6 +66,22 @@ ATTUNE_CONFIG="$OUT/file.toml" ATTUNE_TIER_SSD_DIRECT=true ATTUNE_CHUNK_SIZE=64K
 # Flags: LAT and CAP regions.
 run integrity-lat "$OUT/integrity" 48 1
 run integrity-cap "$OUT/integrity" 48 4
+# CAP's tier: the memory tier while it has room, the file tier as overflow or alone.
+run cap-tier-memory "$OUT/cap_tier"
+cat > "$OUT/cap-small.toml" <<TOML
+dram = "16M"
+[[tier]]
+name = "mem"
+kind = "memory"
+capacity = "8M"
+[[tier]]
+name = "ssd"
+kind = "file"
+capacity = "1G"
+path = "$OUT"
+TOML
+ATTUNE_CONFIG="$OUT/cap-small.toml" EXPECT=overflow MEM_CAP=$((8<<20)) run cap-tier-overflow "$OUT/cap_tier"
+ATTUNE_CONFIG="$OUT/file.toml" EXPECT=file run cap-tier-file "$OUT/cap_tier"
 run stress "$OUT/stress" 64
 # Algorithm 2: LAT pages survive a CAP region 4x the budget; temperature-only loses them.
 run protect-lat-under-cap-pressure "$OUT/protect"

@@ -1,28 +1,52 @@
 //! Node-wide DRAM budgets for co-located workflows (the daemon's policy; pure).
 //!
 //! Every workflow asks for the DRAM it would use alone (`want`) and says how much of it
-//! is protected (LAT/SHL regions: `protected`). The pool is granted in three rounds:
+//! is protected (LAT/SHL regions: `protected`). The pool is granted in four rounds:
 //! 1. protected bytes of LAT/SHL workflows, so a latency-sensitive job keeps its pages
 //!    when a capacity-hungry neighbour arrives (scaled down together if even these do not
 //!    fit);
 //! 2. a floor for everyone (`min_grant`), so no runtime is starved to zero and stalls
 //!    in its own fault handler;
-//! 3. the rest by weighted fair share (water-filling: nobody gets more than it wants,
-//!    what one does not need goes to the others), weights by class.
+//! 3. weighted fair share (water-filling: nobody gets more than it claims, what one does
+//!    not need goes to the others), weights by class; a bandwidth workflow claims only
+//!    DRAM's share of the node's memory bandwidth of its want (IMME Algorithm 1 spreads a
+//!    BW region over the tiers by bandwidth: the rest of it streams as fast from the
+//!    others);
+//! 4. what is still left, by the same weights up to each whole want (no DRAM stays idle
+//!    while someone could use it).
 //!
 //! The grants never sum above the pool.
 
 use crate::Flags;
 
-/// Weight of a workflow in the fair-share round, by its flags: protected classes
-/// first, bandwidth next, capacity and unflagged last.
+/// Weight of a workflow in the fair-share rounds, by its flags: protected classes first,
+/// the others equal (a BW workflow's advantage is not a weight but its claim, see
+/// [`Rules::bw_dram_pct`]).
 pub fn weight(flags: Flags) -> u64 {
     if flags.is_protected() {
         4
-    } else if flags.contains(Flags::BW) {
-        2
     } else {
         1
+    }
+}
+
+/// The node's parameters of the division.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rules {
+    /// Smallest grant while DRAM lasts.
+    pub min_grant: u64,
+    /// DRAM's share of the node's memory bandwidth, percent (100: DRAM alone).
+    pub bw_dram_pct: u64,
+}
+
+/// What a workflow claims in the fair-share round: its want, or for bandwidth data
+/// (BW without LAT/SHL) DRAM's bandwidth share of it.
+fn claim(d: &Demand, bw_dram_pct: u64) -> u64 {
+    if d.flags.contains(Flags::BW) && !d.flags.is_protected() {
+        let c = (d.want as u128 * bw_dram_pct.min(100) as u128).div_ceil(100) as u64;
+        c.div_ceil(PAGE) * PAGE
+    } else {
+        d.want
     }
 }
 
@@ -39,7 +63,8 @@ pub struct Demand {
 const PAGE: u64 = 4096;
 
 /// Grants of `pool` bytes to `demands`, in order. Each is a multiple of 4 KiB.
-pub fn grant(pool: u64, min_grant: u64, demands: &[Demand]) -> Vec<u64> {
+pub fn grant(pool: u64, rules: Rules, demands: &[Demand]) -> Vec<u64> {
+    let min_grant = rules.min_grant;
     let n = demands.len();
     let mut g = vec![0u64; n];
     let mut left = pool;
@@ -62,17 +87,24 @@ pub fn grant(pool: u64, min_grant: u64, demands: &[Demand]) -> Vec<u64> {
         .map(|(d, &have)| d.want.min(min_grant).saturating_sub(have))
         .collect();
     left -= give_scaled(&mut g, &floor, left);
-    // Round 3: weighted water-filling up to each want.
-    let wants: Vec<u64> = demands.iter().map(|d| d.want).collect();
+    // Round 3: weighted water-filling up to each claim.
+    let claims: Vec<u64> = demands
+        .iter()
+        .map(|d| claim(d, rules.bw_dram_pct).min(d.want))
+        .collect();
     let weights: Vec<u64> = demands.iter().map(|d| weight(d.flags)).collect();
+    left -= water_fill(&mut g, &claims, &weights, left);
+    // Round 4: the rest up to each want.
+    let wants: Vec<u64> = demands.iter().map(|d| d.want).collect();
     water_fill(&mut g, &wants, &weights, left);
     g
 }
 
 /// Gives `left` bytes to `g` by weight, nobody above its want (what one does not need goes
-/// to the others), in whole pages.
-fn water_fill(g: &mut [u64], wants: &[u64], weights: &[u64], mut left: u64) {
+/// to the others), in whole pages. Returns the bytes given.
+fn water_fill(g: &mut [u64], wants: &[u64], weights: &[u64], mut left: u64) -> u64 {
     let n = g.len();
+    let start = left;
     loop {
         let active: Vec<usize> = (0..n).filter(|&i| g[i] + PAGE <= wants[i]).collect();
         if active.is_empty() || left < PAGE {
@@ -94,6 +126,7 @@ fn water_fill(g: &mut [u64], wants: &[u64], weights: &[u64], mut left: u64) {
         }
         left -= given;
     }
+    start - left
 }
 
 /// Weight of a workflow when the node's far memory (the runtimes' `memory` tiers:
@@ -190,7 +223,8 @@ mod tests {
 
     #[test]
     fn table() {
-        // (pool MiB, min MiB, demands, expected grants MiB)
+        // (pool MiB, min MiB, demands, expected grants MiB); DRAM alone serves the
+        // node's bandwidth (bw_dram_pct 100) unless a case says otherwise.
         let cases: &[(u64, u64, Vec<Demand>, Vec<u64>)] = &[
             // Everyone fits: each gets what it wants.
             (
@@ -206,16 +240,16 @@ mod tests {
                 vec![d(128, 96, Flags::LAT), d(512, 0, Flags::CAP)],
                 vec![128, 128],
             ),
-            // Weighted shares when both want everything: LAT 4, BW 2, CAP 1 over 700.
+            // Weighted shares when all want everything: LAT 4, BW 1, CAP 1 over 600.
             (
-                700,
+                600,
                 0,
                 vec![
                     d(1000, 0, Flags::LAT),
                     d(1000, 0, Flags::BW),
                     d(1000, 0, Flags::CAP),
                 ],
-                vec![400, 200, 100],
+                vec![400, 100, 100],
             ),
             // Protected bytes above the pool: scaled, the floor of others gets nothing.
             (
@@ -237,10 +271,73 @@ mod tests {
             ),
         ];
         for (pool, min, ds, want) in cases {
-            let g = grant(pool * M, min * M, ds);
+            let g = grant(pool * M, rules(*min, 100), ds);
             let got: Vec<u64> = g.iter().map(|b| (b + M / 2) / M).collect();
             assert_eq!(&got, want, "pool {pool} demands {ds:?}");
             assert!(g.iter().sum::<u64>() <= pool * M);
+        }
+    }
+
+    fn rules(min_mib: u64, bw_dram_pct: u64) -> Rules {
+        Rules {
+            min_grant: min_mib * M,
+            bw_dram_pct,
+        }
+    }
+
+    #[test]
+    fn bw_claims_dram_by_its_bandwidth_share() {
+        // (pool MiB, DRAM's share of the bandwidth %, demands, expected grants MiB)
+        let cases: &[(u64, u64, Vec<Demand>, Vec<u64>)] = &[
+            // DRAM serves 75% of the bandwidth: the stream claims 300 of its 400 MiB,
+            // the capacity neighbour takes the rest.
+            (
+                1000,
+                75,
+                vec![d(400, 0, Flags::BW), d(1000, 0, Flags::CAP)],
+                vec![300, 700],
+            ),
+            // The same with DRAM alone: equal weights, the stream gets its whole want.
+            (
+                1000,
+                100,
+                vec![d(400, 0, Flags::BW), d(1000, 0, Flags::CAP)],
+                vec![400, 600],
+            ),
+            // Nobody else wants the DRAM: the stream gets its whole want after all.
+            (
+                1000,
+                75,
+                vec![d(400, 0, Flags::BW), d(100, 0, Flags::CAP)],
+                vec![400, 100],
+            ),
+            // BW with LAT is protected data: its claim is its want.
+            (
+                1000,
+                50,
+                vec![
+                    d(400, 0, Flags(Flags::BW.0 | Flags::LAT.0)),
+                    d(1000, 0, Flags::CAP),
+                ],
+                vec![400, 600],
+            ),
+            // Two streams over a short pool: each claims half of its want (50%), then
+            // shares what the capacity workflow leaves equally.
+            (
+                600,
+                50,
+                vec![
+                    d(400, 0, Flags::BW),
+                    d(400, 0, Flags::BW),
+                    d(1000, 0, Flags::CAP),
+                ],
+                vec![200, 200, 200],
+            ),
+        ];
+        for (pool, pct, ds, want) in cases {
+            let g = grant(pool * M, rules(0, *pct), ds);
+            let got: Vec<u64> = g.iter().map(|b| (b + M / 2) / M).collect();
+            assert_eq!(&got, want, "pool {pool} share {pct}% demands {ds:?}");
         }
     }
 
@@ -269,7 +366,7 @@ mod tests {
                 })
                 .collect();
             let pool = r.random_range(0..1u64 << 34);
-            let g = grant(pool, 16 * M, &ds);
+            let g = grant(pool, rules(16, r.random_range(1..=100)), &ds);
             assert!(g.iter().sum::<u64>() <= pool);
             for (gi, d) in g.iter().zip(&ds) {
                 assert!(*gi <= d.want, "granted above the want");
@@ -324,7 +421,7 @@ mod tests {
         let mut ds = vec![lat];
         for _ in 0..10 {
             ds.push(d(1024, 0, Flags::CAP));
-            let g = grant(256 * M, 8 * M, &ds);
+            let g = grant(256 * M, rules(8, 50), &ds);
             assert!(g[0] >= 48 * M, "LAT lost its protected pages: {:?}", g);
         }
     }

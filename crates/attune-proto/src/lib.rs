@@ -187,6 +187,9 @@ pub struct Status {
     pub dram_pool: u64,
     pub min_grant: u64,
     pub move_limit: u64,
+    /// DRAM's share of the node's memory bandwidth (percent) a BW workflow claims by.
+    #[serde(default)]
+    pub bw_dram_pct: u64,
     pub shared_bytes: u64,
     pub granted: u64,
     /// Node memory the daemon divides among the runtimes' `memory` far tiers, and the sum

@@ -488,13 +488,20 @@ impl Engine {
                 return t;
             }
         }
-        // CAP data goes to the biggest pageable tier; everything else to the fastest.
+        // CAP data goes to the capacity tier: the biggest far tier that is memory, else
+        // the biggest of all; everything else to the fastest. (A file tier holds CAP data
+        // only as every region's overflow, when memory tiers are full or absent: see
+        // docs/design.md, "CAP's tier".)
         let pageable: Vec<&FarTier> = self.tiers.iter().filter(|t| t.is_pageable()).collect();
         if self.cfg.mode == Mode::Attuned
             && opts.flags.contains(Flags::CAP)
             && !opts.flags.is_protected()
         {
-            if let Some(t) = pageable.iter().max_by_key(|t| t.cfg.capacity) {
+            let memory = pageable
+                .iter()
+                .filter(|t| t.cfg.kind == crate::config::TierKind::Memory)
+                .max_by_key(|t| t.cfg.capacity);
+            if let Some(t) = memory.or_else(|| pageable.iter().max_by_key(|t| t.cfg.capacity)) {
                 return t.index;
             }
         }

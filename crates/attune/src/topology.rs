@@ -67,6 +67,29 @@ impl Topology {
     }
 }
 
+impl Topology {
+    /// DRAM's share of the node's memory read bandwidth, percent: the fastest tier's nodes
+    /// against all nodes, from HMAT. None when there is one tier only, or a node without
+    /// a bandwidth attribute (mixing HMAT figures with guesses would compare unlike
+    /// numbers).
+    pub fn dram_bandwidth_pct(&self) -> Option<u64> {
+        let tiers = self.tiers();
+        if tiers.len() < 2 {
+            return None;
+        }
+        let mut fast = 0u64;
+        let mut all = 0u64;
+        for n in &self.nodes {
+            let bw = n.read_bandwidth_mbps.filter(|&b| b > 0)?;
+            all += bw;
+            if tiers[0].contains(&n.id) {
+                fast += bw;
+            }
+        }
+        Some(((fast as u128 * 100 + all as u128 / 2) / all as u128).clamp(1, 100) as u64)
+    }
+}
+
 fn read_trim(p: &Path) -> Option<String> {
     std::fs::read_to_string(p)
         .ok()

@@ -25,6 +25,8 @@ fn qemu_two_node_guest_with_hmat() {
     assert!(t.weighted_interleave);
     assert_eq!(t.demotion_enabled, Some(false));
     assert_eq!(t.tiers(), vec![vec![0], vec![1]]);
+    // 100 GB/s of DRAM beside 30 GB/s of CXL: DRAM serves 77% of the bandwidth.
+    assert_eq!(t.dram_bandwidth_pct(), Some(77));
 }
 
 #[test]
@@ -34,6 +36,11 @@ fn single_node_machine() {
     assert_eq!(t.tiers(), vec![vec![0]]);
     assert!(!t.weighted_interleave);
     assert_eq!(t.demotion_enabled, None);
+    assert_eq!(
+        t.dram_bandwidth_pct(),
+        None,
+        "one tier: DRAM is all the bandwidth"
+    );
 }
 
 #[test]
@@ -46,6 +53,8 @@ fn cxl_and_pmem_without_kernel_tiers_ordered_by_hmat() {
         vec![vec![0], vec![1], vec![2]],
         "fastest first by HMAT latency"
     );
+    // 200 GB/s DRAM, 50 GB/s CXL, 20 GB/s PMem.
+    assert_eq!(t.dram_bandwidth_pct(), Some(74));
 }
 
 #[test]

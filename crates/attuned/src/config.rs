@@ -18,6 +18,9 @@ pub struct DaemonConfig {
     /// Page movement limit (bytes/s) of each non-protected workflow while a LAT/SHL
     /// workflow is on the node; 0: none.
     pub move_limit: u64,
+    /// DRAM's share of the node's memory bandwidth, percent: what a BW workflow claims of
+    /// its want in the fair-share round (`attune_policy::share`).
+    pub bw_dram_pct: u64,
     pub socket: PathBuf,
     /// Prometheus text endpoint (`127.0.0.1:9464`), or None.
     pub metrics: Option<String>,
@@ -33,6 +36,7 @@ struct File {
     shared_max: Option<String>,
     far_pool: Option<String>,
     move_limit: Option<String>,
+    bw_dram_share: Option<String>,
     socket: Option<PathBuf>,
     metrics: Option<String>,
     max_clients: Option<usize>,
@@ -46,15 +50,19 @@ pub struct Overrides {
     pub shared_max: Option<String>,
     pub far_pool: Option<String>,
     pub move_limit: Option<String>,
+    pub bw_dram_share: Option<String>,
     pub socket: Option<PathBuf>,
     pub metrics: Option<String>,
     pub max_clients: Option<usize>,
 }
 
+/// `hmat_bw_pct`: DRAM's share of the node's bandwidth from HMAT, if the node has the
+/// figures (`Topology::dram_bandwidth_pct`); what `bw_dram_share = "auto"` means.
 pub fn load(
     path: Option<&std::path::Path>,
     o: Overrides,
     total_memory: u64,
+    hmat_bw_pct: Option<u64>,
 ) -> Result<DaemonConfig, String> {
     let f: File = match path {
         Some(p) => {
@@ -134,6 +142,22 @@ pub fn load(
         }
         v
     };
+    let bw_s = o
+        .bw_dram_share
+        .or(f.bw_dram_share)
+        .unwrap_or_else(|| "auto".into());
+    let bw_dram_pct = if bw_s == "auto" {
+        hmat_bw_pct.unwrap_or(100)
+    } else {
+        match bw_s.trim_end_matches('%').parse::<u64>() {
+            Ok(v) if (1..=100).contains(&v) => v,
+            _ => {
+                return Err(format!(
+                    "bw_dram_share '{bw_s}': a percentage from 1 to 100 (DRAM's share of the node's memory bandwidth), or auto"
+                ))
+            }
+        }
+    };
     let max_clients = o.max_clients.or(f.max_clients).unwrap_or(4096);
     if max_clients == 0 {
         return Err("max_clients: at least 1".into());
@@ -144,6 +168,7 @@ pub fn load(
         shared_max,
         far_pool,
         move_limit,
+        bw_dram_pct,
         socket,
         metrics,
         max_clients,
@@ -163,6 +188,7 @@ mod tests {
                 ..Default::default()
             },
             10 << 30,
+            None,
         )
         .unwrap();
         assert_eq!(c.dram, 8 << 30);
@@ -175,6 +201,7 @@ mod tests {
                 ..Default::default()
             },
             1 << 30,
+            None,
         )
         .unwrap_err();
         assert!(e.contains("dram 'lots'"), "{e}");
@@ -185,15 +212,16 @@ mod tests {
                 ..Default::default()
             },
             1 << 30,
+            None,
         )
         .unwrap_err();
         assert!(e.contains("loopback"), "{e}");
         let d = std::env::temp_dir().join(format!("attuned-cfg-{}", std::process::id()));
         std::fs::write(&d, "dram = \"1G\"\nbogus = 1\n").unwrap();
-        let e = load(Some(&d), Overrides::default(), 1 << 34).unwrap_err();
+        let e = load(Some(&d), Overrides::default(), 1 << 34, None).unwrap_err();
         assert!(e.contains("bogus"), "{e}");
         std::fs::write(&d, "dram = \"1G\"\nmetrics = \"off\"\n").unwrap();
-        let c = load(Some(&d), Overrides::default(), 1 << 34).unwrap();
+        let c = load(Some(&d), Overrides::default(), 1 << 34, None).unwrap();
         assert_eq!((c.dram, c.metrics), (1 << 30, None));
         std::fs::remove_file(d).unwrap();
     }
@@ -209,6 +237,7 @@ mod tests {
                     ..Default::default()
                 },
                 100 << 30,
+                None,
             )
         };
         assert_eq!(with("80%", None).unwrap().far_pool, Some(15 << 30));
@@ -226,5 +255,36 @@ mod tests {
         );
         let e = with("80%", Some("much")).unwrap_err();
         assert!(e.contains("far_pool 'much'"), "{e}");
+    }
+
+    #[test]
+    fn bw_dram_share_auto_from_hmat_or_given() {
+        let with = |v: Option<&str>, hmat: Option<u64>| {
+            load(
+                None,
+                Overrides {
+                    bw_dram_share: v.map(Into::into),
+                    ..Default::default()
+                },
+                8 << 30,
+                hmat,
+            )
+        };
+        assert_eq!(
+            with(None, None).unwrap().bw_dram_pct,
+            100,
+            "no HMAT: DRAM alone"
+        );
+        assert_eq!(with(None, Some(77)).unwrap().bw_dram_pct, 77);
+        assert_eq!(
+            with(Some("60%"), Some(77)).unwrap().bw_dram_pct,
+            60,
+            "given wins"
+        );
+        assert_eq!(with(Some("auto"), Some(77)).unwrap().bw_dram_pct, 77);
+        for bad in ["0", "101", "fast"] {
+            let e = with(Some(bad), None).unwrap_err();
+            assert!(e.contains(&format!("bw_dram_share '{bad}'")), "{e}");
+        }
     }
 }

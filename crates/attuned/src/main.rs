@@ -45,6 +45,11 @@ struct Cli {
     /// runs ("off" for none) [default: 1G].
     #[arg(long)]
     move_limit: Option<String>,
+    /// DRAM's share of the node's memory bandwidth, percent: what a BW workflow claims of
+    /// its want before the others are served; "auto" takes it from HMAT (100 without it)
+    /// [default: auto].
+    #[arg(long)]
+    bw_dram_share: Option<String>,
     /// Prometheus endpoint ADDRESS:PORT on loopback, or "off" [default: 127.0.0.1:9464].
     #[arg(long)]
     metrics: Option<String>,
@@ -65,11 +70,18 @@ fn main() {
         shared_max: cli.shared_max,
         far_pool: cli.far_pool,
         move_limit: cli.move_limit,
+        bw_dram_share: cli.bw_dram_share,
         socket: cli.socket,
         metrics: cli.metrics,
         max_clients: cli.max_clients,
     };
-    let cfg = match config::load(cli.config.as_deref(), o, attune_sys::os::total_memory()) {
+    let hmat_bw_pct = attune::topology::discover(std::path::Path::new("/")).dram_bandwidth_pct();
+    let cfg = match config::load(
+        cli.config.as_deref(),
+        o,
+        attune_sys::os::total_memory(),
+        hmat_bw_pct,
+    ) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("attuned: configuration: {e}");

@@ -165,7 +165,11 @@ impl State {
             }
         }
         let demands: Vec<share::Demand> = wfs.values().map(|w| w.0).collect();
-        let grants = share::grant(self.pool(), self.cfg.min_grant, &demands);
+        let rules = share::Rules {
+            min_grant: self.cfg.min_grant,
+            bw_dram_pct: self.cfg.bw_dram_pct,
+        };
+        let grants = share::grant(self.pool(), rules, &demands);
         let limits = share::move_limits(&demands, self.cfg.move_limit);
         // Far memory (the runtimes' memory tiers), by the same workflows.
         let far_wants: Vec<u64> = wfs
@@ -346,6 +350,7 @@ impl State {
             dram_pool: self.cfg.dram,
             min_grant: self.cfg.min_grant,
             move_limit: self.cfg.move_limit,
+            bw_dram_pct: self.cfg.bw_dram_pct,
             shared_bytes: self.shared_bytes(),
             granted: workflows.iter().map(|w| w.grant).sum(),
             far_pool: self.cfg.far_pool.unwrap_or(0),
