@@ -550,8 +550,11 @@ impl Engine {
             .pinned
             .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(pinned)));
         self.deactivate(active);
+        // The stored content goes now; the offsets return in `evict::drop_retired`, once
+        // no fetch of this region is in flight (a use after free by another thread must
+        // not release a new owner's slot).
         for (i, o) in r.slots.iter().enumerate() {
-            self.tiers[i].release(*o, r.len as u64);
+            self.tiers[i].discard(*o, r.len as usize);
         }
         if r.kind == RegionKind::Dedicated {
             self.committed.fetch_sub(r.len as u64, AcqRel);

@@ -341,8 +341,31 @@ pub fn evictor_loop(e: &'static Engine) {
     }
 }
 
-/// Frees regions that no fault handler references any more.
+/// Returns freed regions' far-tier offsets once no fetch of theirs is in flight, frees
+/// regions that no fault handler references any more, and releases the slot ranges the
+/// memory tiers' fetches copied out (so an idle process does not keep them).
 fn drop_retired(e: &Engine) {
     let mut ret = e.retired.lock().unwrap_or_else(|p| p.into_inner());
-    ret.retain(|r| Arc::strong_count(r) > 1);
+    for r in ret.iter() {
+        if r.slots_returned.load(Relaxed) {
+            continue;
+        }
+        let fetching = (0..r.chunks()).any(|c| r.state(c).place() == Where::Fetching);
+        if !fetching {
+            // A fetch that copied before the region was unmapped has queued its slot by
+            // now (it queues before it leaves Fetching): release the queues first.
+            for t in &e.tiers {
+                t.release_pending();
+            }
+            for (i, o) in r.slots.iter().enumerate() {
+                e.tiers[i].free_space(*o, r.len as u64);
+            }
+            r.slots_returned.store(true, Relaxed);
+        }
+    }
+    ret.retain(|r| Arc::strong_count(r) > 1 || !r.slots_returned.load(Relaxed));
+    drop(ret);
+    for t in &e.tiers {
+        t.release_pending();
+    }
 }

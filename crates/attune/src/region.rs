@@ -186,6 +186,9 @@ pub struct Region {
     /// Where the tests of active chunks go on (chunk index).
     pub test_hand: AtomicUsize,
     pub freed: AtomicBool,
+    /// Set when a freed region's far-tier offsets went back to the tiers' free lists
+    /// (`evict::drop_retired`, once no fetch of it is in flight).
+    pub slots_returned: AtomicBool,
     pub samples: SampleCells,
 }
 
@@ -226,6 +229,7 @@ impl Region {
             hand: AtomicUsize::new(0),
             test_hand: AtomicUsize::new(0),
             freed: AtomicBool::new(false),
+            slots_returned: AtomicBool::new(false),
             samples: if sampling {
                 SampleCells::new(n)
             } else {

@@ -155,10 +155,26 @@ impl FarTier {
     /// Returns a region's offset space and frees what it stored there.
     pub fn release(&self, base: u64, len: u64) {
         self.discard(base, len as usize);
+        self.free_space(base, len);
+    }
+
+    /// Returns offset space to the free list (its content already discarded). For a
+    /// freed region only once no fetch of it is in flight: a fetch from the memory tier
+    /// queues its slot for release after it copied, and that release must not reach a
+    /// new owner's data.
+    pub fn free_space(&self, base: u64, len: u64) {
         self.space
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .free(base, len);
+    }
+
+    /// Releases slot ranges a memory tier's fetches copied out (one TLB flush); a file
+    /// tier has none.
+    pub fn release_pending(&self) {
+        if let Backend::Memory(m) = &self.backend {
+            m.release_pending();
+        }
     }
 
     /// Moves `len` bytes of region memory at `src` into slot `off`. Signal-safe.
@@ -236,7 +252,10 @@ impl FarTier {
     /// content (so the content hashes of it still hold there).
     pub fn prepare_fork(&self, buf: usize, buf_len: usize) -> Result<bool, String> {
         match &self.backend {
-            Backend::Memory(_) => Ok(true),
+            Backend::Memory(m) => {
+                m.prepare_fork();
+                Ok(true)
+            }
             Backend::File(f) => {
                 // Nothing stored: no copy (fork+exec pays nothing); the hashes are dropped.
                 let copy = self.counters.stored.load(Relaxed) > 0;
