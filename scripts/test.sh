@@ -37,7 +37,7 @@ fi
 echo "== native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"
-for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small config_error fallback protect lost_tier discard cap_tier; do
+for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small config_error fallback protect lost_tier discard cap_tier churn; do
   gcc $CFLAGS tests/c/$t.c -o "$OUT/$t" $LIBS || { fail=$((fail+1)); failed+=("build-$t"); }
 done
 g++ -O2 -std=c++17 $(pkg-config --cflags attune) tests/cpp/threads.cpp -o "$OUT/cpp_threads" $LIBS || { fail=$((fail+1)); failed+=(build-cpp); }
@@ -112,6 +112,12 @@ for tier in mem file; do
       run "stress-48-$tier-$mode" "$OUT/stress" 32
   done
 done
+# Regions freed and allocated while others fault: far offsets reused at once (8 threads,
+# a 4 MiB budget), memory tier in both deliveries, file tier once.
+for mode in thread signal; do
+  ATTUNE_CONFIG="$OUT/mem.toml" ATTUNE_DRAM=4M ATTUNE_FAULT_MODE=$mode run "churn-mem-$mode" "$OUT/churn"
+done
+ATTUNE_CONFIG="$OUT/file.toml" ATTUNE_DRAM=4M ATTUNE_FAULT_MODE=signal run churn-file-signal "$OUT/churn"
 # attune_discard: far and resident chunks read as zero, tier space freed, bad ranges refused.
 for mode in thread signal; do
   for chunk in 4K 64K; do
