@@ -223,13 +223,13 @@ mod tests {
 
     #[test]
     fn table() {
-        // (pool MiB, min MiB, demands, expected grants MiB); DRAM alone serves the
-        // node's bandwidth (bw_dram_pct 100) unless a case says otherwise.
-        let cases: &[(u64, u64, Vec<Demand>, Vec<u64>)] = &[
+        // (pool MiB, min MiB, DRAM's share of the bandwidth %, demands, expected grants MiB)
+        let cases: &[(u64, u64, u64, Vec<Demand>, Vec<u64>)] = &[
             // Everyone fits: each gets what it wants.
             (
                 1024,
                 16,
+                100,
                 vec![d(100, 0, Flags::CAP), d(200, 50, Flags::LAT)],
                 vec![100, 200],
             ),
@@ -237,6 +237,7 @@ mod tests {
             (
                 256,
                 16,
+                100,
                 vec![d(128, 96, Flags::LAT), d(512, 0, Flags::CAP)],
                 vec![128, 128],
             ),
@@ -244,6 +245,7 @@ mod tests {
             (
                 600,
                 0,
+                100,
                 vec![
                     d(1000, 0, Flags::LAT),
                     d(1000, 0, Flags::BW),
@@ -255,6 +257,7 @@ mod tests {
             (
                 100,
                 16,
+                100,
                 vec![
                     d(300, 150, Flags::LAT),
                     d(300, 50, Flags::SHL),
@@ -266,33 +269,15 @@ mod tests {
             (
                 512,
                 16,
+                100,
                 vec![d(32, 0, Flags::CAP), d(1024, 0, Flags::BW)],
                 vec![32, 480],
             ),
-        ];
-        for (pool, min, ds, want) in cases {
-            let g = grant(pool * M, rules(*min, 100), ds);
-            let got: Vec<u64> = g.iter().map(|b| (b + M / 2) / M).collect();
-            assert_eq!(&got, want, "pool {pool} demands {ds:?}");
-            assert!(g.iter().sum::<u64>() <= pool * M);
-        }
-    }
-
-    fn rules(min_mib: u64, bw_dram_pct: u64) -> Rules {
-        Rules {
-            min_grant: min_mib * M,
-            bw_dram_pct,
-        }
-    }
-
-    #[test]
-    fn bw_claims_dram_by_its_bandwidth_share() {
-        // (pool MiB, DRAM's share of the bandwidth %, demands, expected grants MiB)
-        let cases: &[(u64, u64, Vec<Demand>, Vec<u64>)] = &[
-            // DRAM serves 75% of the bandwidth: the stream claims 300 of its 400 MiB,
-            // the capacity neighbour takes the rest.
+            // A stream claims DRAM by DRAM's bandwidth share, 75% here: 300 of its 400
+            // MiB; the capacity neighbour takes the rest.
             (
                 1000,
+                0,
                 75,
                 vec![d(400, 0, Flags::BW), d(1000, 0, Flags::CAP)],
                 vec![300, 700],
@@ -300,6 +285,7 @@ mod tests {
             // The same with DRAM alone: equal weights, the stream gets its whole want.
             (
                 1000,
+                0,
                 100,
                 vec![d(400, 0, Flags::BW), d(1000, 0, Flags::CAP)],
                 vec![400, 600],
@@ -307,6 +293,7 @@ mod tests {
             // Nobody else wants the DRAM: the stream gets its whole want after all.
             (
                 1000,
+                0,
                 75,
                 vec![d(400, 0, Flags::BW), d(100, 0, Flags::CAP)],
                 vec![400, 100],
@@ -314,6 +301,7 @@ mod tests {
             // BW with LAT is protected data: its claim is its want.
             (
                 1000,
+                0,
                 50,
                 vec![
                     d(400, 0, Flags(Flags::BW.0 | Flags::LAT.0)),
@@ -325,6 +313,7 @@ mod tests {
             // shares what the capacity workflow leaves equally.
             (
                 600,
+                0,
                 50,
                 vec![
                     d(400, 0, Flags::BW),
@@ -334,10 +323,18 @@ mod tests {
                 vec![200, 200, 200],
             ),
         ];
-        for (pool, pct, ds, want) in cases {
-            let g = grant(pool * M, rules(0, *pct), ds);
+        for (pool, min, pct, ds, want) in cases {
+            let g = grant(pool * M, rules(*min, *pct), ds);
             let got: Vec<u64> = g.iter().map(|b| (b + M / 2) / M).collect();
             assert_eq!(&got, want, "pool {pool} share {pct}% demands {ds:?}");
+            assert!(g.iter().sum::<u64>() <= pool * M);
+        }
+    }
+
+    fn rules(min_mib: u64, bw_dram_pct: u64) -> Rules {
+        Rules {
+            min_grant: min_mib * M,
+            bw_dram_pct,
         }
     }
 
