@@ -114,14 +114,20 @@ static BATCH_DONTNEED: std::sync::atomic::AtomicBool = std::sync::atomic::Atomic
 /// one `process_madvise(MADV_DONTNEED)` on this process: the kernel flushes the TLB once
 /// for the whole batch instead of once a range (`bench/tlb_batch.c`: 0.50 against 18.6 µs
 /// a page with another thread running). Where the kernel refuses the batch, one `madvise`
-/// a range. At most 1024 ranges (IOV_MAX). Signal-safe if the caller blocks signals
-/// while it holds no lock this takes (it takes one process-wide lock).
+/// a range. Batches of [`DONTNEED_BATCH`] ranges: the iovecs live on the stack, and this
+/// runs inside the SIGBUS handler. Signal-safe if the caller blocks signals while it
+/// holds no lock this takes (it takes one process-wide lock).
 pub fn dontneed_ranges(ranges: &[(usize, usize)]) {
-    use std::sync::atomic::Ordering::Relaxed;
-    if ranges.is_empty() {
-        return;
+    for batch in ranges.chunks(DONTNEED_BATCH) {
+        dontneed_batch(batch);
     }
-    let ranges = &ranges[..ranges.len().min(1024)];
+}
+
+/// Most ranges one `process_madvise` of [`dontneed_ranges`] takes (1 KiB of iovecs).
+pub const DONTNEED_BATCH: usize = 64;
+
+fn dontneed_batch(ranges: &[(usize, usize)]) {
+    use std::sync::atomic::Ordering::Relaxed;
     if BATCH_DONTNEED.load(Relaxed) {
         let mut g = SELF_PIDFD.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: getpid has no preconditions.
@@ -141,7 +147,7 @@ pub fn dontneed_ranges(ranges: &[(usize, usize)]) {
             let mut iov = [libc::iovec {
                 iov_base: std::ptr::null_mut(),
                 iov_len: 0,
-            }; 1024];
+            }; DONTNEED_BATCH];
             let mut total = 0usize;
             for (v, &(a, l)) in iov.iter_mut().zip(ranges) {
                 v.iov_base = a as *mut libc::c_void;

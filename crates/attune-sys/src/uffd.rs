@@ -379,9 +379,9 @@ impl Uffd {
         // early can report fewer bytes than it moved: the retry then fails with EEXIST on
         // a destination page this call had just filled, its source now empty (seen 598
         // times in one 48-thread run of tests/c/stress.c, with ioctl logging added for the
-        // purpose; crates/attune-sys/tests/uffd_move.rs rebuilds what it leaves behind). Trusting the report had left such a page in
-        // the far tier while its chunk was published resident (it then read as zero), or
-        // made the fetch fail. So after any early stop the progress is read from the
+        // purpose; crates/attune-sys/tests/uffd_move.rs rebuilds what it leaves behind).
+        // Trusting the report had left such a page in the far tier while its chunk was
+        // published resident (it then read as zero), or made the fetch fail. So after any early stop the progress is read from the
         // pages themselves (`settled`), and an EEXIST that `settled` explains is progress.
         let ps = crate::page_size();
         let mut done = 0usize;

@@ -344,19 +344,15 @@ pub fn evictor_loop(e: &'static Engine) {
 /// Returns freed regions' far-tier offsets once no fetch of theirs is in flight, frees
 /// regions that no fault handler references any more, and releases the slot ranges the
 /// memory tiers' fetches copied out (so an idle process does not keep them).
+///
+/// Why the wait: a fetch queues its slot range after it copied and before it leaves
+/// `Fetching`. Once no chunk is `Fetching`, every range of this region is queued or
+/// released, and a new owner's first store into the offsets releases the queue before it
+/// moves anything in (`MemoryTier::store`), so no release can reach the new owner's pages.
 fn drop_retired(e: &Engine) {
     let mut ret = e.retired.lock().unwrap_or_else(|p| p.into_inner());
-    for r in ret.iter() {
-        if r.slots_returned.load(Relaxed) {
-            continue;
-        }
-        let fetching = (0..r.chunks()).any(|c| r.state(c).place() == Where::Fetching);
-        if !fetching {
-            // A fetch that copied before the region was unmapped has queued its slot by
-            // now (it queues before it leaves Fetching): release the queues first.
-            for t in &e.tiers {
-                t.release_pending();
-            }
+    for r in ret.iter().filter(|r| !r.slots_returned.load(Relaxed)) {
+        if (0..r.chunks()).all(|c| r.state(c).place() != Where::Fetching) {
             for (i, o) in r.slots.iter().enumerate() {
                 e.tiers[i].free_space(*o, r.len as u64);
             }

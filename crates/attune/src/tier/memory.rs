@@ -21,7 +21,7 @@ use std::sync::Mutex;
 /// Most slot ranges, and bytes, that wait for release: a random-fault workload releases
 /// 64 pages with one flush; read-ahead runs (up to 2 MiB) are released a few at a time,
 /// so the arena holds at most a few MiB of copied-out pages.
-const RELEASE_RANGES: usize = 64;
+const RELEASE_RANGES: usize = mem::DONTNEED_BATCH;
 const RELEASE_BYTES: usize = 4 << 20;
 /// Longest run a fetch copies; longer runs move (the copy costs more than the flush).
 const COPY_MAX: usize = 64 << 10;
@@ -78,9 +78,7 @@ impl MemoryTier {
             let _ = mem::advise(addr, len, mem::MADV_DONTNEED);
             return;
         };
-        if p.n == RELEASE_RANGES {
-            Self::release(&mut p, &self.waiting);
-        }
+        // Never full here: the push that fills the queue releases it below.
         let n = p.n;
         p.ranges[n] = (addr, len);
         p.n += 1;
