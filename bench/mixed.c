@@ -81,6 +81,16 @@ int main(int argc, char **argv) {
            "lookup_p999_ns=%.0f lookup_seconds=%.3f footprint_mib=%zu\n",
            secs, lat_ns[nl / 2], lat_ns[nl * 99 / 100], (unsigned long long)lat_faults,
            lat_ns[nl * 999 / 1000], lookup_s, mib);
+    /* Per-region counters on stderr: which arrays the replacement kept and which it cycled. */
+    void *regions[5] = {lat, a, b, c, cap};
+    const char *names[5] = {"lat", "a", "b", "c", "cap"};
+    for (int k = 0; k < 5; k++) {
+        if (attune_region_stats(regions[k], &st) != 0) continue;
+        fprintf(stderr, "mixed: region %s chunk %llu faults %llu fetched_mib %llu evictions %llu resident_mib %llu\n",
+                names[k], (unsigned long long)st.chunk_size, (unsigned long long)st.faults,
+                (unsigned long long)(st.fetched_bytes >> 20), (unsigned long long)st.evictions,
+                (unsigned long long)(st.resident_bytes >> 20));
+    }
     free_TM(lat); free_TM(a); free_TM(b); free_TM(c); free_TM(cap);
     return 0;
 }
