@@ -68,7 +68,10 @@ run integrity-lat "$OUT/integrity" 48 1
 run integrity-cap "$OUT/integrity" 48 4
 # CAP's tier: the memory tier while it has room, the file tier as overflow or alone.
 run cap-tier-memory "$OUT/cap_tier"
-cat > "$OUT/cap-small.toml" <<TOML
+# An 8 MiB memory tier in front of a file tier in directory $2: the memory tier fills,
+# the file tier takes the rest (CAP's overflow here; a full disk under it below).
+two_tier_config() {
+  cat > "$1" <<TOML
 dram = "16M"
 [[tier]]
 name = "mem"
@@ -77,9 +80,11 @@ capacity = "8M"
 [[tier]]
 name = "ssd"
 kind = "file"
+path = "$2"
 capacity = "1G"
-path = "$OUT"
 TOML
+}
+two_tier_config "$OUT/cap-small.toml" "$OUT"
 ATTUNE_CONFIG="$OUT/cap-small.toml" EXPECT=overflow MEM_CAP=$((8<<20)) run cap-tier-overflow "$OUT/cap_tier"
 ATTUNE_CONFIG="$OUT/file.toml" EXPECT=file run cap-tier-file "$OUT/cap_tier"
 run stress "$OUT/stress" 64
@@ -145,18 +150,7 @@ if [ "$before" = "$after" ]; then pass=$((pass+1)); echo "ok   no-leftover-files
 # A full disk under the file tier: ENOSPC reported, no data lost.
 mkdir -p "$OUT/full"
 if [ "$(id -u)" = 0 ] && mount -t tmpfs -o size=8m tmpfs "$OUT/full" 2>/dev/null; then
-  cat > "$OUT/full.toml" <<TOML
-dram = "16M"
-[[tier]]
-name = "fast"
-kind = "memory"
-capacity = "8M"
-[[tier]]
-name = "ssd"
-kind = "file"
-path = "$OUT/full"
-capacity = "1G"
-TOML
+  two_tier_config "$OUT/full.toml" "$OUT/full"
   ATTUNE_CONFIG="$OUT/full.toml" EXPECT_TIER_FULL=1 run file-tier-full "$OUT/integrity" 48
   umount "$OUT/full"
 else
