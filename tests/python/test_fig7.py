@@ -50,6 +50,8 @@ def test_rejects_bad_arguments(tmp_path):
                       (["--workloads", "dm"], "two or more"),
                       (["--workloads", "dm,nope"], "two or more"),
                       (["--outside", "0"], "--outside"),
-                      (["--reps", "0"], "--reps")):
+                      (["--reps", "0"], "--reps"),
+                      (["--bw-dram-share", "0"], "--bw-dram-share"),
+                      (["--bw-dram-share", "101"], "--bw-dram-share")):
         r = subprocess.run([sys.executable, FIG7, "--out", str(tmp_path)] + args, capture_output=True, text=True)
         assert r.returncode != 0 and say in r.stderr + r.stdout, (args, r.stderr)
