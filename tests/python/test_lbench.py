@@ -73,21 +73,36 @@ def test_calibration_levels_fall_with_flops():
     assert lv[1] > lv[8] > lv[64] > lv[1024]
 
 
+def ic_of(*argv):
+    r = att("coefficient", "--json", "--", *argv)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])["ic"]
+
+
 def test_interference_coefficient():
-    busy = att("coefficient", "--json", "--", ATT, "lbench", "run", "--flops", "1", "--duration", "3")
-    idle = att("coefficient", "--json", "--", "sleep", "3")
-    assert busy.returncode == 0 and idle.returncode == 0, busy.stderr + idle.stderr
-    b, i = json.loads(busy.stdout.strip().splitlines()[-1]), json.loads(idle.stdout)
-    print("IC busy", b["ic"], "idle", i["ic"])
-    assert 0.7 < i["ic"] < 1.3
-    # (2026-11-23, a noisy shared host: busy 1.09-1.35, idle 0.68-1.09 before the idle
-    # time was taken on both sides of the program. 2026-11-24, another host: busy
-    # 1.01-1.03, and a numpy copy loop beside the probe 0.98-1.01: two processes did not
-    # slow each other's memory there at all.) Whether this host shows interference
-    # between two processes is asked of a generator that is not ours first.
-    if b["ic"] <= i["ic"] + 0.05:
-        skip_without_interference()
-    assert b["ic"] > i["ic"] + 0.05
+    # Rounds of (idle, our generator, a numpy copy loop) side by side, so each comparison
+    # is made within seconds. A round passes when our generator slows the probe by 5%
+    # over idle. On a shared 2-core host a single round can invert (stop 19's CI: busy
+    # 0.975 against idle 1.000 while numpy had shown interference minutes earlier), so a
+    # round that shows nothing is retried. The test fails only when the numpy loop showed
+    # interference in some round and ours never did; it skips when neither ever did
+    # (2026-11-24: a host whose processes did not slow each other's memory at all).
+    rounds = []
+    for _ in range(3):
+        idle = ic_of("sleep", "3")
+        busy = ic_of(ATT, "lbench", "run", "--flops", "1", "--duration", "3")
+        print("IC idle", idle, "busy", busy)
+        assert 0.7 < idle < 1.3
+        if busy > idle + 0.05:
+            return
+        ref = ic_of(sys.executable, "-c", NUMPY_STREAM, "3")
+        print("IC beside a numpy copy loop", ref)
+        rounds.append((idle, busy, ref))
+    if all(ref <= idle + 0.05 for idle, _, ref in rounds):
+        pytest.skip(f"this host shows no memory interference between two processes "
+                    f"(idle, ours, numpy per round: {rounds})")
+    pytest.fail(f"a numpy copy loop slowed the probe and our generator did not "
+                f"(idle, ours, numpy per round: {rounds})")
 
 
 def test_sweep_of_a_program(tmp_path):
