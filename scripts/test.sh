@@ -37,7 +37,7 @@ fi
 echo "== native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"
-for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small config_error fallback protect lost_tier discard cap_tier churn; do
+for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads config_error fallback protect lost_tier discard cap_tier churn; do
   gcc $CFLAGS tests/c/$t.c -o "$OUT/$t" $LIBS || { fail=$((fail+1)); failed+=("build-$t"); }
 done
 g++ -O2 -std=c++17 $(pkg-config --cflags attune) tests/cpp/threads.cpp -o "$OUT/cpp_threads" $LIBS || { fail=$((fail+1)); failed+=(build-cpp); }
@@ -138,6 +138,7 @@ done
 run signal_mode "$OUT/signal_mode"
 run small "$OUT/small"
 ATTUNE_CONFIG="$OUT/file.toml" run small-file-tier "$OUT/small"
+run small-threads "$OUT/small_threads"
 run config_error "$OUT/config_error"
 ATTUNE_DISABLE_UFFD=1 run fallback-plain-dram "$OUT/fallback"
 run cpp_threads "$OUT/cpp_threads"
