@@ -37,7 +37,7 @@ fi
 echo "== native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"
-for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads config_error fallback protect lost_tier discard cap_tier churn; do
+for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads config_error fallback protect lost_tier discard cap_tier churn deny_syscalls; do
   gcc $CFLAGS tests/c/$t.c -o "$OUT/$t" $LIBS || { fail=$((fail+1)); failed+=("build-$t"); }
 done
 g++ -O2 -std=c++17 $(pkg-config --cflags attune) tests/cpp/threads.cpp -o "$OUT/cpp_threads" $LIBS || { fail=$((fail+1)); failed+=(build-cpp); }
@@ -123,6 +123,10 @@ for mode in thread signal; do
   ATTUNE_CONFIG="$OUT/mem.toml" ATTUNE_DRAM=4M ATTUNE_FAULT_MODE=$mode run "churn-mem-$mode" "$OUT/churn"
 done
 ATTUNE_CONFIG="$OUT/file.toml" ATTUNE_DRAM=4M ATTUNE_FAULT_MODE=signal run churn-file-signal "$OUT/churn"
+# The same under a seccomp filter that refuses process_madvise, then pidfd_open: slots are
+# released one madvise a range (the batch's fallback), and nothing is lost.
+ATTUNE_CONFIG="$OUT/mem.toml" ATTUNE_DRAM=4M ATTUNE_FAULT_MODE=signal run churn-mem-no-process-madvise "$OUT/deny_syscalls" process_madvise -- "$OUT/churn"
+ATTUNE_CONFIG="$OUT/mem.toml" ATTUNE_DRAM=4M ATTUNE_FAULT_MODE=thread run churn-mem-no-pidfd "$OUT/deny_syscalls" pidfd_open -- "$OUT/churn"
 # attune_discard: far and resident chunks read as zero, tier space freed, bad ranges refused.
 for mode in thread signal; do
   for chunk in 4K 64K; do
@@ -141,6 +145,21 @@ ATTUNE_CONFIG="$OUT/file.toml" run small-file-tier "$OUT/small"
 run small-threads "$OUT/small_threads"
 run config_error "$OUT/config_error"
 ATTUNE_DISABLE_UFFD=1 run fallback-plain-dram "$OUT/fallback"
+# userfaultfd refused by a seccomp filter, as in a container: the runtime says what to
+# enable and goes on with plain DRAM (no ATTUNE_DISABLE_UFFD needed).
+run fallback-uffd-refused-by-seccomp "$OUT/deny_syscalls" userfaultfd,uffd-dev -- "$OUT/fallback"
+if grep -q "allow the userfaultfd system call in the container's seccomp profile" "$OUT/fallback-uffd-refused-by-seccomp.log" \
+   && grep -q "continuing with plain DRAM" "$OUT/fallback-uffd-refused-by-seccomp.log"; then
+  pass=$((pass+1)); echo "ok   uffd-refused-message"
+else
+  fail=$((fail+1)); failed+=(uffd-refused-message); echo "FAIL uffd-refused-message"; cat "$OUT/fallback-uffd-refused-by-seccomp.log"
+fi
+# Only the system call refused: the runtime opens /dev/userfaultfd instead and tiers as usual.
+if [ -r /dev/userfaultfd ] && [ -w /dev/userfaultfd ]; then
+  run uffd-device-when-syscall-refused "$OUT/deny_syscalls" userfaultfd -- "$OUT/integrity"
+else
+  echo "skip uffd-device-when-syscall-refused (no access to /dev/userfaultfd)"
+fi
 run cpp_threads "$OUT/cpp_threads"
 run fortran_basic "$OUT/fortran_basic"
 # No file left behind by the file tier, even after SIGKILL.
