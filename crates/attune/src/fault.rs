@@ -175,6 +175,38 @@ fn transient(e: Errno) -> bool {
     matches!(e.0, libc::EAGAIN | libc::ENOMEM | libc::EINTR)
 }
 
+/// Runs `attempt` until it succeeds, fails with an error that is not [`transient`], or has
+/// failed transiently for `window_ns`: yields between the first 64 tries, then sleeps
+/// 500 µs (the other faulting threads that hold the bounce buffers need the CPU).
+fn retry_transient(
+    window_ns: u64,
+    mut attempt: impl FnMut() -> Result<(), Errno>,
+) -> Result<(), Errno> {
+    let mut tries = 0u32;
+    let mut deadline = 0u64;
+    loop {
+        let res = attempt();
+        match res {
+            Err(err) if transient(err) => {
+                let now = attune_sys::os::now_ns();
+                if deadline == 0 {
+                    deadline = now + window_ns;
+                }
+                if now >= deadline {
+                    return res;
+                }
+                tries += 1;
+                if tries < 64 {
+                    os::yield_now();
+                } else {
+                    os::sleep_us(500);
+                }
+            }
+            _ => return res,
+        }
+    }
+}
+
 /// Places chunks `[c, c+n)` (all claimed by this thread, same source) and publishes them.
 /// Returns false when their data could not be read back from the tier.
 fn place_run(e: &Engine, r: &Region, c: usize, n: usize, src: Where, tier: usize) -> bool {
@@ -193,29 +225,7 @@ fn place_run(e: &Engine, r: &Region, c: usize, n: usize, src: Where, tier: usize
         dst: r.chunk_addr(c),
         len,
     };
-    let mut tries = 0u32;
-    let mut deadline = 0u64;
-    let result = loop {
-        let res = fetch_run(e, r, &run);
-        match res {
-            Err(err) if transient(err) => {
-                let now = attune_sys::os::now_ns();
-                if deadline == 0 {
-                    deadline = now + TRANSIENT_RETRY_NS;
-                }
-                if now >= deadline {
-                    break res;
-                }
-                tries += 1;
-                if tries < 64 {
-                    os::yield_now();
-                } else {
-                    os::sleep_us(500);
-                }
-            }
-            _ => break res,
-        }
-    };
+    let result = retry_transient(TRANSIENT_RETRY_NS, || fetch_run(e, r, &run));
     publish_run(e, r, &run, fault_ns, result)
 }
 
@@ -459,5 +469,56 @@ pub fn on_sigbus(addr: usize) -> bool {
     match e.find(addr) {
         Some(r) if r.delivery == Delivery::Signal => resolve(e, &r, addr),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transient_error_is_retried_until_the_fetch_succeeds() {
+        for e in [libc::EAGAIN, libc::ENOMEM, libc::EINTR] {
+            let mut calls = 0;
+            let r = retry_transient(10_000_000_000, || {
+                calls += 1;
+                if calls < 100 {
+                    Err(Errno(e))
+                } else {
+                    Ok(())
+                }
+            });
+            assert_eq!(r, Ok(()), "errno {e}");
+            assert_eq!(calls, 100, "errno {e}");
+        }
+    }
+
+    #[test]
+    fn a_lasting_transient_error_gives_up_after_the_window() {
+        let (mut calls, start) = (0u32, attune_sys::os::now_ns());
+        let r = retry_transient(50_000_000, || {
+            calls += 1;
+            Err(Errno(libc::EAGAIN))
+        });
+        let took = attune_sys::os::now_ns() - start;
+        assert_eq!(r, Err(Errno(libc::EAGAIN)));
+        assert!(took >= 50_000_000, "gave up after {took} ns");
+        assert!(took < 5_000_000_000, "kept trying for {took} ns");
+        assert!(
+            calls > 64,
+            "{calls} tries: the yields come before the sleeps"
+        );
+    }
+
+    #[test]
+    fn any_other_error_is_not_retried() {
+        for e in [libc::EIO, libc::EFAULT, libc::ENOSPC, libc::EEXIST] {
+            let mut calls = 0;
+            let r = retry_transient(10_000_000_000, || {
+                calls += 1;
+                Err(Errno(e))
+            });
+            assert_eq!((r, calls), (Err(Errno(e)), 1), "errno {e}");
+        }
     }
 }
