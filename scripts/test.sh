@@ -60,9 +60,14 @@ path = "$OUT"
 capacity = "1G"
 TOML
 for chunk in 4K 64K 2M; do
-  ATTUNE_CONFIG="$OUT/file.toml" ATTUNE_CHUNK_SIZE=$chunk run "integrity-file-$chunk" "$OUT/integrity" 48
+  ATTUNE_CONFIG="$OUT/file.toml" ATTUNE_TIER_SSD_MIN_CHUNK=4K ATTUNE_CHUNK_SIZE=$chunk run "integrity-file-$chunk" "$OUT/integrity" 48
 done
 ATTUNE_CONFIG="$OUT/file.toml" ATTUNE_TIER_SSD_DIRECT=true ATTUNE_CHUNK_SIZE=64K run integrity-file-direct "$OUT/integrity" 48
+# A region whose home is a file tier moves at least the tier's min_chunk (16K by default):
+# the configured 4K default is raised, and the tier's own setting lowers it again (above).
+ATTUNE_CONFIG="$OUT/file.toml" run integrity-file-default-chunk "$OUT/integrity" 48
+if grep -q "chunk 16384" "$OUT/integrity-file-default-chunk.log"; then pass=$((pass+1)); echo "ok   file-tier-min-chunk"
+else fail=$((fail+1)); failed+=(file-tier-min-chunk); echo "FAIL file-tier-min-chunk"; head -3 "$OUT/integrity-file-default-chunk.log"; fi
 # Flags: LAT and CAP regions.
 run integrity-lat "$OUT/integrity" 48 1
 run integrity-cap "$OUT/integrity" 48 4

@@ -382,10 +382,19 @@ impl Engine {
         align: usize,
     ) -> Result<Arc<Region>, Errno> {
         // Attuned: the flags choose the unit of movement (attune_policy::chunk); the
-        // temperature-only mode treats every region alike.
+        // temperature-only mode treats every region alike. Either way the home tier's
+        // floor applies (a property of the medium, not of the workflow).
+        let home = self.home_tier(opts);
+        let tier_min = self
+            .tiers
+            .get(home)
+            .map(|t| t.cfg.min_chunk)
+            .unwrap_or(4096);
         let chunk = opts.chunk_size.unwrap_or(match self.cfg.mode {
-            Mode::Attuned => attune_policy::chunk::chunk_for(opts.flags, self.cfg.chunk_size),
-            Mode::Temperature => self.cfg.chunk_size,
+            Mode::Attuned => {
+                attune_policy::chunk::chunk_for(opts.flags, self.cfg.chunk_size, tier_min)
+            }
+            Mode::Temperature => self.cfg.chunk_size.max(tier_min),
         });
         if crate::config::validate_chunk(chunk).is_err() {
             return Err(Errno(libc::EINVAL));
@@ -439,7 +448,6 @@ impl Engine {
                 }
             }
         }
-        let home = self.home_tier(opts);
         let id = self.next_id.fetch_add(1, Relaxed);
         let r = Arc::new(Region::new(
             id,
