@@ -147,7 +147,16 @@ fn readahead(e: &Engine, r: &Region, c: usize, src: Where, tier: usize) -> usize
 }
 
 /// Reserves DRAM for `bytes`, evicting synchronously when the budget is exceeded.
-fn reserve_dram(e: &Engine, bytes: u64) {
+///
+/// `inline`: the faulting thread resolves its own fault (signal delivery). It then does
+/// all the evicting itself and wakes the background evictor only if it could not get
+/// under the budget: a woken evictor runs on another CPU, and every move of either one
+/// then flushes the other's TLB by IPI (`bench/move_batch.c`: 17 us a move here), where a
+/// lone thread's flushes stay local. Random updates, signal delivery: 110 k/s with the
+/// evictor keeping the headroom, 225 k/s without (docs/benchmarks.md). A handler thread
+/// (thread delivery) serves many faulting threads and gains from the evictor working
+/// beside it (77 k/s with, 53 k/s without), so above the high watermark it wakes it.
+fn reserve_dram(e: &Engine, bytes: u64, inline: bool) {
     let now = e.resident.fetch_add(bytes, AcqRel) + bytes;
     let (high, _) = e.watermarks();
     if now > e.budget() {
@@ -158,7 +167,8 @@ fn reserve_dram(e: &Engine, bytes: u64) {
             e.counters.budget_overruns.fetch_add(1, Relaxed);
         }
     }
-    if now > high {
+    let after = e.resident.load(Relaxed);
+    if now > high && after > if inline { e.budget() } else { high } {
         e.wake_evictor.notify();
     }
     // The peak after reclaim: what the process really held (the reservation above may
@@ -216,7 +226,7 @@ fn place_run(e: &Engine, r: &Region, c: usize, n: usize, src: Where, tier: usize
         0
     };
     let len = n * r.chunk;
-    reserve_dram(e, len as u64);
+    reserve_dram(e, len as u64, r.delivery == Delivery::Signal);
     let run = Run {
         c,
         n,
