@@ -306,7 +306,7 @@ pub fn evictor_loop(e: &'static Engine) {
     let mut test_credit = 0f64;
     let mut last = os::now_ns();
     while !e.shutdown.load(Relaxed) {
-        e.wake_evictor.wait(50);
+        let notified = e.wake_evictor.wait(50);
         // Outside the gate: a hole in an un-shared range faults into the fault path.
         crate::fork::unshare_pass(e);
         let _in = e.enter();
@@ -325,7 +325,12 @@ pub fn evictor_loop(e: &'static Engine) {
             test_credit = test_credit.min(1.0);
         }
         let (high, low) = e.watermarks();
-        if e.resident.load(Acquire) <= high {
+        // The headroom is kept for whoever asks (a fault resolved by a handler thread
+        // wakes the evictor above the high watermark); a timed wake-up evicts only an
+        // overrun. Otherwise it would keep the headroom for threads that resolve their
+        // own faults and evict for themselves, and its moves on the other CPU would
+        // interrupt theirs (see `fault::reserve_dram`).
+        if e.resident.load(Acquire) <= if notified { high } else { e.budget() } {
             continue;
         }
         loop {
