@@ -101,6 +101,25 @@ impl MemoryTier {
         Self::release(&mut p, &self.waiting);
     }
 
+    /// Releases the waiting ranges if one of them overlaps `[addr, addr+len)`: what a
+    /// store needs of its slot. Releasing the queue before every store had made the batch
+    /// one range long when every fault evicts one chunk for itself (signal delivery): a
+    /// `process_madvise` a fault. Signal-safe, as `release_pending`.
+    fn release_if_overlapping(&self, addr: usize, len: usize) {
+        if self.waiting.load(Relaxed) == 0 {
+            return;
+        }
+        let _g = os::SignalGuard::new();
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let end = addr + len;
+        if p.ranges[..p.n]
+            .iter()
+            .any(|&(a, l)| a < end && addr < a + l)
+        {
+            Self::release(&mut p, &self.waiting);
+        }
+    }
+
     fn release(p: &mut Pending, waiting: &AtomicUsize) {
         mem::dontneed_ranges(&p.ranges[..p.n]);
         p.n = 0;
@@ -120,8 +139,10 @@ impl MemoryTier {
         // The slot may still hold what a fetch copied out: it must be empty, or the move
         // would fail, and its accounting (`Uffd::move_pages` reads progress from the
         // pages) would count stale pages as moved ones. The fetch queued its range before
-        // it published the chunk resident, and the caller claimed the chunk after that.
-        self.release_pending();
+        // it published the chunk resident, and the caller claimed the chunk after that;
+        // a freed region's ranges are in the queue until released too, so an overlap test
+        // finds whatever could still be mapped in this slot.
+        self.release_if_overlapping(self.base + off as usize, len);
         let moved = io
             .internal
             .move_pages(self.base + off as usize, src, len, true, false)?;
@@ -242,5 +263,68 @@ impl MemoryTier {
 impl Drop for MemoryTier {
     fn drop(&mut self) {
         let _ = mem::unmap(self.base, self.len);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{TierConfig, TierKind};
+    use attune_sys::uffd::Delivery;
+
+    fn tier() -> (MemoryTier, Uffd) {
+        let uffd = Uffd::open(Delivery::Thread, 0).expect("userfaultfd");
+        let cfg = TierConfig {
+            name: "t".into(),
+            kind: TierKind::Memory,
+            capacity: 4 << 20,
+            path: None,
+            direct: false,
+            latency_ns: 0,
+            bandwidth: 0,
+            emulate_delay_ns: 0,
+            emulate_bandwidth: 0,
+            min_chunk: 4096,
+            node: None,
+        };
+        let t = MemoryTier::new(&cfg, 4 << 20, &uffd).expect("tier");
+        (t, uffd)
+    }
+
+    /// A slot range as a fetch leaves it: copied out, still mapped, queued for release.
+    fn queue(t: &MemoryTier, uffd: &Uffd, page: usize) -> usize {
+        let buf = [7u8; 4096];
+        let a = t.base + page * 4096;
+        uffd.copy(a, buf.as_ptr() as usize, 4096, false)
+            .expect("place");
+        t.release_later(a, 4096);
+        a
+    }
+
+    #[test]
+    fn a_store_releases_the_queue_only_when_its_slot_overlaps_a_queued_range() {
+        let (t, uffd) = tier();
+        let (a, b) = (queue(&t, &uffd, 3), queue(&t, &uffd, 10));
+        // A slot elsewhere: nothing released, both ranges still mapped and waiting.
+        t.release_if_overlapping(t.base + 5 * 4096, 4 * 4096);
+        assert_eq!(t.waiting.load(Relaxed), 2);
+        assert_eq!(
+            mem::resident_pages(a, 4096).unwrap() + mem::resident_pages(b, 4096).unwrap(),
+            2
+        );
+        // A slot that ends on b's page: the whole queue goes (one batch).
+        t.release_if_overlapping(t.base + 8 * 4096, 3 * 4096);
+        assert_eq!(t.waiting.load(Relaxed), 0);
+        assert_eq!(
+            mem::resident_pages(a, 4096).unwrap() + mem::resident_pages(b, 4096).unwrap(),
+            0
+        );
+        // Adjacent but not overlapping: kept.
+        let c = queue(&t, &uffd, 20);
+        t.release_if_overlapping(t.base + 21 * 4096, 4096);
+        t.release_if_overlapping(t.base + 19 * 4096, 4096);
+        assert_eq!(mem::resident_pages(c, 4096).unwrap(), 1);
+        t.release_pending();
+        assert_eq!(mem::resident_pages(c, 4096).unwrap(), 0);
     }
 }
