@@ -797,6 +797,11 @@ mod tests {
         }
     }
 
+    /// The message of the error one environment variable causes.
+    fn env_error(file: Option<&std::path::Path>, key: &str, value: &str) -> String {
+        load(file, &env(&[(key, value)]), &machine()).unwrap_err().0
+    }
+
     fn env(v: &[(&str, &str)]) -> Vec<(String, String)> {
         v.iter()
             .map(|(a, b)| (a.to_string(), b.to_string()))
@@ -837,13 +842,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.tiers[0].min_chunk, 4096);
         for bad in ["5K", "4M", "lots"] {
-            let e = load(
-                Some(&p),
-                &env(&[("ATTUNE_TIER_SSD_MIN_CHUNK", bad)]),
-                &machine(),
-            )
-            .unwrap_err()
-            .0;
+            let e = env_error(Some(&p), "ATTUNE_TIER_SSD_MIN_CHUNK", bad);
             assert!(
                 e.contains("ATTUNE_TIER_SSD_MIN_CHUNK") && e.contains("min_chunk"),
                 "{bad}: {e}"
@@ -876,7 +875,7 @@ mod tests {
             ("ATTUNE_SAMPLE_RATE", "200000", "between 0 and 100000"),
             ("ATTUNE_SAMPLE_WINDOW_US", "10", "between 100 and 10000000"),
         ] {
-            let e = load(None, &env(&[(k, v)]), &machine()).unwrap_err().0;
+            let e = env_error(None, k, v);
             assert!(e.contains(k) && e.contains(want), "{e}");
         }
         let dir = tempfile::tempdir().unwrap();
@@ -894,13 +893,7 @@ mod tests {
         assert_eq!(load(None, &[], &machine()).unwrap().handler_spin_us, 100);
         let off = load(None, &env(&[("ATTUNE_HANDLER_SPIN_US", "0")]), &machine()).unwrap();
         assert_eq!(off.handler_spin_us, 0);
-        let e = load(
-            None,
-            &env(&[("ATTUNE_HANDLER_SPIN_US", "20000")]),
-            &machine(),
-        )
-        .unwrap_err()
-        .0;
+        let e = env_error(None, "ATTUNE_HANDLER_SPIN_US", "20000");
         assert!(
             e.contains("ATTUNE_HANDLER_SPIN_US") && e.contains("between 0 and 10000"),
             "{e}"
@@ -959,7 +952,7 @@ mod tests {
             ("ATTUNE_INACTIVE_SHARE", "a quarter", "not a whole number"),
             ("ATTUNE_MOVE_LIMIT", "fast", "ATTUNE_MOVE_LIMIT"),
         ] {
-            let e = load(None, &env(&[(k, v)]), &machine()).unwrap_err().0;
+            let e = env_error(None, k, v);
             assert!(e.contains(k) && e.contains(want), "{k}={v}: {e}");
         }
     }
