@@ -381,8 +381,9 @@ impl Uffd {
         // times in one 48-thread run of tests/c/stress.c, with ioctl logging added for the
         // purpose; crates/attune-sys/tests/uffd_move.rs rebuilds what it leaves behind).
         // Trusting the report had left such a page in the far tier while its chunk was
-        // published resident (it then read as zero), or made the fetch fail. So after any early stop the progress is read from the
-        // pages themselves (`settled`), and an EEXIST that `settled` explains is progress.
+        // published resident (it then read as zero), or made the fetch fail. So after any
+        // early stop the progress is read from the pages themselves (`settled`), and an
+        // EEXIST that `settled` explains is progress.
         let ps = crate::page_size();
         let mut done = 0usize;
         let mut retries = 0;

@@ -352,8 +352,9 @@ pub fn evictor_loop(e: &'static Engine) {
 ///
 /// Why the wait: a fetch queues its slot range after it copied and before it leaves
 /// `Fetching`. Once no chunk is `Fetching`, every range of this region is queued or
-/// released, and a new owner's first store into the offsets releases the queue before it
-/// moves anything in (`MemoryTier::store`), so no release can reach the new owner's pages.
+/// released, and a new owner's store into the offsets releases the queue first when a
+/// queued range overlaps its slot (`MemoryTier::store`), so no release can reach the new
+/// owner's pages.
 fn drop_retired(e: &Engine) {
     let mut ret = e.retired.lock().unwrap_or_else(|p| p.into_inner());
     for r in ret.iter().filter(|r| !r.slots_returned.load(Relaxed)) {

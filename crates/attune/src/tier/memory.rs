@@ -8,8 +8,8 @@
 //! needed one a fetch, half of all cycles under random faults (docs/benchmarks.md). The
 //! copied-out slot ranges are released later, many with one `process_madvise` (one flush
 //! a batch). A slot must be empty before the next store moves pages into it, so
-//! [`MemoryTier::store`] releases every waiting range first; ranges wait in a fixed
-//! array (the fault path allocates nothing). Optional emulated delay and bandwidth cap
+//! [`MemoryTier::store`] releases the waiting ranges when one overlaps its slot; ranges
+//! wait in a fixed array (the fault path allocates nothing). Optional emulated delay and bandwidth cap
 //! make the tier model a slower medium.
 
 use crate::config::TierConfig;
