@@ -167,8 +167,8 @@ fn reserve_dram(e: &Engine, bytes: u64, inline: bool) {
             e.counters.budget_overruns.fetch_add(1, Relaxed);
         }
     }
-    let after = e.resident.load(Relaxed);
-    if now > high && after > if inline { e.budget() } else { high } {
+    let wake_above = if inline { e.budget() } else { high };
+    if e.resident.load(Relaxed) > wake_above {
         e.wake_evictor.notify();
     }
     // The peak after reclaim: what the process really held (the reservation above may

@@ -90,32 +90,29 @@ impl MemoryTier {
     }
 
     /// Releases every waiting range (one TLB flush). When it returns, no range queued
-    /// before the call is still mapped. Signal-safe: blocks signals while it holds the
-    /// lock, so no handler of this thread can wait for it.
+    /// before the call is still mapped.
     pub fn release_pending(&self) {
-        if self.waiting.load(Relaxed) == 0 {
-            return;
-        }
-        let _g = os::SignalGuard::new();
-        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        Self::release(&mut p, &self.waiting);
+        self.release_if(|_| true);
     }
 
     /// Releases the waiting ranges if one of them overlaps `[addr, addr+len)`: what a
     /// store needs of its slot. Releasing the queue before every store had made the batch
     /// one range long when every fault evicts one chunk for itself (signal delivery): a
-    /// `process_madvise` a fault. Signal-safe, as `release_pending`.
+    /// `process_madvise` a fault.
     fn release_if_overlapping(&self, addr: usize, len: usize) {
+        let end = addr + len;
+        self.release_if(|&(a, l)| a < end && addr < a + l);
+    }
+
+    /// Releases every waiting range if any satisfies `needed`. Signal-safe: blocks
+    /// signals while it holds the lock, so no handler of this thread can wait for it.
+    fn release_if(&self, needed: impl Fn(&(usize, usize)) -> bool) {
         if self.waiting.load(Relaxed) == 0 {
             return;
         }
         let _g = os::SignalGuard::new();
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let end = addr + len;
-        if p.ranges[..p.n]
-            .iter()
-            .any(|&(a, l)| a < end && addr < a + l)
-        {
+        if p.ranges[..p.n].iter().any(needed) {
             Self::release(&mut p, &self.waiting);
         }
     }
