@@ -29,6 +29,10 @@ int main(void) {
     errno = 0; CHECK(attune_free((char *)keep + 4096) == -1 && errno == EINVAL, "interior pointer");
     CHECK(strstr(attune_last_error(), "inside") != NULL, "message: %s", attune_last_error());
     errno = 0; CHECK(attune_free(small + 8) == -1 && errno == EINVAL, "interior small pointer");
+    /* 16-byte aligned, so only the live-block map can tell it from a block start. */
+    errno = 0; CHECK(attune_free(small + 16) == -1 && errno == EINVAL, "aligned interior small pointer");
+    errno = 0; free_TM(small + 32);
+    CHECK(errno == EINVAL, "free_TM of an aligned interior small pointer sets EINVAL");
     CHECK(attune_free(NULL) == 0, "free(NULL) is a no-op");
 
     uint64_t *twice = allocate_TM(2u << 20, 0);
@@ -37,6 +41,11 @@ int main(void) {
     char *s2 = allocate_TM(64, ATTUNE_SHL);
     CHECK(attune_free(s2) == 0, "first small free");
     errno = 0; CHECK(attune_free(s2) == -1 && errno == EINVAL, "double free of a small block");
+    /* The same through free_TM (its fast path), for a 1 KiB block. */
+    char *s3 = allocate_TM(1024, 0);
+    free_TM(s3);
+    errno = 0; free_TM(s3);
+    CHECK(errno == EINVAL, "free_TM twice of a small block sets EINVAL");
 
     errno = 0; CHECK(attune_set_flags(keep, 0x100) == -1 && errno == EINVAL, "set_flags bad bits");
     CHECK(attune_set_flags(keep, ATTUNE_CAP) == 0, "set_flags");

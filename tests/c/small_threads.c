@@ -1,5 +1,5 @@
-/* Small allocations from many short-lived threads. Each thread keeps its mimalloc theap
- * per class in its gate slot's cache words, which must be forgotten when the thread exits:
+/* Small allocations from many short-lived threads. Each thread finds its fork-gate slot by
+ * its thread pointer, which must be forgotten when the thread exits:
  * 40 waves of 8 threads (more thread lifetimes than the gate has slots, and new threads
  * at the addresses of dead ones) allocate blocks of every class, check that each lands
  * in its class's arena, keep their data, free half themselves and hand the rest to the

@@ -111,6 +111,7 @@ pub fn after_fork_in_child() -> bool {
     let (e, g) = fork_parts();
     let ok = crate::fork::child(e, g);
     if !ok {
+        crate::small::publish(None);
         FAST.store(0, Release);
         ENGINE_PTR.store(0, Release);
     }
@@ -161,7 +162,7 @@ fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
             if let Some(f) = ON_START.get() {
                 f();
             }
-            let small = SmallAllocator::new();
+            let small = SmallAllocator::new(e.cfg.small_threshold);
             if !small.enabled {
                 crate::log::emit(
                     crate::log::Level::Warn,
@@ -212,6 +213,9 @@ pub fn init(path: Option<&std::path::Path>) -> Result<&'static Runtime, Errno> {
                 }
                 *g = Some((pid, r));
                 FAST.store(r as *const _ as usize, Release);
+                if let Ok(Runtime::Tiered { small, .. }) = r {
+                    crate::small::publish(Some(small));
+                }
                 // After start: the daemon client registered its own fork handler then, and
                 // a child's handlers run in registration order (it forgets the parent's
                 // connection before this one joins anew).
@@ -274,8 +278,20 @@ fn check_flags(bits: u32) -> Result<Flags, Errno> {
     })
 }
 
-/// `allocate_TM` / `attune_alloc`.
+/// `allocate_TM` / `attune_alloc`. Inlined: a small request without options usually
+/// never leaves [`crate::small::alloc_fast`].
+#[inline]
 pub fn alloc(size: usize, flag_bits: u32, opts: Option<AllocOptions>) -> Result<usize, Errno> {
+    if opts.is_none() {
+        if let Some(p) = crate::small::alloc_fast(size, flag_bits) {
+            return Ok(p);
+        }
+    }
+    alloc_general(size, flag_bits, opts)
+}
+
+#[inline(never)]
+fn alloc_general(size: usize, flag_bits: u32, opts: Option<AllocOptions>) -> Result<usize, Errno> {
     let flags = check_flags(flag_bits)?;
     if size == 0 {
         return Err(fail(Errno(libc::EINVAL), "size 0: nothing to allocate"));
@@ -385,7 +401,16 @@ fn lookup(ptr: usize) -> Result<Lookup, Errno> {
 }
 
 /// `free_TM` / `attune_free`. NULL is a no-op, as for free(3).
+#[inline]
 pub fn free(ptr: usize) -> Result<(), Errno> {
+    if crate::small::free_fast(ptr) {
+        return Ok(());
+    }
+    free_general(ptr)
+}
+
+#[inline(never)]
+fn free_general(ptr: usize) -> Result<(), Errno> {
     if ptr == 0 {
         return Ok(());
     }

@@ -5,36 +5,113 @@
 //! exclusive arena (`mi_manage_os_memory_ex`, v3 first-class heaps usable from any
 //! thread). Its pages fault, evict and pin like any region's.
 //!
-//! Each block carries a 16-byte header (a keyed tag and the size) so that `free_TM` can
-//! reject pointers it did not hand out, interior pointers and double frees without a
-//! lookup table. A double free is detected until the block is handed out again.
+//! **Which pointers are live blocks.** Behind each arena, in the same region, a map holds
+//! one byte per 16 bytes of arena: `LIVE` where a block handed out starts, 0 elsewhere.
+//! `free_TM` rejects pointers it did not hand out, interior pointers and double frees by
+//! that byte (a double free is detected until the block is handed out again). The map
+//! lives outside the blocks, so a request keeps mimalloc's own size class (1 KiB stays a
+//! small block; an in-band header pushed it into the next, slower, class) and costs
+//! 1/16 of the arena's used extent, paged like the arena. Requests are rounded up to 16
+//! bytes, so every block starts on a map entry.
+//!
+//! **The fast path** ([`alloc_fast`], [`free_fast`]): a request without options for a
+//! class that exists takes a few inlined loads, this thread's slot of the fork gate
+//! ([`crate::thread_gate::ThreadGate::try_enter`]), mimalloc and the map byte. Anything
+//! else (first request of a class, size 0, unknown flags, a fork closing the gate, a bad
+//! pointer to report) goes to the general path, which re-checks everything and reports.
 
 use crate::engine::{AllocOptions, Engine};
 use crate::region::{Region, RegionKind};
 use attune_policy::Flags;
 use attune_sys::Errno;
 use libmimalloc_sys as mi;
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::{Arc, OnceLock};
 
-const HEADER: usize = 16;
+/// Block alignment and the arena bytes one map byte stands for.
+const GRAIN: usize = 16;
 pub(crate) const CLASSES: usize = 16;
-const FREED_TAG: u64 = 0xF4EE_D0D0_F4EE_D0D0;
+/// Map byte of a block start handed out and not yet freed.
+const LIVE: u8 = 0xA5;
 
 struct Class {
     region: Arc<Region>,
-    heap: usize,
+}
+
+/// What the fast path needs of a class, published once the class exists (heap 0 before).
+#[derive(Default)]
+struct Ready {
+    heap: AtomicUsize,
+    /// The arena is base..end; its map starts at end.
+    base: AtomicUsize,
+    end: AtomicUsize,
+}
+
+impl Ready {
+    /// The map byte of the block starting at `p` (inside base..end).
+    #[inline(always)]
+    fn mark(&self, p: usize) -> &AtomicU8 {
+        let base = self.base.load(Relaxed);
+        let at = self.end.load(Relaxed) + (p - base) / GRAIN;
+        // SAFETY: the map is arena/GRAIN bytes right behind the arena, in the class's
+        // region (mapped for the life of the process); p lies in the arena, so `at` lies
+        // in the map. Touching it may fault it in, which the fault path resolves.
+        unsafe { &*(at as *const AtomicU8) }
+    }
+
+    /// Carves a block of `size` (> 0) bytes and marks it live; 0 when mimalloc has none.
+    #[inline(always)]
+    fn place(&self, size: usize) -> usize {
+        let Some(n) = size.checked_add(GRAIN - 1).map(|s| s & !(GRAIN - 1)) else {
+            return 0;
+        };
+        let heap = self.heap.load(Acquire) as *mut mi::mi_heap_t;
+        // SAFETY: heap is a live mimalloc heap of this class; v3 heaps may be used from
+        // any thread.
+        let p = unsafe { mi::mi_heap_malloc(heap, n) } as usize;
+        if p == 0 {
+            return 0;
+        }
+        if p % GRAIN != 0 {
+            // Not expected (sizes are multiples of 16), but a block the map cannot name
+            // must not be handed out.
+            // SAFETY: p was just allocated by mimalloc.
+            unsafe { mi::mi_free(p as *mut _) };
+            return 0;
+        }
+        self.mark(p).store(LIVE, Relaxed);
+        p
+    }
+
+    /// Frees the live block starting at `p`; false (nothing done) when `p` is not one.
+    #[inline(always)]
+    fn release(&self, p: usize) -> bool {
+        let m = self.mark(p);
+        if m.load(Relaxed) != LIVE {
+            return false;
+        }
+        m.store(0, Relaxed);
+        // SAFETY: the map proved p is the start of a live block of this arena.
+        unsafe { mi::mi_free(p as *mut _) };
+        true
+    }
+
+    #[inline(always)]
+    fn holds(&self, p: usize) -> bool {
+        let b = self.base.load(Acquire);
+        b != 0 && p >= b && p < self.end.load(Acquire)
+    }
 }
 
 pub struct SmallAllocator {
     classes: [OnceLock<Result<Class, Errno>>; CLASSES],
-    /// Arena ranges, for a lock-free "is this ours" test: (base, end) per class.
-    ranges: [(AtomicU64, AtomicU64); CLASSES],
+    ready: [Ready; CLASSES],
     /// Lowest base and highest end of all arenas: most pointers that are not ours (every
     /// dedicated region's) fail this test without a look at the classes.
     lo: AtomicU64,
     hi: AtomicU64,
-    secret: u64,
+    /// Requests below it are served here (`small_threshold`).
+    threshold: usize,
     /// False in a child that could not take its parent's runtime over: mimalloc's state
     /// there refers to unmapped memory, so small requests get a region each instead.
     pub enabled: bool,
@@ -44,26 +121,80 @@ pub struct SmallAllocator {
     pub gate: crate::thread_gate::ThreadGate,
 }
 
+/// The started runtime's small allocator, for the fast path: 0 before the runtime starts,
+/// without tiering, and in a forked child that gave its parent's runtime up.
+static FAST: AtomicUsize = AtomicUsize::new(0);
+
+/// Makes `s` the fast path's allocator (None: no fast path).
+pub(crate) fn publish(s: Option<&'static SmallAllocator>) {
+    let p = s
+        .filter(|s| s.enabled)
+        .map_or(0, |s| s as *const _ as usize);
+    FAST.store(p, Release);
+}
+
+#[inline(always)]
+fn fast() -> Option<&'static SmallAllocator> {
+    let p = FAST.load(Acquire);
+    // SAFETY: FAST holds 0 or a SmallAllocator inside a leaked runtime ('static).
+    (p != 0).then(|| unsafe { &*(p as *const SmallAllocator) })
+}
+
+/// `allocate_TM(size, flags)` without options, when the class already exists and the fork
+/// gate is open; None sends the request to the general path.
+#[inline(always)]
+pub fn alloc_fast(size: usize, flag_bits: u32) -> Option<usize> {
+    let s = fast()?;
+    if size == 0 || size >= s.threshold || flag_bits as usize >= CLASSES {
+        return None;
+    }
+    let r = &s.ready[flag_bits as usize];
+    if r.heap.load(Acquire) == 0 {
+        return None;
+    }
+    let slot = s.gate.try_enter()?;
+    let p = r.place(size);
+    crate::thread_gate::ThreadGate::leave(slot);
+    (p != 0).then_some(p)
+}
+
+/// `free_TM(ptr)` of a live small block while the fork gate is open: true when freed;
+/// false sends the pointer to the general path (not an arena's, or to be reported).
+#[inline(always)]
+pub fn free_fast(ptr: usize) -> bool {
+    let Some(s) = fast() else {
+        return false;
+    };
+    let p = ptr as u64;
+    if p < s.lo.load(Relaxed) || p >= s.hi.load(Relaxed) || ptr % GRAIN != 0 {
+        return false;
+    }
+    let Some(r) = s.ready.iter().find(|r| r.holds(ptr)) else {
+        return false;
+    };
+    let Some(slot) = s.gate.try_enter() else {
+        return false;
+    };
+    let done = r.release(ptr);
+    crate::thread_gate::ThreadGate::leave(slot);
+    done
+}
+
 impl SmallAllocator {
-    pub fn new() -> SmallAllocator {
-        let secret = attune_sys::os::now_ns().wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            ^ (std::process::id() as u64) << 32;
+    pub fn new(threshold: usize) -> SmallAllocator {
         SmallAllocator {
             classes: Default::default(),
-            ranges: Default::default(),
+            ready: Default::default(),
             lo: AtomicU64::new(u64::MAX),
             hi: AtomicU64::new(0),
-            secret: secret | 1,
+            threshold,
             enabled: !crate::fork::abandoned(),
             gate: crate::thread_gate::ThreadGate::new(),
         }
     }
 
-    fn tag(&self, block: usize) -> u64 {
-        (block as u64).rotate_left(17) ^ self.secret
-    }
-
-    fn class(&self, e: &Engine, flags: Flags) -> Result<&Class, Errno> {
+    /// The class of `flags`, made on its first request.
+    fn class(&self, e: &Engine, flags: Flags) -> Result<&Ready, Errno> {
         let i = flags.0 as usize % CLASSES;
         let r = self.classes[i].get_or_init(|| {
             let opts = AllocOptions {
@@ -71,17 +202,23 @@ impl SmallAllocator {
                 pin_bytes: Some(0),
                 ..Default::default()
             };
+            let arena = e.cfg.small_arena;
             let region = {
                 let _in = e.enter();
-                e.alloc_region(e.cfg.small_arena, &opts, RegionKind::SmallArena, 64 << 20)?
+                e.alloc_region(
+                    arena + arena / GRAIN,
+                    &opts,
+                    RegionKind::SmallArena,
+                    64 << 20,
+                )?
             };
             let mut id: mi::mi_arena_id_t = std::ptr::null_mut();
-            // SAFETY: the range is a fresh mapping owned by this arena for the life of the
-            // process, aligned to 64 MiB; it reads as zero until written.
+            // SAFETY: the first `arena` bytes of a fresh mapping owned by this class for
+            // the life of the process, aligned to 64 MiB; they read as zero until written.
             let ok = unsafe {
                 mi::mi_manage_os_memory_ex(
                     region.base as *const _,
-                    region.len,
+                    arena,
                     true,
                     true,
                     true,
@@ -100,108 +237,76 @@ impl SmallAllocator {
             if heap.is_null() {
                 return Err(Errno(libc::ENOMEM));
             }
-            self.ranges[i].0.store(region.base as u64, Release);
-            self.ranges[i]
-                .1
-                .store((region.base + region.len) as u64, Release);
+            let ready = &self.ready[i];
+            ready.base.store(region.base, Release);
+            ready.end.store(region.base + arena, Release);
+            ready.heap.store(heap as usize, Release);
             self.lo.fetch_min(region.base as u64, AcqRel);
-            self.hi.fetch_max((region.base + region.len) as u64, AcqRel);
-            Ok(Class {
-                region,
-                heap: heap as usize,
-            })
+            self.hi.fetch_max((region.base + arena) as u64, AcqRel);
+            Ok(Class { region })
         });
-        r.as_ref().map_err(|e| *e)
+        r.as_ref().map(|_| &self.ready[i]).map_err(|e| *e)
     }
 
-    /// Allocates `size` bytes in the class of `flags`.
+    /// Allocates `size` (> 0) bytes in the class of `flags`.
     pub fn alloc(&self, e: &Engine, size: usize, flags: Flags) -> Result<usize, Errno> {
         let _in = self.gate.enter();
-        let class = self.class(e, flags)?;
-        let total = size.checked_add(HEADER).ok_or(Errno(libc::ENOMEM))?;
-        // SAFETY: heap is a live mimalloc heap; v3 heaps may be used from any thread.
-        let p = unsafe { mi::mi_heap_malloc(class.heap as *mut mi::mi_heap_t, total) } as usize;
+        let p = self.class(e, flags)?.place(size);
         if p == 0 {
             return Err(Errno(libc::ENOMEM));
         }
-        // SAFETY: p..p+total was just allocated for us; writing may fault it in, which the
-        // fault path resolves (no runtime lock is held here).
-        unsafe {
-            *(p as *mut u64) = self.tag(p);
-            *((p + 8) as *mut u64) = size as u64;
+        Ok(p)
+    }
+
+    /// The class whose arena holds `ptr`, if it is in one.
+    fn ready_of(&self, ptr: usize) -> Option<&Ready> {
+        let p = ptr as u64;
+        if p < self.lo.load(Relaxed) || p >= self.hi.load(Relaxed) {
+            return None;
         }
-        Ok(p + HEADER)
+        self.ready.iter().find(|r| r.holds(ptr))
     }
 
     /// Whether `ptr` lies in one of the arenas.
     pub fn owns(&self, ptr: usize) -> bool {
-        let p = ptr as u64;
-        if p < self.lo.load(Relaxed) || p >= self.hi.load(Relaxed) {
-            return false;
-        }
-        self.ranges.iter().any(|(b, e)| {
-            let b = b.load(Acquire) as usize;
-            b != 0 && ptr >= b + HEADER && ptr < e.load(Acquire) as usize
-        })
+        self.ready_of(ptr).is_some()
     }
 
     /// Frees a block: None when `ptr` is not in the arenas at all (someone else's to
     /// judge), EINVAL for anything in them that is not a live block start.
     pub fn free_if_owned(&self, ptr: usize) -> Option<Result<(), Errno>> {
-        if !self.owns(ptr) {
-            return None;
-        }
-        if ptr % 16 != 0 {
+        let r = self.ready_of(ptr)?;
+        if ptr % GRAIN != 0 {
             return Some(Err(Errno(libc::EINVAL)));
         }
-        let block = ptr - HEADER;
         let _in = self.gate.enter();
-        // SAFETY: block lies inside an arena we manage (checked above); reading it may
-        // fault it in.
-        let tag = unsafe { *(block as *const u64) };
-        if tag != self.tag(block) {
-            return Some(Err(Errno(libc::EINVAL)));
+        if r.release(ptr) {
+            Some(Ok(()))
+        } else {
+            Some(Err(Errno(libc::EINVAL)))
         }
-        // SAFETY: as above; the tag proved this is the start of a live block.
-        unsafe {
-            *(block as *mut u64) = FREED_TAG;
-            mi::mi_free(block as *mut _);
-        }
-        Some(Ok(()))
     }
 
-    /// Size the application asked for, if `ptr` is a live small block.
+    /// The block's usable size (at least what was asked for), if `ptr` is a live block.
     pub fn size_of(&self, ptr: usize) -> Option<usize> {
-        if !self.owns(ptr) || ptr % 16 != 0 {
+        let r = self.ready_of(ptr)?;
+        if ptr % GRAIN != 0 {
             return None;
         }
-        let block = ptr - HEADER;
         let _in = self.gate.enter();
-        // SAFETY: inside a managed arena (checked above).
-        unsafe {
-            if *(block as *const u64) != self.tag(block) {
-                return None;
-            }
-            Some(*((block + 8) as *const u64) as usize)
+        if r.mark(ptr).load(Relaxed) != LIVE {
+            return None;
         }
+        // SAFETY: the map proved ptr is the start of a live block.
+        Some(unsafe { mi::mi_usable_size(ptr as *const _) })
     }
 
     /// The arena region of the class holding `ptr`.
     pub fn region_of(&self, ptr: usize) -> Option<Arc<Region>> {
-        for (i, (b, e)) in self.ranges.iter().enumerate() {
-            let b = b.load(Acquire) as usize;
-            if b != 0 && ptr >= b && ptr < e.load(Acquire) as usize {
-                if let Some(Ok(c)) = self.classes[i].get() {
-                    return Some(c.region.clone());
-                }
-            }
+        let i = self.ready.iter().position(|r| r.holds(ptr))?;
+        match self.classes[i].get() {
+            Some(Ok(c)) => Some(c.region.clone()),
+            _ => None,
         }
-        None
-    }
-}
-
-impl Default for SmallAllocator {
-    fn default() -> Self {
-        Self::new()
     }
 }

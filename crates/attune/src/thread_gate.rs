@@ -104,7 +104,7 @@ struct Slot(AtomicU32);
 
 pub struct ThreadGate {
     closed: AtomicBool,
-    slots: Box<[Slot]>,
+    slots: Box<[Slot; SLOTS]>,
     /// For threads without a slot.
     overflow: Gate,
 }
@@ -131,9 +131,46 @@ impl ThreadGate {
         REGISTERED.call_once(|| ASYMMETRIC.store(attune_sys::os::membarrier_register(), Release));
         ThreadGate {
             closed: AtomicBool::new(false),
-            slots: (0..SLOTS).map(|_| Slot(AtomicU32::new(0))).collect(),
+            slots: Box::new([const { Slot(AtomicU32::new(0)) }; SLOTS]),
             overflow: Gate::new(),
         }
+    }
+
+    /// The fast side alone, for the small allocator's inlined paths: this thread's home
+    /// slot (found by its thread pointer), entered while the gate is open. None when the
+    /// thread has no home slot, is already inside (a signal handler nesting), or a fork is
+    /// closing the gate: the caller then takes its general path, which uses [`Self::enter`].
+    #[inline(always)]
+    pub fn try_enter(&self) -> Option<&AtomicU32> {
+        let tp = attune_sys::os::thread_pointer();
+        let h = home(tp);
+        if tp == 0 || OWNER_TP[h].load(Relaxed) != tp {
+            return None;
+        }
+        let s = &self.slots[h].0;
+        if s.load(Relaxed) != 0 {
+            return None;
+        }
+        s.store(1, Relaxed);
+        if ASYMMETRIC.load(Relaxed) {
+            compiler_fence(SeqCst);
+        } else {
+            fence(SeqCst);
+        }
+        if self.closed.load(Relaxed) {
+            s.store(0, Release);
+            return None;
+        }
+        Some(s)
+    }
+
+    /// Leaves what [`Self::try_enter`] entered.
+    #[inline(always)]
+    pub fn leave(slot: &AtomicU32) {
+        // Everything done inside happens before the slot reads as out. A signal handler
+        // that nested an operation meanwhile has left again, so the count is 1.
+        compiler_fence(SeqCst);
+        slot.store(0, Release);
     }
 
     /// Enters, waiting while a fork is being prepared.
