@@ -83,7 +83,7 @@ int attune_discard(void *ptr, size_t len);
 #define ATTUNE_MAX_TIERS 16
 
 typedef struct attune_region_stats {
-    uint64_t size;             /* bytes requested */
+    uint64_t size;             /* bytes requested (a small block: its usable size, at least the request) */
     uint64_t chunk_size;
     uint32_t flags;
     uint32_t ntiers;           /* valid entries in tier_bytes */
@@ -119,7 +119,11 @@ typedef struct attune_tier_stats {
 
 int attune_tier_count(void);
 int attune_tier_stats(int index, attune_tier_stats_t *out);
-/* JSON of all tiers' statistics into buf (NUL-terminated); returns the full length. */
+/* JSON of all tiers' statistics into buf (NUL-terminated); returns the full length.
+ * {"tiers": [per tier as attune_tier_stats], "engine": {faults, evictions, evicted_bytes,
+ * fetched_bytes, direct_reclaims (faults that evicted before placing their chunk),
+ * evictor_evicted_bytes (the background evictor's part of evicted_bytes),
+ * budget_overruns} or null without tiering}. */
 int attune_stats_json(char *buf, size_t len);
 
 /* Phases for `attune profile`: each phase gets its own access curve. Phases do not nest

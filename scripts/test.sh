@@ -208,11 +208,16 @@ expect() { # expect NAME RC PATTERN CMD...: exit status RC and PATTERN in the ou
 }
 gcc -O2 tests/run/c_matrix.c -o "$RT/c_matrix" && gcc -O2 tests/run/fork_exec.c -o "$RT/fork_exec" \
   && gcc -O2 tests/run/madvise_zero.c -o "$RT/madvise_zero" && gcc -O2 tests/run/munmap_part.c -o "$RT/munmap_part" \
-  && gcc -O2 tests/run/crash.c -o "$RT/crash" && gcc -O2 -static tests/run/crash.c -o "$RT/crash_static" \
+  && gcc -O2 tests/run/crash.c -o "$RT/crash" && gcc -O2 tests/run/rand_update.c -o "$RT/rand_update" \
+  && gcc -O2 -static tests/run/crash.c -o "$RT/crash_static" \
   && g++ -O2 -std=c++17 tests/run/cpp_vectors.cpp -o "$RT/cpp_vectors" -lpthread \
   && gcc -O2 -fopenmp tests/run/omp_stream.c -o "$RT/omp_stream" || { fail=$((fail+1)); failed+=(build-run-tests); }
 # Footprint 4-5x the budget; the report's schema, exit status and DRAM peak are checked.
 expect run-c 0 "c_matrix: OK" sh -c "'$ATT' run --dram 32M --report '$RT/c.json' -- '$RT/c_matrix' 128 && $CHECK '$RT/c.json' --exit 0 --min-procs 1 --budget-slack 2097152"
+# Who evicts under `attune run` (thread delivery): the background evictor keeps the
+# headroom, so faults rarely wait for an eviction (tests/c/signal_mode.c checks the
+# opposite for signal delivery); the report tells the evictor's bytes from the rest.
+expect run-evictor-share 0 "evictor share" sh -c "'$ATT' run --dram 32M --report '$RT/ev.json' -- '$RT/rand_update' 64 60000 && $CHECK '$RT/ev.json' --exit 0 --min-procs 1 --budget-slack 2097152 --evictor-share-min 0.3"
 # The budget seen from outside the runtime: with only a file tier, the process's RSS
 # high-water mark stays near the budget (32 MiB + the program and runtime, < 48 MiB).
 cat > "$RT/file.toml" <<TOML

@@ -1,6 +1,8 @@
 /* fault_mode=signal: integrity under eviction; a system call on a non-resident page
  * fails with EFAULT as documented, and works after attune_pin. Thread mode: system calls
- * on non-resident pages work. */
+ * on non-resident pages work. Who evicts: a thread resolving its own faults (signal)
+ * evicts for itself and leaves the background evictor asleep; a handler thread (thread)
+ * leaves most evictions to the evictor, which keeps the headroom. */
 #define _GNU_SOURCE
 #include <attune.h>
 #include <errno.h>
@@ -36,7 +38,50 @@ static void run(int mode) {
     CHECK(bad == 0, "mode %d after syscall: %lu bad words", mode, bad);
     attune_free(a);
 }
+/* An engine counter from attune_stats_json's "engine" object. */
+static uint64_t engine_counter(const char *name) {
+    static char buf[8192];
+    attune_stats_json(buf, sizeof buf);
+    char key[64];
+    snprintf(key, sizeof key, "\"%s\":", name);
+    const char *e = strstr(buf, "\"engine\":");
+    const char *k = e ? strstr(e, key) : NULL;
+    return k ? strtoull(k + strlen(key), NULL, 10) : UINT64_MAX;
+}
+
+/* Random updates over a region three times the budget; returns the evictor's share of
+ * the bytes evicted meanwhile. */
+static double evictor_share(int mode) {
+    attune_alloc_opts o; attune_alloc_opts_init(&o);
+    o.fault_mode = mode;
+    size_t n = 48u << 20, words = n / 8;
+    uint64_t *a = attune_alloc(n, &o);
+    CHECK(a != NULL, "alloc: %s", attune_last_error());
+    if (!a) return -1;
+    for (size_t i = 0; i < words; i++) a[i] = i;
+    uint64_t ev0 = engine_counter("evicted_bytes"), bg0 = engine_counter("evictor_evicted_bytes");
+    uint64_t dr0 = engine_counter("direct_reclaims");
+    CHECK(ev0 != UINT64_MAX && bg0 != UINT64_MAX && dr0 != UINT64_MAX, "engine counters in attune_stats_json");
+    uint64_t x = 88172645463325252ull;
+    enum { UPDATES = 40000 };
+    for (int k = 0; k < UPDATES; k++) { x ^= x << 13; x ^= x >> 7; x ^= x << 17; a[x % words] += 1; }
+    uint64_t ev = engine_counter("evicted_bytes") - ev0, bg = engine_counter("evictor_evicted_bytes") - bg0;
+    uint64_t dr = engine_counter("direct_reclaims") - dr0;
+    uint64_t gained = 0;
+    for (size_t i = 0; i < words; i++) gained += a[i] - i;
+    CHECK(gained == UPDATES, "mode %d: %llu updates found of %d", mode, (unsigned long long)gained, UPDATES);
+    CHECK(ev > 0, "mode %d: the updates evicted nothing", mode);
+    printf("mode %d: evicted %llu bytes, the evictor %llu of them; %llu direct reclaims\n", mode,
+           (unsigned long long)ev, (unsigned long long)bg, (unsigned long long)dr);
+    if (mode == ATTUNE_FAULT_SIGNAL) CHECK(dr > 0, "signal mode: the faulting thread never reclaimed for itself");
+    attune_free(a);
+    return ev ? (double)bg / ev : -1;
+}
+
 int main(void) {
+    double sig = evictor_share(ATTUNE_FAULT_SIGNAL), thr = evictor_share(ATTUNE_FAULT_THREAD);
+    CHECK(sig >= 0 && sig <= 0.05, "signal delivery: the evictor evicted %.1f%% (the faulting thread should)", sig * 100);
+    CHECK(thr >= 0.3, "thread delivery: the evictor evicted only %.1f%%", thr * 100);
     run(ATTUNE_FAULT_THREAD);
     run(ATTUNE_FAULT_SIGNAL);
     /* A thread with a small alternate signal stack, as Rust's std and Python's faulthandler

@@ -1,6 +1,7 @@
 """Checks an `attune run` JSON report against the schema in docs/run-report.md and
 optional expectations. Usage:
   check_report.py REPORT [--exit N] [--signal N] [--min-procs N] [--budget-slack BYTES]
+                  [--evictor-share-max F] [--evictor-share-min F] [--chunk N] [--has-command C]
 """
 import argparse
 import json
@@ -11,7 +12,8 @@ TOP = {"schema": str, "command": list, "program": str, "managed": bool, "wall_se
        "hottest_regions": list, "per_process": list}
 TOTALS = ["peak_resident_bytes_max", "budget_bytes", "faults", "evictions", "fetched_bytes",
           "evicted_bytes", "moved_bytes", "os_minor_faults", "os_major_faults",
-          "budget_overruns", "managed_requests", "fallback_requests"]
+          "budget_overruns", "direct_reclaims", "evictor_evicted_bytes", "managed_requests",
+          "fallback_requests"]
 PROC = {"pid": int, "command": list, "final": bool, "budget_bytes": int,
         "peak_resident_bytes": int, "faults": int, "tiers": list, "top_regions": list}
 TIER = ["name", "kind", "peak_used_bytes", "bytes_in", "bytes_out", "faults", "evictions", "errors"]
@@ -31,6 +33,10 @@ def main():
     ap.add_argument("--budget-slack", type=int, default=None)
     ap.add_argument("--has-command", help="a managed process whose program name ends so")
     ap.add_argument("--chunk", type=int, help="every listed region has this chunk size")
+    ap.add_argument("--evictor-share-max", type=float,
+                    help="at most this part of the evicted bytes was evicted by the background evictor")
+    ap.add_argument("--evictor-share-min", type=float,
+                    help="at least this part of the evicted bytes was evicted by the background evictor")
     a = ap.parse_args()
     r = json.load(open(a.report))
     for k, t in TOP.items():
@@ -81,7 +87,16 @@ def main():
                 fail(f"pid {p['pid']}: peak {p['peak_resident_bytes']} > budget {p['budget_bytes']} + {a.budget_slack}")
             if p["evictions"] == 0 and a.min_procs:
                 fail(f"pid {p['pid']}: no evictions: the footprint never exceeded the budget")
-    print(f"check_report: OK ({r['processes']} processes, peak {r['totals']['peak_resident_bytes_max']} bytes)")
+    t = r["totals"]
+    share = t["evictor_evicted_bytes"] / t["evicted_bytes"] if t["evicted_bytes"] else 0.0
+    if (a.evictor_share_max is not None or a.evictor_share_min is not None) and not t["evicted_bytes"]:
+        fail("nothing was evicted: the evictor's share cannot be judged")
+    if a.evictor_share_max is not None and share > a.evictor_share_max:
+        fail(f"the background evictor evicted {share:.1%} of the bytes (at most {a.evictor_share_max:.0%} expected)")
+    if a.evictor_share_min is not None and share < a.evictor_share_min:
+        fail(f"the background evictor evicted {share:.1%} of the bytes (at least {a.evictor_share_min:.0%} expected)")
+    print(f"check_report: OK ({r['processes']} processes, peak {r['totals']['peak_resident_bytes_max']} bytes, "
+          f"evictor share {share:.1%})")
 
 
 main()

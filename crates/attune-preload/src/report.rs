@@ -108,6 +108,8 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "fetched_bytes": counter(|c| &c.fetched_bytes),
         "evicted_bytes": counter(|c| &c.evicted_bytes),
         "budget_overruns": counter(|c| &c.budget_overruns),
+        "direct_reclaims": counter(|c| &c.direct_reclaims),
+        "evictor_evicted_bytes": counter(|c| &c.evictor_evicted_bytes),
         "os_minor_faults": minflt,
         "os_major_faults": majflt,
         "managed_requests": hooks::SERVED.load(Relaxed),

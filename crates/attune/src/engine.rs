@@ -39,6 +39,9 @@ pub struct EngineCounters {
     pub evicted_bytes: AtomicU64,
     pub fetched_bytes: AtomicU64,
     pub direct_reclaims: AtomicU64,
+    /// Bytes the background evictor evicted (the rest of `evicted_bytes` was evicted by
+    /// faulting threads or handler threads reclaiming for themselves).
+    pub evictor_evicted_bytes: AtomicU64,
     /// Times the budget was exceeded because nothing could be evicted (all pinned or all
     /// tiers full): the application keeps running, the overrun is reported.
     pub budget_overruns: AtomicU64,
@@ -692,6 +695,7 @@ impl Engine {
             &c.evicted_bytes,
             &c.fetched_bytes,
             &c.direct_reclaims,
+            &c.evictor_evicted_bytes,
             &c.budget_overruns,
             &c.load_errors,
             &c.sample_parks,

@@ -339,9 +339,11 @@ pub fn evictor_loop(e: &'static Engine) {
                 break;
             }
             let want = (cur - low).min((e.cfg.evict_batch * e.cfg.chunk_size) as u64);
-            if reclaim(e, want) == 0 {
+            let freed = reclaim(e, want);
+            if freed == 0 {
                 break;
             }
+            e.counters.evictor_evicted_bytes.fetch_add(freed, Relaxed);
         }
     }
 }

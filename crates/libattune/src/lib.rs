@@ -439,7 +439,20 @@ pub extern "C" fn attune_stats_json(buf: *mut c_char, len: usize) -> c_int {
                 return -1;
             }
         };
-        let s = serde_json::json!({ "tiers": v }).to_string();
+        let engine = runtime::runtime().ok().and_then(|rt| rt.engine()).map(|e| {
+            let c = &e.counters;
+            let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+            serde_json::json!({
+                "faults": n(&c.faults),
+                "evictions": n(&c.evictions),
+                "evicted_bytes": n(&c.evicted_bytes),
+                "fetched_bytes": n(&c.fetched_bytes),
+                "direct_reclaims": n(&c.direct_reclaims),
+                "evictor_evicted_bytes": n(&c.evictor_evicted_bytes),
+                "budget_overruns": n(&c.budget_overruns),
+            })
+        });
+        let s = serde_json::json!({ "tiers": v, "engine": engine }).to_string();
         if !buf.is_null() && len > 0 {
             let n = s.len().min(len - 1);
             // SAFETY: buf has len bytes.

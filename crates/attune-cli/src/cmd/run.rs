@@ -544,6 +544,8 @@ pub fn build_report(
             "os_minor_faults": sum(&procs, "os_minor_faults"),
             "os_major_faults": sum(&procs, "os_major_faults"),
             "budget_overruns": sum(&procs, "budget_overruns"),
+            "direct_reclaims": sum(&procs, "direct_reclaims"),
+            "evictor_evicted_bytes": sum(&procs, "evictor_evicted_bytes"),
             "managed_requests": sum(&procs, "managed_requests"),
             "fallback_requests": sum(&procs, "fallback_requests"),
             "predicted_requests": sum(&procs, "predicted_requests"),
