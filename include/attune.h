@@ -123,6 +123,7 @@ int attune_tier_stats(int index, attune_tier_stats_t *out);
  * {"tiers": [per tier as attune_tier_stats], "engine": {faults, evictions, evicted_bytes,
  * fetched_bytes, direct_reclaims (faults that evicted before placing their chunk),
  * evictor_evicted_bytes (the background evictor's part of evicted_bytes),
+ * dropped_behind_bytes (evicted from just behind streamed BW regions),
  * budget_overruns} or null without tiering}. */
 int attune_stats_json(char *buf, size_t len);
 

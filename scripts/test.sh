@@ -37,7 +37,7 @@ fi
 echo "== native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"
-for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads fork_small config_error fallback protect lost_tier discard cap_tier churn deny_syscalls; do
+for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads fork_small drop_behind config_error fallback protect lost_tier discard cap_tier churn deny_syscalls; do
   gcc $CFLAGS tests/c/$t.c -o "$OUT/$t" $LIBS || { fail=$((fail+1)); failed+=("build-$t"); }
 done
 g++ -O2 -std=c++17 $(pkg-config --cflags attune) tests/cpp/threads.cpp -o "$OUT/cpp_threads" $LIBS || { fail=$((fail+1)); failed+=(build-cpp); }
@@ -150,6 +150,10 @@ ATTUNE_CONFIG="$OUT/file.toml" run small-file-tier "$OUT/small"
 run small-threads "$OUT/small_threads"
 # Forks while two threads allocate and free small blocks: no child hangs on a lock.
 run fork-small "$OUT/fork_small"
+# Drop-behind: a BW loop over twice the budget fetches at most 3/4 of an unflagged one;
+# temperature-only mode ignores the flag.
+run drop-behind "$OUT/drop_behind"
+ATTUNE_MODE=temperature run drop-behind-temperature "$OUT/drop_behind"
 run config_error "$OUT/config_error"
 ATTUNE_DISABLE_UFFD=1 run fallback-plain-dram "$OUT/fallback"
 # userfaultfd refused by a seccomp filter, as in a container: the runtime says what to

@@ -12,6 +12,7 @@ pub mod numa;
 pub mod plan;
 pub mod predict;
 pub mod share;
+pub mod stream;
 pub mod victim;
 
 pub use flags::Flags;

@@ -39,6 +39,8 @@ pub struct EngineCounters {
     pub evicted_bytes: AtomicU64,
     pub fetched_bytes: AtomicU64,
     pub direct_reclaims: AtomicU64,
+    /// Bytes evicted from behind streams (`crate::evict::DropBehind`).
+    pub dropped_behind_bytes: AtomicU64,
     /// Bytes the background evictor evicted (the rest of `evicted_bytes` was evicted by
     /// faulting threads or handler threads reclaiming for themselves).
     pub evictor_evicted_bytes: AtomicU64,
@@ -107,6 +109,8 @@ pub struct Engine {
     move_next: AtomicU64,
     pub capacity: u64,
     pub(crate) wake_evictor: os::EventFd,
+    /// Chunks streams have just passed, the first victims (`crate::evict::DropBehind`).
+    pub(crate) drop_behind: crate::evict::DropBehind,
     pub counters: EngineCounters,
     next_id: AtomicU32,
     pub(crate) shutdown: AtomicBool,
@@ -201,6 +205,7 @@ impl Engine {
             peak_resident: AtomicU64::new(0),
             pinned: AtomicU64::new(0),
             wake_evictor: os::EventFd::new().map_err(|e| InitError(format!("eventfd: {e}")))?,
+            drop_behind: crate::evict::DropBehind::new(),
             counters: EngineCounters::default(),
             next_id: AtomicU32::new(1),
             shutdown: AtomicBool::new(false),
@@ -529,6 +534,7 @@ impl Engine {
             t.retain(|x| !Arc::ptr_eq(x, r));
         }
         r.freed.store(true, Release);
+        self.drop_behind.forget(r.base, r.len);
         let _ = self.uffd_for(r.delivery).unregister(r.base, r.len);
         let _ = mem::unmap(r.base, r.len);
         let mut resident = 0u64;
@@ -695,6 +701,7 @@ impl Engine {
             &c.evicted_bytes,
             &c.fetched_bytes,
             &c.direct_reclaims,
+            &c.dropped_behind_bytes,
             &c.evictor_evicted_bytes,
             &c.budget_overruns,
             &c.load_errors,

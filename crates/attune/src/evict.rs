@@ -17,8 +17,117 @@ use attune_sys::os;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
+/// Entries of the drop-behind ring: about the last 256 runs streams passed.
+const BEHIND: usize = 256;
+
+/// Runs of chunks that streams (BW regions faulting sequentially) have just passed:
+/// `attune_policy::stream` says why they are the best victims. The fault path pushes, a
+/// reclaim (evictor or direct, under the clock lock) takes the newest first. Lock-free
+/// and signal-safe: an entry is a chunk address with the run's chunk count in its low 12
+/// bits (chunks are 4 KiB-aligned, a run is at most 512 chunks), 0 when empty; a full
+/// ring overwrites its oldest entries. An entry names memory, not a region: a reclaim
+/// looks the region up and checks each chunk's state, so a stale entry (freed region,
+/// chunk gone or touched again and active) is skipped.
+pub struct DropBehind {
+    ring: [std::sync::atomic::AtomicU64; BEHIND],
+    head: std::sync::atomic::AtomicUsize,
+}
+
+impl DropBehind {
+    pub fn new() -> DropBehind {
+        DropBehind {
+            ring: [const { std::sync::atomic::AtomicU64::new(0) }; BEHIND],
+            head: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// Marks chunks `[c, c+n)` of `r` as first victims.
+    pub fn push(&self, r: &Region, c: usize, n: usize) {
+        let n = n.min(r.chunks() - c.min(r.chunks())).min(0xfff);
+        if n == 0 {
+            return;
+        }
+        let i = self.head.fetch_add(1, Relaxed) % BEHIND;
+        self.ring[i].store(r.chunk_addr(c) as u64 | n as u64, Release);
+    }
+}
+
+impl DropBehind {
+    /// Forgets the entries inside `[base, base+len)` (a region being freed: its address
+    /// range may be mapped again for a new region, whose chunks no stream passed).
+    pub fn forget(&self, base: usize, len: usize) {
+        for e in &self.ring {
+            let v = e.load(Acquire);
+            let a = (v & !0xfff) as usize;
+            if v != 0 && a >= base && a < base + len {
+                let _ = e.compare_exchange(v, 0, AcqRel, Relaxed);
+            }
+        }
+    }
+}
+
+impl Default for DropBehind {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Evicts chunks from the drop-behind ring, newest first, until `want` bytes are freed or
+/// the ring is empty. Caller holds the clock lock (one drainer) and the table's read lock.
+fn reclaim_behind(e: &Engine, table: &[Arc<Region>], want: u64) -> u64 {
+    let d = &e.drop_behind;
+    let head = d.head.load(Acquire);
+    let mut freed = 0u64;
+    for k in 0..BEHIND {
+        if freed >= want {
+            break;
+        }
+        let v = d.ring[(head + BEHIND - 1 - k) % BEHIND].swap(0, AcqRel);
+        if v == 0 {
+            continue;
+        }
+        let (addr, n) = ((v & !0xfff) as usize, (v & 0xfff) as usize);
+        let i = table.partition_point(|r| r.base <= addr);
+        let Some(r) = i.checked_sub(1).map(|i| &table[i]) else {
+            continue;
+        };
+        if addr >= r.base + r.len || r.freed.load(Acquire) || e.is_protected(r) {
+            continue;
+        }
+        let max_run = (MAX_RUN / r.chunk).clamp(1, e.cfg.evict_batch);
+        let c0 = (addr - r.base) / r.chunk;
+        let (mut start, mut len) = (c0, 0usize);
+        for c in c0..(c0 + n).min(r.chunks()) {
+            let s = r.state(c);
+            // Inactive resident chunks only: an active one is in the working set the
+            // clock keeps (its accounting moves only through a demotion).
+            let take = s.place() == Where::Resident
+                && !s.pinned()
+                && !s.active()
+                && s.0 & SHARED == 0
+                && r.cas(c, s, s.with(Where::Evicting, 0));
+            if take {
+                if len == 0 {
+                    start = c;
+                }
+                len += 1;
+            }
+            if len > 0 && (!take || len == max_run) {
+                freed += flush_run(e, r, start, len);
+                len = 0;
+            }
+        }
+        if len > 0 {
+            freed += flush_run(e, r, start, len);
+        }
+    }
+    e.counters.dropped_behind_bytes.fetch_add(freed, Relaxed);
+    freed
+}
+
 /// Evicts until at least `want` bytes are freed or nothing more can go. Returns bytes
-/// freed. Signal-safe (called from the fault path for direct reclaim).
+/// freed. Signal-safe (called from the fault path for direct reclaim). Chunks streams
+/// have just passed go first (`DropBehind`), then the clock.
 pub fn reclaim(e: &Engine, want: u64) -> u64 {
     // Nowhere to put pages (every tier full): do not sweep for nothing.
     if !e.tiers.iter().any(|t| t.accepts(4096)) {
@@ -30,7 +139,10 @@ pub fn reclaim(e: &Engine, want: u64) -> u64 {
         return 0;
     }
     let total: usize = table.iter().map(|r| r.chunks()).sum();
-    let mut freed = 0u64;
+    let mut freed = reclaim_behind(e, &table, want);
+    if freed >= want {
+        return freed;
+    }
     // Pass 0: ordinary, for up to MAX_CREDIT + 2 laps (grace is taken one lap at a time,
     // an active chunk is demoted in one lap and evicted after its grace); pass 1, the last
     // resort: pageable chunks of protected regions and active chunks too.

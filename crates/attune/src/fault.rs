@@ -69,7 +69,9 @@ pub fn resolve(e: &Engine, r: &Region, addr: usize) -> bool {
         match claim(r, c, true) {
             Some(Claim::Owned(src, tier)) => {
                 let n = 1 + readahead(e, r, c, src, tier);
-                return place_run(e, r, c, n, src, tier);
+                let placed = place_run(e, r, c, n, src, tier);
+                mark_behind(e, r, c, n);
+                return placed;
             }
             Some(Claim::Resident) => {
                 // We believe it is mapped. Either another thread placed it after this fault
@@ -98,6 +100,19 @@ pub fn resolve(e: &Engine, r: &Region, addr: usize) -> bool {
                 return true;
             }
             None => return true,
+        }
+    }
+}
+
+/// A sequential fault in a streamed region marks the `n` chunks as far behind it as the
+/// policy says as the first victims (`attune_policy::stream`).
+fn mark_behind(e: &Engine, r: &Region, c: usize, n: usize) {
+    let sequential = r.ra_chunks.load(Relaxed) > 0;
+    let ra_max = (e.cfg.readahead.min(MAX_RUN) / r.chunk).max(1) - 1;
+    let attuned = e.cfg.mode == crate::config::Mode::Attuned;
+    if let Some(d) = attune_policy::stream::drop_behind(r.flags(), attuned, sequential, ra_max) {
+        if c >= d {
+            e.drop_behind.push(r, c - d, n);
         }
     }
 }

@@ -448,6 +448,7 @@ pub extern "C" fn attune_stats_json(buf: *mut c_char, len: usize) -> c_int {
                 "evicted_bytes": n(&c.evicted_bytes),
                 "fetched_bytes": n(&c.fetched_bytes),
                 "direct_reclaims": n(&c.direct_reclaims),
+                "dropped_behind_bytes": n(&c.dropped_behind_bytes),
                 "evictor_evicted_bytes": n(&c.evictor_evicted_bytes),
                 "budget_overruns": n(&c.budget_overruns),
             })
