@@ -31,6 +31,10 @@ const BEHIND: usize = 256;
 pub struct DropBehind {
     ring: [std::sync::atomic::AtomicU64; BEHIND],
     head: std::sync::atomic::AtomicUsize,
+    /// `head` when a reclaim last found the ring empty: equal to `head` means nothing was
+    /// pushed since, and a reclaim skips the ring (a process without streams, whose
+    /// faults each reclaim under signal delivery, must not pay a scan of 256 entries).
+    empty_at: std::sync::atomic::AtomicUsize,
 }
 
 impl DropBehind {
@@ -38,6 +42,7 @@ impl DropBehind {
         DropBehind {
             ring: [const { std::sync::atomic::AtomicU64::new(0) }; BEHIND],
             head: std::sync::atomic::AtomicUsize::new(0),
+            empty_at: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -77,10 +82,14 @@ impl Default for DropBehind {
 fn reclaim_behind(e: &Engine, table: &[Arc<Region>], want: u64) -> u64 {
     let d = &e.drop_behind;
     let head = d.head.load(Acquire);
+    if head == d.empty_at.load(Relaxed) {
+        return 0;
+    }
     let mut freed = 0u64;
     for k in 0..BEHIND {
         if freed >= want {
-            break;
+            e.counters.dropped_behind_bytes.fetch_add(freed, Relaxed);
+            return freed;
         }
         let v = d.ring[(head + BEHIND - 1 - k) % BEHIND].swap(0, AcqRel);
         if v == 0 {
@@ -121,6 +130,8 @@ fn reclaim_behind(e: &Engine, table: &[Arc<Region>], want: u64) -> u64 {
             freed += flush_run(e, r, start, len);
         }
     }
+    // Every entry taken (or skipped): empty until the next push moves `head`.
+    d.empty_at.store(head, Relaxed);
     e.counters.dropped_behind_bytes.fetch_add(freed, Relaxed);
     freed
 }
