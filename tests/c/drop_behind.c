@@ -9,16 +9,7 @@
 #include <attune.h>
 #include <string.h>
 #include "check.h"
-
-static uint64_t engine_counter(const char *name) {
-    static char buf[8192];
-    attune_stats_json(buf, sizeof buf);
-    char key[64];
-    snprintf(key, sizeof key, "\"%s\":", name);
-    const char *e = strstr(buf, "\"engine\":");
-    const char *k = e ? strstr(e, key) : NULL;
-    return k ? strtoull(k + strlen(key), NULL, 10) : UINT64_MAX;
-}
+#include "engine_stats.h"
 
 /* Fetched bytes of 6 summing passes over a fresh region of `flags`. */
 static uint64_t loop(int flags, const char *what) {

@@ -10,13 +10,21 @@
 #include <fcntl.h>
 #include <signal.h>
 #include "check.h"
+#include "engine_stats.h"
 
-static void run(int mode) {
+/* A 48 MiB region (three times the test budget) whose faults are delivered by `mode`. */
+static uint64_t *alloc_in_mode(int mode) {
     attune_alloc_opts o; attune_alloc_opts_init(&o);
     o.fault_mode = mode;
-    size_t n = 48u << 20, words = n / 8;
-    uint64_t *a = attune_alloc(n, &o);
+    uint64_t *a = attune_alloc(48u << 20, &o);
     CHECK(a != NULL, "alloc: %s", attune_last_error());
+    return a;
+}
+
+static void run(int mode) {
+    size_t words = (48u << 20) / 8;
+    uint64_t *a = alloc_in_mode(mode);
+    if (!a) return;
     for (size_t i = 0; i < words; i++) a[i] = mix64(i);
     uint64_t bad = 0;
     for (size_t i = 0; i < words; i++) bad += a[i] != mix64(i);
@@ -38,25 +46,11 @@ static void run(int mode) {
     CHECK(bad == 0, "mode %d after syscall: %lu bad words", mode, bad);
     attune_free(a);
 }
-/* An engine counter from attune_stats_json's "engine" object. */
-static uint64_t engine_counter(const char *name) {
-    static char buf[8192];
-    attune_stats_json(buf, sizeof buf);
-    char key[64];
-    snprintf(key, sizeof key, "\"%s\":", name);
-    const char *e = strstr(buf, "\"engine\":");
-    const char *k = e ? strstr(e, key) : NULL;
-    return k ? strtoull(k + strlen(key), NULL, 10) : UINT64_MAX;
-}
-
 /* Random updates over a region three times the budget; returns the evictor's share of
  * the bytes evicted meanwhile. */
 static double evictor_share(int mode) {
-    attune_alloc_opts o; attune_alloc_opts_init(&o);
-    o.fault_mode = mode;
-    size_t n = 48u << 20, words = n / 8;
-    uint64_t *a = attune_alloc(n, &o);
-    CHECK(a != NULL, "alloc: %s", attune_last_error());
+    size_t words = (48u << 20) / 8;
+    uint64_t *a = alloc_in_mode(mode);
     if (!a) return -1;
     for (size_t i = 0; i < words; i++) a[i] = i;
     uint64_t ev0 = engine_counter("evicted_bytes"), bg0 = engine_counter("evictor_evicted_bytes");
