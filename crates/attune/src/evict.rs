@@ -14,7 +14,7 @@ use crate::engine::{Engine, MAX_RUN};
 use crate::region::{Region, State, Where, ACTIVE, CREDIT_MASK, SHARED};
 use attune_policy::victim::{clock_decide, scan_quantum, ChunkView, ClockAction};
 use attune_sys::os;
-use std::sync::atomic::Ordering::*;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 
 /// Entries of the drop-behind ring: about the last 256 runs streams passed.
@@ -29,20 +29,20 @@ const BEHIND: usize = 256;
 /// looks the region up and checks each chunk's state, so a stale entry (freed region,
 /// chunk gone or touched again and active) is skipped.
 pub struct DropBehind {
-    ring: [std::sync::atomic::AtomicU64; BEHIND],
-    head: std::sync::atomic::AtomicUsize,
+    ring: [AtomicU64; BEHIND],
+    head: AtomicUsize,
     /// `head` when a reclaim last found the ring empty: equal to `head` means nothing was
     /// pushed since, and a reclaim skips the ring (a process without streams, whose
     /// faults each reclaim under signal delivery, must not pay a scan of 256 entries).
-    empty_at: std::sync::atomic::AtomicUsize,
+    empty_at: AtomicUsize,
 }
 
 impl DropBehind {
     pub fn new() -> DropBehind {
         DropBehind {
-            ring: [const { std::sync::atomic::AtomicU64::new(0) }; BEHIND],
-            head: std::sync::atomic::AtomicUsize::new(0),
-            empty_at: std::sync::atomic::AtomicUsize::new(0),
+            ring: [const { AtomicU64::new(0) }; BEHIND],
+            head: AtomicUsize::new(0),
+            empty_at: AtomicUsize::new(0),
         }
     }
 
@@ -55,9 +55,7 @@ impl DropBehind {
         let i = self.head.fetch_add(1, Relaxed) % BEHIND;
         self.ring[i].store(r.chunk_addr(c) as u64 | n as u64, Release);
     }
-}
 
-impl DropBehind {
     /// Forgets the entries inside `[base, base+len)` (a region being freed: its address
     /// range may be mapped again for a new region, whose chunks no stream passed).
     pub fn forget(&self, base: usize, len: usize) {
@@ -86,10 +84,11 @@ fn reclaim_behind(e: &Engine, table: &[Arc<Region>], want: u64) -> u64 {
         return 0;
     }
     let mut freed = 0u64;
+    let mut drained = true;
     for k in 0..BEHIND {
         if freed >= want {
-            e.counters.dropped_behind_bytes.fetch_add(freed, Relaxed);
-            return freed;
+            drained = false;
+            break;
         }
         let v = d.ring[(head + BEHIND - 1 - k) % BEHIND].swap(0, AcqRel);
         if v == 0 {
@@ -130,8 +129,10 @@ fn reclaim_behind(e: &Engine, table: &[Arc<Region>], want: u64) -> u64 {
             freed += flush_run(e, r, start, len);
         }
     }
-    // Every entry taken (or skipped): empty until the next push moves `head`.
-    d.empty_at.store(head, Relaxed);
+    if drained {
+        // Every entry taken (or skipped): empty until the next push moves `head`.
+        d.empty_at.store(head, Relaxed);
+    }
     e.counters.dropped_behind_bytes.fetch_add(freed, Relaxed);
     freed
 }
@@ -453,7 +454,8 @@ pub fn evictor_loop(e: &'static Engine) {
         // overrun. Otherwise it would keep the headroom for threads that resolve their
         // own faults and evict for themselves, and its moves on the other CPU would
         // interrupt theirs (see `fault::reserve_dram`).
-        if e.resident.load(Acquire) <= if notified { high } else { e.budget() } {
+        let keep_below = if notified { high } else { e.budget() };
+        if e.resident.load(Acquire) <= keep_below {
             continue;
         }
         loop {

@@ -107,9 +107,13 @@ pub fn resolve(e: &Engine, r: &Region, addr: usize) -> bool {
 /// A sequential fault in a streamed region marks the `n` chunks as far behind it as the
 /// policy says as the first victims (`attune_policy::stream`).
 fn mark_behind(e: &Engine, r: &Region, c: usize, n: usize) {
+    // Most faults are not sequential: they stop here, before any other work.
     let sequential = r.ra_chunks.load(Relaxed) > 0;
-    let ra_max = (e.cfg.readahead.min(MAX_RUN) / r.chunk).max(1) - 1;
+    if !sequential {
+        return;
+    }
     let attuned = e.cfg.mode == crate::config::Mode::Attuned;
+    let ra_max = readahead_max(e, r);
     if let Some(d) = attune_policy::stream::drop_behind(r.flags(), attuned, sequential, ra_max) {
         if c >= d {
             e.drop_behind.push(r, c - d, n);
@@ -126,10 +130,15 @@ pub fn fetch_chunk(e: &Engine, r: &Region, c: usize) {
     }
 }
 
+/// The most chunks one fault of `r` claims beyond its own (0: read-ahead off).
+fn readahead_max(e: &Engine, r: &Region) -> usize {
+    (e.cfg.readahead.min(MAX_RUN) / r.chunk).max(1) - 1
+}
+
 /// Claims chunks after `c` when faults are sequential; returns how many were claimed.
 fn readahead(e: &Engine, r: &Region, c: usize, src: Where, tier: usize) -> usize {
     let last = r.last_fault.swap(c, Relaxed);
-    let max_chunks = (e.cfg.readahead.min(MAX_RUN) / r.chunk).max(1) - 1;
+    let max_chunks = readahead_max(e, r);
     if max_chunks == 0 {
         return 0;
     }

@@ -165,11 +165,10 @@ pub fn free_fast(ptr: usize) -> bool {
     let Some(s) = fast() else {
         return false;
     };
-    let p = ptr as u64;
-    if p < s.lo.load(Relaxed) || p >= s.hi.load(Relaxed) || ptr % GRAIN != 0 {
+    if ptr % GRAIN != 0 {
         return false;
     }
-    let Some(r) = s.ready.iter().find(|r| r.holds(ptr)) else {
+    let Some(r) = s.ready_of(ptr) else {
         return false;
     };
     let Some(slot) = s.gate.try_enter() else {
@@ -259,6 +258,7 @@ impl SmallAllocator {
     }
 
     /// The class whose arena holds `ptr`, if it is in one.
+    #[inline(always)]
     fn ready_of(&self, ptr: usize) -> Option<&Ready> {
         let p = ptr as u64;
         if p < self.lo.load(Relaxed) || p >= self.hi.load(Relaxed) {
