@@ -12,7 +12,8 @@ TOP = {"schema": str, "command": list, "program": str, "managed": bool, "wall_se
        "hottest_regions": list, "per_process": list}
 TOTALS = ["peak_resident_bytes_max", "budget_bytes", "faults", "evictions", "fetched_bytes",
           "evicted_bytes", "moved_bytes", "os_minor_faults", "os_major_faults",
-          "budget_overruns", "direct_reclaims", "evictor_evicted_bytes", "managed_requests",
+          "budget_overruns", "direct_reclaims", "evictor_evicted_bytes", "dropped_behind_bytes",
+          "managed_requests",
           "fallback_requests"]
 PROC = {"pid": int, "command": list, "final": bool, "budget_bytes": int,
         "peak_resident_bytes": int, "faults": int, "tiers": list, "top_regions": list}

@@ -95,7 +95,7 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
     let (live_n, live_b) = table::totals();
     let (minflt, majflt) = os_faults();
     let e = attune::runtime::engine_if_started();
-    json!({
+    let mut v = json!({
         "pid": std::process::id(),
         "ppid": std::os::unix::process::parent_id(),
         "command": cmdline(),
@@ -103,13 +103,6 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "elapsed_seconds": elapsed_s(),
         "budget_bytes": e.map(|e| e.budget()).unwrap_or(0),
         "peak_resident_bytes": e.map(|e| e.peak_resident.load(Relaxed)).unwrap_or(0),
-        "faults": counter(|c| &c.faults),
-        "evictions": counter(|c| &c.evictions),
-        "fetched_bytes": counter(|c| &c.fetched_bytes),
-        "evicted_bytes": counter(|c| &c.evicted_bytes),
-        "budget_overruns": counter(|c| &c.budget_overruns),
-        "direct_reclaims": counter(|c| &c.direct_reclaims),
-        "evictor_evicted_bytes": counter(|c| &c.evictor_evicted_bytes),
         "os_minor_faults": minflt,
         "os_major_faults": majflt,
         "managed_requests": hooks::SERVED.load(Relaxed),
@@ -125,7 +118,14 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "timeline": TIMELINE.lock().map(|t| t.clone()).unwrap_or_default(),
         "sampling": sampling(),
         "phases": phases(),
-    })
+    });
+    // The engine's movement counters, 0 before the engine starts.
+    let none = attune::engine::EngineCounters::default();
+    let counters = e.map_or(&none, |e| &e.counters);
+    for (k, a) in counters.movement() {
+        v[k] = json!(a.load(Relaxed));
+    }
+    v
 }
 
 /// The process's timeline: one point per report interval (resident bytes per tier and the

@@ -64,6 +64,24 @@ pub struct EngineCounters {
     pub unshared: AtomicU64,
 }
 
+impl EngineCounters {
+    /// The counters of page movement by the names the statistics use
+    /// (`attune_stats_json`'s `engine` object, the `attune run` report): one list, so the
+    /// two cannot drift apart.
+    pub fn movement(&self) -> [(&'static str, &AtomicU64); 8] {
+        [
+            ("faults", &self.faults),
+            ("evictions", &self.evictions),
+            ("fetched_bytes", &self.fetched_bytes),
+            ("evicted_bytes", &self.evicted_bytes),
+            ("budget_overruns", &self.budget_overruns),
+            ("direct_reclaims", &self.direct_reclaims),
+            ("evictor_evicted_bytes", &self.evictor_evicted_bytes),
+            ("dropped_behind_bytes", &self.dropped_behind_bytes),
+        ]
+    }
+}
+
 /// Clock hand over all regions.
 #[derive(Default)]
 pub struct ClockState {

@@ -440,18 +440,13 @@ pub extern "C" fn attune_stats_json(buf: *mut c_char, len: usize) -> c_int {
             }
         };
         let engine = runtime::runtime().ok().and_then(|rt| rt.engine()).map(|e| {
-            let c = &e.counters;
-            let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-            serde_json::json!({
-                "faults": n(&c.faults),
-                "evictions": n(&c.evictions),
-                "evicted_bytes": n(&c.evicted_bytes),
-                "fetched_bytes": n(&c.fetched_bytes),
-                "direct_reclaims": n(&c.direct_reclaims),
-                "dropped_behind_bytes": n(&c.dropped_behind_bytes),
-                "evictor_evicted_bytes": n(&c.evictor_evicted_bytes),
-                "budget_overruns": n(&c.budget_overruns),
-            })
+            let counters = e.counters.movement().map(|(k, a)| {
+                (
+                    k.to_string(),
+                    serde_json::json!(a.load(std::sync::atomic::Ordering::Relaxed)),
+                )
+            });
+            serde_json::Value::Object(counters.into_iter().collect())
         });
         let s = serde_json::json!({ "tiers": v, "engine": engine }).to_string();
         if !buf.is_null() && len > 0 {

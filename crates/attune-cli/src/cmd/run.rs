@@ -546,6 +546,7 @@ pub fn build_report(
             "budget_overruns": sum(&procs, "budget_overruns"),
             "direct_reclaims": sum(&procs, "direct_reclaims"),
             "evictor_evicted_bytes": sum(&procs, "evictor_evicted_bytes"),
+            "dropped_behind_bytes": sum(&procs, "dropped_behind_bytes"),
             "managed_requests": sum(&procs, "managed_requests"),
             "fallback_requests": sum(&procs, "fallback_requests"),
             "predicted_requests": sum(&procs, "predicted_requests"),
