@@ -1,13 +1,22 @@
 //! Per-process statistics for `attune run`'s report: `$ATTUNE_REPORT_DIR/proc-PID-START.json`,
 //! refreshed every `ATTUNE_REPORT_INTERVAL_MS` by a thread (so a program killed by a
-//! signal still leaves its last snapshot) and once more at exit. The file is written to a temporary name and renamed, so a reader never sees
-//! half of one. Schema: docs/run-report.md.
+//! signal still leaves its last snapshot) and once more at exit. The file is written to a
+//! temporary name and renamed, so a reader never sees half of one; one write at a time
+//! ([`write_now`]), so two writers never share the temporary file. Schema: docs/run-report.md.
 
 use crate::{hooks, settings, table};
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 static STARTED: AtomicBool = AtomicBool::new(false);
+/// One writer at a time: the report thread and the exit handler wrote the same temporary
+/// file, and two writes interleaved there leave a file that is not JSON (then renamed
+/// over the good one). A spin flag, not a mutex: a fork can happen while the report
+/// thread holds it, and the child (which has no such thread) resets it.
+static WRITING: AtomicBool = AtomicBool::new(false);
+/// The final snapshot is written: a report-thread write after it would replace it with an
+/// older, non-final one.
+static FINAL_WRITTEN: AtomicBool = AtomicBool::new(false);
 static START_NS: AtomicU64 = AtomicU64::new(0);
 
 pub fn start() {
@@ -56,6 +65,8 @@ fn start_with(child: bool) {
 
 pub fn after_fork_in_child() {
     STARTED.store(false, Release);
+    WRITING.store(false, Release);
+    FINAL_WRITTEN.store(false, Release);
 }
 
 /// Minor and major page faults of this process so far (/proc/self/stat fields 10 and 12).
@@ -228,11 +239,40 @@ fn sampling() -> serde_json::Value {
     })
 }
 
-/// Writes the snapshot file now (no-op without a report directory).
+/// Writes the snapshot file now (no-op without a report directory). The report thread
+/// skips a round while another write is on; the final write waits for it (up to 2 s).
 pub fn write_now(final_: bool) {
     let Some(dir) = settings().report_dir.as_ref() else {
         return;
     };
+    let take = || {
+        WRITING
+            .compare_exchange(false, true, Acquire, Relaxed)
+            .is_ok()
+    };
+    if final_ {
+        let start = attune_sys::os::now_ns();
+        while !take() {
+            if attune_sys::os::now_ns() - start > 2_000_000_000 {
+                return;
+            }
+            attune_sys::os::yield_now();
+        }
+    } else if !take() {
+        return;
+    }
+    if !final_ && FINAL_WRITTEN.load(Acquire) {
+        WRITING.store(false, Release);
+        return;
+    }
+    write_snapshot(dir, final_);
+    if final_ {
+        FINAL_WRITTEN.store(true, Release);
+    }
+    WRITING.store(false, Release);
+}
+
+fn write_snapshot(dir: &std::path::Path, final_: bool) {
     // pid and start time: a process that execs keeps its pid, and each image reports.
     if let Ok(mut t) = TIMELINE.lock() {
         if t.len() >= 4096 {
