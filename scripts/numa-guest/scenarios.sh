@@ -29,6 +29,15 @@ step bad-move $A numa place --region 8M:LAT --move 0:5
 # A configured node that is not there: left out with a warning, the program still runs.
 printf 'dram = "256M"\n[[tier]]\nname = "gone"\nkind = "numa"\nnode = 7\n' >/tmp/gone.toml
 step missing-node env ATTUNE_CONFIG=/tmp/gone.toml $A numa place --region 8M:LAT
+# Hot-page promotion from write heat (before the kernel's own tiering is switched on):
+# 8 MiB of CAP data, placed on node 1, written for 4 s.
+step promote $A numa place --region 64M:CAP --write-hot 0:8M --hot-secs 4
+# The same under a migration limit of 2 MiB/s: the 8 MiB need about 4 s.
+step promote-limited env ATTUNE_MOVE_LIMIT=2M $A numa place --region 64M:CAP --write-hot 0:8M --hot-secs 7
+# No room on the fast tier: cold cells of the older unflagged region make room.
+step promote-swap env ATTUNE_DRAM=64M $A numa place --region 64M:NONE --region 64M:CAP --write-hot 1:8M --hot-secs 10
+# Temperature-only mode: flags ignored (placed as unflagged), heat still promotes.
+step temperature env ATTUNE_MODE=temperature $A numa place --region 64M:LAT
 # Linux's own tiering on the same program: demotion on, NUMA balancing in tiering mode.
 echo 1 >/sys/kernel/mm/numa/demotion_enabled
 echo 2 >/proc/sys/kernel/numa_balancing

@@ -144,3 +144,54 @@ def test_attune_vs_linux_tiering_placement(guest):
     print("kernel: LAT on node 0 %d pages at first touch, %d after 10 s hot; CAP on node 0 %d; vmstat %s" % (
         k_lat["pages_per_node_first_touch"].get("0", 0), pages(k_lat, 0), pages(k_cap, 0),
         k["vmstat_delta"]))
+
+
+def hot_part(rep, i=0):
+    r = rep["regions"][i]
+    assert r["checksum_ok"]
+    return r["written_hot"]
+
+
+def test_written_hot_set_in_the_far_tier_is_promoted(guest):
+    rep = report(guest, "promote")
+    h = hot_part(rep)
+    # 8 MiB of CAP data start on node 1 and are written for 4 s: within a second (three
+    # 200 ms scans to call a cell hot, then one round of moves) all of it is on node 0.
+    assert rep["regions"][0]["pages_per_node_first_touch"] == {"1": 16384}
+    assert h["pages_per_node"] == {"0": 2048}, h
+    assert h["on_fast_tier_after_s"] is not None and h["on_fast_tier_after_s"] < 2.0, h
+    # The rest of the region was written once (its first touch): not hot, not moved.
+    assert h["rest_pages_per_node"] == {"1": 14336}, h
+    c = rep["counters"]
+    assert c["promoted_bytes"] == 8 * MiB and c["move_failures"] == 0
+    assert c["demoted_cold_bytes"] == 0
+    # The allocation map follows the move.
+    assert rep["planned_per_tier"] == [8 * MiB, 56 * MiB]
+
+
+def test_promotion_keeps_the_migration_rate_limit(guest):
+    rep = report(guest, "promote-limited")
+    h = hot_part(rep)
+    assert h["pages_per_node"] == {"0": 2048}, h
+    # 8 MiB at 2 MiB/s: 90% of it needs at least 3.6 s less the first round's credit.
+    assert 3.0 <= h["on_fast_tier_after_s"] <= 6.5, h
+
+
+def test_no_room_cold_cells_of_an_unprotected_region_make_room(guest):
+    rep = report(guest, "promote-swap")
+    old, cap = rep["regions"]
+    h = hot_part(rep, 1)
+    assert h["pages_per_node"] == {"0": 2048}, h
+    # 64 MiB budget, all taken by the older unflagged region: 8 MiB of it (cold: written
+    # once, at first touch) went down to node 1, one cell for each cell promoted.
+    assert pages(old, 1) == 2048 and pages(old, 0) == 14336 and old["checksum_ok"]
+    c = rep["counters"]
+    assert c["promoted_bytes"] == c["demoted_cold_bytes"] == 8 * MiB
+    assert rep["planned_per_tier"][0] <= 64 * MiB
+
+
+def test_temperature_mode_ignores_flags_on_numa_tiers(guest):
+    r = report(guest, "temperature")["regions"][0]
+    # Placed as unflagged: greedy from the fast tier, nothing pinned.
+    assert pages(r, 0) == 16384 and r["pinned_bytes"] == 0
+    assert [x["flags"] for x in r["ranges"]] == [0]

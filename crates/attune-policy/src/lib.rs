@@ -11,6 +11,7 @@ pub mod heat;
 pub mod numa;
 pub mod plan;
 pub mod predict;
+pub mod promote;
 pub mod share;
 pub mod stream;
 pub mod victim;

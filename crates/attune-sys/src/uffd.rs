@@ -167,6 +167,12 @@ impl Uffd {
         if delivery == Delivery::Signal {
             wanted |= feature::SIGBUS;
         }
+        Self::open_exact(wanted)
+    }
+
+    /// Opens a userfaultfd with exactly the `wanted` features (as [`Uffd::open`] without
+    /// the fault engine's own).
+    pub fn open_exact(wanted: u64) -> Result<Uffd, OpenError> {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
         let mut last = Errno(libc::ENOSYS);
         let candidates: [(bool, i32); 2] =

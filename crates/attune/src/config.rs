@@ -90,6 +90,7 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "pin_fraction", env: "ATTUNE_PIN_FRACTION", default: "0.25", suggested: "0.1-0.5", doc: "Part of a LAT or SHL region pinned and pre-faulted in DRAM" },
     OptionDoc { key: "sample_rate", env: "ATTUNE_SAMPLE_RATE", default: "0", suggested: "0; 500-2000 under attune profile", doc: "Access samples per second (a resident chunk parked in the far tier; its next touch is timed); 0 = off" },
     OptionDoc { key: "sample_window_us", env: "ATTUNE_SAMPLE_WINDOW_US", default: "20000", suggested: "20000; longer for slow programs", doc: "How long a parked sample waits for a touch before it counts as untouched (microseconds)" },
+    OptionDoc { key: "heat_interval_ms", env: "ATTUNE_HEAT_INTERVAL_MS", default: "200", suggested: "200; 1000 for regions of many GiB", doc: "How often regions on NUMA tiers are scanned for written pages (write heat; hot far pages are promoted, within move_limit); 0 = off" },
     OptionDoc { key: "daemon", env: "ATTUNE_DAEMON", default: "auto", suggested: "auto; require on nodes where attuned arbitrates jobs", doc: "Node daemon (attuned): auto (use it when its socket exists), require (fail without it), off" },
     OptionDoc { key: "socket", env: "ATTUNE_SOCKET", default: "/run/attune/attuned.sock", suggested: "the default", doc: "Unix socket of the node daemon" },
     OptionDoc { key: "workflow", env: "ATTUNE_WORKFLOW", default: "$SLURM_JOB_ID, else program.pid", suggested: "one name per job (attune run and the Slurm plugin set it)", doc: "Workflow this process belongs to: the daemon grants DRAM per workflow" },
@@ -216,6 +217,7 @@ pub struct Config {
     /// Access samples per second (0: no sampler thread).
     pub sample_rate: u64,
     pub sample_window_us: u64,
+    pub heat_interval_ms: u64,
     pub mode: Mode,
     pub daemon: DaemonMode,
     pub socket: std::path::PathBuf,
@@ -243,6 +245,7 @@ struct FileConfig {
     pin_fraction: Option<f64>,
     sample_rate: Option<u64>,
     sample_window_us: Option<u64>,
+    heat_interval_ms: Option<u64>,
     mode: Option<Mode>,
     daemon: Option<DaemonMode>,
     socket: Option<String>,
@@ -530,6 +533,14 @@ pub fn load(
         0,
         10_000,
     )?;
+    let heat_interval_ms = int_opt(
+        "heat_interval_ms",
+        "ATTUNE_HEAT_INTERVAL_MS",
+        fc.heat_interval_ms,
+        200,
+        0,
+        60_000,
+    )?;
     let sample_window_us = int_opt(
         "sample_window_us",
         "ATTUNE_SAMPLE_WINDOW_US",
@@ -753,6 +764,7 @@ pub fn load(
         pin_fraction,
         sample_rate,
         sample_window_us,
+        heat_interval_ms,
         mode,
         log,
         tiers,

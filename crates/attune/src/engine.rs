@@ -758,7 +758,7 @@ impl Engine {
         Ok(())
     }
 
-    /// Starts the background threads (evictor, fault handler, sampler): at start, and in a
+    /// Starts the background threads (evictor, fault handler, NUMA heat scanner, sampler): at start, and in a
     /// forked child, which has none of its parent's threads.
     pub(crate) fn start_threads(self: &'static Self) -> Result<(), InitError> {
         std::thread::Builder::new()
@@ -769,6 +769,12 @@ impl Engine {
             .name("attune-fault".into())
             .spawn(move || crate::fault::handler_loop(self))
             .map_err(|e| InitError(format!("cannot start the fault thread: {e}")))?;
+        if self.numa.is_some() && self.cfg.heat_interval_ms > 0 {
+            std::thread::Builder::new()
+                .name("attune-heat".into())
+                .spawn(move || crate::numa_heat::heat_loop(self))
+                .map_err(|e| InitError(format!("cannot start the NUMA heat thread: {e}")))?;
+        }
         if self.cfg.sample_rate > 0 {
             std::thread::Builder::new()
                 .name("attune-sample".into())

@@ -20,6 +20,7 @@ pub mod fork;
 pub mod hash;
 pub mod log;
 pub mod numa;
+pub mod numa_heat;
 pub mod pool;
 pub mod region;
 pub mod run_options;

@@ -13,12 +13,16 @@
 //! * Movement: the range's policy is changed, then present pages are moved with
 //!   `move_pages` in batches and checked with a second query (the moving call's status
 //!   can report -EBUSY for pages that did move).
+//! * Heat: regions are write-tracked (`attune_sys::pagemap`); [`NumaPlacer::heat_round`]
+//!   ages each 64 KiB cell's write history and moves what `attune_policy::promote` plans
+//!   (the scanner thread is `crate::numa_heat`).
 
-use crate::config::{Config, TierKind};
+use crate::config::{Config, Mode, TierKind};
 use crate::topology::Topology;
 use attune_policy::numa::{self as pol, Placement, RangePlan, VictimCandidate};
 use attune_policy::{Flags, TierView};
 use attune_sys::numa::{self as sys, mpol};
+use attune_sys::pagemap::WriteTracker;
 use attune_sys::{mem, Errno};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -31,6 +35,12 @@ const MOVE_BATCH: usize = 4096;
 /// Most stripe groups in a BW range without weighted interleave (each group is two or
 /// more mappings; the kernel's default limit is 65530 per process).
 const MAX_STRIPE_GROUPS: u64 = 256;
+/// Unit of write heat and of promotion: 16 pages, so that a hot set moves in runs and a
+/// 1 GiB region keeps 16 Ki history bytes.
+pub const HEAT_CELL: u64 = 64 << 10;
+/// A region cut into more ranges than this (each is one or two mappings after `mbind`) is
+/// not promoted further: scattered promotions must not run the process out of mappings.
+pub(crate) const MAX_RANGES: usize = 1024;
 
 /// One NUMA tier: tier 0 is the fast tier (the nodes with CPUs).
 #[derive(Clone, Debug, serde::Serialize)]
@@ -129,6 +139,12 @@ pub struct NumaRegion {
     pub ranges: Vec<AppliedRange>,
     /// Allocation order: the LRU approximation of Algorithm 2 for mapped pages.
     pub seq: u64,
+    /// Write heat per [`HEAT_CELL`].
+    #[serde(skip)]
+    pub heat: Vec<crate::numa_heat::CellHeat>,
+    /// Registered with the write tracker (false without one, or in a forked child).
+    #[serde(skip)]
+    pub tracked: bool,
 }
 
 impl NumaRegion {
@@ -150,7 +166,7 @@ impl NumaRegion {
 
     /// Cuts the ranges at `start` and `end` (relative offsets) and gives every range in
     /// between to tier `t`: what a move of those bytes leaves in the map.
-    fn retarget(&mut self, start: u64, end: u64, t: usize, ntiers: usize) {
+    pub(crate) fn retarget(&mut self, start: u64, end: u64, t: usize, ntiers: usize) {
         let mut out = Vec::with_capacity(self.ranges.len() + 2);
         for r in self.ranges.drain(..) {
             let mut pieces = vec![r];
@@ -174,6 +190,53 @@ impl NumaRegion {
             }
         }
         self.ranges = out;
+        self.coalesce();
+    }
+
+    /// Joins neighbouring ranges on the same single tier with the same flags, so that moves
+    /// of neighbouring cells leave one range (a pinned prefix stays a prefix).
+    fn coalesce(&mut self) {
+        let mut out: Vec<AppliedRange> = Vec::with_capacity(self.ranges.len());
+        for r in self.ranges.drain(..) {
+            if let Some(last) = out.last_mut() {
+                let joinable = matches!(last.how, How::Tier(_))
+                    && last.how == r.how
+                    && last.flags == r.flags
+                    && (r.pinned == 0 || last.pinned == last.len);
+                if joinable {
+                    last.len += r.len;
+                    last.pinned += r.pinned;
+                    for (a, b) in last.bytes.iter_mut().zip(&r.bytes) {
+                        *a += b;
+                    }
+                    continue;
+                }
+            }
+            out.push(r);
+        }
+        self.ranges = out;
+    }
+
+    /// Per cell: (tier, movable): the tier of the single-tier range holding the whole cell
+    /// outside any pinned prefix; not movable when interleaved, pinned or cut.
+    pub(crate) fn cell_places(&self) -> Vec<(usize, bool)> {
+        let cells = (self.len as u64).div_ceil(HEAT_CELL) as usize;
+        let mut out = vec![(0, false); cells];
+        for r in &self.ranges {
+            let How::Tier(t) = r.how else { continue };
+            let (lo, hi) = (r.offset + r.pinned, r.offset + r.len);
+            let first = lo.div_ceil(HEAT_CELL);
+            let mut c = first;
+            while (c + 1) * HEAT_CELL <= hi {
+                out[c as usize] = (t, true);
+                c += 1;
+            }
+            // A region's last cell may be short: movable when the range reaches the end.
+            if hi == self.len as u64 && c * HEAT_CELL < hi && c * HEAT_CELL >= lo {
+                out[c as usize] = (t, true);
+            }
+        }
+        out
     }
 }
 
@@ -185,17 +248,25 @@ pub struct NumaCounters {
     /// Bytes moved down to make room for a protected region.
     pub demoted_for_room: AtomicU64,
     pub pin_failures: AtomicU64,
+    /// Write-heat scans done, and their total time (page-table walks).
+    pub heat_scans: AtomicU64,
+    pub heat_scan_ns: AtomicU64,
+    /// Bytes of hot cells moved to the fast tier, and of cold cells moved down for them.
+    pub promoted_bytes: AtomicU64,
+    pub demoted_cold_bytes: AtomicU64,
 }
 
 #[derive(Default)]
-struct State {
-    regions: BTreeMap<usize, NumaRegion>,
+pub(crate) struct State {
+    pub(crate) regions: BTreeMap<usize, NumaRegion>,
     seq: u64,
+    /// Where the heat scanner's round-robin arming goes on (`promote::choose_arm`).
+    pub(crate) heat_cursor: usize,
 }
 
 impl State {
     /// Bytes per tier over all live regions (the allocation map), leaving out `except`.
-    fn used(&self, n: usize, except: Option<usize>) -> Vec<u64> {
+    pub(crate) fn used(&self, n: usize, except: Option<usize>) -> Vec<u64> {
         let mut v = vec![0u64; n];
         for r in self.regions.values().filter(|r| Some(r.base) != except) {
             for (x, b) in v.iter_mut().zip(r.planned(n)) {
@@ -210,9 +281,15 @@ pub struct NumaPlacer {
     pub tiers: Vec<NumaTier>,
     pub interleave: InterleaveMethod,
     pin_fraction: f64,
-    state: Mutex<State>,
+    pub(crate) state: Mutex<State>,
     pub counters: NumaCounters,
     warned_stripes: AtomicBool,
+    /// Written-page tracking for write heat (None: off, or the kernel has none).
+    pub(crate) heat: Option<WriteTracker>,
+    /// Temperature-only mode: flags are ignored, every region is placed and moved alike.
+    pub(crate) temperature: bool,
+    /// Fast-tier bytes promotions leave free.
+    pub(crate) headroom: u64,
 }
 
 /// Weighted-interleave weights the kernel uses now (sysfs, one file per node).
@@ -318,6 +395,19 @@ impl NumaPlacer {
             (true, Some(w)) if probe_weighted_interleave(all) => InterleaveMethod::Weighted(w),
             _ => InterleaveMethod::Stripes,
         };
+        let heat = if cfg.heat_interval_ms == 0 {
+            None
+        } else {
+            match WriteTracker::open() {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    crate::warn!(
+                        "no write heat on NUMA tiers ({e}: asynchronous write-protection needs Linux 6.7+): hot pages in the far tier stay there"
+                    );
+                    None
+                }
+            }
+        };
         Some(NumaPlacer {
             tiers,
             interleave,
@@ -325,10 +415,13 @@ impl NumaPlacer {
             state: Mutex::new(State::default()),
             counters: NumaCounters::default(),
             warned_stripes: AtomicBool::new(false),
+            heat,
+            temperature: cfg.mode == Mode::Temperature,
+            headroom: cfg.headroom,
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -348,6 +441,8 @@ impl NumaPlacer {
 
     /// Allocates `size` bytes placed by `flags`. ENOMEM when the tiers cannot hold it.
     pub fn alloc(&self, size: usize, flags: Flags) -> Result<usize, Errno> {
+        // Temperature-only mode: every region is placed as an unflagged one.
+        let flags = if self.temperature { Flags::NONE } else { flags };
         let len = (size as u64).div_ceil(PAGE) * PAGE;
         let n = self.tiers.len();
         let mut st = self.lock();
@@ -372,6 +467,18 @@ impl NumaPlacer {
         };
         st.seq += 1;
         let seq = st.seq;
+        let tracked = self
+            .heat
+            .as_ref()
+            .is_some_and(|t| match t.track(base, len as usize) {
+                Ok(()) => true,
+                Err(e) => {
+                    crate::info!(
+                        "region at {base:#x} is not write-tracked ({e}): it is not promoted"
+                    );
+                    false
+                }
+            });
         st.regions.insert(
             base,
             NumaRegion {
@@ -380,6 +487,8 @@ impl NumaPlacer {
                 flags: flags.0,
                 ranges,
                 seq,
+                heat: vec![Default::default(); len.div_ceil(HEAT_CELL) as usize],
+                tracked,
             },
         );
         self.counters.regions.fetch_add(1, Relaxed);
@@ -586,7 +695,7 @@ impl NumaPlacer {
 
     /// Sets tier `t` as the policy of `[addr, addr+len)` and moves its present pages
     /// there in batches. Returns pages moved (checked by a second query).
-    fn move_range(&self, addr: usize, len: usize, t: usize) -> Result<u64, Errno> {
+    pub(crate) fn move_range(&self, addr: usize, len: usize, t: usize) -> Result<u64, Errno> {
         self.bind(addr, len as u64, t, false)?;
         let target = &self.tiers[t].nodes;
         let on_target = |s: i32| s >= 0 && target.contains(&(s as u32));
@@ -644,6 +753,14 @@ impl NumaPlacer {
     /// that are present to where the new plan puts them. Returns pages moved.
     pub fn set_flags(&self, addr: usize, flags: Flags) -> Result<u64, Errno> {
         let mut st = self.lock();
+        if self.temperature {
+            // Flags are ignored in this mode; the region stays as placed.
+            return if st.regions.contains_key(&addr) {
+                Ok(0)
+            } else {
+                Err(Errno(libc::EINVAL))
+            };
+        }
         let Some(old) = st.regions.get(&addr) else {
             return Err(Errno(libc::EINVAL));
         };
@@ -770,6 +887,8 @@ mod tests {
                 range(100, 130, How::Stripes, 0, vec![100, 30]),
             ],
             seq: 1,
+            heat: Vec::new(),
+            tracked: false,
         };
         r.retarget(60, 165, 1, 2);
         let hows: Vec<(u64, u64, How)> =
@@ -778,8 +897,8 @@ mod tests {
             hows,
             vec![
                 (0, 60, How::Tier(0)),
-                (60, 40, How::Tier(1)),
-                (100, 65, How::Tier(1)),
+                // Cut at 100, then joined again: both pieces are on tier 1 now.
+                (60, 105, How::Tier(1)),
                 (165, 65, How::Stripes)
             ]
         );
@@ -797,9 +916,59 @@ mod tests {
             flags: 0,
             ranges: vec![range(0, 100, How::Tier(1), 0, vec![0, 100])],
             seq: 1,
+            heat: Vec::new(),
+            tracked: false,
         };
         r.retarget(0, 100, 0, 2);
         assert_eq!(r.ranges.len(), 1);
         assert_eq!(r.planned(2), vec![100, 0]);
+    }
+
+    #[test]
+    fn promoted_cells_join_their_neighbours_and_cells_know_their_place() {
+        const C: u64 = HEAT_CELL;
+        let mut r = NumaRegion {
+            base: 0,
+            len: (10 * C + 4096) as usize,
+            flags: 0,
+            // 2.5 cells pinned on tier 0, then tier 1 to 6 cells, then interleaved.
+            ranges: vec![
+                range(0, 3 * C, How::Tier(0), 5 * C / 2, vec![3 * C, 0]),
+                range(3 * C, 3 * C, How::Tier(1), 0, vec![0, 3 * C]),
+                range(6 * C, 4 * C + 4096, How::Stripes, 0, vec![3 * C, C + 4096]),
+            ],
+            seq: 1,
+            heat: Vec::new(),
+            tracked: false,
+        };
+        let places = r.cell_places();
+        assert_eq!(places.len(), 11);
+        // Cells 0-2 hold pinned pages; 3-5 are on tier 1; the interleaved ones do not move.
+        let movable: Vec<usize> = (0..11).filter(|&c| places[c].1).collect();
+        assert_eq!(movable, vec![3, 4, 5]);
+        assert!(places[3..6].iter().all(|p| p.0 == 1));
+        // Promote cells 4 and then 3, one at a time as the scanner does: the ranges first
+        // cut, then join the tier-0 range (the pinned prefix stays a prefix).
+        r.retarget(4 * C, 5 * C, 0, 2);
+        assert_eq!(r.ranges.len(), 5);
+        r.retarget(3 * C, 4 * C, 0, 2);
+        let hows: Vec<(u64, u64, How, u64)> = r
+            .ranges
+            .iter()
+            .map(|a| (a.offset / C, a.len / C, a.how, a.pinned))
+            .collect();
+        assert_eq!(
+            hows,
+            vec![
+                (0, 5, How::Tier(0), 5 * C / 2),
+                (5, 1, How::Tier(1), 0),
+                (6, 4, How::Stripes, 0)
+            ]
+        );
+        assert_eq!(r.planned(2), vec![5 * C + 3 * C, C + C + 4096]);
+        // The region's short last cell is movable once the range reaching the end is on
+        // one tier.
+        r.retarget(6 * C, 10 * C + 4096, 1, 2);
+        assert!(r.cell_places()[10].1 && r.cell_places()[10].0 == 1);
     }
 }

@@ -52,6 +52,11 @@ struct PlaceArgs {
     /// kernel's promotion act in --kernel runs).
     #[arg(long, default_value_t = 0.0)]
     hot_secs: f64,
+    /// During --hot-secs, also write the first SIZE bytes of region I (a hot set that
+    /// starts wherever the region was placed): I:SIZE. The report gives where those pages
+    /// are and how long it took until 90% of them were on the fast tier.
+    #[arg(long = "write-hot")]
+    write_hot: Vec<String>,
     /// Plain memory under the kernel's policy (no Attune), for comparison.
     #[arg(long)]
     kernel: bool,
@@ -230,6 +235,24 @@ fn place(a: PlaceArgs) -> Result<(), String> {
         .iter()
         .map(|m| region_arg(m, "--reflag", reqs.len(), parse_flags))
         .collect::<Result<_, _>>()?;
+    let write_hot: Vec<(usize, usize)> = a
+        .write_hot
+        .iter()
+        .map(|m| {
+            region_arg(m, "--write-hot", reqs.len(), |v| {
+                attune::size::parse_size(v).map(|x| x as usize)
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    if let Some(&(i, sz)) = write_hot.iter().find(|&&(i, sz)| sz > reqs[i].size) {
+        return Err(format!(
+            "--write-hot {i}:{sz}: region {i} has {} bytes",
+            reqs[i].size
+        ));
+    }
+    if !write_hot.is_empty() && a.hot_secs <= 0.0 {
+        return Err("--write-hot needs --hot-secs".into());
+    }
     if a.kernel && !(moves.is_empty() && reflags.is_empty()) {
         return Err("--move and --reflag need Attune (not --kernel)".into());
     }
@@ -280,13 +303,29 @@ fn place(a: PlaceArgs) -> Result<(), String> {
     }
     // Where first touch left the pages, before any promotion had time to act.
     let mut first_touch = Vec::new();
+    let mut promoted_after: Vec<Option<f64>> = vec![None; write_hot.len()];
     if a.hot_secs > 0.0 {
         for (r, &b) in reqs.iter().zip(&bases) {
             first_touch.push(per_node(b, r.size)?);
         }
-        let end = Instant::now() + Duration::from_secs_f64(a.hot_secs);
+        let t0 = Instant::now();
+        let end = t0 + Duration::from_secs_f64(a.hot_secs);
         let mut sum = 0u64;
+        let mut next_poll = t0;
         while Instant::now() < end {
+            for (k, &(i, sz)) in write_hot.iter().enumerate() {
+                // The same value again: a write (the page turns dirty), data unchanged.
+                touch(bases[i], sz);
+                if Instant::now() >= next_poll && promoted_after[k].is_none() {
+                    let on_fast = per_node(bases[i], sz)?.get("0").copied().unwrap_or(0);
+                    if on_fast * 10 >= 9 * sz.div_ceil(4096) as u64 {
+                        promoted_after[k] = Some(t0.elapsed().as_secs_f64());
+                    }
+                }
+            }
+            if Instant::now() >= next_poll {
+                next_poll += Duration::from_millis(100);
+            }
             for (r, &b) in reqs.iter().zip(&bases) {
                 if r.flags.contains(Flags::LAT) {
                     for off in (0..r.size).step_by(4096) {
@@ -300,10 +339,24 @@ fn place(a: PlaceArgs) -> Result<(), String> {
         std::hint::black_box(sum);
     }
     let mut out_regions = Vec::new();
-    for (r, &b) in reqs.iter().zip(&bases) {
-        let per_node = per_node(b, r.size)?;
+    for (i, (r, &b)) in reqs.iter().zip(&bases).enumerate() {
+        let per_node_all = per_node(b, r.size)?;
         let info = placer.and_then(|p| p.region(b));
+        let hot = match write_hot.iter().position(|w| w.0 == i) {
+            Some(k) => {
+                let sz = write_hot[k].1;
+                json!({
+                    "bytes": sz,
+                    "pages_per_node": per_node(b, sz)?,
+                    "rest_pages_per_node": if sz < r.size { json!(per_node(b + sz, r.size - sz)?) } else { json!({}) },
+                    "on_fast_tier_after_s": promoted_after[k],
+                })
+            }
+            None => serde_json::Value::Null,
+        };
+        let per_node = per_node_all;
         out_regions.push(json!({
+            "written_hot": hot,
             "size": r.size,
             "flags": r.label,
             "pages_per_node": per_node,
