@@ -27,6 +27,20 @@ static int cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* Per-region counters on stderr (totals since allocation), at the start of the timed loop
+ * and at the end: the difference is what the loop moved. */
+static void print_regions(const char *when, void *regions[5]) {
+    static const char *names[5] = {"lat", "a", "b", "c", "cap"};
+    attune_region_stats_t st;
+    for (int k = 0; k < 5; k++) {
+        if (attune_region_stats(regions[k], &st) != 0) continue;
+        fprintf(stderr, "mixed: %s region %s chunk %llu faults %llu fetched_mib %llu evictions %llu resident_mib %llu\n",
+                when, names[k], (unsigned long long)st.chunk_size, (unsigned long long)st.faults,
+                (unsigned long long)(st.fetched_bytes >> 20), (unsigned long long)st.evictions,
+                (unsigned long long)(st.resident_bytes >> 20));
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 4) { fprintf(stderr, "usage: %s FOOTPRINT_MIB ITERATIONS LOOKUPS\n", argv[0]); return 2; }
     size_t mib = strtoull(argv[1], 0, 10), iters = strtoull(argv[2], 0, 10), lookups = strtoull(argv[3], 0, 10);
@@ -46,6 +60,8 @@ int main(int argc, char **argv) {
     size_t nl = 0, bad = 0;
     uint64_t rng = 12345;
     attune_region_stats_t st;
+    void *regions[5] = {lat, a, b, c, cap};
+    print_regions("loop-start", regions);
     uint64_t faults0 = attune_region_stats(lat, &st) == 0 ? st.faults : 0;
     double t0 = now();
     for (size_t it = 0; it < iters; it++) {
@@ -82,15 +98,7 @@ int main(int argc, char **argv) {
            secs, lat_ns[nl / 2], lat_ns[nl * 99 / 100], (unsigned long long)lat_faults,
            lat_ns[nl * 999 / 1000], lookup_s, mib);
     /* Per-region counters on stderr: which arrays the replacement kept and which it cycled. */
-    void *regions[5] = {lat, a, b, c, cap};
-    const char *names[5] = {"lat", "a", "b", "c", "cap"};
-    for (int k = 0; k < 5; k++) {
-        if (attune_region_stats(regions[k], &st) != 0) continue;
-        fprintf(stderr, "mixed: region %s chunk %llu faults %llu fetched_mib %llu evictions %llu resident_mib %llu\n",
-                names[k], (unsigned long long)st.chunk_size, (unsigned long long)st.faults,
-                (unsigned long long)(st.fetched_bytes >> 20), (unsigned long long)st.evictions,
-                (unsigned long long)(st.resident_bytes >> 20));
-    }
+    print_regions("end", regions);
     free_TM(lat); free_TM(a); free_TM(b); free_TM(c); free_TM(cap);
     return 0;
 }

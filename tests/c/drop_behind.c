@@ -3,8 +3,11 @@
  * more. Two 32 MiB regions on a 16 MiB budget, each summed in 6 passes on its own (64 KiB
  * chunks, read-ahead on): a BW region and an unflagged one. The BW loop must fetch at
  * most 3/4 of what the unflagged loop fetches, its chunks must have gone from behind the
- * stream (the engine's dropped_behind_bytes), and every value must be intact. Under
- * ATTUNE_MODE=temperature (flags ignored) the test only checks the values. */
+ * stream (the engine's dropped_behind_bytes), and every value must be intact.
+ * CAP regions drop behind too: 32 MiB of CAP data written after an 8 MiB working array
+ * must leave the array resident (it goes to the capacity tier through DRAM, not over the
+ * array), where replacement by age evicts the older array.
+ * Under ATTUNE_MODE=temperature (flags ignored) the test only checks the values. */
 #define _GNU_SOURCE
 #include <attune.h>
 #include <string.h>
@@ -39,6 +42,31 @@ static uint64_t loop(int flags, const char *what) {
     return fetched;
 }
 
+/* Resident bytes of an 8 MiB working array after 32 MiB of CAP data were written behind it. */
+static uint64_t cap_after_array(void) {
+    size_t wwords = (size_t)8 << 17, cwords = (size_t)32 << 17;
+    attune_alloc_opts o; attune_alloc_opts_init(&o);
+    o.chunk_size = 64 << 10;
+    uint64_t *w = attune_alloc(wwords * 8, &o);
+    o.flags = ATTUNE_CAP;
+    uint64_t *cap = attune_alloc(cwords * 8, &o);
+    CHECK(w && cap, "alloc: %s", attune_last_error());
+    if (!w || !cap) return 0;
+    for (size_t i = 0; i < wwords; i++) w[i] = mix64(i);
+    for (size_t i = 0; i < cwords; i++) cap[i] = mix64(i) ^ 7;
+    attune_region_stats_t s;
+    attune_region_stats(w, &s);
+    uint64_t resident = s.resident_bytes;
+    int bad = 0;
+    for (size_t i = 0; i < wwords; i++) bad += w[i] != mix64(i);
+    for (size_t i = 0; i < cwords; i++) bad += cap[i] != (mix64(i) ^ 7);
+    CHECK(bad == 0, "CAP after array: %d wrong values", bad);
+    printf("CAP after array: array resident %.1f of 8 MiB\n", resident / 1048576.0);
+    attune_free(w);
+    attune_free(cap);
+    return resident;
+}
+
 int main(void) {
     const char *mode = getenv("ATTUNE_MODE");
     int attuned = !(mode && strcmp(mode, "temperature") == 0);
@@ -47,12 +75,15 @@ int main(void) {
     uint64_t d1 = engine_counter("dropped_behind_bytes");
     uint64_t plain = loop(0, "unflagged");
     uint64_t d2 = engine_counter("dropped_behind_bytes");
+    uint64_t kept = cap_after_array();
     CHECK(d0 != UINT64_MAX, "dropped_behind_bytes in attune_stats_json");
     CHECK(d2 == d1, "an unflagged loop dropped %llu bytes behind", (unsigned long long)(d2 - d1));
     if (attuned) {
         CHECK(d1 > d0, "the BW loop dropped nothing behind");
         CHECK(plain > 0 && bw * 4 <= plain * 3, "BW loop fetched %llu bytes, unflagged %llu (at most 3/4 expected)",
               (unsigned long long)bw, (unsigned long long)plain);
+        CHECK(kept >= (7u << 20), "CAP data written after an 8 MiB array left %llu bytes of it resident",
+              (unsigned long long)kept);
     } else {
         CHECK(d1 == d0, "temperature-only mode dropped %llu bytes behind", (unsigned long long)(d1 - d0));
     }
