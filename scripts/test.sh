@@ -37,7 +37,7 @@ fi
 echo "== native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"
-for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads fork_small drop_behind config_error fallback protect lost_tier discard cap_tier churn deny_syscalls; do
+for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads fork_small drop_behind predict_online config_error fallback protect lost_tier discard cap_tier churn deny_syscalls; do
   gcc $CFLAGS tests/c/$t.c -o "$OUT/$t" $LIBS || { fail=$((fail+1)); failed+=("build-$t"); }
 done
 g++ -O2 -std=c++17 $(pkg-config --cflags attune) tests/cpp/threads.cpp -o "$OUT/cpp_threads" $LIBS || { fail=$((fail+1)); failed+=(build-cpp); }
@@ -154,6 +154,12 @@ run fork-small "$OUT/fork_small"
 # temperature-only mode ignores the flag.
 run drop-behind "$OUT/drop_behind"
 ATTUNE_MODE=temperature run drop-behind-temperature "$OUT/drop_behind"
+# Online flag prediction: a region without flags whose small part takes most accesses is
+# split after the window (that part pinned, CAP for the rest); a uniform one is left as it
+# is; temperature-only mode never predicts.
+ATTUNE_PREDICT_WINDOW_MS=3000 run predict-online-skewed "$OUT/predict_online" skewed
+ATTUNE_PREDICT_WINDOW_MS=3000 run predict-online-uniform "$OUT/predict_online" uniform
+ATTUNE_MODE=temperature ATTUNE_PREDICT_WINDOW_MS=3000 run predict-online-temperature "$OUT/predict_online" off
 run config_error "$OUT/config_error"
 ATTUNE_DISABLE_UFFD=1 run fallback-plain-dram "$OUT/fallback"
 # userfaultfd refused by a seccomp filter, as in a container: the runtime says what to

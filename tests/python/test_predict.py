@@ -105,3 +105,23 @@ def test_a_corrupt_history_is_a_warning(learned, tmp_path, body):
     assert r.returncode == 0 and "skewed: OK" in r.stdout, r.stderr
     assert "the history is not used" in r.stderr
     assert bad.read_text() == body                   # reading never rewrites it
+
+
+def test_online_prediction_splits_an_unknown_program(tmp_path):
+    """No history: with ATTUNE_PREDICT_WINDOW_MS the runtime samples the unflagged region
+    of an unmodified program for the window and splits it (IMME's early-sampling example)."""
+    exe = tmp_path / "skewed"
+    subprocess.run(["gcc", "-O2", os.path.join(ROOT, "tests", "run", "skewed.c"), "-o", str(exe)], check=True)
+    rep = tmp_path / "r.json"
+    env = dict(os.environ, ATTUNE_HISTORY="off", ATTUNE_PREDICT_WINDOW_MS="2000")
+    r = run(env, "--", str(exe), "64", "5", "10", "95", report=rep)
+    assert r.returncode == 0 and "skewed: OK" in r.stdout, r.stderr
+    t = json.loads(rep.read_text())["totals"]
+    assert (t["online_split_regions"], t["online_kept_regions"]) == (1, 0), t
+    # IMME's rule pins the smallest part taking 80% of the accesses: under 10% of 64 MiB.
+    assert 1 << 20 <= t["online_pinned_bytes"] <= 7 << 20, t
+    # Uniform accesses: left as it is.
+    r = run(env, "--", str(exe), "64", "5", "50", "50", report=rep)
+    assert r.returncode == 0 and "skewed: OK" in r.stdout, r.stderr
+    t = json.loads(rep.read_text())["totals"]
+    assert (t["online_split_regions"], t["online_kept_regions"]) == (0, 1), t

@@ -154,6 +154,82 @@ pub fn hot_ranges(rates: &[Option<f64>], hot_share: f64, max_ranges: usize) -> V
         .collect()
 }
 
+/// Samples (touched parks) a region needs before an online decision: with fewer, one or
+/// two lucky delays decide the curve.
+pub const ONLINE_MIN_HITS: u64 = 100;
+
+/// The online variant of the split (IMME's early-sampling example): from a region's own
+/// samples in the first moments of its life (per chunk: touched parks and exposure in ns,
+/// `attune::sample::cells`), the hot ranges to pin as its LAT part (the rest becomes CAP),
+/// or why the region is left as it is. The same estimator and rules as `attune profile`
+/// (`heat::rate_mixture`, `heat::suggest`'s split rule, `hot_ranges`), applied to the
+/// region alone: its share of the whole footprint is not known yet, so only the split,
+/// which depends on the region's own curve, is decided online.
+///
+/// A window's samples are few (about one park per chunk or less), and with them a uniform
+/// region was read as split in 2 of 8 trials: the ranges are chosen from the chunks that
+/// happened to be touched, so the same samples always confirm them. So the decision is
+/// cross-validated: ranges found from the even chunks' samples must show, on the odd
+/// chunks' samples (which did not choose them), at least [`ONLINE_MIN_RATIO`] times the
+/// access rate of the rest of the region, and then the ranges are found again from all
+/// samples.
+pub fn online_split(
+    cells: &[(u32, u64)],
+    floor_ns: u64,
+    min_hits: u64,
+) -> Result<Vec<(f64, f64)>, &'static str> {
+    let hits: u64 = cells.iter().map(|c| c.0 as u64).sum();
+    if hits < min_hits {
+        return Err("too few samples to decide");
+    }
+    let half = |keep: usize| -> Vec<(u32, u64)> {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(c, &x)| if c % 2 == keep { x } else { (0, 0) })
+            .collect()
+    };
+    let chosen = split_ranges(&half(0), floor_ns)?;
+    // The odd chunks' access rate inside the chosen ranges against outside them.
+    let n = cells.len() as f64;
+    let (mut hin, mut ein, mut hout, mut eout) = (0u64, 0u64, 0u64, 0u64);
+    for (c, &(h, e)) in cells.iter().enumerate().filter(|(c, _)| c % 2 == 1) {
+        let x = (c as f64 + 0.5) / n;
+        if chosen.iter().any(|&(a, b)| x >= a && x < b) {
+            (hin, ein) = (hin + h as u64, ein + e);
+        } else {
+            (hout, eout) = (hout + h as u64, eout + e);
+        }
+    }
+    let rate = |h: u64, e: u64| if e > 0 { h as f64 / e as f64 } else { 0.0 };
+    if hin < ONLINE_MIN_CONFIRM || rate(hin, ein) < ONLINE_MIN_RATIO * rate(hout, eout) {
+        return Err("the hot part did not hold up on the samples that did not choose it");
+    }
+    split_ranges(cells, floor_ns)
+}
+
+/// Touched samples the confirming half must have inside the chosen ranges.
+pub const ONLINE_MIN_CONFIRM: u64 = 10;
+/// How much hotter (access rate) the chosen ranges must be on the confirming half.
+pub const ONLINE_MIN_RATIO: f64 = 4.0;
+
+/// The split rule on one set of samples: the hot ranges, or why there are none.
+fn split_ranges(cells: &[(u32, u64)], floor_ns: u64) -> Result<Vec<(f64, f64)>, &'static str> {
+    let curve = crate::heat::mixture_curve(&crate::heat::rate_mixture(cells, floor_ns), 100);
+    let Some(share) = crate::heat::suggest(&curve, 1.0, 1.0).hot_share else {
+        return Err("no small part takes most of the accesses");
+    };
+    let rates: Vec<Option<f64>> = cells
+        .iter()
+        .map(|&(h, e)| crate::heat::rate(h, e))
+        .collect();
+    let hot = hot_ranges(&rates, share, 16);
+    if hot.is_empty() {
+        return Err("the hot part could not be located");
+    }
+    Ok(hot)
+}
+
 /// The record kept for a region the profiler suggested `flags` for: a split (LAT with
 /// CAP and a hot share) becomes CAP flags with the hot ranges pinned.
 pub fn record_region(size: u64, flags: Flags, hot: Vec<(f64, f64)>) -> RegionRecord {
@@ -418,5 +494,91 @@ mod tests {
             let e = decode(bad).unwrap_err();
             assert!(e.contains(bad.split('@').next().unwrap()), "{bad}: {e}");
         }
+    }
+
+    /// Cells of a sampled region: `hot` chunks touched within microseconds of each park,
+    /// the others rarely (one touch in a few windows), every chunk parked `parks` times.
+    fn sampled(n: usize, hot: std::ops::Range<usize>, parks: u32) -> Vec<(u32, u64)> {
+        (0..n)
+            .map(|c| {
+                if hot.contains(&c) {
+                    (parks, parks as u64 * 30_000)
+                } else {
+                    // One touch 15 ms into a park, the other parks censored at 20 ms.
+                    (1, 15_000_000 + (parks as u64 - 1) * 20_000_000)
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn online_split_finds_the_small_hot_part() {
+        let cells = sampled(200, 20..40, 3);
+        let hot = online_split(&cells, 10_000, ONLINE_MIN_HITS).unwrap();
+        assert_eq!(hot.len(), 1, "{hot:?}");
+        let (a, b) = hot[0];
+        assert!(
+            (a - 0.10).abs() < 0.02 && (b - 0.20).abs() < 0.02,
+            "{hot:?}"
+        );
+        // At the region's end too.
+        let hot = online_split(&sampled(200, 180..200, 3), 10_000, ONLINE_MIN_HITS).unwrap();
+        assert!(hot.last().unwrap().1 > 0.99, "{hot:?}");
+    }
+
+    #[test]
+    fn online_split_refuses_uniform_regions_and_thin_evidence() {
+        // Every chunk alike: no split.
+        let uniform: Vec<(u32, u64)> = (0..200).map(|_| (3, 90_000)).collect();
+        assert!(online_split(&uniform, 10_000, ONLINE_MIN_HITS).is_err());
+        // Skewed but with 60 hits in all: not enough to decide.
+        let thin = sampled(40, 0..20, 3);
+        let hits: u64 = thin.iter().map(|c| c.0 as u64).sum();
+        assert!(hits < ONLINE_MIN_HITS);
+        assert_eq!(
+            online_split(&thin, 10_000, ONLINE_MIN_HITS),
+            Err("too few samples to decide")
+        );
+        // Half the region hot is not a small part.
+        assert!(online_split(&sampled(200, 0..100, 3), 10_000, ONLINE_MIN_HITS).is_err());
+    }
+
+    #[test]
+    fn online_split_is_not_fooled_by_lucky_chunks() {
+        // A uniform region sampled sparsely (what a short window gives): each chunk parked
+        // once or not at all, one park in ten touched quickly, at random places. Ranges
+        // chosen from those touches would always confirm themselves; the other half's
+        // samples do not.
+        let mut rng = 7u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut splits = 0;
+        for _ in 0..10 {
+            let cells: Vec<(u32, u64)> = (0..2048)
+                .map(|_| match next() % 10 {
+                    0..=4 => (0, 0),
+                    5 => (1, 20_000 + next() % 2_000_000),
+                    _ => (0, 20_000_000),
+                })
+                .collect();
+            splits += online_split(&cells, 10_000, ONLINE_MIN_HITS).is_ok() as u32;
+        }
+        assert_eq!(splits, 0);
+        // The same sparsity with a real hot tenth (every park there touched) splits.
+        let cells: Vec<(u32, u64)> = (0..2048)
+            .map(|c| match ((512..717).contains(&c), next() % 10) {
+                (_, 0..=4) => (0, 0),
+                (true, _) => (1, 30_000),
+                (false, 5) => (1, 20_000 + next() % 2_000_000),
+                (false, _) => (0, 20_000_000),
+            })
+            .collect();
+        let hot = online_split(&cells, 10_000, ONLINE_MIN_HITS).unwrap();
+        let covered: f64 = hot.iter().map(|(a, b)| b - a).sum();
+        assert!(hot[0].0 >= 0.24 && covered > 0.05, "{hot:?}");
     }
 }

@@ -90,6 +90,7 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "pin_fraction", env: "ATTUNE_PIN_FRACTION", default: "0.25", suggested: "0.1-0.5", doc: "Part of a LAT or SHL region pinned and pre-faulted in DRAM" },
     OptionDoc { key: "sample_rate", env: "ATTUNE_SAMPLE_RATE", default: "0", suggested: "0; 500-2000 under attune profile", doc: "Access samples per second (a resident chunk parked in the far tier; its next touch is timed); 0 = off" },
     OptionDoc { key: "sample_window_us", env: "ATTUNE_SAMPLE_WINDOW_US", default: "20000", suggested: "20000; longer for slow programs", doc: "How long a parked sample waits for a touch before it counts as untouched (microseconds)" },
+    OptionDoc { key: "predict_window_ms", env: "ATTUNE_PREDICT_WINDOW_MS", default: "0", suggested: "0; 2000-5000 for programs run without flags or history", doc: "Online flag prediction: regions allocated without flags are access-sampled for this long, then a region whose small part takes most accesses gets that part pinned (LAT) and CAP flags for the rest; 0 = off" },
     OptionDoc { key: "heat_interval_ms", env: "ATTUNE_HEAT_INTERVAL_MS", default: "200", suggested: "200; 1000 for regions of many GiB", doc: "How often regions on NUMA tiers are scanned for written pages (write heat; hot far pages are promoted, within move_limit); 0 = off" },
     OptionDoc { key: "daemon", env: "ATTUNE_DAEMON", default: "auto", suggested: "auto; require on nodes where attuned arbitrates jobs", doc: "Node daemon (attuned): auto (use it when its socket exists), require (fail without it), off" },
     OptionDoc { key: "socket", env: "ATTUNE_SOCKET", default: "/run/attune/attuned.sock", suggested: "the default", doc: "Unix socket of the node daemon" },
@@ -218,6 +219,7 @@ pub struct Config {
     pub sample_rate: u64,
     pub sample_window_us: u64,
     pub heat_interval_ms: u64,
+    pub predict_window_ms: u64,
     pub mode: Mode,
     pub daemon: DaemonMode,
     pub socket: std::path::PathBuf,
@@ -246,6 +248,7 @@ struct FileConfig {
     sample_rate: Option<u64>,
     sample_window_us: Option<u64>,
     heat_interval_ms: Option<u64>,
+    predict_window_ms: Option<u64>,
     mode: Option<Mode>,
     daemon: Option<DaemonMode>,
     socket: Option<String>,
@@ -541,6 +544,14 @@ pub fn load(
         0,
         60_000,
     )?;
+    let predict_window_ms = int_opt(
+        "predict_window_ms",
+        "ATTUNE_PREDICT_WINDOW_MS",
+        fc.predict_window_ms,
+        0,
+        0,
+        3_600_000,
+    )?;
     let sample_window_us = int_opt(
         "sample_window_us",
         "ATTUNE_SAMPLE_WINDOW_US",
@@ -765,6 +776,7 @@ pub fn load(
         sample_rate,
         sample_window_us,
         heat_interval_ms,
+        predict_window_ms,
         mode,
         log,
         tiers,

@@ -62,6 +62,11 @@ pub struct EngineCounters {
     pub active_tests: AtomicU64,
     /// Chunks un-shared after a fork left their pages shared with another process.
     pub unshared: AtomicU64,
+    /// Online flag prediction: regions split (hot part pinned, the rest CAP), regions left
+    /// as they were, and bytes pinned for the splits.
+    pub online_split_regions: AtomicU64,
+    pub online_kept_regions: AtomicU64,
+    pub online_pinned_bytes: AtomicU64,
 }
 
 impl EngineCounters {
@@ -78,6 +83,15 @@ impl EngineCounters {
             ("direct_reclaims", &self.direct_reclaims),
             ("evictor_evicted_bytes", &self.evictor_evicted_bytes),
             ("dropped_behind_bytes", &self.dropped_behind_bytes),
+        ]
+    }
+
+    /// The online prediction's counters by their statistics names.
+    pub fn prediction(&self) -> [(&'static str, &AtomicU64); 3] {
+        [
+            ("online_split_regions", &self.online_split_regions),
+            ("online_kept_regions", &self.online_kept_regions),
+            ("online_pinned_bytes", &self.online_pinned_bytes),
         ]
     }
 }
@@ -475,6 +489,13 @@ impl Engine {
             }
         }
         let id = self.next_id.fetch_add(1, Relaxed);
+        // Online prediction samples the regions that come without flags (and without a
+        // pin of their own) for `predict_window_ms`; `attune profile` samples every region.
+        let predicting = self.cfg.predict_window_ms > 0
+            && self.cfg.mode == Mode::Attuned
+            && opts.flags == Flags::NONE
+            && opts.pin_bytes.is_none();
+        let sampling = self.cfg.sample_rate > 0 || predicting;
         let r = Arc::new(Region::new(
             id,
             base,
@@ -486,8 +507,14 @@ impl Engine {
             kind,
             slots,
             home,
-            self.cfg.sample_rate > 0 && kind == RegionKind::Dedicated,
+            sampling && kind == RegionKind::Dedicated,
         ));
+        if predicting && kind == RegionKind::Dedicated {
+            r.predict_due.store(
+                os::now_ns() + self.cfg.predict_window_ms * 1_000_000,
+                Relaxed,
+            );
+        }
         {
             let _g = os::SignalGuard::new();
             let mut t = self.regions.write().unwrap_or_else(|p| p.into_inner());
@@ -775,7 +802,7 @@ impl Engine {
                 .spawn(move || crate::numa_heat::heat_loop(self))
                 .map_err(|e| InitError(format!("cannot start the NUMA heat thread: {e}")))?;
         }
-        if self.cfg.sample_rate > 0 {
+        if self.cfg.sample_rate > 0 || self.cfg.predict_window_ms > 0 {
             std::thread::Builder::new()
                 .name("attune-sample".into())
                 .spawn(move || crate::sample::sampler_loop(self))

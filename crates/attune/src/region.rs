@@ -189,6 +189,9 @@ pub struct Region {
     /// Set when a freed region's far-tier offsets went back to the tiers' free lists
     /// (`evict::drop_retired`, once no fetch of it is in flight).
     pub slots_returned: AtomicBool,
+    /// Online flag prediction: when (ns, `os::now_ns`) the sampler decides this
+    /// region's flags; 0 when it does not (flagged, decided, or prediction off).
+    pub predict_due: AtomicU64,
     pub samples: SampleCells,
 }
 
@@ -230,6 +233,7 @@ impl Region {
             test_hand: AtomicUsize::new(0),
             freed: AtomicBool::new(false),
             slots_returned: AtomicBool::new(false),
+            predict_due: AtomicU64::new(0),
             samples: if sampling {
                 SampleCells::new(n)
             } else {

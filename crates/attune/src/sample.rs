@@ -14,6 +14,13 @@
 //! a second and 4 KiB chunks a random-access program lost 3-9% of its accesses
 //! (`bench/profile_overhead.sh`, docs/benchmarks.md).
 //! A parked chunk that is not touched again stays in the far tier, as an evicted one would.
+//!
+//! The same thread makes the online flag prediction (`predict_window_ms`): a region that
+//! came without flags is sampled from its allocation for the window; then its own samples
+//! decide (`attune_policy::predict::online_split`) whether a small part takes most of its
+//! accesses, and if so that part is pinned (its LAT part) and the region gets CAP flags
+//! (IMME's early-sampling example). Either way its sampling stops there, unless
+//! `sample_rate` asks for sampling all along (`attune profile`).
 
 use crate::engine::Engine;
 use crate::region::{Region, Where};
@@ -23,9 +30,16 @@ use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The sampler thread: parks `sample_rate` chunks a second, closes expired samples.
+/// Samples a second while only the online prediction samples (`sample_rate` 0): the rate
+/// `attune profile` uses; a region's window then gathers about this many parks a second,
+/// spread over the regions being predicted.
+pub const ONLINE_RATE: u64 = 1000;
+
+/// The sampler thread: parks `sample_rate` chunks a second, closes expired samples, and
+/// decides the flags of regions whose prediction window is over.
 pub fn sampler_loop(e: &'static Engine) {
-    let rate = e.cfg.sample_rate as f64;
+    let all = e.cfg.sample_rate > 0;
+    let rate = if all { e.cfg.sample_rate } else { ONLINE_RATE } as f64;
     let window = e.cfg.sample_window_us * 1000;
     let mut rng = now_ns() | 1;
     let mut credit = 0.0f64;
@@ -42,9 +56,16 @@ pub fn sampler_loop(e: &'static Engine) {
             let t = e.regions.read().unwrap_or_else(|p| p.into_inner());
             t.iter()
                 .filter(|r| r.samples.enabled() && !r.freed.load(Acquire))
+                .filter(|r| all || r.predict_due.load(Relaxed) != 0)
                 .cloned()
                 .collect()
         };
+        for r in &regions {
+            let due = r.predict_due.load(Relaxed);
+            if due != 0 && now >= due && r.predict_due.swap(0, Relaxed) != 0 {
+                predict(e, r);
+            }
+        }
         let total: usize = regions.iter().map(|r| r.chunks()).sum();
         if total == 0 {
             credit = 0.0;
@@ -161,6 +182,61 @@ pub fn on_placed(e: &Engine, r: &Region, c: usize, n: usize, fault_ns: u64) {
             r.samples.exposure_ns[c + i].fetch_add(d.min(window), Relaxed);
         }
     }
+}
+
+/// The online prediction for region `r`, its window over: split it (pin the hot part, CAP
+/// for the rest) when its samples show a small part taking most accesses.
+fn predict(e: &Engine, r: &Region) {
+    let all = cells(r);
+    let parks: u64 = all.iter().map(|c| c.2 as u64).sum();
+    let cells: Vec<(u32, u64)> = all.iter().map(|c| (c.0, c.1)).collect();
+    let hits: u64 = cells.iter().map(|c| c.0 as u64).sum();
+    let hist: Vec<u64> = e
+        .counters
+        .sample_delay_us
+        .iter()
+        .map(|a| a.load(Relaxed))
+        .collect();
+    let floor = attune_policy::heat::delay_floor_ns(&hist);
+    let hot = match attune_policy::predict::online_split(
+        &cells,
+        floor,
+        attune_policy::predict::ONLINE_MIN_HITS,
+    ) {
+        Ok(hot) => hot,
+        Err(why) => {
+            e.counters.online_kept_regions.fetch_add(1, Relaxed);
+            crate::info!(
+                "online prediction: region of {} bytes at {:#x} keeps its flags ({why}; {hits} of {parks} samples touched)",
+                r.requested,
+                r.base
+            );
+            return;
+        }
+    };
+    // The flags first: from now on the hand treats the rest as capacity data.
+    r.flags.store(attune_policy::Flags::CAP.0, Relaxed);
+    let mut pinned = 0u64;
+    for (a, b) in hot {
+        let start = ((a * r.len as f64) as usize) / r.chunk * r.chunk;
+        let end = (((b * r.len as f64) as usize).div_ceil(r.chunk) * r.chunk).min(r.len);
+        // Within what is left of half the budget, as for LAT regions' own pins: pins
+        // that fill the budget leave nothing to page through.
+        let room = (e.budget() / 2).saturating_sub(e.pinned_bytes()) as usize / r.chunk * r.chunk;
+        let len = (end - start).min(room);
+        if len == 0 {
+            break;
+        }
+        e.pin(r, r.base + start, len, true);
+        pinned += len as u64;
+    }
+    e.counters.online_split_regions.fetch_add(1, Relaxed);
+    e.counters.online_pinned_bytes.fetch_add(pinned, Relaxed);
+    crate::info!(
+        "online prediction: region of {} bytes at {:#x}: {pinned} hot bytes pinned (LAT), the rest CAP",
+        r.requested,
+        r.base
+    );
 }
 
 /// Per-chunk (hits, exposure in ns, parks) of a region, for reports.
