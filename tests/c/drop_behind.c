@@ -4,9 +4,9 @@
  * chunks, read-ahead on): a BW region and an unflagged one. The BW loop must fetch at
  * most 3/4 of what the unflagged loop fetches, its chunks must have gone from behind the
  * stream (the engine's dropped_behind_bytes), and every value must be intact.
- * CAP regions drop behind too: 32 MiB of CAP data written after an 8 MiB working array
- * must leave the array resident (it goes to the capacity tier through DRAM, not over the
- * array), where replacement by age evicts the older array.
+ * CAP data gives way first: 32 MiB of CAP data written after an 8 MiB working array
+ * must leave the array resident (the CAP region's own older chunks go), where
+ * replacement by age evicts the older array.
  * Under ATTUNE_MODE=temperature (flags ignored) the test only checks the values. */
 #define _GNU_SOURCE
 #include <attune.h>

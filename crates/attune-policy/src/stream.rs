@@ -9,19 +9,15 @@
 //! distance kept behind the cursor. The BW flag says a region is streamed; a sequential
 //! fault (read-ahead running) says the stream is on. The temperature-only mode ignores
 //! flags and does not drop behind.
-//!
-//! CAP regions drop behind too: capacity data belongs in the big tier, and DRAM is only
-//! where it passes through when it is written or read in sequence. Without this, a
-//! program that fills its capacity data after its working arrays (the usual order:
-//! inputs, work arrays, then bulk data) evicts the arrays it is about to use while the
-//! data it will hardly touch stays resident (the mixed benchmark: arrays `a` and `b` at
-//! 1 MiB resident of 85 each when the loop starts, the CAP data at 222 MiB).
 
 use crate::Flags;
 
-/// Whether a fault in a region with `flags` (BW or CAP, not LAT/SHL) marks chunks behind it as first victims, and
+/// Whether a fault in a region with `flags` marks chunks behind it as first victims, and
 /// how far behind the faulting chunk they start (in chunks). `attuned`: the flag-driven
-/// mode; `sequential`: the fault continues a sequential run; `readahead_max`: the most
+/// mode; `sequential`: the fault continues a sequential run; `pressed`: DRAM is at its
+/// low watermark, so chunks are being evicted now (a stream that fits, such as the first
+/// pass writing an array, marks nothing: its marks would wait in the ring and evict the
+/// array much later, when another region needs room); `readahead_max`: the most
 /// chunks one fault's read-ahead claims. A fault places a run of up to `1 + readahead_max`
 /// chunks at the cursor, so the marked run starts one run and two chunks behind it: never
 /// a chunk of the run just placed, and not the chunks right behind the cursor that a loop
@@ -30,10 +26,10 @@ pub fn drop_behind(
     flags: Flags,
     attuned: bool,
     sequential: bool,
+    pressed: bool,
     readahead_max: usize,
 ) -> Option<usize> {
-    let streamed = flags.contains(Flags::BW) || flags.contains(Flags::CAP);
-    if !attuned || !sequential || !streamed || flags.is_protected() {
+    if !attuned || !sequential || !pressed || !flags.contains(Flags::BW) || flags.is_protected() {
         return None;
     }
     Some(readahead_max + 3)
@@ -46,21 +42,27 @@ mod tests {
     #[test]
     fn table() {
         let lat_bw = Flags(Flags::LAT.0 | Flags::BW.0);
-        for (flags, attuned, seq, ra, want) in [
-            (Flags::BW, true, true, 31, Some(34)),
-            (Flags::BW, true, true, 0, Some(3)),
-            (Flags::BW, true, false, 31, None),
-            (Flags::BW, false, true, 31, None),
-            (Flags(Flags::BW.0 | Flags::CAP.0), true, true, 1, Some(4)),
-            (lat_bw, true, true, 31, None),
-            (Flags::CAP, true, true, 31, Some(34)),
-            (Flags::CAP, true, false, 31, None),
-            (Flags(Flags::LAT.0 | Flags::CAP.0), true, true, 31, None),
-            (Flags(0), true, true, 31, None),
-            (Flags::LAT, true, true, 31, None),
+        for (flags, attuned, seq, pressed, ra, want) in [
+            (Flags::BW, true, true, true, 31, Some(34)),
+            (Flags::BW, true, true, true, 0, Some(3)),
+            (Flags::BW, true, false, true, 31, None),
+            (Flags::BW, true, true, false, 31, None),
+            (Flags::BW, false, true, true, 31, None),
+            (
+                Flags(Flags::BW.0 | Flags::CAP.0),
+                true,
+                true,
+                true,
+                1,
+                Some(4),
+            ),
+            (lat_bw, true, true, true, 31, None),
+            (Flags::CAP, true, true, true, 31, None),
+            (Flags(0), true, true, true, 31, None),
+            (Flags::LAT, true, true, true, 31, None),
         ] {
             assert_eq!(
-                drop_behind(flags, attuned, seq, ra),
+                drop_behind(flags, attuned, seq, pressed, ra),
                 want,
                 "{flags} {attuned} {seq}"
             );

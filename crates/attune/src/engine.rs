@@ -102,6 +102,8 @@ pub struct ClockState {
     pub region_cursor: usize,
     /// Region where the tests of active chunks go on.
     pub test_cursor: usize,
+    /// Where the capacity-first pass goes on (`attune_policy::victim::capacity_first`).
+    pub cap_cursor: usize,
 }
 
 pub struct Engine {

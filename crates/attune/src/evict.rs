@@ -12,7 +12,7 @@
 
 use crate::engine::{Engine, MAX_RUN};
 use crate::region::{Region, State, Where, ACTIVE, CREDIT_MASK, SHARED};
-use attune_policy::victim::{clock_decide, scan_quantum, ChunkView, ClockAction};
+use attune_policy::victim::{capacity_first, clock_decide, scan_quantum, ChunkView, ClockAction};
 use attune_sys::os;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Arc;
@@ -155,10 +155,39 @@ pub fn reclaim(e: &Engine, want: u64) -> u64 {
     if freed >= want {
         return freed;
     }
+    let laps = attune_policy::victim::MAX_CREDIT as usize + 2;
+    // Capacity data gives way first (attuned mode): a clock pass over the CAP regions
+    // alone, when there are others to make room for.
+    let attuned = e.cfg.mode == crate::config::Mode::Attuned;
+    let cap: Vec<&Arc<Region>> = table
+        .iter()
+        .filter(|r| capacity_first(r.flags(), attuned))
+        .collect();
+    if !cap.is_empty() && cap.len() < table.len() {
+        let cap_total: usize = cap.iter().map(|r| r.chunks()).sum();
+        let (mut scanned, mut lap_scanned, mut lap_acted) = (0usize, 0usize, 0usize);
+        while scanned < laps * cap_total + cap.len() {
+            let ri = clock.cap_cursor % cap.len();
+            let (f, s, acted) = sweep_region(e, cap[ri], want - freed, false);
+            freed += f;
+            scanned += s.max(1);
+            clock.cap_cursor = ri + 1;
+            if freed >= want {
+                return freed;
+            }
+            lap_scanned += s.max(1);
+            lap_acted += acted;
+            if lap_scanned >= cap_total {
+                if lap_acted == 0 {
+                    break;
+                }
+                (lap_scanned, lap_acted) = (0, 0);
+            }
+        }
+    }
     // Pass 0: ordinary, for up to MAX_CREDIT + 2 laps (grace is taken one lap at a time,
     // an active chunk is demoted in one lap and evicted after its grace); pass 1, the last
     // resort: pageable chunks of protected regions and active chunks too.
-    let laps = attune_policy::victim::MAX_CREDIT as usize + 2;
     // Every region LAT/SHL (a latency-sensitive workflow alone): only the last resort
     // can free anything.
     let first_pass = if table.iter().all(|r| e.is_protected(r)) {

@@ -114,7 +114,10 @@ fn mark_behind(e: &Engine, r: &Region, c: usize, n: usize) {
     }
     let attuned = e.cfg.mode == crate::config::Mode::Attuned;
     let ra_max = readahead_max(e, r);
-    if let Some(d) = attune_policy::stream::drop_behind(r.flags(), attuned, sequential, ra_max) {
+    let pressed = e.resident.load(Relaxed) + (n * r.chunk) as u64 > e.watermarks().1;
+    if let Some(d) =
+        attune_policy::stream::drop_behind(r.flags(), attuned, sequential, pressed, ra_max)
+    {
         if c >= d {
             e.drop_behind.push(r, c - d, n);
         }
