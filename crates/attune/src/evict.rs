@@ -157,21 +157,26 @@ pub fn reclaim(e: &Engine, want: u64) -> u64 {
     }
     let laps = attune_policy::victim::MAX_CREDIT as usize + 2;
     // Capacity data gives way first (attuned mode): a clock pass over the CAP regions
-    // alone, when there are others to make room for.
+    // alone, when there are others to make room for. No allocation: this runs in the
+    // SIGBUS handler too.
     let attuned = e.cfg.mode == crate::config::Mode::Attuned;
-    let cap: Vec<&Arc<Region>> = table
+    let is_cap = |r: &Region| capacity_first(r.flags(), attuned);
+    let (ncap, cap_total) = table
         .iter()
-        .filter(|r| capacity_first(r.flags(), attuned))
-        .collect();
-    if !cap.is_empty() && cap.len() < table.len() {
-        let cap_total: usize = cap.iter().map(|r| r.chunks()).sum();
+        .filter(|r| is_cap(r))
+        .fold((0usize, 0usize), |(n, t), r| (n + 1, t + r.chunks()));
+    if ncap > 0 && ncap < table.len() {
         let (mut scanned, mut lap_scanned, mut lap_acted) = (0usize, 0usize, 0usize);
-        while scanned < laps * cap_total + cap.len() {
-            let ri = clock.cap_cursor % cap.len();
-            let (f, s, acted) = sweep_region(e, cap[ri], want - freed, false);
+        while scanned < laps * cap_total + ncap {
+            let ri = clock.cap_cursor % table.len();
+            clock.cap_cursor = ri + 1;
+            let r = &table[ri];
+            if !is_cap(r) {
+                continue;
+            }
+            let (f, s, acted) = sweep_region(e, r, want - freed, false);
             freed += f;
             scanned += s.max(1);
-            clock.cap_cursor = ri + 1;
             if freed >= want {
                 return freed;
             }
