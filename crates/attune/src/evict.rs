@@ -155,10 +155,8 @@ pub fn reclaim(e: &Engine, want: u64) -> u64 {
     if freed >= want {
         return freed;
     }
-    let laps = attune_policy::victim::MAX_CREDIT as usize + 2;
     // Capacity data gives way first (attuned mode): a clock pass over the CAP regions
-    // alone, when there are others to make room for. No allocation: this runs in the
-    // SIGBUS handler too.
+    // alone, when there are others to make room for.
     let attuned = e.cfg.mode == crate::config::Mode::Attuned;
     let is_cap = |r: &Region| capacity_first(r.flags(), attuned);
     let (ncap, cap_total) = table
@@ -166,67 +164,78 @@ pub fn reclaim(e: &Engine, want: u64) -> u64 {
         .filter(|r| is_cap(r))
         .fold((0usize, 0usize), |(n, t), r| (n + 1, t + r.chunks()));
     if ncap > 0 && ncap < table.len() {
-        let (mut scanned, mut lap_scanned, mut lap_acted) = (0usize, 0usize, 0usize);
-        while scanned < laps * cap_total + ncap {
-            let ri = clock.cap_cursor % table.len();
-            clock.cap_cursor = ri + 1;
-            let r = &table[ri];
-            if !is_cap(r) {
-                continue;
-            }
-            let (f, s, acted) = sweep_region(e, r, want - freed, false);
-            freed += f;
-            scanned += s.max(1);
-            if freed >= want {
-                return freed;
-            }
-            lap_scanned += s.max(1);
-            lap_acted += acted;
-            if lap_scanned >= cap_total {
-                if lap_acted == 0 {
-                    break;
-                }
-                (lap_scanned, lap_acted) = (0, 0);
-            }
+        let cursor = &mut clock.cap_cursor;
+        freed += sweep_laps(
+            e,
+            &table,
+            cursor,
+            is_cap,
+            (ncap, cap_total),
+            want - freed,
+            false,
+        );
+        if freed >= want {
+            return freed;
         }
     }
-    // Pass 0: ordinary, for up to MAX_CREDIT + 2 laps (grace is taken one lap at a time,
-    // an active chunk is demoted in one lap and evicted after its grace); pass 1, the last
-    // resort: pageable chunks of protected regions and active chunks too.
-    // Every region LAT/SHL (a latency-sensitive workflow alone): only the last resort
-    // can free anything.
+    // Pass 0: ordinary; pass 1, the last resort: pageable chunks of protected regions and
+    // active chunks too. Every region LAT/SHL (a latency-sensitive workflow alone): only
+    // the last resort can free anything.
     let first_pass = if table.iter().all(|r| e.is_protected(r)) {
         1
     } else {
         0
     };
     for pass in first_pass..2 {
-        let last_resort = pass == 1;
-        let mut scanned = 0usize;
-        // A lap in which the hand found nothing to age, demote or evict will not find
-        // anything in the next: go on to the last resort at once (a process whose memory
-        // is all LAT/SHL would otherwise scan every lap of the pass on every fault).
-        let mut lap_scanned = 0usize;
-        let mut lap_acted = 0usize;
-        while scanned < laps * total + table.len() {
-            let ri = clock.region_cursor % table.len();
-            let r = &table[ri];
-            let (f, s, acted) = sweep_region(e, r, want - freed, last_resort);
-            freed += f;
-            scanned += s.max(1);
-            clock.region_cursor = ri + 1;
-            if freed >= want {
-                return freed;
+        let cursor = &mut clock.region_cursor;
+        let all = (table.len(), total);
+        freed += sweep_laps(e, &table, cursor, |_| true, all, want - freed, pass == 1);
+        if freed >= want {
+            return freed;
+        }
+    }
+    freed
+}
+
+/// Sweeps the regions `pick` selects (`picked`: how many, and their chunks), in turn from
+/// `cursor`, until `want` bytes are freed, for up to MAX_CREDIT + 2 laps (grace is taken
+/// one lap at a time, an active chunk is demoted in one lap and evicted after its grace).
+/// A lap in which the hand found nothing to age, demote or evict will not find anything
+/// in the next, so it ends there (a process whose memory is all LAT/SHL would otherwise
+/// scan every lap on every fault). Returns bytes freed. Allocates nothing: reclaim runs in
+/// the SIGBUS handler too.
+fn sweep_laps(
+    e: &Engine,
+    table: &[Arc<Region>],
+    cursor: &mut usize,
+    pick: impl Fn(&Region) -> bool,
+    picked: (usize, usize),
+    want: u64,
+    last_resort: bool,
+) -> u64 {
+    let (regions, chunks) = picked;
+    let laps = attune_policy::victim::MAX_CREDIT as usize + 2;
+    let (mut freed, mut scanned, mut lap_scanned, mut lap_acted) = (0u64, 0usize, 0usize, 0usize);
+    while scanned < laps * chunks + regions {
+        let ri = *cursor % table.len();
+        *cursor = ri + 1;
+        let r = &table[ri];
+        if !pick(r) {
+            continue;
+        }
+        let (f, s, acted) = sweep_region(e, r, want - freed, last_resort);
+        freed += f;
+        scanned += s.max(1);
+        if freed >= want {
+            return freed;
+        }
+        lap_scanned += s.max(1);
+        lap_acted += acted;
+        if lap_scanned >= chunks {
+            if lap_acted == 0 {
+                break;
             }
-            lap_scanned += s.max(1);
-            lap_acted += acted;
-            if lap_scanned >= total {
-                if lap_acted == 0 {
-                    break;
-                }
-                lap_scanned = 0;
-                lap_acted = 0;
-            }
+            (lap_scanned, lap_acted) = (0, 0);
         }
     }
     freed
