@@ -340,6 +340,10 @@ expect numa-size-zero 1 "size 0" "$ATT" numa place --region 0:LAT
 expect numa-bad-move-region 1 "there are 1 regions" "$ATT" numa place --region 8M:LAT --move 3:0
 expect numa-bad-reflag 1 "--reflag '0:FAST': unknown flag" "$ATT" numa place --region 8M:LAT --reflag 0:FAST
 expect numa-move-needs-attune 1 "need Attune" "$ATT" numa place --kernel --region 8M:LAT --move 0:1
+expect numa-write-hot-too-big 1 "region 0 has 8388608 bytes" "$ATT" numa place --region 8M:CAP --write-hot 0:16M --hot-secs 1
+expect numa-write-hot-needs-secs 1 "--write-hot needs --hot-secs" "$ATT" numa place --region 8M:CAP --write-hot 0:4M
+expect numa-write-hot-bad-region 1 "--write-hot '2:4M': there are 1 regions" "$ATT" numa place --region 8M:CAP --write-hot 2:4M
+expect numa-write-hot-bad-size 1 "'lots' is not a size" "$ATT" numa place --region 8M:CAP --write-hot 0:lots --hot-secs 1
 expect numa-no-tier 1 "no NUMA tier in use" "$ATT" numa place --region 8M:LAT
 expect numa-weights-no-tier 1 "no NUMA tier in use" "$ATT" numa weights
 printf 'dram = "64M"\n[[tier]]\nname = "gone"\nkind = "numa"\nnode = 7\n' > "$RT/gone.toml"

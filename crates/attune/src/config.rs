@@ -898,6 +898,14 @@ mod tests {
             ("ATTUNE_SAMPLE_RATE", "fast", "not a whole number"),
             ("ATTUNE_SAMPLE_RATE", "200000", "between 0 and 100000"),
             ("ATTUNE_SAMPLE_WINDOW_US", "10", "between 100 and 10000000"),
+            ("ATTUNE_HEAT_INTERVAL_MS", "-5", "not a whole number"),
+            ("ATTUNE_HEAT_INTERVAL_MS", "100000", "between 0 and 60000"),
+            ("ATTUNE_PREDICT_WINDOW_MS", "soon", "not a whole number"),
+            (
+                "ATTUNE_PREDICT_WINDOW_MS",
+                "4000000",
+                "between 0 and 3600000",
+            ),
         ] {
             let e = env_error(None, k, v);
             assert!(e.contains(k) && e.contains(want), "{e}");

@@ -527,11 +527,9 @@ impl Engine {
         let pin = match opts.pin_bytes {
             Some(p) => p.min(len),
             None if self.cfg.mode == Mode::Attuned && opts.flags.is_protected() => {
-                // The policy's share, within what is left of half the budget: pins that
-                // fill the budget leave nothing to page through, and every fault thrashes.
+                // The policy's share, within the policy pins' room.
                 let want = (len as f64 * self.cfg.pin_fraction) as usize;
-                let room = (self.budget() / 2).saturating_sub(self.pinned_bytes()) as usize;
-                want.min(room) / r.chunk * r.chunk
+                want.min(self.policy_pin_room()) / r.chunk * r.chunk
             }
             None => 0,
         };
@@ -642,6 +640,14 @@ impl Engine {
     /// Bytes pinned over all regions.
     pub fn pinned_bytes(&self) -> u64 {
         self.pinned.load(Relaxed)
+    }
+
+    /// Bytes the runtime's own pins (LAT/SHL `pin_fraction`, online prediction's hot
+    /// parts) may still take: what is left of half the budget. Pins that fill the budget
+    /// leave nothing to page through, and every fault thrashes. Explicit `attune_pin`
+    /// calls are refused only beyond the whole budget.
+    pub fn policy_pin_room(&self) -> usize {
+        (self.budget() / 2).saturating_sub(self.pinned_bytes()) as usize
     }
 
     /// Makes `[addr, addr+len)` resident and, with `pin`, never evicted.

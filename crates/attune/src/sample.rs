@@ -220,9 +220,7 @@ fn predict(e: &Engine, r: &Region) {
     for (a, b) in hot {
         let start = ((a * r.len as f64) as usize) / r.chunk * r.chunk;
         let end = (((b * r.len as f64) as usize).div_ceil(r.chunk) * r.chunk).min(r.len);
-        // Within what is left of half the budget, as for LAT regions' own pins: pins
-        // that fill the budget leave nothing to page through.
-        let room = (e.budget() / 2).saturating_sub(e.pinned_bytes()) as usize / r.chunk * r.chunk;
+        let room = e.policy_pin_room() / r.chunk * r.chunk;
         let len = (end - start).min(room);
         if len == 0 {
             break;
