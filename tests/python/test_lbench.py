@@ -1,5 +1,6 @@
-"""attune lbench on this machine's memory: the probe slows down at the full level, the interference coefficient tells a memory-bound neighbour from an idle one, and
-bad input fails clearly. Ratios within one run, levels interleaved in rounds (noise)."""
+"""attune lbench on this machine's memory: the probe slows down at the full level, the
+interference coefficient tells a memory-bound neighbour from an idle one, and bad input
+fails clearly. Ratios within one run, levels interleaved in rounds (noise)."""
 import json
 import sys
 import os
