@@ -36,6 +36,9 @@ step promote $A numa place --region 64M:CAP --write-hot 0:8M --hot-secs 4
 step promote-limited env ATTUNE_MOVE_LIMIT=2M $A numa place --region 64M:CAP --write-hot 0:8M --hot-secs 7
 # No room on the fast tier: cold cells of the older unflagged region make room.
 step promote-swap env ATTUNE_DRAM=64M $A numa place --region 64M:NONE --region 64M:CAP --write-hot 1:8M --hot-secs 10
+# Background demotion: allocations fill the 64 MiB budget; 16 MiB of headroom is then
+# restored from the unflagged region's cold cells, never from the LAT region's.
+step headroom env ATTUNE_DRAM=64M ATTUNE_HEADROOM=16M $A numa place --region 32M:LAT --region 32M:NONE --hot-secs 5
 # Temperature-only mode: flags ignored (placed as unflagged), heat still promotes.
 step temperature env ATTUNE_MODE=temperature $A numa place --region 64M:LAT
 # Linux's own tiering on the same program: demotion on, NUMA balancing in tiering mode.

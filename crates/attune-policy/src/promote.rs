@@ -53,10 +53,15 @@ pub struct Cell {
 }
 
 /// What the scanner may do in one round.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Limits {
     /// Bytes free on the fast tier above the headroom.
     pub room: u64,
+    /// Bytes the fast tier is short of its headroom (allocations may fill it to the
+    /// budget): cold cells go down for these first, whatever the heat elsewhere.
+    pub short: u64,
+    /// Bytes free on the tier below the fast one: no demotion overfills it.
+    pub room_below: u64,
     /// Bytes this round may move in all (the migration rate limit times the interval).
     pub max_bytes: u64,
     /// Bytes per cell.
@@ -68,17 +73,22 @@ pub struct Limits {
 pub struct Moves {
     /// Cells to move to tier 0, in order.
     pub promote: Vec<usize>,
-    /// Cold fast cells to move one tier down first, to make room.
+    /// Cold fast cells to move one tier down first, to restore the headroom (background
+    /// demotion, as kswapd's demotion keeps a node's free pages above its watermark).
+    pub restore: Vec<usize>,
+    /// Cold fast cells to move one tier down next, to make room for a hot one each.
     pub demote: Vec<usize>,
-    /// A hot cell stayed down for want of room (not of rate): fast cells should be
-    /// observed, so that cold ones can be found.
+    /// A hot cell stayed down, or the headroom stayed short, for want of a cold cell (not
+    /// of rate): fast cells should be observed, so that cold ones can be found.
     pub starved: bool,
 }
 
-/// Plans one round: hot movable cells on lower tiers move up while the fast tier has room;
-/// when it has none, a cold unprotected fast cell moves down for each (oldest region first).
-/// LAT/SHL cells go up first and are never demoted here. Everything moved counts against
-/// `max_bytes` (a swap costs two cells).
+/// Plans one round. First the headroom: while the fast tier is short of it, cold
+/// unprotected fast cells move one tier down (oldest region first). Then hot movable cells
+/// on lower tiers move up while the fast tier has room; when it has none, a cold
+/// unprotected fast cell moves down for each. LAT/SHL cells go up first and are never
+/// demoted here. Everything moved counts against `max_bytes` (a swap costs two cells), and
+/// demotions stop when the tier below is full.
 pub fn plan(cells: &[Cell], lim: Limits) -> Moves {
     let mut up: Vec<usize> = (0..cells.len())
         .filter(|&i| cells[i].movable && cells[i].tier > 0 && is_hot(cells[i].history))
@@ -101,14 +111,25 @@ pub fn plan(cells: &[Cell], lim: Limits) -> Moves {
         .collect();
     down.sort_by_key(|&i| (cells[i].recency, i));
     let mut down = down.into_iter();
-    let (mut room, mut budget) = (lim.room, lim.max_bytes);
+    let (mut room, mut budget, mut below) = (lim.room, lim.max_bytes, lim.room_below);
     let mut out = Moves::default();
+    let mut short = lim.short;
+    while short > 0 && budget >= lim.cell && below >= lim.cell {
+        let Some(v) = down.next() else {
+            out.starved = true;
+            break;
+        };
+        out.restore.push(v);
+        short = short.saturating_sub(lim.cell);
+        budget -= lim.cell;
+        below -= lim.cell;
+    }
     for i in up {
         if budget < lim.cell {
             break;
         }
         if room < lim.cell {
-            if budget < 2 * lim.cell {
+            if budget < 2 * lim.cell || below < lim.cell {
                 break;
             }
             let Some(v) = down.next() else {
@@ -118,6 +139,7 @@ pub fn plan(cells: &[Cell], lim: Limits) -> Moves {
             out.demote.push(v);
             room += lim.cell;
             budget -= lim.cell;
+            below -= lim.cell;
         }
         out.promote.push(i);
         room -= lim.cell;
@@ -304,11 +326,102 @@ mod tests {
                 &c.cells,
                 Limits {
                     room: c.room,
+                    room_below: u64::MAX,
                     max_bytes: c.max,
                     cell: C,
+                    ..Default::default()
                 },
             );
             assert_eq!((m.promote, m.demote), c.want, "{}", c.name);
+            assert!(m.restore.is_empty(), "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn headroom_is_restored_from_cold_cells() {
+        let hot = 0b1110_0000u8;
+        struct Case {
+            name: &'static str,
+            cells: Vec<Cell>,
+            short: u64,
+            below: u64,
+            max: u64,
+            // (restore, demote, promote, starved)
+            want: (Vec<usize>, Vec<usize>, Vec<usize>, bool),
+        }
+        let cases = [
+            Case {
+                name: "short by two cells: the two cold cells of the oldest region go down",
+                cells: vec![
+                    cell(0, 0, false, true, 2),
+                    cell(0, 0, false, true, 1),
+                    cell(0, 0, false, true, 1),
+                    cell(0, 0, true, true, 0),
+                    cell(0b0000_0001, 0, false, true, 0),
+                ],
+                short: 2 * C - 1,
+                below: u64::MAX,
+                max: u64::MAX,
+                want: (vec![1, 2], vec![], vec![], false),
+            },
+            Case {
+                name: "protected, pinned or written cells never go down: starved",
+                cells: vec![
+                    cell(0, 0, true, true, 0),
+                    cell(0, 0, false, false, 0),
+                    cell(0b1000_0000, 0, false, true, 0),
+                ],
+                short: C,
+                below: u64::MAX,
+                max: u64::MAX,
+                want: (vec![], vec![], vec![], true),
+            },
+            Case {
+                name: "the headroom goes first, then a swap for the hot cell",
+                cells: vec![
+                    cell(hot, 1, false, true, 3),
+                    cell(0, 0, false, true, 1),
+                    cell(0, 0, false, true, 2),
+                ],
+                short: C,
+                below: u64::MAX,
+                max: u64::MAX,
+                want: (vec![1], vec![2], vec![0], false),
+            },
+            Case {
+                name: "the rate limit bounds the headroom's demotions",
+                cells: vec![cell(0, 0, false, true, 1), cell(0, 0, false, true, 1)],
+                short: 2 * C,
+                below: u64::MAX,
+                max: C,
+                want: (vec![0], vec![], vec![], false),
+            },
+            Case {
+                name: "a full tier below takes nothing, neither for headroom nor for a swap",
+                cells: vec![cell(hot, 1, false, true, 3), cell(0, 0, false, true, 1)],
+                short: C,
+                below: C - 1,
+                max: u64::MAX,
+                want: (vec![], vec![], vec![], false),
+            },
+        ];
+        for c in cases {
+            let m = plan(
+                &c.cells,
+                Limits {
+                    short: c.short,
+                    room_below: c.below,
+                    max_bytes: c.max,
+                    cell: C,
+                    ..Default::default()
+                },
+            );
+            assert_eq!(
+                (m.restore, m.demote, m.promote, m.starved),
+                c.want,
+                "{}",
+                c.name
+            );
         }
     }
 
@@ -326,9 +439,10 @@ mod tests {
             },
         ];
         let lim = Limits {
-            room: 0,
+            room_below: u64::MAX,
             max_bytes: u64::MAX,
             cell: C,
+            ..Default::default()
         };
         assert!(plan(&unseen, lim).starved && plan(&unseen, lim).promote.is_empty());
         let m = plan(&cells, lim);

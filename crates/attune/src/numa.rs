@@ -254,6 +254,8 @@ pub struct NumaCounters {
     /// Bytes of hot cells moved to the fast tier, and of cold cells moved down for them.
     pub promoted_bytes: AtomicU64,
     pub demoted_cold_bytes: AtomicU64,
+    /// Bytes of cold cells moved down to restore the fast tier's headroom.
+    pub demoted_headroom_bytes: AtomicU64,
 }
 
 #[derive(Default)]

@@ -4,9 +4,10 @@
 //! Every `heat_interval_ms` the scanner thread, for each write-tracked region:
 //! 1. reads which of the cells it armed last round were written (`attune_sys::pagemap`:
 //!    asynchronous write-protection read back with PAGEMAP_SCAN) and ages their history;
-//! 2. moves what `promote::plan` says: hot cells of lower tiers to the fast tier while it
-//!    has room above the headroom, a cold unprotected fast cell down for each when it has
-//!    none, within the migration rate limit (`move_limit`, the node daemon's if lower)
+//! 2. moves what `promote::plan` says: cold unprotected fast cells down while the fast
+//!    tier is short of its headroom (background demotion), then hot cells of lower tiers to
+//!    the fast tier while it has room above the headroom, a cold unprotected fast cell down
+//!    for each when it has none, within the migration rate limit (`move_limit`, the node daemon's if lower)
 //!    times the interval. Moves go through the same `move_range` as explicit moves (policy
 //!    first, then `move_pages` in batches, checked) and the allocation map is re-cut;
 //! 3. arms the cells `promote::choose_arm` picks, at most [`ARM_BYTES_PER_S`] times the
@@ -149,27 +150,28 @@ impl NumaPlacer {
             }
         }
         let used = st.used(self.tiers.len(), None);
-        let room = self.tiers[0]
-            .capacity
-            .saturating_sub(used[0])
-            .saturating_sub(self.headroom);
+        let fast = self.tiers[0].capacity;
         let plan = promote::plan(
             &cells,
             Limits {
-                room,
+                room: fast.saturating_sub(used[0]).saturating_sub(self.headroom),
+                short: (used[0] + self.headroom).saturating_sub(fast),
+                room_below: self.tiers[1].capacity.saturating_sub(used[1]),
                 max_bytes,
                 cell: HEAT_CELL,
             },
         );
         let t_moves = attune_sys::os::now_ns();
-        let (mut promoted, mut demoted) = (0, 0);
-        let moves: Vec<(usize, usize)> = plan
-            .demote
+        let (mut promoted, mut demoted, mut restored) = (0, 0, 0);
+        // Fast cells go to tier 1 (the next lower tier, Algorithm 2), far cells to tier 0.
+        let moves: Vec<(usize, usize, bool)> = plan
+            .restore
             .iter()
-            .map(|&i| (i, (cells[i].tier + 1).min(self.tiers.len() - 1)))
-            .chain(plan.promote.iter().map(|&i| (i, 0)))
+            .map(|&i| (i, 1, true))
+            .chain(plan.demote.iter().map(|&i| (i, 1, false)))
+            .chain(plan.promote.iter().map(|&i| (i, 0, false)))
             .collect();
-        for (i, to) in moves {
+        for (i, to, for_headroom) in moves {
             let (base, c) = at[i];
             let r = st.regions.get_mut(&base).expect("scanned under the lock");
             let start = c as u64 * HEAT_CELL;
@@ -182,10 +184,10 @@ impl NumaPlacer {
             }
             r.retarget(start, start + len, to, self.tiers.len());
             cells[i].tier = to;
-            if to == 0 {
-                promoted += len;
-            } else {
-                demoted += len;
+            match (to, for_headroom) {
+                (0, _) => promoted += len,
+                (_, true) => restored += len,
+                _ => demoted += len,
             }
         }
         let t_arm = attune_sys::os::now_ns();
@@ -218,9 +220,12 @@ impl NumaPlacer {
         self.counters.promoted_bytes.fetch_add(promoted, Relaxed);
         self.counters.demoted_cold_bytes.fetch_add(demoted, Relaxed);
         self.counters
+            .demoted_headroom_bytes
+            .fetch_add(restored, Relaxed);
+        self.counters
             .heat_scan_ns
             .fetch_add((t_moves - t0) + (t_end - t_arm), Relaxed);
-        promoted + demoted
+        promoted + demoted + restored
     }
 }
 
