@@ -339,18 +339,22 @@ def plots(res, out, sweep, chunks):
 
 
 def markdown(res, cmdline):
+    # Only the environments this run measured (--envs): one left out is not a failure.
+    envs = [n for n in ENVS if any(n in r["envs"] for r in res["workloads"].values())] or ENVS
+    pairs = [(a, b) for a, b in (("IMME", "CBE-mem"), ("IMME", "TME")) if a in envs and b in envs]
     s = [f"Reproduce: `{cmdline}` ({res['date']}, {res['reps']} runs each, median; "
          f"{int(res['outside'] * 100)}% of each footprint outside DRAM). Time normalized to IE "
          "(min-max of the runs); OOM-killed: the kernel killed the program in its cgroup; FAILED: a wrong result or a crash"
          + (f"; cut: stopped at {res['max_slowdown']:g}x the IE time" if res.get("max_slowdown") else "") + ".\n",
          ] + ([f"**Interrupted**: partial results, {len(res['workloads'])} of {res['selected']} workflows "
                "measured before the run was stopped.\n"] if res.get("interrupted") else []) + [
-         "| workflow | flags | footprint | budget | " + " | ".join(ENVS) + " | IMME vs CBE-mem | IMME vs TME |",
-         "|---|---|---|---|" + "---|" * len(ENVS) + "---|---|"]
+         "| workflow | flags | footprint | budget | " + " | ".join(envs) + " |"
+         + "".join(f" {a} vs {b} |" for a, b in pairs),
+         "|---|---|---|---|" + "---|" * (len(envs) + len(pairs))]
     for w, r in res["workloads"].items():
         e = r["envs"]
         cells = []
-        for n in ENVS:
+        for n in envs:
             x = e.get(n)
             if x and x.get("setup_failed"):
                 cells.append("n/a (set-up)")
@@ -372,17 +376,18 @@ def markdown(res, cmdline):
                 return f"{e[b]['median'] / e[a]['median']:.2f}x"
             return "-"
         s.append(f"| {r['title']} | {r['flags']} | {r['footprint'] >> 20} MiB | {r['budget'] >> 20} MiB | "
-                 + " | ".join(cells) + f" | {ratio('IMME', 'CBE-mem')} | {ratio('IMME', 'TME')} |")
+                 + " | ".join(cells) + " |" + "".join(f" {ratio(a, b)} |" for a, b in pairs))
     missing = sorted({f"{n}: {x['setup_failed']}" for r in res["workloads"].values()
                       for n, x in r["envs"].items() if x.get("setup_failed")})
     if missing:
         s.append("\nn/a (set-up): the environment could not be set up (" + "; ".join(missing) + ").")
     s.append("\nFaults and pages moved (medians; Figure 9):\n")
-    s.append("| workflow | " + " | ".join(f"{n} major/minor/moved" for n in ENVS[1:]) + " |")
-    s.append("|---|" + "---|" * (len(ENVS) - 1))
+    moved_envs = [n for n in envs if n != "IE"]
+    s.append("| workflow | " + " | ".join(f"{n} major/minor/moved" for n in moved_envs) + " |")
+    s.append("|---|" + "---|" * len(moved_envs))
     for w, r in res["workloads"].items():
         cells = []
-        for n in ENVS[1:]:
+        for n in moved_envs:
             x = r["envs"].get(n)
             cells.append("-" if not x else f"{int(x['majflt'])}/{int(x['minflt'])}/{int(x['moved_pages'])}")
         s.append(f"| {w} | " + " | ".join(cells) + " |")
@@ -545,7 +550,9 @@ def main():
     for w, r in res["workloads"].items():
         for e, x in r["envs"].items():
             if not x["ok"]:
-                print(f"{w} {e}: FAILED {x['result']} {''.join(x['errors'])[-400:]}", file=sys.stderr)
+                what = ("cut" if x.get("cut") else "OOM-killed" if x.get("oom_killed")
+                        else "set-up failed" if x.get("setup_failed") else "FAILED")
+                print(f"{w} {e}: {what} {x['result']} {''.join(x['errors'])[-400:]}", file=sys.stderr)
     sys.exit(130 if res.get("interrupted") else 1 if failed else 0)
 
 

@@ -101,3 +101,20 @@ def test_a_missing_environment_is_not_a_failed_workflow():
                               "moved_pages": 0}}}}}
     md = imme.markdown(res, "cmd")
     assert "n/a (set-up)" in md and "CBE-disk: not enough free space" in md
+
+
+def test_environments_left_out_are_not_columns_of_failures():
+    # --envs IE,TME,IMME: the table has those columns only, and the ratio that can be made.
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import imme
+    run = {"ok": True, "cut": False, "median": 2.0, "min": 2.0, "max": 2.0, "normalized": 2.0,
+           "majflt": 0, "minflt": 5, "moved_pages": 7}
+    res = {"date": "d", "reps": 1, "outside": 0.25, "workloads": {"x": {
+        "title": "X", "flags": "LAT", "footprint": 1 << 30, "budget": 1 << 29,
+        "envs": {"IE": dict(run, median=1.0, normalized=1.0), "TME": run,
+                 "IMME": dict(run, median=1.0, normalized=1.0)}}}}
+    md = imme.markdown(res, "cmd")
+    assert "FAILED |" not in md and "CBE" not in md.split("\n\n", 1)[1], md
+    assert "| IE | TME | IMME | IMME vs TME |" in md
+    assert "| X | LAT | 1024 MiB | 512 MiB | 1.00 | 2.00 | 1.00 | 2.00x |" in md
+    assert "| x | 0/5/7 | 0/5/7 |" in md
