@@ -7,9 +7,10 @@
 //! 2. moves what `promote::plan` says: cold unprotected fast cells down while the fast
 //!    tier is short of its headroom (background demotion), then hot cells of lower tiers to
 //!    the fast tier while it has room above the headroom, a cold unprotected fast cell down
-//!    for each when it has none, within the migration rate limit (`move_limit`, the node daemon's if lower)
-//!    times the interval. Moves go through the same `move_range` as explicit moves (policy
-//!    first, then `move_pages` in batches, checked) and the allocation map is re-cut;
+//!    for each when it has none, within the migration rate limit (`move_limit`, the node
+//!    daemon's if lower) times the interval. Moves go through the same `move_range` as
+//!    explicit moves (policy first, then `move_pages` in batches, checked) and the
+//!    allocation map is re-cut;
 //! 3. arms the cells `promote::choose_arm` picks, at most [`ARM_BYTES_PER_S`] times the
 //!    interval: what the application pays for the tracking is bounded by that.
 //!
