@@ -404,7 +404,7 @@ impl NumaPlacer {
                 Ok(t) => Some(t),
                 Err(e) => {
                     crate::warn!(
-                        "no write heat on NUMA tiers ({e}: asynchronous write-protection needs Linux 6.7+): hot pages in the far tier stay there"
+                        "no write heat on NUMA tiers ({e}: asynchronous write-protection needs Linux 6.7+): hot pages in the far tier stay there and no cold data is demoted to keep the headroom"
                     );
                     None
                 }
