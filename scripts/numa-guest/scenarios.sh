@@ -39,6 +39,8 @@ step promote-swap env ATTUNE_DRAM=64M $A numa place --region 64M:NONE --region 6
 # Background demotion: allocations fill the 64 MiB budget; 16 MiB of headroom is then
 # restored from the unflagged region's cold cells, never from the LAT region's.
 step headroom env ATTUNE_DRAM=64M ATTUNE_HEADROOM=16M $A numa place --region 32M:LAT --region 32M:NONE --hot-secs 5
+# CAP data moved up (as a promotion would) gives the headroom back before older data does.
+step headroom-cap env ATTUNE_DRAM=64M ATTUNE_HEADROOM=8M $A numa place --region 56M:NONE --region 16M:CAP --move 1:0 --hot-secs 5
 # Temperature-only mode: flags ignored (placed as unflagged), heat still promotes.
 step temperature env ATTUNE_MODE=temperature $A numa place --region 64M:LAT
 # Linux's own tiering on the same program: demotion on, NUMA balancing in tiering mode.

@@ -213,6 +213,20 @@ def test_background_demotion_keeps_the_headroom_from_unprotected_cold_data(guest
     assert lat["checksum_ok"] and plain["checksum_ok"]
 
 
+def test_cold_cap_data_gives_the_headroom_back_first(guest):
+    rep = report(guest, "headroom-cap")
+    plain, cap = rep["regions"]
+    # 56 MiB unflagged (older) and 16 MiB of CAP data moved up to node 0: 72 MiB against
+    # a 64 MiB budget with 8 MiB of headroom. Both are cold; the CAP data goes back down,
+    # all of it, and the older unflagged region keeps node 0.
+    assert rep["moves"][0]["pages"] == 4096
+    assert pages(cap, 1) == 4096 and pages(cap, 0) == 0, cap
+    assert pages(plain, 0) == 14336 and pages(plain, 1) == 0, plain
+    assert rep["counters"]["demoted_headroom_bytes"] == 16 * MiB
+    assert rep["planned_per_tier"] == [56 * MiB, 16 * MiB]
+    assert plain["checksum_ok"] and cap["checksum_ok"]
+
+
 def test_temperature_mode_ignores_flags_on_numa_tiers(guest):
     r = report(guest, "temperature")["regions"][0]
     # Placed as unflagged: greedy from the fast tier, nothing pinned.

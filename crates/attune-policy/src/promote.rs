@@ -50,6 +50,10 @@ pub struct Cell {
     pub movable: bool,
     /// Its region's allocation order (lower is older).
     pub recency: u64,
+    /// Its region is unprotected CAP data in attuned mode (`victim::capacity_first`): its
+    /// cold cells give way before other regions' (say, CAP cells promoted while they were
+    /// written, cold again).
+    pub capacity: bool,
 }
 
 /// What the scanner may do in one round.
@@ -84,9 +88,9 @@ pub struct Moves {
 }
 
 /// Plans one round. First the headroom: while the fast tier is short of it, cold
-/// unprotected fast cells move one tier down (oldest region first). Then hot movable cells
-/// on lower tiers move up while the fast tier has room; when it has none, a cold
-/// unprotected fast cell moves down for each. LAT/SHL cells go up first and are never
+/// unprotected fast cells move one tier down (CAP regions' first, then the oldest
+/// region's). Then hot movable cells on lower tiers move up while the fast tier has room;
+/// when it has none, a cold unprotected fast cell moves down for each, in the same order. LAT/SHL cells go up first and are never
 /// demoted here. Everything moved counts against `max_bytes` (a swap costs two cells), and
 /// demotions stop when the tier below is full.
 pub fn plan(cells: &[Cell], lim: Limits) -> Moves {
@@ -109,7 +113,7 @@ pub fn plan(cells: &[Cell], lim: Limits) -> Moves {
             c.movable && c.tier == 0 && !c.protected && is_cold(c.history, c.seen)
         })
         .collect();
-    down.sort_by_key(|&i| (cells[i].recency, i));
+    down.sort_by_key(|&i| (!cells[i].capacity, cells[i].recency, i));
     let mut down = down.into_iter();
     let (mut room, mut budget, mut below) = (lim.room, lim.max_bytes, lim.room_below);
     let mut out = Moves::default();
@@ -149,10 +153,11 @@ pub fn plan(cells: &[Cell], lim: Limits) -> Moves {
 }
 
 /// Which cells to arm for the next round, at most `budget` of them: far movable cells
-/// written lately first (a hot set is observed every round), newest writes first; then, in
-/// turn from `cursor`, the other far movable cells (to discover new heat) and, when
-/// `need_cold`, the unprotected movable fast cells (to find cold ones). Returns the cells
-/// and the cursor for the next round.
+/// written lately first (a hot set is observed every round), newest writes first; when
+/// `need_cold`, the fast cells of CAP regions next (they give way first, so they are the
+/// first to be known cold); then, in turn from `cursor`, the other far movable cells (to
+/// discover new heat) and, when `need_cold`, the other unprotected movable fast cells.
+/// Returns the cells and the cursor for the next round.
 pub fn choose_arm(
     cells: &[Cell],
     budget: usize,
@@ -164,6 +169,10 @@ pub fn choose_arm(
         .filter(|&i| far(&cells[i]) && cells[i].history != 0)
         .collect();
     out.sort_by_key(|&i| (std::cmp::Reverse(cells[i].history), i));
+    let fast = |c: &Cell| c.movable && c.tier == 0 && !c.protected;
+    if need_cold {
+        out.extend((0..cells.len()).filter(|&i| cells[i].capacity && fast(&cells[i])));
+    }
     out.truncate(budget);
     let n = cells.len();
     if n == 0 {
@@ -182,7 +191,7 @@ pub fn choose_arm(
         let i = (start + k) % n;
         next = (i + 1) % n;
         let c = &cells[i];
-        let wanted = far(c) || (need_cold && c.movable && c.tier == 0 && !c.protected);
+        let wanted = far(c) || (need_cold && fast(c));
         if wanted && !chosen[i] {
             out.push(i);
         }
@@ -204,6 +213,7 @@ mod tests {
             protected,
             movable,
             recency,
+            capacity: false,
         }
     }
 
@@ -365,6 +375,21 @@ mod tests {
                 want: (vec![1, 2], vec![], vec![], false),
             },
             Case {
+                name: "cold CAP cells (promoted once, cold again) go before older regions'",
+                cells: vec![
+                    cell(0, 0, false, true, 1),
+                    Cell {
+                        capacity: true,
+                        ..cell(0, 0, false, true, 5)
+                    },
+                    cell(0, 0, false, true, 2),
+                ],
+                short: 2 * C,
+                below: u64::MAX,
+                max: u64::MAX,
+                want: (vec![1, 0], vec![], vec![], false),
+            },
+            Case {
                 name: "protected, pinned or written cells never go down: starved",
                 cells: vec![
                     cell(0, 0, true, true, 0),
@@ -447,6 +472,27 @@ mod tests {
         assert!(plan(&unseen, lim).starved && plan(&unseen, lim).promote.is_empty());
         let m = plan(&cells, lim);
         assert!(!m.starved && m.promote == vec![0] && m.demote == vec![1]);
+    }
+
+    #[test]
+    fn cold_is_looked_for_in_cap_cells_first() {
+        let cap = Cell {
+            capacity: true,
+            ..cell(0, 0, false, true, 9)
+        };
+        // 0 far written lately, 1 far, 2 unflagged fast, 3-4 CAP fast, 5 CAP far.
+        let cells = [
+            cell(0b1000_0000, 1, false, true, 1),
+            cell(0, 1, false, true, 1),
+            cell(0, 0, false, true, 1),
+            cap,
+            cap,
+            Cell { tier: 1, ..cap },
+        ];
+        assert_eq!(choose_arm(&cells, 3, true, 0), (vec![0, 3, 4], 0));
+        assert_eq!(choose_arm(&cells, 5, true, 0), (vec![0, 3, 4, 1, 2], 3));
+        // Not looking for cold: CAP fast cells are not armed at all.
+        assert_eq!(choose_arm(&cells, 5, false, 0), (vec![0, 1, 5], 0));
     }
 
     #[test]

@@ -137,6 +137,7 @@ impl NumaPlacer {
         let mut at = Vec::new();
         for r in st.regions.values().filter(|r| r.tracked) {
             let protected = !self.temperature && Flags(r.flags).is_protected();
+            let capacity = attune_policy::victim::capacity_first(Flags(r.flags), !self.temperature);
             let cut = r.ranges.len() > crate::numa::MAX_RANGES;
             for (i, (tier, movable)) in r.cell_places().into_iter().enumerate() {
                 cells.push(Cell {
@@ -146,6 +147,7 @@ impl NumaPlacer {
                     protected,
                     movable: movable && !cut,
                     recency: r.seq,
+                    capacity,
                 });
                 at.push((r.base, i));
             }
