@@ -124,7 +124,10 @@ int attune_tier_stats(int index, attune_tier_stats_t *out);
  * fetched_bytes, direct_reclaims (faults that evicted before placing their chunk),
  * evictor_evicted_bytes (the background evictor's part of evicted_bytes),
  * dropped_behind_bytes (evicted from just behind streamed BW regions),
- * budget_overruns} or null without tiering}. */
+ * budget_overruns} or null without tiering, "numa": {"tiers": [name, nodes, capacity,
+ * used_bytes], "interleave", "write_heat", "counters": {promoted_bytes,
+ * demoted_cold_bytes, demoted_headroom_bytes, moved_pages, ...}} or null without a
+ * numa tier}. See docs/run-report.md for every field. */
 int attune_stats_json(char *buf, size_t len);
 
 /* Phases for `attune profile`: each phase gets its own access curve. Phases do not nest

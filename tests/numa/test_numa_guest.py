@@ -211,6 +211,12 @@ def test_background_demotion_keeps_the_headroom_from_unprotected_cold_data(guest
     assert c["promoted_bytes"] == c["demoted_cold_bytes"] == 0
     assert rep["planned_per_tier"] == [48 * MiB, 16 * MiB]
     assert lat["checksum_ok"] and plain["checksum_ok"]
+    # The application's view (attune_stats_json's "numa" object) says the same.
+    st = rep["stats_json_numa"]
+    assert [t["used_bytes"] for t in st["tiers"]] == [48 * MiB, 16 * MiB]
+    assert [t["nodes"] for t in st["tiers"]] == [[0], [1]] and st["write_heat"] is True
+    assert st["tiers"][0]["capacity"] == 64 * MiB
+    assert st["counters"]["demoted_headroom_bytes"] == 16 * MiB
 
 
 def test_cold_cap_data_gives_the_headroom_back_first(guest):

@@ -61,6 +61,13 @@ def main():
         for k, t in PROC.items():
             if not isinstance(p.get(k), t):
                 fail(f"per_process.{k} missing or not {t.__name__}")
+        # null without a numa tier; else the tiers and the movement counters.
+        if "numa" not in p:
+            fail("per_process.numa missing (null without a numa tier)")
+        n = p["numa"]
+        if n is not None and not (isinstance(n, dict) and isinstance(n.get("tiers"), list)
+                                  and isinstance(n.get("counters"), dict)):
+            fail("per_process.numa is not {tiers, counters, ...}")
     if r.get("prediction") is not None:
         pr = r["prediction"]
         if not (isinstance(pr, dict) and isinstance(pr.get("runs"), int) and isinstance(pr.get("regions"), list)

@@ -129,6 +129,7 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "timeline": TIMELINE.lock().map(|t| t.clone()).unwrap_or_default(),
         "sampling": sampling(),
         "phases": phases(),
+        "numa": attune::runtime::numa_stats(),
     });
     // The engine's movement counters, 0 before the engine starts.
     let none = attune::engine::EngineCounters::default();

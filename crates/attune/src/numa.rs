@@ -806,6 +806,29 @@ impl NumaPlacer {
         self.lock().used(self.tiers.len(), None)
     }
 
+    /// What `attune_stats_json` and the `attune run` report show of the NUMA tiers: each
+    /// tier with its nodes, capacity and the bytes the allocation map places there, and
+    /// the movement counters.
+    pub fn stats(&self) -> serde_json::Value {
+        let used = self.used();
+        let tiers: Vec<serde_json::Value> = self
+            .tiers
+            .iter()
+            .zip(&used)
+            .map(|(t, u)| {
+                serde_json::json!({
+                    "name": t.name, "nodes": t.nodes, "capacity": t.capacity, "used_bytes": u,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "tiers": tiers,
+            "interleave": self.interleave,
+            "write_heat": self.heat.is_some(),
+            "counters": self.counters,
+        })
+    }
+
     /// Present pages of `[addr, addr+len)` per tier, and pages not present.
     pub fn residency(&self, addr: usize, len: usize) -> Result<(Vec<u64>, u64), Errno> {
         let counts = node_pages(addr, len)?;

@@ -753,6 +753,12 @@ pub fn tier_stats() -> Result<Vec<TierStats>, Errno> {
     Ok(v)
 }
 
+/// The NUMA tiers' statistics (`NumaPlacer::stats`); None without NUMA tiers or before
+/// the runtime started.
+pub fn numa_stats() -> Option<serde_json::Value> {
+    engine_if_started()?.numa.as_ref().map(|n| n.stats())
+}
+
 /// Where a chunk is, for tests and tools: None if not managed.
 pub fn chunk_place(ptr: usize) -> Option<(Where, usize)> {
     let e = engine_if_started()?;

@@ -453,7 +453,8 @@ pub extern "C" fn attune_stats_json(buf: *mut c_char, len: usize) -> c_int {
                 });
             serde_json::Value::Object(counters.into_iter().collect())
         });
-        let s = serde_json::json!({ "tiers": v, "engine": engine }).to_string();
+        let numa = runtime::numa_stats();
+        let s = serde_json::json!({ "tiers": v, "engine": engine, "numa": numa }).to_string();
         if !buf.is_null() && len > 0 {
             let n = s.len().min(len - 1);
             // SAFETY: buf has len bytes.

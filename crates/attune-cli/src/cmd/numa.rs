@@ -377,6 +377,8 @@ fn place(a: PlaceArgs) -> Result<(), String> {
         "interleave": placer.map(|p| json!(p.interleave)),
         "planned_per_tier": placer.map(|p| p.used()),
         "counters": placer.map(|p| json!(p.counters)),
+        // What an application sees of the same through attune_stats_json's "numa".
+        "stats_json_numa": placer.and(attune::runtime::numa_stats()),
         "moves": moved,
         "regions": out_regions,
         "vmstat_delta": delta,
