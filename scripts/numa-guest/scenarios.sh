@@ -41,6 +41,9 @@ step promote-swap env ATTUNE_DRAM=64M $A numa place --region 64M:NONE --region 6
 step headroom env ATTUNE_DRAM=64M ATTUNE_HEADROOM=16M $A numa place --region 32M:LAT --region 32M:NONE --hot-secs 5
 # CAP data moved up (as a promotion would) gives the headroom back before older data does.
 step headroom-cap env ATTUNE_DRAM=64M ATTUNE_HEADROOM=8M $A numa place --region 56M:NONE --region 16M:CAP --move 1:0 --hot-secs 5
+# Forks while the heat scanner works (here it swaps cells under the placer's lock): every
+# child must get a working runtime (NUMA allocation, data, statistics), none may hang.
+step forks env ATTUNE_DRAM=64M $A numa place --region 64M:NONE --region 64M:CAP --write-hot 1:8M --hot-secs 6 --forks 40
 # Temperature-only mode: flags ignored (placed as unflagged), heat still promotes.
 step temperature env ATTUNE_MODE=temperature $A numa place --region 64M:LAT
 # Linux's own tiering on the same program: demotion on, NUMA balancing in tiering mode.

@@ -16,7 +16,10 @@
 //!
 //! Contract: the tracker's registrations do not survive `fork` in the child (no
 //! `UFFD_FEATURE_EVENT_FORK`); a scan there fails with `EPERM` (`PM_SCAN_CHECK_WPASYNC`)
-//! instead of reporting wrongly.
+//! instead of reporting wrongly. The child's copy of the descriptor still names the
+//! parent's address space (a userfaultfd acts on the memory of the process that opened
+//! it), so in any process but the one that opened it every call fails with `EPERM`
+//! before reaching the kernel: a child never registers or protects its parent's pages.
 
 use crate::uffd::{feature, mode, Uffd};
 use crate::{Errno, SysResult};
@@ -58,6 +61,8 @@ const VEC: usize = 256;
 /// A userfaultfd in asynchronous write-protect mode and the scans that read it.
 pub struct WriteTracker {
     uffd: Uffd,
+    /// The process that opened it (whose address space the descriptor acts on).
+    owner: u32,
 }
 
 impl WriteTracker {
@@ -69,18 +74,32 @@ impl WriteTracker {
         if uffd.features() & feature::WP_ASYNC == 0 {
             return Err(Errno(libc::ENOTSUP));
         }
-        Ok(WriteTracker { uffd })
+        Ok(WriteTracker {
+            uffd,
+            owner: std::process::id(),
+        })
     }
 
     /// Makes `[start, start+len)` trackable (page-aligned, anonymous or shmem, not
     /// registered with another userfaultfd). Nothing is armed yet.
     pub fn track(&self, start: usize, len: usize) -> SysResult<()> {
+        self.in_owner()?;
         self.uffd.register(start, len, mode::WP)
     }
 
     /// Arms `[start, start+len)` (inside a tracked range): its next writes are seen.
     pub fn arm(&self, start: usize, len: usize) -> SysResult<()> {
+        self.in_owner()?;
         self.uffd.writeprotect(start, len, true)
+    }
+
+    /// `EPERM` in a forked child: the descriptor acts on the parent's address space.
+    fn in_owner(&self) -> SysResult<()> {
+        if std::process::id() == self.owner {
+            Ok(())
+        } else {
+            Err(Errno(libc::EPERM))
+        }
     }
 
     /// Appends to `out` the page ranges of `[start, start+len)` that are present and not
@@ -92,6 +111,7 @@ impl WriteTracker {
         len: usize,
         out: &mut Vec<(usize, usize)>,
     ) -> SysResult<()> {
+        self.in_owner()?;
         let path = b"/proc/self/pagemap\0";
         // SAFETY: NUL-terminated path. Opened per scan: a pagemap descriptor is bound to
         // the address space of the process that opened it, which a forked child is not.
@@ -196,5 +216,53 @@ mod tests {
         assert_eq!(t.written(other, 4096, &mut out), Err(Errno(libc::EPERM)));
         crate::mem::unmap(base, len).unwrap();
         crate::mem::unmap(other, 4096).unwrap();
+    }
+
+    #[test]
+    fn a_forked_child_cannot_touch_its_parents_tracking() {
+        let Ok(t) = WriteTracker::open() else {
+            eprintln!("no asynchronous write-protection here; skipped");
+            return;
+        };
+        let len = 16 * 4096;
+        let base = crate::mem::map_anon(len, false).unwrap();
+        let other = crate::mem::map_anon(len, false).unwrap();
+        // SAFETY: inside the mapping.
+        unsafe { (base as *mut u8).write_volatile(1) };
+        t.track(base, len).unwrap();
+        t.arm(base, len).unwrap();
+        let mut out = Vec::with_capacity(16);
+        // SAFETY: the child calls only what allocates nothing and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // The inherited descriptor acts on the parent's address space: registering,
+            // protecting or scanning from here would reach the parent's pages.
+            let eperm = Err(Errno(libc::EPERM));
+            let ok = t.track(other, len) == eperm
+                && t.arm(base, len) == eperm
+                && t.written(base, len, &mut out) == eperm;
+            // The child's own copy is writable as usual.
+            // SAFETY: inside the mapping (the child's copy).
+            unsafe { (base as *mut u8).write_volatile(2) };
+            // SAFETY: leaving the forked child without running the parent's destructors.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "{status}"
+        );
+        // The parent's tracking saw none of it, and still works.
+        assert_eq!(written(&t, base, len), Vec::<usize>::new());
+        // SAFETY: inside the mapping.
+        unsafe { ((base + 4096) as *mut u8).write_volatile(3) };
+        assert_eq!(written(&t, base, len), vec![1]);
+        // SAFETY: inside the mapping.
+        assert_eq!(unsafe { (base as *const u8).read_volatile() }, 1);
+        crate::mem::unmap(base, len).unwrap();
+        crate::mem::unmap(other, len).unwrap();
     }
 }

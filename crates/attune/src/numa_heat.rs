@@ -69,6 +69,10 @@ pub(crate) fn heat_loop(engine: &'static Engine) {
             let share = (rate as u128 * interval.as_nanos() / 1_000_000_000) as u64;
             credit.saturating_add(share).min(ROUND_MAX)
         };
+        // Inside the fork gate, as the evictor and the sampler: a fork while this thread
+        // held the placer's lock would leave the child's copy locked for ever (its NUMA
+        // allocations, frees and statistics would hang).
+        let _in = engine.enter();
         credit -= n.heat_round(credit, arm_cells.max(1)).min(credit);
     }
 }

@@ -57,6 +57,11 @@ struct PlaceArgs {
     /// are and how long it took until 90% of them were on the fast tier.
     #[arg(long = "write-hot")]
     write_hot: Vec<String>,
+    /// During --hot-secs, fork N children evenly spread over the time; each allocates,
+    /// writes, checks and frees a NUMA region and reads the statistics, then exits. The
+    /// report counts those that finished, failed or hung (killed after 10 s).
+    #[arg(long, default_value_t = 0)]
+    forks: u32,
     /// Plain memory under the kernel's policy (no Attune), for comparison.
     #[arg(long)]
     kernel: bool,
@@ -82,6 +87,64 @@ fn placer(config: Option<&std::path::Path>) -> Result<&'static NumaPlacer, Strin
              slower memory (see docs/tuning.md); `attune topology` lists the nodes"
             .to_string()
     })
+}
+
+/// Forked children of `--forks` (a fork while the runtime's threads work must leave the
+/// child a runtime that works: no lock held, NUMA allocation and statistics usable).
+#[derive(Default, serde::Serialize)]
+struct Forks {
+    started: u32,
+    finished: u32,
+    failed: u32,
+    hung: u32,
+}
+
+impl Forks {
+    /// Forks one child and waits for it (10 s at most).
+    fn run_one(&mut self) {
+        self.started += 1;
+        // SAFETY: the child runs Rust code that the runtime's fork handlers made safe to run
+        // (the same as an application's child) and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            self.failed += 1;
+            return;
+        }
+        if pid == 0 {
+            let size = 1 << 20;
+            let ok = attune::runtime::alloc(size, Flags::CAP.0, None).is_ok_and(|b| {
+                touch(b, size);
+                let good = verify(b, size);
+                attune::runtime::free(b).is_ok() && good
+            }) && attune::runtime::numa_stats().is_some();
+            // SAFETY: leaving the child without the parent's exit handlers.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let t0 = Instant::now();
+        loop {
+            let mut status = 0;
+            // SAFETY: our own child.
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if r == pid {
+                if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+                    self.finished += 1;
+                } else {
+                    self.failed += 1;
+                }
+                return;
+            }
+            if r < 0 || t0.elapsed() > Duration::from_secs(10) {
+                self.hung += 1;
+                // SAFETY: our own child, by PID.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, &mut status, 0);
+                }
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
 }
 
 fn weights(apply: bool, config: Option<std::path::PathBuf>) -> i32 {
@@ -253,6 +316,9 @@ fn place(a: PlaceArgs) -> Result<(), String> {
     if !write_hot.is_empty() && a.hot_secs <= 0.0 {
         return Err("--write-hot needs --hot-secs".into());
     }
+    if a.forks > 0 && (a.hot_secs <= 0.0 || a.kernel) {
+        return Err("--forks needs --hot-secs and Attune (not --kernel)".into());
+    }
     if a.kernel && !(moves.is_empty() && reflags.is_empty()) {
         return Err("--move and --reflag need Attune (not --kernel)".into());
     }
@@ -304,6 +370,7 @@ fn place(a: PlaceArgs) -> Result<(), String> {
     // Where first touch left the pages, before any promotion had time to act.
     let mut first_touch = Vec::new();
     let mut promoted_after: Vec<Option<f64>> = vec![None; write_hot.len()];
+    let mut forks = Forks::default();
     if a.hot_secs > 0.0 {
         for (r, &b) in reqs.iter().zip(&bases) {
             first_touch.push(per_node(b, r.size)?);
@@ -312,7 +379,13 @@ fn place(a: PlaceArgs) -> Result<(), String> {
         let end = t0 + Duration::from_secs_f64(a.hot_secs);
         let mut sum = 0u64;
         let mut next_poll = t0;
+        let fork_every = Duration::from_secs_f64(a.hot_secs / (a.forks as f64 + 1.0));
+        let mut next_fork = t0 + fork_every;
         while Instant::now() < end {
+            if a.forks > 0 && forks.started < a.forks && Instant::now() >= next_fork {
+                forks.run_one();
+                next_fork += fork_every;
+            }
             for (k, &(i, sz)) in write_hot.iter().enumerate() {
                 // The same value again: a write (the page turns dirty), data unchanged.
                 touch(bases[i], sz);
@@ -380,6 +453,7 @@ fn place(a: PlaceArgs) -> Result<(), String> {
         // What an application sees of the same through attune_stats_json's "numa".
         "stats_json_numa": placer.and(attune::runtime::numa_stats()),
         "moves": moved,
+        "forks": if a.forks > 0 { json!(forks) } else { serde_json::Value::Null },
         "regions": out_regions,
         "vmstat_delta": delta,
     });
