@@ -134,7 +134,7 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
     // The engine's movement counters, 0 before the engine starts.
     let none = attune::engine::EngineCounters::default();
     let counters = e.map_or(&none, |e| &e.counters);
-    for (k, a) in counters.movement().into_iter().chain(counters.prediction()) {
+    for (k, a) in counters.statistics() {
         v[k] = json!(a.load(Relaxed));
     }
     v

@@ -70,10 +70,10 @@ pub struct EngineCounters {
 }
 
 impl EngineCounters {
-    /// The counters of page movement by the names the statistics use
-    /// (`attune_stats_json`'s `engine` object, the `attune run` report): one list, so the
-    /// two cannot drift apart.
-    pub fn movement(&self) -> [(&'static str, &AtomicU64); 8] {
+    /// The counters the statistics report, by their names there (`attune_stats_json`'s
+    /// `engine` object, each process snapshot of the `attune run` report and its totals):
+    /// one list, so they cannot drift apart. Page movement, then the online prediction.
+    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 11] {
         [
             ("faults", &self.faults),
             ("evictions", &self.evictions),
@@ -83,12 +83,6 @@ impl EngineCounters {
             ("direct_reclaims", &self.direct_reclaims),
             ("evictor_evicted_bytes", &self.evictor_evicted_bytes),
             ("dropped_behind_bytes", &self.dropped_behind_bytes),
-        ]
-    }
-
-    /// The online prediction's counters by their statistics names.
-    pub fn prediction(&self) -> [(&'static str, &AtomicU64); 3] {
-        [
             ("online_split_regions", &self.online_split_regions),
             ("online_kept_regions", &self.online_kept_regions),
             ("online_pinned_bytes", &self.online_pinned_bytes),

@@ -440,17 +440,12 @@ pub extern "C" fn attune_stats_json(buf: *mut c_char, len: usize) -> c_int {
             }
         };
         let engine = runtime::runtime().ok().and_then(|rt| rt.engine()).map(|e| {
-            let counters = e
-                .counters
-                .movement()
-                .into_iter()
-                .chain(e.counters.prediction())
-                .map(|(k, a)| {
-                    (
-                        k.to_string(),
-                        serde_json::json!(a.load(std::sync::atomic::Ordering::Relaxed)),
-                    )
-                });
+            let counters = e.counters.statistics().map(|(k, a)| {
+                (
+                    k.to_string(),
+                    serde_json::json!(a.load(std::sync::atomic::Ordering::Relaxed)),
+                )
+            });
             serde_json::Value::Object(counters.into_iter().collect())
         });
         let numa = runtime::numa_stats();

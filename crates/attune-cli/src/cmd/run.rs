@@ -523,7 +523,13 @@ pub fn build_report(
     });
     top.truncate(10);
     let complete = procs.iter().all(|p| p["final"].as_bool().unwrap_or(false));
-    json!({
+    // The runtime's own counters, summed under the names its snapshots use (one list).
+    let counters: Vec<(&str, u64)> = attune::engine::EngineCounters::default()
+        .statistics()
+        .iter()
+        .map(|&(k, _)| (k, sum(&procs, k)))
+        .collect();
+    let mut report = json!({
         "schema": "attune-run-report/1",
         "command": argv,
         "program": path.display().to_string(),
@@ -536,29 +542,22 @@ pub fn build_report(
         "totals": {
             "peak_resident_bytes_max": procs.iter().map(|p| p["peak_resident_bytes"].as_u64().unwrap_or(0)).max().unwrap_or(0),
             "budget_bytes": procs.first().map(|p| p["budget_bytes"].clone()).unwrap_or(json!(0)),
-            "faults": sum(&procs, "faults"),
-            "evictions": sum(&procs, "evictions"),
-            "fetched_bytes": sum(&procs, "fetched_bytes"),
-            "evicted_bytes": sum(&procs, "evicted_bytes"),
             "moved_bytes": sum(&procs, "fetched_bytes") + sum(&procs, "evicted_bytes"),
             "os_minor_faults": sum(&procs, "os_minor_faults"),
             "os_major_faults": sum(&procs, "os_major_faults"),
-            "budget_overruns": sum(&procs, "budget_overruns"),
-            "direct_reclaims": sum(&procs, "direct_reclaims"),
-            "evictor_evicted_bytes": sum(&procs, "evictor_evicted_bytes"),
-            "dropped_behind_bytes": sum(&procs, "dropped_behind_bytes"),
             "managed_requests": sum(&procs, "managed_requests"),
             "fallback_requests": sum(&procs, "fallback_requests"),
             "predicted_requests": sum(&procs, "predicted_requests"),
             "predicted_pinned_bytes": sum(&procs, "predicted_pinned_bytes"),
-            "online_split_regions": sum(&procs, "online_split_regions"),
-            "online_kept_regions": sum(&procs, "online_kept_regions"),
-            "online_pinned_bytes": sum(&procs, "online_pinned_bytes"),
         },
         "tiers": tiers,
         "hottest_regions": top,
         "per_process": procs,
-    })
+    });
+    for (k, v) in counters {
+        report["totals"][k] = json!(v);
+    }
+    report
 }
 
 pub fn text_report(r: &Value) -> String {
