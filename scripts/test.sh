@@ -343,6 +343,7 @@ expect numa-move-needs-attune 1 "need Attune" "$ATT" numa place --kernel --regio
 expect numa-write-hot-too-big 1 "region 0 has 8388608 bytes" "$ATT" numa place --region 8M:CAP --write-hot 0:16M --hot-secs 1
 expect numa-write-hot-needs-secs 1 "--write-hot needs --hot-secs" "$ATT" numa place --region 8M:CAP --write-hot 0:4M
 expect numa-forks-needs-secs 1 "--forks needs --hot-secs" "$ATT" numa place --region 8M:CAP --forks 3
+expect numa-forks-needs-attune 1 "--forks needs --hot-secs and Attune" "$ATT" numa place --kernel --region 8M:CAP --hot-secs 1 --forks 3
 expect numa-write-hot-bad-region 1 "--write-hot '2:4M': there are 1 regions" "$ATT" numa place --region 8M:CAP --write-hot 2:4M
 expect numa-write-hot-bad-size 1 "'lots' is not a size" "$ATT" numa place --region 8M:CAP --write-hot 0:lots --hot-secs 1
 expect numa-no-tier 1 "no NUMA tier in use" "$ATT" numa place --region 8M:LAT
