@@ -8,6 +8,10 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v g++ >/dev/null || need+=(g++)
 # attune run's tests: an MPI program under Open MPI's mpirun.
 command -v mpicc >/dev/null || need+=(openmpi-bin libopenmpi-dev)
+# attune run's tests of programs linked with their own allocator.
+[ -e /usr/include/jemalloc/jemalloc.h ] || need+=(libjemalloc-dev)
+[ -e /usr/include/gperftools/tcmalloc.h ] || need+=(libgoogle-perftools-dev)
+[ -e /usr/include/mimalloc.h ] || need+=(libmimalloc-dev)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: please install: ${need[*]} (needs root: apt-get install ${need[*]})" >&2

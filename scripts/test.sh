@@ -265,6 +265,19 @@ if command -v javac >/dev/null && javac -d "$RT" tests/run/DirectBuffers.java; t
 else
   echo "skip run-java (no JDK)"
 fi
+# Programs linked with their own allocator: its blocks go back to it, its API keeps
+# working (also on large blocks from malloc that the runtime manages), nothing is mixed.
+for lib in jemalloc tcmalloc mimalloc; do
+  if gcc -O2 -DUSE_${lib^^} tests/run/allocators.c -o "$RT/allocators_$lib" -l$lib -lpthread 2>"$OUT/build-allocators-$lib.log"; then
+    expect "run-linked-$lib" 0 "allocators: OK \\($lib\\).*small objects: the program's own allocator \\(lib$lib" sh -c "'$ATT' run --dram 32M --report '$RT/al-$lib.json' -- '$RT/allocators_$lib' 96 2>&1 | tr '\\n' ' ' && $CHECK '$RT/al-$lib.json' --exit 0 --min-procs 1 --budget-slack 2097152"
+  else
+    fail=$((fail+1)); failed+=("build-allocators-$lib"); echo "FAIL build-allocators-$lib (scripts/setup.sh installs lib$lib-dev)"; tail -n 5 "$OUT/build-allocators-$lib.log"
+  fi
+done
+# A real program with a preloaded allocator, as HPC users do: numpy under jemalloc.
+if python3 -c 'import numpy' 2>/dev/null && [ -e /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 ]; then
+  LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 expect run-numpy-jemalloc 0 "numpy_work: OK" "$ATT" run -q --dram 48M -- python3 tests/run/numpy_work.py 192
+fi
 # fork and exec: the forked child and the exec'd program are managed too (the parent and
 # the exec'd image report; the forked image execs before its first snapshot)...
 expect run-fork-exec 0 "check_report: OK \([23] processes" sh -c "'$ATT' run --dram 32M --report '$RT/fe.json' -- '$RT/fork_exec' 48 '$RT/c_matrix' 32 && $CHECK '$RT/fe.json' --exit 0 --min-procs 2 --has-command c_matrix"

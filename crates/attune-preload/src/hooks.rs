@@ -1,11 +1,14 @@
 //! The exported allocation and mapping symbols. Each decides in a few comparisons
 //! whether a request is the runtime's (large enough, runtime ready, not re-entered) and
-//! otherwise hands it to glibc or the kernel unchanged.
+//! otherwise hands it unchanged to the program's allocator (glibc's, or the jemalloc,
+//! tcmalloc or mimalloc it links: `attune_sys::libc_alloc`) or to the kernel.
 //!
 //! Why each symbol is here:
 //! * malloc, calloc, realloc, reallocarray, free, posix_memalign, aligned_alloc,
 //!   memalign, valloc, pvalloc, malloc_usable_size: glibc's replaceable set; all of them
-//!   must agree on which pointers are whose.
+//!   must agree on which pointers are whose. Other allocators' own entry points that
+//!   take a pointer (jemalloc's `sdallocx`, tcmalloc's `tc_free`, mimalloc's `mi_free`,
+//!   ...) are in `foreign.rs`.
 //! * mmap/mmap64, munmap, mremap: large anonymous private mappings are managed too
 //!   (Python's arenas, allocators that map directly); munmap and mremap must then know them.
 //! * madvise: MADV_DONTNEED, MADV_FREE and MADV_REMOVE inside one managed mapping drop its
@@ -15,14 +18,15 @@
 
 use crate::{ready, settings, table, Busy, SMALL, THRESHOLD};
 use attune::engine::AllocOptions;
-use attune_sys::libc_alloc as glibc;
+use attune_sys::libc_alloc as alloc;
 use attune_sys::mem;
 use libc::{c_int, c_void, off_t};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 const PAGE: usize = 4096;
 
-/// Managed requests served, and those that fell back to glibc (tiers full).
+/// Managed requests served, and those that fell back to the program's allocator (tiers
+/// full).
 pub static SERVED: AtomicU64 = AtomicU64::new(0);
 pub static FELL_BACK: AtomicU64 = AtomicU64::new(0);
 
@@ -30,24 +34,25 @@ fn round_page(n: usize) -> Option<usize> {
     n.checked_add(PAGE - 1).map(|v| v & !(PAGE - 1))
 }
 
-/// Serves `size` bytes from the runtime, or returns 0 (not managed: use glibc). With
+/// Serves `size` bytes from the runtime, or returns 0 (not managed: the program's allocator
+/// serves it). With
 /// `region`, the result is a page-aligned region of its own (mmap, large alignments).
 fn managed(size: usize, region: bool) -> usize {
-    managed_fresh(size, region).0
+    managed_fresh(size, region, false).0
 }
 
 /// As `managed`, and whether the memory is fresh (reads as zeros).
 #[inline]
-fn managed_fresh(size: usize, region: bool) -> (usize, bool) {
+fn managed_fresh(size: usize, region: bool, mapped: bool) -> (usize, bool) {
     // THRESHOLD is 0 in small mode (everything managed) and usize::MAX before start.
     if size < THRESHOLD.load(Relaxed) {
         return (0, false);
     }
-    managed_slow(size, region)
+    managed_slow(size, region, mapped)
 }
 
 #[inline(never)]
-fn managed_slow(size: usize, region: bool) -> (usize, bool) {
+fn managed_slow(size: usize, region: bool, mapped: bool) -> (usize, bool) {
     let s = settings();
     if size < s.threshold && (region || !s.small) {
         return (0, false);
@@ -65,7 +70,8 @@ fn managed_slow(size: usize, region: bool) -> (usize, bool) {
     let is_region = region || size >= rt.config().small_threshold;
     if !is_region && !rt.small_enabled() {
         // A child that could not take its parent's runtime over: no shared arenas; a
-        // region per small request would cost a page each, so glibc serves them.
+        // region per small request would cost a page each, so the program's allocator
+        // serves them.
         return (0, false);
     }
     let (flags, hot) = match predicted(size) {
@@ -93,7 +99,7 @@ fn managed_slow(size: usize, region: bool) -> (usize, bool) {
     match attune::runtime::alloc(len, flags.0, opts) {
         Ok(p) => {
             if is_region {
-                table::insert(p, len);
+                table::insert(p, len, mapped);
                 pin_hot(p, size, hot);
             }
             SERVED.fetch_add(1, Relaxed);
@@ -151,12 +157,13 @@ fn cache_limit() -> usize {
         .unwrap_or(0)
 }
 
-/// Frees `p` if it is managed (or inherited from the parent); false if it is glibc's.
+/// Frees `p` if it is managed (or inherited from the parent); false if it is the
+/// program's allocator's.
 /// `reuse`: a malloc'ed region may be kept for the next request of a similar size.
 #[inline]
-fn free_managed(p: usize, reuse: bool) -> bool {
+pub(crate) fn free_managed(p: usize, reuse: bool) -> bool {
     if p % PAGE == 0 {
-        if let Some(e) = table::remove(p) {
+        if let Some(e) = table::remove_block(p) {
             if e.inherited {
                 let _ = mem::raw_munmap(p, round_page(e.cap).unwrap_or(e.cap));
             } else {
@@ -182,9 +189,9 @@ fn free_managed(p: usize, reuse: bool) -> bool {
 }
 
 /// Size of a managed allocation at `p`.
-fn managed_size(p: usize) -> Option<usize> {
+pub(crate) fn managed_size(p: usize) -> Option<usize> {
     if p % PAGE == 0 {
-        if let Some(e) = table::get(p) {
+        if let Some(e) = table::get_block(p) {
             return Some(e.size);
         }
     }
@@ -200,7 +207,7 @@ pub extern "C" fn malloc(size: usize) -> *mut c_void {
     if p != 0 {
         return p as *mut c_void;
     }
-    glibc::malloc(size) as *mut c_void
+    alloc::malloc(size) as *mut c_void
 }
 
 #[no_mangle]
@@ -209,24 +216,24 @@ pub extern "C" fn free(p: *mut c_void) {
     if p == 0 || free_managed(p, true) {
         return;
     }
-    glibc::free(p)
+    alloc::free(p)
 }
 
 #[no_mangle]
 pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
     let Some(total) = n.checked_mul(size) else {
-        glibc::set_errno(libc::ENOMEM);
+        alloc::set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
-    let (p, fresh) = managed_fresh(total, false);
+    let (p, fresh) = managed_fresh(total, false, false);
     if p != 0 {
         // Fresh regions read as zeros (first touch is zero-filled); reused memory does not.
         if !fresh {
-            glibc::zero(p, total);
+            alloc::zero(p, total);
         }
         return p as *mut c_void;
     }
-    glibc::calloc(n, size) as *mut c_void
+    alloc::calloc(n, size) as *mut c_void
 }
 
 #[no_mangle]
@@ -247,18 +254,24 @@ pub extern "C" fn realloc(p: *mut c_void, n: usize) -> *mut c_void {
         if q == 0 {
             return std::ptr::null_mut(); // errno from malloc; p is untouched
         }
-        glibc::copy(q, p, old);
+        alloc::copy(q, p, old);
         free(p as *mut c_void);
         return q as *mut c_void;
     }
-    let q = managed(n, false);
-    if q != 0 {
-        // A glibc block grows past the threshold: it moves to managed memory.
-        glibc::copy(q, p, glibc::usable_size(p).min(n));
-        glibc::free(p);
-        return q as *mut c_void;
+    // A block of the program's allocator grows past the threshold: it moves to managed
+    // memory (when that allocator can tell its block's size).
+    if let Some(old) = (n >= THRESHOLD.load(Relaxed))
+        .then(|| alloc::usable_size(p))
+        .flatten()
+    {
+        let q = managed(n, false);
+        if q != 0 {
+            alloc::copy(q, p, old.min(n));
+            alloc::free(p);
+            return q as *mut c_void;
+        }
     }
-    glibc::realloc(p, n) as *mut c_void
+    alloc::realloc(p, n) as *mut c_void
 }
 
 #[no_mangle]
@@ -266,7 +279,7 @@ pub extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_
     match n.checked_mul(size) {
         Some(t) => realloc(p, t),
         None => {
-            glibc::set_errno(libc::ENOMEM);
+            alloc::set_errno(libc::ENOMEM);
             std::ptr::null_mut()
         }
     }
@@ -281,7 +294,7 @@ fn aligned(align: usize, size: usize) -> usize {
     if p != 0 {
         free_managed(p, false);
     }
-    glibc::memalign(align, size)
+    alloc::memalign(align, size)
 }
 
 #[no_mangle]
@@ -293,14 +306,14 @@ pub extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usiz
     if p == 0 {
         return libc::ENOMEM;
     }
-    glibc::write_out(out as usize, p);
+    alloc::write_out(out as usize, p);
     0
 }
 
 #[no_mangle]
 pub extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
     if !align.is_power_of_two() {
-        glibc::set_errno(libc::EINVAL);
+        alloc::set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
     aligned(align, size) as *mut c_void
@@ -321,7 +334,7 @@ pub extern "C" fn pvalloc(size: usize) -> *mut c_void {
     match round_page(size.max(1)) {
         Some(s) => aligned(PAGE, s) as *mut c_void,
         None => {
-            glibc::set_errno(libc::ENOMEM);
+            alloc::set_errno(libc::ENOMEM);
             std::ptr::null_mut()
         }
     }
@@ -333,7 +346,7 @@ pub extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
     if p == 0 {
         return 0;
     }
-    managed_size(p).unwrap_or_else(|| glibc::usable_size(p))
+    managed_size(p).unwrap_or_else(|| alloc::usable_size(p).unwrap_or(0))
 }
 
 static WARNED_FIXED: AtomicBool = AtomicBool::new(false);
@@ -345,7 +358,7 @@ fn warn_once(flag: &AtomicBool, msg: &str) {
 }
 
 fn map_failed(e: i32) -> *mut c_void {
-    glibc::set_errno(e);
+    alloc::set_errno(e);
     libc::MAP_FAILED
 }
 
@@ -367,7 +380,7 @@ pub extern "C" fn mmap(
         && prot == libc::PROT_READ | libc::PROT_WRITE
         && len > 0
     {
-        let p = managed(len, true);
+        let p = managed_fresh(len, true, true).0;
         if p != 0 {
             return p as *mut c_void;
         }
@@ -403,7 +416,7 @@ fn status(r: Result<(), attune_sys::Errno>) -> c_int {
     match r {
         Ok(()) => 0,
         Err(e) => {
-            glibc::set_errno(e.0);
+            alloc::set_errno(e.0);
             -1
         }
     }
@@ -492,7 +505,7 @@ pub extern "C" fn mremap(
     if q == libc::MAP_FAILED {
         return q;
     }
-    glibc::copy(q as usize, old, e.size);
+    alloc::copy(q as usize, old, e.size);
     munmap(old as *mut c_void, e.size);
     q
 }

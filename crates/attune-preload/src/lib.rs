@@ -2,11 +2,13 @@
 //!
 //! Loaded with LD_PRELOAD into an unmodified program, it exports the malloc family and
 //! `mmap`/`munmap`/`mremap`/`madvise` and sends requests of at least
-//! `ATTUNE_RUN_THRESHOLD` bytes to the runtime's tiers; everything else goes to glibc
-//! under its internal names (`attune_sys::libc_alloc`), so the program's small objects
-//! cost nothing extra.
+//! `ATTUNE_RUN_THRESHOLD` bytes to the runtime's tiers; everything else goes to the
+//! program's own allocator (glibc's, or the jemalloc, tcmalloc or mimalloc it links:
+//! `attune_sys::libc_alloc`), so the program's small objects cost nothing extra and its
+//! allocator's API keeps working.
 //!
 //! * `hooks.rs`: the exported symbols (the only entry points the program calls).
+//! * `foreign.rs`: other allocators' own entry points that take a pointer.
 //! * `table.rs`: which addresses are managed (fork-safe lock; inherited entries).
 //! * `report.rs`: the per-process statistics file `attune run` turns into its report.
 //!
@@ -20,6 +22,8 @@
 #![deny(unsafe_code)]
 
 #[allow(unsafe_code)]
+mod foreign;
+#[allow(unsafe_code)]
 mod hooks;
 mod report;
 mod table;
@@ -27,7 +31,6 @@ mod table;
 mod wrap;
 
 use attune::run_options::{self, RunSettings};
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
 
@@ -50,21 +53,18 @@ static SETTINGS: OnceLock<RunSettings> = OnceLock::new();
 pub(crate) static THRESHOLD: AtomicUsize = AtomicUsize::new(usize::MAX);
 pub(crate) static SMALL: AtomicBool = AtomicBool::new(false);
 
-thread_local! {
-    /// Set while this thread is inside the runtime: its own requests go to glibc.
-    static BUSY: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Marks this thread busy for the guard's life; None if it already was (re-entry).
+/// Marks this thread as inside the runtime for the guard's life (its own requests go to
+/// glibc's heap, never to the program's allocator: `attune_sys::libc_alloc`); None if it
+/// already was (re-entry, or one of the runtime's own threads).
 struct Busy;
 impl Busy {
     fn enter() -> Option<Busy> {
-        BUSY.with(|b| if b.replace(true) { None } else { Some(Busy) })
+        attune_sys::libc_alloc::enter_runtime().then_some(Busy)
     }
 }
 impl Drop for Busy {
     fn drop(&mut self) {
-        BUSY.with(|b| b.set(false));
+        attune_sys::libc_alloc::leave_runtime();
     }
 }
 

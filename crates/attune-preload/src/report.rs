@@ -41,26 +41,24 @@ fn start_with(child: bool) {
         return;
     }
     let every = settings().report_interval_ms.max(10);
-    let _ = std::thread::Builder::new()
-        .name("attune-report".into())
-        .spawn(move || {
-            // A first snapshot soon: short-lived processes (forked pool workers that end
-            // with _exit, skipping exit handlers) still leave their statistics.
-            let t0 = std::time::Instant::now();
-            if !child {
-                std::thread::sleep(std::time::Duration::from_millis(every.min(100)));
-            }
-            loop {
-                write_now(false);
-                let early = child && t0.elapsed().as_millis() < CHILD_EARLY_SPAN_MS as u128;
-                let next = if early {
-                    CHILD_EARLY_MS.min(every)
-                } else {
-                    every
-                };
-                std::thread::sleep(std::time::Duration::from_millis(next));
-            }
-        });
+    let _ = attune_sys::os::spawn_runtime_thread("attune-report", move || {
+        // A first snapshot soon: short-lived processes (forked pool workers that end
+        // with _exit, skipping exit handlers) still leave their statistics.
+        let t0 = std::time::Instant::now();
+        if !child {
+            std::thread::sleep(std::time::Duration::from_millis(every.min(100)));
+        }
+        loop {
+            write_now(false);
+            let early = child && t0.elapsed().as_millis() < CHILD_EARLY_SPAN_MS as u128;
+            let next = if early {
+                CHILD_EARLY_MS.min(every)
+            } else {
+                every
+            };
+            std::thread::sleep(std::time::Duration::from_millis(next));
+        }
+    });
 }
 
 pub fn after_fork_in_child() {
@@ -121,6 +119,7 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "live_allocations": live_n,
         "live_bytes": live_b,
         "threshold_bytes": settings().threshold,
+        "allocator": attune_sys::libc_alloc::program_allocator(),
         "flags": settings().flags.to_string(),
         "predicted_requests": hooks::PREDICTED.load(Relaxed),
         "predicted_pinned_bytes": hooks::PREDICTED_PINNED.load(Relaxed),

@@ -22,6 +22,10 @@ pub struct Entry {
     pub live: usize,
     /// From the parent, before fork: not mapped in this process.
     pub inherited: bool,
+    /// Handed out by `mmap`, not by the malloc family. An allocator that maps its arenas
+    /// through `mmap` (jemalloc, tcmalloc) hands out blocks at a mapping's first byte:
+    /// `free` of such a block is the allocator's, never the end of the mapping.
+    pub mapped: bool,
 }
 
 static GATE: AtomicBool = AtomicBool::new(false);
@@ -89,6 +93,7 @@ pub fn cache_take(size: usize) -> Option<usize> {
                 cap,
                 live: size,
                 inherited: false,
+                mapped: false,
             },
         );
         Some(b)
@@ -100,7 +105,7 @@ pub fn maybe_managed(p: usize) -> bool {
     p >= LO.load(Relaxed) && p < HI.load(Relaxed)
 }
 
-pub fn insert(base: usize, size: usize) {
+pub fn insert(base: usize, size: usize, mapped: bool) {
     LO.fetch_min(base, Relaxed);
     HI.fetch_max(base + size, Relaxed);
     with(|m| {
@@ -111,6 +116,7 @@ pub fn insert(base: usize, size: usize) {
                 cap: size,
                 live: size,
                 inherited: false,
+                mapped,
             },
         )
     });
@@ -124,12 +130,21 @@ pub fn get(p: usize) -> Option<Entry> {
     with(|m| m.get(&p).copied())
 }
 
-/// Removes and returns the entry starting exactly at `p`.
-pub fn remove(p: usize) -> Option<Entry> {
+/// The malloc-family block starting exactly at `p` (not a mapping).
+pub fn get_block(p: usize) -> Option<Entry> {
+    get(p).filter(|e| !e.mapped)
+}
+
+/// Removes and returns the malloc-family block starting exactly at `p` (a mapping that
+/// starts there stays).
+pub fn remove_block(p: usize) -> Option<Entry> {
     if !maybe_managed(p) {
         return None;
     }
-    with(|m| m.remove(&p))
+    with(|m| match m.get(&p) {
+        Some(e) if !e.mapped => m.remove(&p),
+        _ => None,
+    })
 }
 
 /// Whether `[addr, addr+len)` lies inside one managed mapping of this process (not one
@@ -278,7 +293,7 @@ mod tests {
     #[test]
     fn partial_unmaps_free_the_entry_when_all_bytes_are_gone() {
         let b = 0x7000_0000_0000;
-        insert(b, 0x10_0000);
+        insert(b, 0x10_0000, true);
         let u = unmap(b, 0x1000);
         assert!(u.touched_managed && u.free.is_empty() && u.gaps.is_empty());
         assert!(overlaps(b + 0x5000, 1));
@@ -290,9 +305,28 @@ mod tests {
     #[test]
     fn unmap_reports_the_gaps_around_managed_memory() {
         let b = 0x6000_0000_0000;
-        insert(b, 0x2000);
+        insert(b, 0x2000, false);
         let u = unmap(b - 0x1000, 0x4000);
         assert_eq!(u.free, vec![(b, false)]);
         assert_eq!(u.gaps, vec![(b - 0x1000, 0x1000), (b + 0x2000, 0x1000)]);
+    }
+
+    /// A mapping and a malloc block at the same kind of address: `free` (remove_block)
+    /// takes the block only; the mapping is the allocator's arena, freed by munmap.
+    #[test]
+    fn free_takes_malloc_blocks_never_mappings() {
+        let m = 0x5000_0000_0000;
+        let b = 0x5100_0000_0000;
+        insert(m, 0x20_0000, true);
+        insert(b, 0x20_0000, false);
+        assert!(get_block(m).is_none() && get(m).is_some());
+        assert!(
+            remove_block(m).is_none(),
+            "an arena's first object is not the arena"
+        );
+        assert!(get(m).is_some());
+        assert_eq!(remove_block(b).map(|e| e.size), Some(0x20_0000));
+        assert!(get(b).is_none());
+        assert_eq!(unmap(m, 0x20_0000).free, vec![(m, false)]);
     }
 }

@@ -16,7 +16,7 @@
 //!   eventfd into a child program.
 //!
 //! Modules: [`uffd`] (userfaultfd ioctls), [`mem`] (mmap/madvise/files, raw mmap for the
-//! interposer), [`numa`] (memory policy, page migration, mlock), [`pagemap`] (written-page tracking), [`libc_alloc`] (glibc's allocator under its internal names),
+//! interposer), [`numa`] (memory policy, page migration, mlock), [`pagemap`] (written-page tracking), [`libc_alloc`] (the program's allocator behind the interposer, and glibc's heap for the runtime's own data),
 //! [`signal`] (SIGBUS hook), [`os`] (small helpers: eventfd, time, thread ids, /proc),
 //! [`perf`] (software perf counters: page faults), [`unix`] (peer credentials, descriptor passing, memfd for shared regions).
 

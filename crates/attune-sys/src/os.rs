@@ -416,3 +416,48 @@ pub fn membarrier_private_expedited() -> crate::SysResult<()> {
         Err(crate::Errno::last())
     }
 }
+
+type ThreadBody = Box<dyn FnOnce() + Send + 'static>;
+
+extern "C" fn runtime_thread_start(arg: *mut libc::c_void) -> *mut libc::c_void {
+    // First, before any allocation (Rust's own thread set-up allocates): this thread is
+    // the runtime's, so its C-library allocations never reach the program's allocator.
+    crate::libc_alloc::mark_runtime_thread();
+    // SAFETY: arg is the Box<(name, body)> leaked by spawn_runtime_thread, taken once.
+    let b: Box<(std::ffi::CString, ThreadBody)> = unsafe { Box::from_raw(arg.cast()) };
+    let (name, body) = *b;
+    // SAFETY: pthread_self is this thread; the name is NUL-terminated (15 bytes kept).
+    unsafe { libc::pthread_setname_np(libc::pthread_self(), name.as_ptr()) };
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).is_err() {
+        // A panic must not unwind into the C start routine; the panic hook has printed it.
+        std::process::abort();
+    }
+    std::ptr::null_mut()
+}
+
+/// Starts a detached thread of the runtime (evictor, fault handler, report, daemon
+/// client) that is marked as such before its first instruction of Rust set-up:
+/// `std::thread::spawn` allocates in the new thread before the body runs, which reached
+/// a jemalloc whose lock the spawning thread held (a deadlock at start).
+pub fn spawn_runtime_thread(name: &str, body: impl FnOnce() + Send + 'static) -> SysResult<()> {
+    let short: String = name.chars().take(15).collect();
+    let cname = std::ffi::CString::new(short).map_err(|_| Errno(libc::EINVAL))?;
+    let arg = Box::into_raw(Box::new((cname, Box::new(body) as ThreadBody)));
+    // SAFETY: attr is initialised before use and destroyed after; the start routine
+    // takes ownership of arg, which is reclaimed here if the thread was not created.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        libc::pthread_attr_init(&mut attr);
+        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
+        // 2 MiB, as Rust's default: the fault handler's and evictor's frames are small.
+        libc::pthread_attr_setstacksize(&mut attr, 2 << 20);
+        let mut t: libc::pthread_t = 0;
+        let e = libc::pthread_create(&mut t, &attr, runtime_thread_start, arg.cast());
+        libc::pthread_attr_destroy(&mut attr);
+        if e != 0 {
+            drop(Box::from_raw(arg));
+            return Err(Errno(e));
+        }
+    }
+    Ok(())
+}

@@ -790,25 +790,25 @@ impl Engine {
     /// Starts the background threads (evictor, fault handler, NUMA heat scanner, sampler): at start, and in a
     /// forked child, which has none of its parent's threads.
     pub(crate) fn start_threads(self: &'static Self) -> Result<(), InitError> {
-        std::thread::Builder::new()
-            .name("attune-evict".into())
-            .spawn(move || crate::evict::evictor_loop(self))
-            .map_err(|e| InitError(format!("cannot start the evictor thread: {e}")))?;
-        std::thread::Builder::new()
-            .name("attune-fault".into())
-            .spawn(move || crate::fault::handler_loop(self))
-            .map_err(|e| InitError(format!("cannot start the fault thread: {e}")))?;
+        attune_sys::os::spawn_runtime_thread("attune-evict", move || {
+            crate::evict::evictor_loop(self)
+        })
+        .map_err(|e| InitError(format!("cannot start the evictor thread: {e}")))?;
+        attune_sys::os::spawn_runtime_thread("attune-fault", move || {
+            crate::fault::handler_loop(self)
+        })
+        .map_err(|e| InitError(format!("cannot start the fault thread: {e}")))?;
         if self.numa.is_some() && self.cfg.heat_interval_ms > 0 {
-            std::thread::Builder::new()
-                .name("attune-heat".into())
-                .spawn(move || crate::numa_heat::heat_loop(self))
-                .map_err(|e| InitError(format!("cannot start the NUMA heat thread: {e}")))?;
+            attune_sys::os::spawn_runtime_thread("attune-heat", move || {
+                crate::numa_heat::heat_loop(self)
+            })
+            .map_err(|e| InitError(format!("cannot start the NUMA heat thread: {e}")))?;
         }
         if self.cfg.sample_rate > 0 || self.cfg.predict_window_ms > 0 {
-            std::thread::Builder::new()
-                .name("attune-sample".into())
-                .spawn(move || crate::sample::sampler_loop(self))
-                .map_err(|e| InitError(format!("cannot start the sampler thread: {e}")))?;
+            attune_sys::os::spawn_runtime_thread("attune-sample", move || {
+                crate::sample::sampler_loop(self)
+            })
+            .map_err(|e| InitError(format!("cannot start the sampler thread: {e}")))?;
         }
         Ok(())
     }

@@ -92,13 +92,11 @@ extern "C" fn fork_child() {
         // The daemon knows the parent's connection, not this process: join it anew
         // (in a thread, so the fork does not wait for the daemon).
         if let (Some(e), _) = fork_parts() {
-            let _ = std::thread::Builder::new()
-                .name("attune-tmm".into())
-                .spawn(move || {
-                    if let Err(m) = crate::tmm::start(&e.cfg, Some(e)) {
-                        crate::log::emit(crate::log::Level::Warn, &m);
-                    }
-                });
+            let _ = attune_sys::os::spawn_runtime_thread("attune-tmm", move || {
+                if let Err(m) = crate::tmm::start(&e.cfg, Some(e)) {
+                    crate::log::emit(crate::log::Level::Warn, &m);
+                }
+            });
         }
     }
 }

@@ -155,9 +155,7 @@ pub fn start(cfg: &Config, engine: Option<&'static Engine>) -> Result<(), String
     // Register before returning, so the first allocations already run under the grant.
     let session = c.hello(sock);
     let c2 = c.clone();
-    std::thread::Builder::new()
-        .name("attune-tmm".into())
-        .spawn(move || c2.run(session))
+    attune_sys::os::spawn_runtime_thread("attune-tmm", move || c2.run(session))
         .map_err(|e| format!("cannot start the daemon thread: {e}"))?;
     Ok(())
 }

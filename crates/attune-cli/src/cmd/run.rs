@@ -601,6 +601,22 @@ pub fn text_report(r: &Value) -> String {
         "  kernel page faults: {} minor, {} major; managed requests {}, fell back to malloc {}\n",
         t["os_minor_faults"], t["os_major_faults"], t["managed_requests"], t["fallback_requests"]
     );
+    // Which allocator served the program's unmanaged blocks, where it is not glibc's.
+    let mut others: Vec<&str> = r["per_process"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["allocator"].as_str())
+        .filter(|a| !a.starts_with("libc.so"))
+        .collect();
+    others.sort_unstable();
+    others.dedup();
+    if !others.is_empty() {
+        s += &format!(
+            "  small objects: the program's own allocator ({}); its API keeps working\n",
+            others.join(", ")
+        );
+    }
     if t["predicted_requests"].as_u64().unwrap_or(0) > 0 {
         s += &format!(
             "  flags from the history: {} request(s), {} pinned as their hot part\n",
