@@ -12,6 +12,9 @@ command -v mpicc >/dev/null || need+=(openmpi-bin libopenmpi-dev)
 [ -e /usr/include/jemalloc/jemalloc.h ] || need+=(libjemalloc-dev)
 [ -e /usr/include/gperftools/tcmalloc.h ] || need+=(libgoogle-perftools-dev)
 [ -e /usr/include/mimalloc.h ] || need+=(libmimalloc-dev)
+# The unprivileged numpy test runs the system's Python as nobody (a per-user Python under
+# /root cannot be read by another user).
+[ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c 'import numpy' 2>/dev/null && need+=(python3-numpy)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: please install: ${need[*]} (needs root: apt-get install ${need[*]})" >&2

@@ -347,6 +347,59 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
   expect run-setuid-detected 2 "set-user-ID" "$ATT" run -- "$RT/crash_setuid" exit 0
 fi
 
+# HPC users are not root: vm.unprivileged_userfaultfd=0 gives them a userfaultfd that
+# sees user-mode faults only, so the kernel cannot fault managed pages in for a system
+# call. The C API and attune run tests again as nobody, from a copy of the build that
+# nobody can read (the checkout may sit below a private directory).
+if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/null; then
+  echo "== unprivileged user (runuser -u nobody)"
+  UP=$(mktemp -d /tmp/attune-unpriv.XXXXXX); chmod 755 "$UP"
+  mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
+  cp "$PREFIX/bin/attune" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
+  for t in smoke integrity stress fork_exec fork_inherit discard signal_mode small small_threads errors; do cp "$OUT/$t" "$UP/bin/"; done
+  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$UP/bin/" 2>/dev/null
+  gcc -O2 -Wno-stringop-overflow tests/run/syscalls_io.c -o "$UP/bin/syscalls_io" -lpthread || { fail=$((fail+1)); failed+=(build-syscalls-io); }
+  chmod -R a+rX "$UP/bin" "$UP/lib"
+  cp tests/run/numpy_work.py "$UP/bin/"
+  # `run` times a command, so "as nobody" is a script, not a function.
+  cat > "$UP/nobody" <<EOS
+#!/bin/sh
+exec runuser -u nobody -- env LD_LIBRARY_PATH="$UP/lib" HOME="$UP/work" ATTUNE_HISTORY=off ATTUNE_DRAM=16M TEST_BUDGET=$((16<<20)) "\$@"
+EOS
+  chmod 755 "$UP/nobody"; nobody="$UP/nobody"
+  run unpriv-smoke "$nobody" "$UP/bin/smoke"
+  run unpriv-integrity "$nobody" "$UP/bin/integrity" 48
+  ATTUNE_FAULT_MODE=signal run unpriv-integrity-signal "$nobody" "$UP/bin/integrity" 48
+  run unpriv-stress "$nobody" "$UP/bin/stress" 64
+  run unpriv-fork-exec "$nobody" "$UP/bin/fork_exec"
+  run unpriv-fork-inherit "$nobody" "$UP/bin/fork_inherit"
+  run unpriv-discard "$nobody" "$UP/bin/discard"
+  # read(2) into a non-resident allocate_TM page, both deliveries: libattune's wrapper.
+  run unpriv-signal-mode-io "$nobody" "$UP/bin/signal_mode"
+  run unpriv-small "$nobody" "$UP/bin/small"
+  run unpriv-small-threads "$nobody" "$UP/bin/small_threads"
+  run unpriv-errors "$nobody" "$UP/bin/errors"
+  if grep -q "user-mode faults only" "$OUT/unpriv-smoke.log"; then pass=$((pass+1)); echo "ok   unpriv-fallback-reported"
+  else fail=$((fail+1)); failed+=(unpriv-fallback-reported); echo "FAIL unpriv-fallback-reported: no warning of the user-mode-only userfaultfd"; fi
+  # Every wrapped system call into and out of buffers mostly in a far tier, checked byte
+  # for byte, at both chunk sizes; the report says what happened.
+  expect unpriv-run-syscalls-io 0 "syscalls_io: OK.*user-mode faults only.*: [1-9][0-9]* system call" sh -c "runuser -u nobody -- '$UP/bin/attune' run --dram 16M --report '$UP/work/io.json' -- '$UP/bin/syscalls_io' '$UP/work' 64 2>&1 | tr '\\n' ' '"
+  expect unpriv-run-syscalls-io-report 0 "check_report: OK" $CHECK "$UP/work/io.json" --exit 0 --min-procs 1 --user-mode-only
+  expect unpriv-run-syscalls-io-4K 0 "syscalls_io: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M --chunk 4K -- "$UP/bin/syscalls_io" "$UP/work" 64
+  # Root, for comparison: the same calls with full userfaultfd delivery.
+  expect run-syscalls-io 0 "syscalls_io: OK" "$ATT" run -q --dram 16M -- "$UP/bin/syscalls_io" "$UP/work" 64
+  expect unpriv-run-c 0 "c_matrix: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 32M -- "$UP/bin/c_matrix" 128
+  [ -x "$UP/bin/allocators_jemalloc" ] && expect unpriv-run-linked-jemalloc 0 "allocators: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 32M -- "$UP/bin/allocators_jemalloc" 96
+  if /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
+    expect unpriv-run-numpy 0 "numpy_work: OK" runuser -u nobody -- env HOME="$UP/work" "$UP/bin/attune" run -q --dram 48M -- /usr/bin/python3 "$UP/bin/numpy_work.py" 192
+  else
+    fail=$((fail+1)); failed+=(unpriv-numpy-missing); echo "FAIL unpriv-run-numpy: /usr/bin/python3 has no numpy (scripts/setup.sh installs python3-numpy)"
+  fi
+  rm -rf "$UP"
+else
+  echo "skip unprivileged tests (needs root to run them as nobody)"
+fi
+
 echo "== attune numa: bad input (this machine has one node; placement itself runs in the guest below)"
 expect numa-bad-flags 1 "unknown flag 'BOGUS'" "$ATT" numa place --region 8M:BOGUS
 expect numa-size-zero 1 "size 0" "$ATT" numa place --region 0:LAT

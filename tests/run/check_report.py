@@ -35,6 +35,8 @@ def main():
     ap.add_argument("--budget-slack", type=int, default=None)
     ap.add_argument("--has-command", help="a managed process whose program name ends so")
     ap.add_argument("--chunk", type=int, help="every listed region has this chunk size")
+    ap.add_argument("--user-mode-only", action="store_true",
+                    help="every process ran with a user-mode-only userfaultfd and system calls were retried")
     ap.add_argument("--evictor-share-max", type=float,
                     help="at most this part of the evicted bytes was evicted by the background evictor")
     ap.add_argument("--evictor-share-min", type=float,
@@ -86,6 +88,14 @@ def main():
     if a.has_command and not any(p["command"] and p["command"][0].endswith(a.has_command)
                                  for p in r["per_process"]):
         fail(f"no managed process ran {a.has_command}")
+    if a.user_mode_only:
+        procs = r["per_process"]
+        if not all(p.get("uffd_user_mode_only") is True for p in procs):
+            fail("a process did not report a user-mode-only userfaultfd")
+        if sum(p.get("io_retried_calls", 0) for p in procs) == 0:
+            fail("no system call was held and retried")
+        if sum(p.get("io_unretried_calls", 0) for p in procs) != 0:
+            fail("a system call's EFAULT was passed on")
     if a.chunk is not None:
         sizes = {x["chunk_size"] for x in r["hottest_regions"]}
         if sizes != {a.chunk}:

@@ -9,6 +9,8 @@
 //!
 //! * `hooks.rs`: the exported symbols (the only entry points the program calls).
 //! * `foreign.rs`: other allocators' own entry points that take a pointer.
+//! * libattune's `io.rs` (linked in with the C API): system calls on the program's
+//!   buffers, retried where the kernel cannot fault managed pages in.
 //! * `table.rs`: which addresses are managed (fork-safe lock; inherited entries).
 //! * `report.rs`: the per-process statistics file `attune run` turns into its report.
 //!
@@ -143,6 +145,7 @@ extern "C" fn at_exit() {
 
 extern "C" fn constructor() {
     attune_sys::libc_alloc::resolve();
+    attune::runtime::INTERPOSED.store(true, Relaxed);
     let _b = Busy::enter();
     // Unmodified programs pass their buffers to system calls, which the SIGBUS delivery
     // would fail with EFAULT: the handler thread serves every managed region and arena.

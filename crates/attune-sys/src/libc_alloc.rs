@@ -734,6 +734,82 @@ next_calls! {
     ptr_pz(p: usize, z: usize) -> usize;
     ptr_pzi(p: usize, z: usize, i: i32) -> usize;
     ptr_zi(z: usize, i: i32) -> usize;
+    isize_ipz(a: i32, p: usize, z: usize) -> isize;
+    isize_ipzo(a: i32, p: usize, z: usize, o: i64) -> isize;
+    isize_ipi(a: i32, p: usize, i: i32) -> isize;
+    isize_ipio(a: i32, p: usize, i: i32, o: i64) -> isize;
+    isize_ipioi(a: i32, p: usize, i: i32, o: i64, f: i32) -> isize;
+    isize_ipzi(a: i32, p: usize, z: usize, i: i32) -> isize;
+    isize_ipzipz(a: i32, p: usize, z: usize, i: i32, q: usize, r: usize) -> isize;
+    isize_ipzpzz(a: i32, p: usize, z: usize, q: usize, y: usize, f: usize) -> isize;
+    i32_ipuip(a: i32, p: usize, u: u32, i: i32, q: usize) -> i32;
+    i32_ipui(a: i32, p: usize, u: u32, i: i32) -> i32;
+    size_pzzp(p: usize, a: usize, b: usize, f: usize) -> usize;
+}
+
+/// This thread's errno.
+pub fn errno() -> i32 {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Reads the `i`-th `iovec` of the array at `iov` (the program's, as it gave it to a
+/// system call): base and length.
+pub fn iovec_at(iov: usize, i: usize) -> (usize, usize) {
+    // SAFETY: the caller passes the array and count the program gave to the call, which
+    // the kernel reads the same way; an invalid one would fail the call itself first.
+    let v = unsafe { *(iov as *const libc::iovec).add(i) };
+    (v.iov_base as usize, v.iov_len)
+}
+
+/// The fields of a `msghdr` at `m` that name memory the kernel reads or writes: its
+/// name, iovec array and count, and control buffer, as (address, length) pairs.
+pub fn msghdr_parts(m: usize) -> (usize, usize, (usize, usize), (usize, usize)) {
+    // SAFETY: as for iovec_at: the program's own msghdr, given to the call.
+    let h = unsafe { &*(m as *const libc::msghdr) };
+    (
+        h.msg_iov as usize,
+        h.msg_iovlen,
+        (h.msg_name as usize, h.msg_namelen as usize),
+        (h.msg_control as usize, h.msg_controllen),
+    )
+}
+
+/// The `i`-th `mmsghdr` of the array at `m` (its `msghdr`'s address).
+pub fn mmsghdr_at(m: usize, i: usize) -> usize {
+    // SAFETY: as above; only the address is computed.
+    unsafe { (m as *const libc::mmsghdr).add(i) as usize }
+}
+
+/// The file type bits of descriptor `fd` (`S_IFREG`, `S_IFSOCK`, ...), 0 if unknown.
+pub fn fd_type(fd: i32) -> u32 {
+    // SAFETY: fstat writes a stat the caller owns.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return 0;
+    }
+    st.st_mode & libc::S_IFMT
+}
+
+/// The socket type of `fd` (`SOCK_STREAM`, `SOCK_DGRAM`, ...), -1 if not a socket.
+pub fn socket_type(fd: i32) -> i32 {
+    let mut t: i32 = 0;
+    let mut l = std::mem::size_of::<i32>() as libc::socklen_t;
+    // SAFETY: getsockopt writes an int into t, its length into l.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TYPE,
+            (&mut t as *mut i32).cast(),
+            &mut l,
+        )
+    };
+    if r != 0 {
+        -1
+    } else {
+        t
+    }
 }
 
 #[cfg(test)]

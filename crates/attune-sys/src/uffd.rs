@@ -173,21 +173,24 @@ impl Uffd {
     /// Opens a userfaultfd with exactly the `wanted` features (as [`Uffd::open`] without
     /// the fault engine's own).
     pub fn open_exact(wanted: u64) -> Result<Uffd, OpenError> {
+        // In order: the system call with kernel-mode faults, /dev/userfaultfd (access by
+        // file permissions, also kernel-mode faults), and last the system call restricted
+        // to user-mode faults, which unprivileged users get where
+        // `vm.unprivileged_userfaultfd=0`: a kernel access to a missing page then fails
+        // with EFAULT instead of faulting (the caller must know: `user_mode_only`).
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
-        let mut last = Errno(libc::ENOSYS);
-        let candidates: [(bool, i32); 2] =
-            [(false, flags), (true, flags | 1 /* UFFD_USER_MODE_ONLY */)];
-        for (user_only, fl) in candidates {
+        let syscall = |fl: i32| {
             // SAFETY: userfaultfd(2) takes an int flag argument and returns an fd or -1.
             let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, fl) };
-            if fd >= 0 {
-                // SAFETY: fd is a freshly returned, owned descriptor.
-                let owned = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
-                return Self::negotiate(owned, wanted, user_only);
-            }
-            last = Errno::last();
+            // SAFETY: fd is a freshly returned, owned descriptor.
+            (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+        };
+        if let Some(owned) = syscall(flags) {
+            return Self::negotiate(owned, wanted, false);
         }
-        // /dev/userfaultfd: access is granted by file permissions instead of a sysctl.
+        // The error reported is the device's where it exists (its permissions), else the
+        // restricted system call's (a seccomp filter's refusal, say).
+        let mut dev_err = None;
         let path = b"/dev/userfaultfd\0";
         // SAFETY: path is NUL-terminated.
         let dev = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
@@ -199,10 +202,13 @@ impl Uffd {
                 let owned = unsafe { OwnedFd::from_raw_fd(fd) };
                 return Self::negotiate(owned, wanted, false);
             }
-            last = Errno::last();
+            dev_err = Some(Errno::last());
+        }
+        if let Some(owned) = syscall(flags | 1 /* UFFD_USER_MODE_ONLY */) {
+            return Self::negotiate(owned, wanted, true);
         }
         Err(OpenError {
-            errno: last,
+            errno: dev_err.unwrap_or_else(Errno::last),
             missing_features: 0,
         })
     }

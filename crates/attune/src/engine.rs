@@ -152,6 +152,11 @@ pub struct Engine {
     pub(crate) unshare_pending: AtomicU64,
 }
 
+/// Set once kernel accesses to some managed memory may fail with EFAULT (see
+/// [`Engine::kernel_access_fails`]): until then the interposer's system-call wrappers
+/// cost one load.
+pub static KERNEL_ACCESS_MAY_FAIL: AtomicBool = AtomicBool::new(false);
+
 /// Why the engine could not start.
 #[derive(Debug)]
 pub struct InitError(pub String);
@@ -174,6 +179,24 @@ impl Engine {
         let uffd_thread = open(Delivery::Thread)?;
         let uffd_signal = open(Delivery::Signal)?;
         let uffd_internal = open(Delivery::Signal)?;
+        if uffd_thread.user_mode_only {
+            KERNEL_ACCESS_MAY_FAIL.store(true, Relaxed);
+            // Under `attune run` the interposer covers it (and the report says so).
+            let level = if crate::runtime::INTERPOSED.load(Relaxed) {
+                crate::log::Level::Info
+            } else {
+                crate::log::Level::Warn
+            };
+            crate::log::emit(
+                level,
+                "userfaultfd sees user-mode faults only (vm.unprivileged_userfaultfd=0): \
+                 the kernel cannot fault in managed pages held in a far tier, so libattune \
+                 holds them in DRAM around read/write, the socket calls and stdio. Calls \
+                 it does not wrap (io_uring, AIO, a peer's process_vm_readv) fail with \
+                 EFAULT on such pages. Full delivery: `sysctl vm.unprivileged_userfaultfd=1` \
+                 or access to /dev/userfaultfd (docs/design.md, \"System calls on managed memory\")",
+            );
+        }
         // NUMA tiers keep pages mapped: the placer owns them, the fault engine never
         // stores into them.
         let numa = crate::numa::NumaPlacer::new(&cfg, std::path::Path::new("/"));
@@ -409,6 +432,54 @@ impl Engine {
         }
     }
 
+    /// The regions that overlap `[addr, addr+len)`, in address order.
+    pub fn overlapping(&self, addr: usize, len: usize) -> Vec<Arc<Region>> {
+        let end = addr.saturating_add(len);
+        let t = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        let i = t.partition_point(|r| r.base + r.len <= addr);
+        t[i..]
+            .iter()
+            .take_while(|r| r.base < end)
+            .cloned()
+            .collect()
+    }
+
+    /// Whether kernel accesses to missing pages fail with EFAULT instead of faulting: the
+    /// userfaultfd sees user-mode faults only (what an unprivileged user gets where
+    /// `vm.unprivileged_userfaultfd=0`), or the region's faults come by SIGBUS.
+    pub fn kernel_access_fails(&self, r: &Region) -> bool {
+        self.uffd_thread.user_mode_only || r.delivery == Delivery::Signal
+    }
+
+    /// True when every userfaultfd sees user-mode faults only.
+    pub fn user_mode_only(&self) -> bool {
+        self.uffd_thread.user_mode_only
+    }
+
+    /// Makes `[addr, addr+len)` (inside `r`) resident and keeps it so: pins the chunks
+    /// that were not pinned and pushes them on `held`, for [`Engine::release`]. For a
+    /// kernel access that cannot fault (see `kernel_access_fails`). Chunks pinned already
+    /// (by the program, or by another thread's hold) are left to their owner.
+    pub fn hold(&self, r: &Region, addr: usize, len: usize, held: &mut Vec<usize>) {
+        let (c0, c1) = chunk_span(r, addr, len);
+        for c in c0..c1 {
+            if !r.set_bits(c, PIN, 0).pinned() {
+                self.pinned.fetch_add(r.chunk as u64, Relaxed);
+                held.push(c);
+            }
+        }
+        self.prefetch(r, addr, len);
+    }
+
+    /// Unpins the chunks a [`Engine::hold`] pinned.
+    pub fn release(&self, r: &Region, held: &[usize]) {
+        for &c in held {
+            if r.set_bits(c, 0, PIN).pinned() {
+                self.pinned.fetch_sub(r.chunk as u64, Relaxed);
+            }
+        }
+    }
+
     /// Creates a region of at least `size` bytes.
     pub fn alloc_region(
         &self,
@@ -465,6 +536,9 @@ impl Engine {
             FaultMode::Thread => Delivery::Thread,
             FaultMode::Signal => Delivery::Signal,
         };
+        if delivery == Delivery::Signal {
+            KERNEL_ACCESS_MAY_FAIL.store(true, Relaxed);
+        }
         if let Err(e) = self.uffd_for(delivery).register(base, len, mode::MISSING) {
             let _ = mem::unmap(base, len);
             undo_commit();

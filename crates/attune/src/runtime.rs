@@ -533,6 +533,82 @@ pub fn pin(ptr: usize, len: usize, on: bool) -> Result<(), Errno> {
     Ok(())
 }
 
+/// Set by the `attune run` interposer at load: system calls on managed memory are
+/// retried there when the kernel cannot fault their pages in.
+pub static INTERPOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Managed memory kept resident while the kernel reads or writes it, released on drop
+/// (see [`hold`]).
+#[derive(Default)]
+pub struct Hold {
+    parts: Vec<(Arc<Region>, Vec<usize>)>,
+    bytes: usize,
+}
+
+impl Hold {
+    /// Bytes of managed memory the hold covers.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if let Some(e) = engine_if_started() {
+            let _in = e.enter();
+            for (r, held) in &self.parts {
+                e.release(r, held);
+            }
+        }
+    }
+}
+
+/// Whether a system call on `[ptr, ptr+len)` may fail with EFAULT because of the
+/// runtime: part of it is managed memory whose missing pages the kernel cannot fault in
+/// (user-mode-only userfaultfd, or SIGBUS delivery). False without a started engine.
+pub fn kernel_access_fails(ptr: usize, len: usize) -> bool {
+    let Some(e) = engine_if_started() else {
+        return false;
+    };
+    if len == 0 {
+        return false;
+    }
+    let _in = e.enter();
+    e.overlapping(ptr, len)
+        .iter()
+        .any(|r| e.kernel_access_fails(r))
+}
+
+/// Brings the managed part of `[ptr, ptr+len)` into DRAM and keeps it there until the
+/// returned [`Hold`] is dropped, so that a system call can read or write it where the
+/// kernel cannot fault it in. Parts that are not managed are left as they are. The caller
+/// bounds `len` ([`hold_limit`]): held bytes count against the budget like pins.
+pub fn hold(ptr: usize, len: usize) -> Hold {
+    let mut h = Hold::default();
+    let Some(e) = engine_if_started() else {
+        return h;
+    };
+    let end = ptr.saturating_add(len);
+    let _in = e.enter();
+    for r in e.overlapping(ptr, len) {
+        let a = ptr.max(r.base);
+        let b = end.min(r.base + r.len);
+        let mut held = Vec::new();
+        e.hold(&r, a, b - a, &mut held);
+        h.bytes += b - a;
+        h.parts.push((r, held));
+    }
+    h
+}
+
+/// The most bytes one [`hold`] should cover: a quarter of the budget (at least 64 KiB),
+/// so that held I/O buffers never starve the program's other pages.
+pub fn hold_limit() -> usize {
+    engine_if_started()
+        .map(|e| ((e.budget() / 4) as usize).max(64 << 10))
+        .unwrap_or(usize::MAX)
+}
+
 /// Drops the content of a page-aligned range of an allocation: it reads as zero afterwards
 /// and its DRAM and far-tier space are released (`MADV_DONTNEED` for managed memory).
 pub fn discard(ptr: usize, len: usize) -> Result<(), Errno> {

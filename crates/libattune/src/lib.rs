@@ -2,6 +2,8 @@
 //! return code plus errno, with a readable message from `attune_last_error()`; nothing
 //! here aborts the application.
 
+pub mod io;
+
 use attune::engine::AllocOptions;
 use attune::runtime;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};

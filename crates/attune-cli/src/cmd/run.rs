@@ -617,6 +617,25 @@ pub fn text_report(r: &Value) -> String {
             others.join(", ")
         );
     }
+    // User-mode-only userfaultfd: system calls on managed memory were retried.
+    let procs = r["per_process"].as_array().cloned().unwrap_or_default();
+    if procs
+        .iter()
+        .any(|p| p["uffd_user_mode_only"] == json!(true))
+    {
+        let n: u64 = procs
+            .iter()
+            .map(|p| p["io_retried_calls"].as_u64().unwrap_or(0))
+            .sum();
+        let left: u64 = procs
+            .iter()
+            .map(|p| p["io_unretried_calls"].as_u64().unwrap_or(0))
+            .sum();
+        s += &format!(
+            "  userfaultfd sees user-mode faults only (vm.unprivileged_userfaultfd=0): {n} system call(s) on managed memory held and retried{}\n",
+            if left > 0 { format!(", {left} too large to hold (EFAULT)") } else { String::new() }
+        );
+    }
     if t["predicted_requests"].as_u64().unwrap_or(0) > 0 {
         s += &format!(
             "  flags from the history: {} request(s), {} pinned as their hot part\n",
