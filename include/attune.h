@@ -124,7 +124,8 @@ int attune_tier_stats(int index, attune_tier_stats_t *out);
  * fetched_bytes, direct_reclaims (faults that evicted before placing their chunk),
  * evictor_evicted_bytes (the background evictor's part of evicted_bytes),
  * dropped_behind_bytes (evicted from just behind streamed BW regions),
- * budget_overruns} or null without tiering, "numa": {"tiers": [name, nodes, capacity,
+ * budget_overruns, protected_skips (chunks left in DRAM because the program made them
+ * read-only or inaccessible with mprotect)} or null without tiering, "numa": {"tiers": [name, nodes, capacity,
  * used_bytes], "interleave", "write_heat", "counters": {promoted_bytes,
  * demoted_cold_bytes, demoted_headroom_bytes, moved_pages, ...}} or null without a
  * numa tier}. See docs/run-report.md for every field. */

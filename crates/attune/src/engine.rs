@@ -47,6 +47,9 @@ pub struct EngineCounters {
     /// Times the budget was exceeded because nothing could be evicted (all pinned or all
     /// tiers full): the application keeps running, the overrun is reported.
     pub budget_overruns: AtomicU64,
+    /// Chunks an eviction left in DRAM because the program had changed their protection
+    /// (mprotect to read-only or none).
+    pub protected_skips: AtomicU64,
     pub load_errors: AtomicU64,
     /// Access sampling: chunks parked, and parked chunks touched within the window.
     pub sample_parks: AtomicU64,
@@ -73,7 +76,7 @@ impl EngineCounters {
     /// The counters the statistics report, by their names there (`attune_stats_json`'s
     /// `engine` object, each process snapshot of the `attune run` report and its totals):
     /// one list, so they cannot drift apart. Page movement, then the online prediction.
-    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 11] {
+    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 12] {
         [
             ("faults", &self.faults),
             ("evictions", &self.evictions),
@@ -86,6 +89,7 @@ impl EngineCounters {
             ("online_split_regions", &self.online_split_regions),
             ("online_kept_regions", &self.online_kept_regions),
             ("online_pinned_bytes", &self.online_pinned_bytes),
+            ("protected_skips", &self.protected_skips),
         ]
     }
 }
@@ -825,6 +829,7 @@ impl Engine {
             &c.dropped_behind_bytes,
             &c.evictor_evicted_bytes,
             &c.budget_overruns,
+            &c.protected_skips,
             &c.load_errors,
             &c.sample_parks,
             &c.sample_hits,

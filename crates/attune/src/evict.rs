@@ -393,6 +393,15 @@ fn store_run(e: &Engine, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
                 return len as u64;
             }
             Err(err) if err.0 == libc::ENOSPC || err.0 == libc::EOPNOTSUPP => continue,
+            Err(err) if err.0 == libc::EINVAL => {
+                // The program made these pages read-only or inaccessible (mprotect): a move
+                // needs the same protection on both sides, and copying out then dropping
+                // could lose a write made after a later mprotect back. They stay in DRAM
+                // while so protected, as mlocked pages would (docs/design.md, "Protection
+                // changes").
+                e.counters.protected_skips.fetch_add(n as u64, Relaxed);
+                break;
+            }
             Err(err) => {
                 if err.0 == libc::EBUSY && e.forks.load(Acquire) > 0 {
                     // Pages shared with another process since a fork: the evictor makes

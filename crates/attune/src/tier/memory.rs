@@ -165,9 +165,11 @@ impl MemoryTier {
         if len > COPY_MAX {
             // A long run (read-ahead, large chunks): one move and its one flush cost less
             // than copying the bytes (sequential pass 4.3 GB/s moving, 2.2 copying).
+            // EINVAL: the program changed the region's protection (mprotect), and a move
+            // needs the same on both sides; a copy places pages under any protection.
             let done = match region_uffd.move_pages(dst, src, len, true, true) {
                 Ok(n) => n,
-                Err(attune_sys::Errno(libc::EBUSY)) => 0,
+                Err(attune_sys::Errno(libc::EBUSY | libc::EINVAL)) => 0,
                 Err(e) => return Err(e),
             };
             if done < len {
@@ -201,7 +203,7 @@ impl MemoryTier {
                 match region_uffd.move_pages(dst + off, src + off, ps, true, true) {
                     Ok(n) if n > 0 => {}
                     Err(Errno(libc::EEXIST)) => {}
-                    Ok(_) | Err(Errno(libc::EBUSY)) => {
+                    Ok(_) | Err(Errno(libc::EBUSY | libc::EINVAL)) => {
                         let r = region_uffd.copy(dst + off, src + off, ps, true);
                         if !placed(r) {
                             return r.map(|_| ());

@@ -208,7 +208,9 @@ impl FarTier {
                     self.counters.full.fetch_add(1, Relaxed);
                     self.full_until
                         .store(attune_sys::os::now_ns() + FULL_BACKOFF_NS, Relaxed);
-                } else {
+                } else if e.0 != libc::EINVAL {
+                    // EINVAL is the region's protection (see `Engine::evict_run`), not
+                    // the tier's failure.
                     self.counters.errors.fetch_add(1, Relaxed);
                 }
             }
