@@ -37,7 +37,7 @@ fi
 echo "== native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"
-for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads fork_small drop_behind predict_online config_error fallback protect lost_tier discard cap_tier churn deny_syscalls protect_change; do
+for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads fork_small drop_behind predict_online config_error fallback protect lost_tier discard cap_tier churn deny_syscalls protect_change sigbus_chain; do
   gcc $CFLAGS tests/c/$t.c -o "$OUT/$t" $LIBS || { fail=$((fail+1)); failed+=("build-$t"); }
 done
 g++ -O2 -std=c++17 $(pkg-config --cflags attune) tests/cpp/threads.cpp -o "$OUT/cpp_threads" $LIBS || { fail=$((fail+1)); failed+=(build-cpp); }
@@ -149,6 +149,11 @@ run signal_mode "$OUT/signal_mode"
 # PROT_NONE pages fault as without Attune, nothing is lost; both deliveries.
 for mode in thread signal; do
   ATTUNE_FAULT_MODE=$mode run "protect-change-$mode" "$OUT/protect_change"
+done
+# A program with its own SIGBUS handler (installed after the runtime's) and a thread that
+# blocks every signal: managed faults resolve, a foreign SIGBUS reaches the program.
+for mode in signal thread; do
+  ATTUNE_FAULT_MODE=$mode run "sigbus-chain-$mode" "$OUT/sigbus_chain"
 done
 run small "$OUT/small"
 ATTUNE_CONFIG="$OUT/file.toml" run small-file-tier "$OUT/small"
@@ -361,7 +366,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/n
   UP=$(mktemp -d /tmp/attune-unpriv.XXXXXX); chmod 755 "$UP"
   mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
   cp "$PREFIX/bin/attune" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
-  for t in smoke integrity stress fork_exec fork_inherit discard signal_mode small small_threads errors protect_change; do cp "$OUT/$t" "$UP/bin/"; done
+  for t in smoke integrity stress fork_exec fork_inherit discard signal_mode small small_threads errors protect_change sigbus_chain; do cp "$OUT/$t" "$UP/bin/"; done
   cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$UP/bin/" 2>/dev/null
   gcc -O2 -Wno-stringop-overflow tests/run/syscalls_io.c -o "$UP/bin/syscalls_io" -lpthread || { fail=$((fail+1)); failed+=(build-syscalls-io); }
   chmod -R a+rX "$UP/bin" "$UP/lib"
@@ -385,6 +390,7 @@ EOS
   run unpriv-small-threads "$nobody" "$UP/bin/small_threads"
   run unpriv-errors "$nobody" "$UP/bin/errors"
   ATTUNE_FAULT_MODE=signal run unpriv-protect-change-signal "$nobody" "$UP/bin/protect_change"
+  ATTUNE_FAULT_MODE=signal run unpriv-sigbus-chain-signal "$nobody" "$UP/bin/sigbus_chain"
   expect unpriv-run-protect-change 0 "attune run:.*exit 0" runuser -u nobody -- env LD_LIBRARY_PATH="$UP/lib" "$UP/bin/attune" run --dram 16M -- "$UP/bin/protect_change"
   if grep -q "user-mode faults only" "$OUT/unpriv-smoke.log"; then pass=$((pass+1)); echo "ok   unpriv-fallback-reported"
   else fail=$((fail+1)); failed+=(unpriv-fallback-reported); echo "FAIL unpriv-fallback-reported: no warning of the user-mode-only userfaultfd"; fi

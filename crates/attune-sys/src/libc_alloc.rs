@@ -745,6 +745,8 @@ next_calls! {
     i32_ipuip(a: i32, p: usize, u: u32, i: i32, q: usize) -> i32;
     i32_ipui(a: i32, p: usize, u: u32, i: i32) -> i32;
     size_pzzp(p: usize, a: usize, b: usize, f: usize) -> usize;
+    int_ipp(a: i32, p: usize, q: usize) -> i32;
+    ptr_ip(a: i32, p: usize) -> usize;
 }
 
 /// This thread's errno.

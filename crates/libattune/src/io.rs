@@ -888,3 +888,42 @@ pub extern "C" fn fwrite_unlocked(
 ) -> size_t {
     stdio(&FWRITE_UNLOCKED, buf as usize, size, n, f as usize)
 }
+
+// ---- SIGBUS stays the runtime's under signal delivery: attune_sys::signal says why ----
+
+#[no_mangle]
+pub extern "C" fn sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
+    attune_sys::signal::program_sigaction(sig, act as usize, old as usize)
+}
+
+#[no_mangle]
+pub extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    if sig == libc::SIGBUS && attune_sys::signal::installed() && !sys::in_runtime() {
+        return attune_sys::signal::program_signal(sig, handler);
+    }
+    attune_sys::signal::REAL_SIGNAL.ptr_ip(sig, handler)
+}
+
+#[no_mangle]
+pub extern "C" fn sigprocmask(
+    how: c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> c_int {
+    use attune_sys::signal::{program_sigmask, REAL_SIGPROCMASK};
+    program_sigmask(&REAL_SIGPROCMASK, how, set as usize, old as usize)
+}
+
+#[no_mangle]
+pub extern "C" fn pthread_sigmask(
+    how: c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> c_int {
+    use attune_sys::signal::{program_sigmask, REAL_PTHREAD_SIGMASK};
+    program_sigmask(&REAL_PTHREAD_SIGMASK, how, set as usize, old as usize)
+}
