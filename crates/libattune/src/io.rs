@@ -393,6 +393,46 @@ fn finish_short_vector(
     }
 }
 
+/// A single-buffer call: `call(offset, len)` transfers `[b+offset, b+offset+len)`. The
+/// call first; a short count on a regular file finished, an EFAULT of ours retried held
+/// (`split` decides how a transfer larger than one hold goes on).
+fn buffer_call(
+    fd: c_int,
+    b: usize,
+    n: usize,
+    split: impl FnOnce() -> Split,
+    call: impl Fn(usize, usize) -> isize,
+) -> isize {
+    let r = call(0, n);
+    if r >= 0 {
+        return finish_short(fd, b, n, r, &call);
+    }
+    if !ours(&[(b, n)]) {
+        return r;
+    }
+    retry_buffer(b, n, split(), &call)
+}
+
+/// A vectored call, likewise: `call(iov, count, offset)` transfers a vector (the
+/// program's, or a window of it that starts `offset` bytes in).
+fn vector_call(
+    fd: c_int,
+    iov: usize,
+    cnt: c_int,
+    split: impl FnOnce() -> Split,
+    call: impl Fn(usize, c_int, usize) -> isize,
+) -> isize {
+    let r = call(iov, cnt, 0);
+    let windowed = |v: &[iovec], o: usize| call(v.as_ptr() as usize, v.len() as c_int, o);
+    if r >= 0 {
+        return finish_short_vector(fd, iov, cnt, r, windowed);
+    }
+    if !ours(&iov_ranges(iov, cnt.max(0) as usize)) {
+        return r;
+    }
+    retry_vector(iov, cnt, split(), windowed)
+}
+
 // ---- read and write, positional and vectored ----
 
 #[no_mangle]
@@ -403,48 +443,37 @@ pub extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
         release(h);
         return r;
     }
-    let r = READ.isize_ipz(fd, b, n);
-    if r >= 0 {
-        return finish_short(fd, b, n, r, |o, l| READ.isize_ipz(fd, b + o, l));
-    }
-    if !ours(&[(b, n)]) {
-        return r;
-    }
-    retry_buffer(b, n, split_for_read(fd), |o, l| {
-        READ.isize_ipz(fd, b + o, l)
-    })
+    buffer_call(
+        fd,
+        b,
+        n,
+        || split_for_read(fd),
+        |o, l| READ.isize_ipz(fd, b + o, l),
+    )
 }
 
 #[no_mangle]
 pub extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     let b = buf as usize;
-    let r = WRITE.isize_ipz(fd, b, n);
-    if r >= 0 {
-        return finish_short(fd, b, n, r, |o, l| WRITE.isize_ipz(fd, b + o, l));
-    }
-    if !ours(&[(b, n)]) {
-        return r;
-    }
-    retry_buffer(b, n, split_for_write(fd), |o, l| {
-        WRITE.isize_ipz(fd, b + o, l)
-    })
+    buffer_call(
+        fd,
+        b,
+        n,
+        || split_for_write(fd),
+        |o, l| WRITE.isize_ipz(fd, b + o, l),
+    )
 }
 
 #[no_mangle]
 pub extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t {
     let b = buf as usize;
-    let r = PREAD.isize_ipzo(fd, b, n, off);
-    if r >= 0 {
-        return finish_short(fd, b, n, r, |o, l| {
-            PREAD.isize_ipzo(fd, b + o, l, off + o as off_t)
-        });
-    }
-    if !ours(&[(b, n)]) {
-        return r;
-    }
-    retry_buffer(b, n, Split::Continue, |o, l| {
-        PREAD.isize_ipzo(fd, b + o, l, off + o as off_t)
-    })
+    buffer_call(
+        fd,
+        b,
+        n,
+        || Split::Continue,
+        |o, l| PREAD.isize_ipzo(fd, b + o, l, off + o as off_t),
+    )
 }
 
 #[no_mangle]
@@ -455,18 +484,13 @@ pub extern "C" fn pread(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> s
 #[no_mangle]
 pub extern "C" fn pwrite64(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t {
     let b = buf as usize;
-    let r = PWRITE.isize_ipzo(fd, b, n, off);
-    if r >= 0 {
-        return finish_short(fd, b, n, r, |o, l| {
-            PWRITE.isize_ipzo(fd, b + o, l, off + o as off_t)
-        });
-    }
-    if !ours(&[(b, n)]) {
-        return r;
-    }
-    retry_buffer(b, n, Split::Continue, |o, l| {
-        PWRITE.isize_ipzo(fd, b + o, l, off + o as off_t)
-    })
+    buffer_call(
+        fd,
+        b,
+        n,
+        || Split::Continue,
+        |o, l| PWRITE.isize_ipzo(fd, b + o, l, off + o as off_t),
+    )
 }
 
 #[no_mangle]
@@ -483,50 +507,35 @@ pub extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
         release(h);
         return r;
     }
-    let r = READV.isize_ipi(fd, iov as usize, cnt);
-    if r >= 0 {
-        return finish_short_vector(fd, iov as usize, cnt, r, |v, _| {
-            READV.isize_ipi(fd, v.as_ptr() as usize, v.len() as c_int)
-        });
-    }
-    if !ours(&iov_ranges(iov as usize, cnt.max(0) as usize)) {
-        return r;
-    }
-    retry_vector(iov as usize, cnt, split_for_read(fd), |v, _| {
-        READV.isize_ipi(fd, v.as_ptr() as usize, v.len() as c_int)
-    })
+    vector_call(
+        fd,
+        iov as usize,
+        cnt,
+        || split_for_read(fd),
+        |p, k, _| READV.isize_ipi(fd, p, k),
+    )
 }
 
 #[no_mangle]
 pub extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    let r = WRITEV.isize_ipi(fd, iov as usize, cnt);
-    if r >= 0 {
-        return finish_short_vector(fd, iov as usize, cnt, r, |v, _| {
-            WRITEV.isize_ipi(fd, v.as_ptr() as usize, v.len() as c_int)
-        });
-    }
-    if !ours(&iov_ranges(iov as usize, cnt.max(0) as usize)) {
-        return r;
-    }
-    retry_vector(iov as usize, cnt, split_for_write(fd), |v, _| {
-        WRITEV.isize_ipi(fd, v.as_ptr() as usize, v.len() as c_int)
-    })
+    vector_call(
+        fd,
+        iov as usize,
+        cnt,
+        || split_for_write(fd),
+        |p, k, _| WRITEV.isize_ipi(fd, p, k),
+    )
 }
 
 #[no_mangle]
 pub extern "C" fn preadv64(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t {
-    let r = PREADV.isize_ipio(fd, iov as usize, cnt, off);
-    if r >= 0 {
-        return finish_short_vector(fd, iov as usize, cnt, r, |v, o| {
-            PREADV.isize_ipio(fd, v.as_ptr() as usize, v.len() as c_int, off + o as off_t)
-        });
-    }
-    if !ours(&iov_ranges(iov as usize, cnt.max(0) as usize)) {
-        return r;
-    }
-    retry_vector(iov as usize, cnt, Split::Continue, |v, o| {
-        PREADV.isize_ipio(fd, v.as_ptr() as usize, v.len() as c_int, off + o as off_t)
-    })
+    vector_call(
+        fd,
+        iov as usize,
+        cnt,
+        || Split::Continue,
+        |p, k, o| PREADV.isize_ipio(fd, p, k, off + o as off_t),
+    )
 }
 
 #[no_mangle]
@@ -536,18 +545,13 @@ pub extern "C" fn preadv(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t) -
 
 #[no_mangle]
 pub extern "C" fn pwritev64(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t {
-    let r = PWRITEV.isize_ipio(fd, iov as usize, cnt, off);
-    if r >= 0 {
-        return finish_short_vector(fd, iov as usize, cnt, r, |v, o| {
-            PWRITEV.isize_ipio(fd, v.as_ptr() as usize, v.len() as c_int, off + o as off_t)
-        });
-    }
-    if !ours(&iov_ranges(iov as usize, cnt.max(0) as usize)) {
-        return r;
-    }
-    retry_vector(iov as usize, cnt, Split::Continue, |v, o| {
-        PWRITEV.isize_ipio(fd, v.as_ptr() as usize, v.len() as c_int, off + o as off_t)
-    })
+    vector_call(
+        fd,
+        iov as usize,
+        cnt,
+        || Split::Continue,
+        |p, k, o| PWRITEV.isize_ipio(fd, p, k, off + o as off_t),
+    )
 }
 
 #[no_mangle]

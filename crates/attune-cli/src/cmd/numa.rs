@@ -381,7 +381,9 @@ fn place(a: PlaceArgs) -> Result<(), String> {
         let mut next_poll = t0;
         let fork_every = Duration::from_secs_f64(a.hot_secs / (a.forks as f64 + 1.0));
         let mut next_fork = t0 + fork_every;
-        while Instant::now() < end {
+        // The hot loop goes on past `end` until every fork asked for has run: each fork
+        // waits for its child, and on a loaded host 39 of 40 fitted in 6 s.
+        while Instant::now() < end || forks.started < a.forks {
             if a.forks > 0 && forks.started < a.forks && Instant::now() >= next_fork {
                 forks.run_one();
                 next_fork += fork_every;
