@@ -314,6 +314,11 @@ expect run-bad-threshold 2 "ATTUNE_RUN_THRESHOLD" "$ATT" run --threshold 0 -- tr
 printf 'dram = "lots"\n' > "$RT/broken.toml"
 expect run-broken-config 2 "configuration: .*dram" "$ATT" run --config "$RT/broken.toml" -- true
 expect run-bad-rules 2 "ATTUNE_FLAG_RULES" "$ATT" run --rules "64M:LAT" -- true
+expect run-bad-fault-mode 2 "ATTUNE_RUN_FAULT_MODE=fast: expected thread or signal" "$ATT" run --fault-mode fast -- true
+# --fault-mode signal: the program's faults by SIGBUS; numpy's file and pipe I/O included.
+if python3 -c 'import numpy' 2>/dev/null; then
+  expect run-numpy-signal 0 "check_report: OK" sh -c "'$ATT' run -q --fault-mode signal --dram 48M --report '$RT/nps.json' -- python3 tests/run/numpy_work.py 192 && $CHECK '$RT/nps.json' --exit 0 --min-procs 1 --fault-mode signal"
+fi
 ATTUNE_PRELOAD_LIB=/nonexistent/libattune_preload.so expect run-missing-preload-lib 2 "ATTUNE_PRELOAD_LIB=.*no such file" "$ATT" run -- true
 # The chunk size: 64 KiB by default under attune run, the configuration's when it sets one.
 expect run-default-chunk 0 "check_report: OK" sh -c "'$ATT' run -q --dram 64M --report '$RT/ch.json' -- '$RT/crash' exit 0 && $CHECK '$RT/ch.json' --chunk 65536"
@@ -401,6 +406,9 @@ EOS
   expect unpriv-run-syscalls-io-4K 0 "syscalls_io: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M --chunk 4K -- "$UP/bin/syscalls_io" "$UP/work" 64
   # Root, for comparison: the same calls with full userfaultfd delivery.
   expect run-syscalls-io 0 "syscalls_io: OK" "$ATT" run -q --dram 16M -- "$UP/bin/syscalls_io" "$UP/work" 64
+  # Signal delivery under attune run (--fault-mode signal): the same calls, both users.
+  expect run-syscalls-io-signal 0 "syscalls_io: OK" "$ATT" run -q --fault-mode signal --dram 16M -- "$UP/bin/syscalls_io" "$UP/work" 64
+  expect unpriv-run-syscalls-io-signal 0 "syscalls_io: OK" runuser -u nobody -- "$UP/bin/attune" run -q --fault-mode signal --dram 16M -- "$UP/bin/syscalls_io" "$UP/work" 64
   expect unpriv-run-c 0 "c_matrix: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 32M -- "$UP/bin/c_matrix" 128
   [ -x "$UP/bin/allocators_jemalloc" ] && expect unpriv-run-linked-jemalloc 0 "allocators: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 32M -- "$UP/bin/allocators_jemalloc" 96
   if /usr/bin/python3 -c 'import numpy' 2>/dev/null; then

@@ -35,6 +35,8 @@ def main():
     ap.add_argument("--budget-slack", type=int, default=None)
     ap.add_argument("--has-command", help="a managed process whose program name ends so")
     ap.add_argument("--chunk", type=int, help="every listed region has this chunk size")
+    ap.add_argument("--fault-mode", choices=["thread", "signal"],
+                    help="every process resolved its faults this way")
     ap.add_argument("--user-mode-only", action="store_true",
                     help="every process ran with a user-mode-only userfaultfd and system calls were retried")
     ap.add_argument("--evictor-share-max", type=float,
@@ -88,6 +90,8 @@ def main():
     if a.has_command and not any(p["command"] and p["command"][0].endswith(a.has_command)
                                  for p in r["per_process"]):
         fail(f"no managed process ran {a.has_command}")
+    if a.fault_mode and any(p.get("fault_mode") != a.fault_mode for p in r["per_process"]):
+        fail(f"a process's fault_mode is not {a.fault_mode}")
     if a.user_mode_only:
         procs = r["per_process"]
         if not all(p.get("uffd_user_mode_only") is True for p in procs):

@@ -147,11 +147,12 @@ extern "C" fn constructor() {
     attune_sys::libc_alloc::resolve();
     attune::runtime::INTERPOSED.store(true, Relaxed);
     let _b = Busy::enter();
-    // Unmodified programs pass their buffers to system calls, which the SIGBUS delivery
-    // would fail with EFAULT: the handler thread serves every managed region and arena.
-    // (Single-threaded here: the program's main has not run yet.)
-    std::env::set_var("ATTUNE_FAULT_MODE", "thread");
     let s = settings();
+    // The handler thread by default: it serves kernel accesses nothing can wrap (a peer's
+    // process_vm_readv, io_uring, AIO). `--fault-mode signal` resolves faults on the
+    // faulting thread, with the system calls libattune wraps retried (io.rs).
+    // (Single-threaded here: the program's main has not run yet.)
+    std::env::set_var("ATTUNE_FAULT_MODE", s.fault_mode);
     if !s.children {
         // exec'd children must not load the interposer again; other preloads stay.
         let rest: Vec<String> = std::env::var("LD_PRELOAD")

@@ -120,6 +120,7 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "live_bytes": live_b,
         "threshold_bytes": settings().threshold,
         "allocator": attune_sys::libc_alloc::program_allocator(),
+        "fault_mode": settings().fault_mode,
         "uffd_user_mode_only": attune::runtime::engine_if_started().map(|e| e.user_mode_only()),
         "io_retried_calls": capi::io::RETRIED.load(Relaxed),
         "io_held_bytes": capi::io::HELD_BYTES.load(Relaxed),

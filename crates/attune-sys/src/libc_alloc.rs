@@ -249,6 +249,15 @@ pub fn in_runtime() -> bool {
     IN_RUNTIME.with(|c| c.get() != 0)
 }
 
+/// Whether this request must go to glibc's heap instead of the program's allocator:
+/// only when they differ (`SAME_HEAP` is read first: the thread-local costs a
+/// `__tls_get_addr` call in a preloaded library, 11% on a malloc/free loop when it was
+/// read on every request: docs/benchmarks.md, "attune run overhead").
+#[inline]
+fn runtime_heap() -> bool {
+    !SAME_HEAP.load(Relaxed) && in_runtime()
+}
+
 /// True when the program's allocator is glibc's own: then no block needs remembering.
 static SAME_HEAP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 /// glibc's `malloc_usable_size`, from libc's own object (not the program's).
@@ -426,7 +435,7 @@ pub fn program_allocator() -> Option<String> {
 }
 
 pub fn malloc(size: usize) -> usize {
-    if in_runtime() {
+    if runtime_heap() {
         let p = runtime_block(libc_malloc(size));
         if p != 0 {
             return p;
@@ -441,7 +450,7 @@ pub fn malloc(size: usize) -> usize {
 }
 
 pub fn calloc(n: usize, size: usize) -> usize {
-    if in_runtime() {
+    if runtime_heap() {
         // SAFETY: glibc checks the multiplication for overflow.
         let p = runtime_block(unsafe { __libc_calloc(n, size) as usize });
         if p != 0 {
@@ -469,7 +478,7 @@ pub fn calloc(n: usize, size: usize) -> usize {
 
 /// A block aligned to `align` (a power of two), from the program's allocator.
 pub fn memalign(align: usize, size: usize) -> usize {
-    if in_runtime() {
+    if runtime_heap() {
         let p = runtime_block(libc_memalign(align, size));
         if p != 0 {
             return p;
@@ -528,7 +537,7 @@ pub fn realloc(p: usize, size: usize) -> usize {
         }
         return q;
     }
-    if p == 0 && in_runtime() {
+    if p == 0 && runtime_heap() {
         return malloc(size);
     }
     let Some(f) = entry(REALLOC) else {

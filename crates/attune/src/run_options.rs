@@ -19,6 +19,7 @@ pub const RUN_OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "history", env: "ATTUNE_HISTORY", default: "$XDG_STATE_HOME/attune/history.json (~/.local/state/...)", suggested: "the default; off to neither read nor write it", doc: "Execution history: `attune profile` records what it learned per program, `attune run` without flags predicts from it" },
     OptionDoc { key: "run_threshold", env: "ATTUNE_RUN_THRESHOLD", default: "1M", suggested: "1M; 256K for programs with many mid-sized buffers", doc: "malloc-family and anonymous mmap requests of at least this size are managed; smaller ones stay with the system allocator" },
     OptionDoc { key: "run_small", env: "ATTUNE_RUN_SMALL", default: "0", suggested: "0; 1 when small objects dominate the footprint", doc: "1: small requests are managed too (per-class arenas), so the whole heap is tiered" },
+    OptionDoc { key: "run_fault_mode", env: "ATTUNE_RUN_FAULT_MODE", default: "thread", suggested: "thread; signal for fault-bound programs whose kernel accesses are all wrapped calls (docs/design.md, \"System calls on managed memory\")", doc: "How an unmodified program's faults are resolved: thread (a handler thread; every kernel access works) or signal (the faulting thread by SIGBUS: faster; read/write, sockets and stdio are retried by the interposer, a peer's process_vm_readv, io_uring and AIO fail with EFAULT)" },
     OptionDoc { key: "run_children", env: "ATTUNE_RUN_CHILDREN", default: "1", suggested: "1", doc: "1: forked and exec'd children are managed too (each with its own budget); 0: only the first process" },
     OptionDoc { key: "report_dir", env: "ATTUNE_REPORT_DIR", default: "(set by attune run)", suggested: "-", doc: "Where each managed process writes its statistics (proc-PID-START.json), read by `attune run` for the report" },
     OptionDoc { key: "report_interval", env: "ATTUNE_REPORT_INTERVAL_MS", default: "1000", suggested: "1000", doc: "How often a process refreshes its statistics file (so a killed program still leaves a report)" },
@@ -40,6 +41,8 @@ pub struct RunSettings {
     pub threshold: usize,
     pub small: bool,
     pub children: bool,
+    /// Fault delivery of the program's regions: "thread" or "signal".
+    pub fault_mode: &'static str,
     pub report_dir: Option<std::path::PathBuf>,
     pub report_interval_ms: u64,
     /// Regions learned from the history (`ATTUNE_PREDICT`), in allocation order.
@@ -54,6 +57,7 @@ impl Default for RunSettings {
             threshold: 1 << 20,
             small: false,
             children: true,
+            fault_mode: "thread",
             report_dir: None,
             report_interval_ms: 1000,
             predicted: Vec::new(),
@@ -153,6 +157,17 @@ pub fn from_env(getenv: impl Fn(&str) -> Option<String>) -> Result<RunSettings, 
     if let Some(v) = getenv("ATTUNE_RUN_CHILDREN") {
         s.children = bool_var("ATTUNE_RUN_CHILDREN", &v)?;
     }
+    if let Some(v) = getenv("ATTUNE_RUN_FAULT_MODE") {
+        s.fault_mode = match v.trim() {
+            "thread" => "thread",
+            "signal" => "signal",
+            _ => {
+                return Err(format!(
+                    "ATTUNE_RUN_FAULT_MODE={v}: expected thread or signal"
+                ))
+            }
+        };
+    }
     s.report_dir = getenv("ATTUNE_REPORT_DIR")
         .filter(|d| !d.is_empty())
         .map(Into::into);
@@ -230,6 +245,7 @@ mod tests {
             ("ATTUNE_RUN_THRESHOLD", "0"),
             ("ATTUNE_RUN_THRESHOLD", "lots"),
             ("ATTUNE_RUN_SMALL", "maybe"),
+            ("ATTUNE_RUN_FAULT_MODE", "fast"),
             ("ATTUNE_REPORT_INTERVAL_MS", "1"),
             ("ATTUNE_PREDICT", "64M:CAP"),
         ] {

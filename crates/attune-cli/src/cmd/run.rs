@@ -39,6 +39,10 @@ pub struct Args {
     /// Manage small requests too (the whole heap).
     #[arg(long)]
     small: bool,
+    /// How faults are resolved: thread (default; every kernel access works) or signal
+    /// (faster; docs/design.md, "System calls on managed memory").
+    #[arg(long, value_name = "thread|signal")]
+    fault_mode: Option<String>,
     /// Do not manage forked or exec'd children.
     #[arg(long)]
     no_children: bool,
@@ -206,6 +210,9 @@ pub fn run(a: Args) -> i32 {
     }
     if a.no_children {
         env.push(("ATTUNE_RUN_CHILDREN".into(), "0".into()));
+    }
+    if let Some(m) = &a.fault_mode {
+        env.push(("ATTUNE_RUN_FAULT_MODE".into(), m.clone()));
     }
     // Large buffers of unmodified programs are mostly streamed whole (numpy, array codes):
     // 64 KiB chunks move them 4x faster than 4 KiB ones (docs/benchmarks.md), unless the
