@@ -85,6 +85,14 @@ static FWRITE_UNLOCKED: NextFn = NextFn::new(c"fwrite_unlocked");
 static PROCESS_VM_READV: NextFn = NextFn::new(c"process_vm_readv");
 static PROCESS_VM_WRITEV: NextFn = NextFn::new(c"process_vm_writev");
 
+/// Whether any managed memory can fail a kernel access: until then no wrapper looks
+/// further (nothing allocated or locked on the common path: these calls are
+/// async-signal-safe, and programs call them from signal handlers).
+#[inline]
+fn may_fail() -> bool {
+    attune::engine::KERNEL_ACCESS_MAY_FAIL.load(Relaxed)
+}
+
 /// Whether a failed call's EFAULT may be the runtime's: managed memory in one of
 /// `ranges` whose missing pages the kernel cannot fault in.
 fn ours(ranges: &[(usize, usize)]) -> bool {
@@ -438,10 +446,12 @@ fn vector_call(
 #[no_mangle]
 pub extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     let b = buf as usize;
-    if let Some(h) = hold_before(&[(b, n)]).filter(|_| message_socket(fd)) {
-        let r = READ.isize_ipz(fd, b, n);
-        release(h);
-        return r;
+    if may_fail() && message_socket(fd) {
+        if let Some(h) = hold_before(&[(b, n)]) {
+            let r = READ.isize_ipz(fd, b, n);
+            release(h);
+            return r;
+        }
     }
     buffer_call(
         fd,
@@ -500,12 +510,12 @@ pub extern "C" fn pwrite(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -
 
 #[no_mangle]
 pub extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if let Some(h) =
-        hold_before(&iov_ranges(iov as usize, cnt.max(0) as usize)).filter(|_| message_socket(fd))
-    {
-        let r = READV.isize_ipi(fd, iov as usize, cnt);
-        release(h);
-        return r;
+    if may_fail() && message_socket(fd) {
+        if let Some(h) = hold_before(&iov_ranges(iov as usize, cnt.max(0) as usize)) {
+            let r = READV.isize_ipi(fd, iov as usize, cnt);
+            release(h);
+            return r;
+        }
     }
     vector_call(
         fd,
@@ -692,7 +702,9 @@ fn retry_message(ranges: Vec<(usize, usize)>, call: impl FnMut() -> isize) -> is
 pub extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, fl: c_int) -> ssize_t {
     // Held before the call (see `hold_before`); a message larger than one hold is held
     // in its first piece only.
-    let h = hold_before(&msg_ranges(msg as usize));
+    let h = may_fail()
+        .then(|| hold_before(&msg_ranges(msg as usize)))
+        .flatten();
     let r = RECVMSG.isize_ipi(fd, msg as usize, fl);
     if let Some(h) = h {
         release(h);
@@ -725,7 +737,9 @@ pub extern "C" fn recvmmsg(
     fl: c_int,
     t: *mut libc::timespec,
 ) -> c_int {
-    let h = hold_before(&mmsg_ranges(v as usize, n));
+    let h = may_fail()
+        .then(|| hold_before(&mmsg_ranges(v as usize, n)))
+        .flatten();
     let r = RECVMMSG.i32_ipuip(fd, v as usize, n, fl, t as usize);
     if let Some(h) = h {
         release(h);
@@ -759,11 +773,11 @@ fn process_vm(
     fl: usize,
 ) -> isize {
     let r = f.isize_ipzpzz(pid, l, ln, rm, rn, fl);
-    let mut ranges = iov_ranges(l, ln);
-    let total: usize = ranges.iter().map(|x| x.1).sum();
-    if r >= 0 && r as usize >= total {
+    let total: usize = (0..ln).map(|i| sys::iovec_at(l, i).1).sum();
+    if !may_fail() || (r >= 0 && r as usize >= total) {
         return r;
     }
+    let mut ranges = iov_ranges(l, ln);
     if pid as u32 == std::process::id() {
         // The "remote" memory is ours too.
         ranges.extend(iov_ranges(rm, rn));
