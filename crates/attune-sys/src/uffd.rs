@@ -238,6 +238,13 @@ impl Uffd {
         })
     }
 
+    /// Whether this process would get a userfaultfd that sees user-mode faults only (it
+    /// may open one, but not with kernel-mode faults); false when it gets full delivery
+    /// or none at all.
+    pub fn user_mode_only_here() -> bool {
+        Self::open_exact(0).is_ok_and(|u| u.user_mode_only)
+    }
+
     /// The feature bits the running kernel offers (0 when userfaultfd cannot be opened).
     pub fn probe_features() -> SysResult<u64> {
         // SAFETY: as in `open`.

@@ -308,6 +308,19 @@ pub fn run(a: Args) -> i32 {
     for (k, v) in &env {
         cmd.env(k, v);
     }
+    // Where the kernel cannot fault managed pages in (signal delivery, or a userfaultfd
+    // limited to user-mode faults, as users who are not root get), a peer rank's
+    // process_vm_readv of our buffers fails: Open MPI's single-copy transport printed
+    // "Read -1, expected 8388608, errno = 14" and fell back. Copying through its shared
+    // segment in user space is served like any access (docs/design.md, "System calls on
+    // managed memory"). The user's own choice wins.
+    let signal = get("ATTUNE_RUN_FAULT_MODE").is_some_and(|m| m.trim() == "signal");
+    if managed
+        && std::env::var_os("OMPI_MCA_btl_vader_single_copy_mechanism").is_none()
+        && (signal || attune_sys::uffd::Uffd::user_mode_only_here())
+    {
+        cmd.env("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
+    }
     if managed {
         cmd.env("LD_PRELOAD", preload);
     }
