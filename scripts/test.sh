@@ -414,6 +414,18 @@ EOS
   expect run-syscalls-io-signal 0 "syscalls_io: OK" "$ATT" run -q --fault-mode signal --dram 16M -- "$UP/bin/syscalls_io" "$UP/work" 64
   expect unpriv-run-syscalls-io-signal 0 "syscalls_io: OK" runuser -u nobody -- "$UP/bin/attune" run -q --fault-mode signal --dram 16M -- "$UP/bin/syscalls_io" "$UP/work" 64
   expect unpriv-run-c 0 "c_matrix: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 32M -- "$UP/bin/c_matrix" 128
+  # Secure execution: a program linked with libattune, set-user-ID nobody and run by root,
+  # ignores the caller's ATTUNE_* (ATTUNE_CONFIG into a directory only root can read);
+  # the same program without the bit reads the file, so the check can tell them apart.
+  mkdir -m 700 "$UP/private"; echo 'dram = "secret-7f3a"' > "$UP/private/attune.toml"
+  if gcc -O2 $(pkg-config --cflags attune) tests/c/secure_env.c -o "$UP/bin/secure_env" "$PREFIX/lib/libattune.a" -lgcc_s -lutil -lrt -lpthread -lm -ldl; then
+    cp "$UP/bin/secure_env" "$UP/bin/plain_env"
+    chown nobody "$UP/bin/secure_env" && chmod 4755 "$UP/bin/secure_env"
+    expect setuid-ignores-attune-env 0 "ATTUNE_\\* environment is ignored.*secure_env: OK" sh -c "out=\$(ATTUNE_CONFIG='$UP/private/attune.toml' ATTUNE_TIER_FILE_PATH='$UP/private' '$UP/bin/secure_env' 2>&1); rc=\$?; echo \"\$out\" | tr '\\n' ' '; echo \"\$out\" | grep -q secret-7f3a && exit 9; [ \"\$(ls '$UP/private')\" = attune.toml ] || exit 8; exit \$rc"
+    expect plain-program-reads-attune-env 1 "secret-7f3a" env ATTUNE_CONFIG="$UP/private/attune.toml" "$UP/bin/plain_env"
+  else
+    fail=$((fail+1)); failed+=(build-secure-env); echo "FAIL build-secure-env"
+  fi
   # MPI as a user who is not root (user-mode-only userfaultfd): as under signal delivery.
   if [ -x "$RT/mpi_exchange" ]; then
     cp "$RT/mpi_exchange" "$UP/bin/" && chmod 755 "$UP/bin/mpi_exchange"

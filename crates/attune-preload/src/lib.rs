@@ -72,13 +72,17 @@ impl Drop for Busy {
 
 fn settings() -> &'static RunSettings {
     SETTINGS.get_or_init(|| {
-        run_options::from_env(|k| std::env::var(k).ok()).unwrap_or_else(|e| {
-            attune::log::emit(
-                attune::log::Level::Error,
-                &format!("attune run: {e}; using the defaults"),
-            );
-            RunSettings::default()
-        })
+        // Under secure execution the environment is the caller's, not the program's: no
+        // settings from it (see attune::config::load_from_process).
+        let secure = attune_sys::os::secure_execution();
+        run_options::from_env(|k| (!secure).then(|| std::env::var(k).ok()).flatten())
+            .unwrap_or_else(|e| {
+                attune::log::emit(
+                    attune::log::Level::Error,
+                    &format!("attune run: {e}; using the defaults"),
+                );
+                RunSettings::default()
+            })
     })
 }
 

@@ -461,3 +461,13 @@ pub fn spawn_runtime_thread(name: &str, body: impl FnOnce() + Send + 'static) ->
     }
     Ok(())
 }
+
+/// Whether this process runs with secure execution (`AT_SECURE`: a set-user-ID or
+/// set-group-ID program, or one with file capabilities, started by another user). Such a
+/// process must not take settings from its environment, which the user who started it
+/// controls: a path in it would make the program read or delete files with its own
+/// rights.
+pub fn secure_execution() -> bool {
+    // SAFETY: getauxval has no preconditions; 0 when the entry is absent.
+    unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
+}

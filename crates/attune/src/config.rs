@@ -784,10 +784,25 @@ pub fn load(
 }
 
 /// Loads from the real environment and machine.
+///
+/// Under secure execution (a set-user-ID program started by another user) the `ATTUNE_*`
+/// environment is ignored, with a warning: `ATTUNE_CONFIG` made the program read a file
+/// with its own rights (and show it in error messages), `ATTUNE_TIER_FILE_PATH` create and
+/// delete files in a directory the user could not write. The program's own `path` and the
+/// defaults apply.
 pub fn load_from_process(path: Option<&std::path::Path>) -> Result<Config, ConfigError> {
+    let secure = attune_sys::os::secure_execution();
     let env: Vec<(String, String)> = std::env::vars()
         .filter(|(k, _)| k.starts_with("ATTUNE_"))
         .collect();
+    if secure && !env.is_empty() {
+        crate::log::emit(
+            crate::log::Level::Warn,
+            "set-user-ID or set-group-ID program: the ATTUNE_* environment is ignored \
+             (its paths would act with the program's rights); the defaults apply",
+        );
+        return load(path, &[], &Machine::this());
+    }
     load(path, &env, &Machine::this())
 }
 
