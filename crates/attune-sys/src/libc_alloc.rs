@@ -250,9 +250,10 @@ pub fn in_runtime() -> bool {
 }
 
 /// Whether this request must go to glibc's heap instead of the program's allocator:
-/// only when they differ (`SAME_HEAP` is read first: the thread-local costs a
-/// `__tls_get_addr` call in a preloaded library, 11% on a malloc/free loop when it was
-/// read on every request: docs/benchmarks.md, "attune run overhead").
+/// only when they differ. `SAME_HEAP` is read first so that a program on glibc's
+/// allocator pays no thread-local read (a `__tls_get_addr` call in a preloaded library)
+/// on every request; the overhead comparison is in docs/benchmarks.md, "`attune run`
+/// under signal delivery, and the interposer's new layers".
 #[inline]
 fn runtime_heap() -> bool {
     !SAME_HEAP.load(Relaxed) && in_runtime()

@@ -253,6 +253,25 @@ fn iov_ranges(iov: usize, cnt: usize) -> Vec<(usize, usize)> {
     (0..cnt).map(|i| sys::iovec_at(iov, i)).collect()
 }
 
+/// The part of the ranges `all` that starts `skip` bytes in, at most `want` bytes long.
+fn window(all: &[(usize, usize)], mut skip: usize, mut want: usize) -> Vec<(usize, usize)> {
+    let mut win = Vec::new();
+    for &(a, n) in all {
+        if want == 0 {
+            break;
+        }
+        if skip >= n {
+            skip -= n;
+            continue;
+        }
+        let take = (n - skip).min(want);
+        win.push((a + skip, take));
+        skip = 0;
+        want -= take;
+    }
+    win
+}
+
 /// The slow path of a vectored call that failed with EFAULT: `call(sub, offset)` runs on
 /// a window of the vector (`sub`) that starts `offset` bytes into it.
 fn retry_vector(
@@ -283,22 +302,7 @@ fn retry_vector(
     }
     let mut done = 0;
     while done < total {
-        // The window [done, done+lim) of the vector.
-        let mut win = Vec::new();
-        let (mut skip, mut want) = (done, lim);
-        for &(a, n) in &all {
-            if skip >= n {
-                skip -= n;
-                continue;
-            }
-            let take = (n - skip).min(want);
-            win.push((a + skip, take));
-            skip = 0;
-            want -= take;
-            if want == 0 {
-                break;
-            }
-        }
+        let win = window(&all, done, lim);
         let n: usize = win.iter().map(|r| r.1).sum();
         let v = as_iov(&win);
         let r = retry_whole(&win, || call(&v, done));
@@ -364,20 +368,13 @@ fn finish_short_vector(
     if r as usize >= total || sys::fd_type(fd) != libc::S_IFREG {
         return r;
     }
-    // The ranges after the first r bytes.
-    let mut skip = r as usize;
-    let mut left = Vec::new();
-    for (a, n) in all {
-        if skip >= n {
-            skip -= n;
-            continue;
-        }
-        left.push(iovec {
-            iov_base: (a + skip) as *mut c_void,
-            iov_len: n - skip,
-        });
-        skip = 0;
-    }
+    let left: Vec<iovec> = window(&all, r as usize, usize::MAX)
+        .into_iter()
+        .map(|(a, n)| iovec {
+            iov_base: a as *mut c_void,
+            iov_len: n,
+        })
+        .collect();
     let managed = {
         let _b = Busy::enter();
         left.iter()
