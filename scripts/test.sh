@@ -34,6 +34,13 @@ if cargo fmt --version >/dev/null 2>&1; then
   else fail=$((fail+1)); failed+=(rustfmt); echo "FAIL rustfmt (run cargo fmt)"; head -n 20 "$OUT/fmt.log"; fi
 fi
 
+# Layering: no module of a crate imports one that imports it back (docs/design.md,
+# "Module layering").
+for src in crates/*/src; do
+  if python3 scripts/check_modules.py "$src" >"$OUT/modules.log" 2>&1; then pass=$((pass+1)); echo "ok   modules $src"
+  else fail=$((fail+1)); failed+=("modules-$src"); echo "FAIL modules $src"; sed 's/^/     /' "$OUT/modules.log"; fi
+done
+
 echo "== native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"

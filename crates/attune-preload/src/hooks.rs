@@ -17,7 +17,7 @@
 //!   2 MiB chunks itself; numpy asks for huge pages on every large array).
 
 use crate::{ready, settings, table, Busy, SMALL, THRESHOLD};
-use attune::engine::AllocOptions;
+use attune::paging::AllocOptions;
 use attune_sys::libc_alloc as alloc;
 use attune_sys::mem;
 use libc::{c_int, c_void, off_t};
@@ -153,7 +153,7 @@ fn pin_hot(p: usize, size: usize, hot: &[(f64, f64)]) {
 /// Bytes of freed regions kept for reuse: 1/8 of the budget, at most 64 MiB.
 fn cache_limit() -> usize {
     attune::runtime::engine_if_started()
-        .map(|e| (e.budget() / 8).min(64 << 20) as usize)
+        .map(|e| (e.pager.budget() / 8).min(64 << 20) as usize)
         .unwrap_or(0)
 }
 

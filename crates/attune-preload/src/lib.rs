@@ -149,7 +149,7 @@ extern "C" fn at_exit() {
 
 extern "C" fn constructor() {
     attune_sys::libc_alloc::resolve();
-    attune::runtime::INTERPOSED.store(true, Relaxed);
+    attune::engine::INTERPOSED.store(true, Relaxed);
     let _b = Busy::enter();
     let s = settings();
     // The handler thread by default: it serves kernel accesses nothing can wrap (a peer's

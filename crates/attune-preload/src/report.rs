@@ -110,8 +110,8 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "command": cmdline(),
         "final": final_,
         "elapsed_seconds": elapsed_s(),
-        "budget_bytes": e.map(|e| e.budget()).unwrap_or(0),
-        "peak_resident_bytes": e.map(|e| e.peak_resident.load(Relaxed)).unwrap_or(0),
+        "budget_bytes": e.map(|e| e.pager.budget()).unwrap_or(0),
+        "peak_resident_bytes": e.map(|e| e.pager.peak_resident.load(Relaxed)).unwrap_or(0),
         "os_minor_faults": minflt,
         "os_major_faults": majflt,
         "managed_requests": hooks::SERVED.load(Relaxed),
@@ -121,7 +121,7 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "threshold_bytes": settings().threshold,
         "allocator": attune_sys::libc_alloc::program_allocator(),
         "fault_mode": settings().fault_mode,
-        "uffd_user_mode_only": attune::runtime::engine_if_started().map(|e| e.user_mode_only()),
+        "uffd_user_mode_only": attune::runtime::engine_if_started().map(|e| e.pager.user_mode_only()),
         "io_retried_calls": capi::io::RETRIED.load(Relaxed),
         "io_held_bytes": capi::io::HELD_BYTES.load(Relaxed),
         "io_unretried_calls": capi::io::UNRETRIED.load(Relaxed),
@@ -136,8 +136,8 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "numa": attune::runtime::numa_stats(),
     });
     // The engine's movement counters, 0 before the engine starts.
-    let none = attune::engine::EngineCounters::default();
-    let counters = e.map_or(&none, |e| &e.counters);
+    let none = attune::paging::Counters::default();
+    let counters = e.map_or(&none, |e| &e.pager.counters);
     for (k, a) in counters.statistics() {
         v[k] = json!(a.load(Relaxed));
     }
@@ -150,9 +150,9 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
 static TIMELINE: std::sync::Mutex<Vec<serde_json::Value>> = std::sync::Mutex::new(Vec::new());
 
 /// One of the engine's counters (0 before the engine starts).
-fn counter(pick: fn(&attune::engine::EngineCounters) -> &AtomicU64) -> u64 {
+fn counter(pick: fn(&attune::paging::Counters) -> &AtomicU64) -> u64 {
     attune::runtime::engine_if_started()
-        .map(|e| pick(&e.counters).load(Relaxed))
+        .map(|e| pick(&e.pager.counters).load(Relaxed))
         .unwrap_or(0)
 }
 
@@ -225,11 +225,12 @@ fn sampling() -> serde_json::Value {
             })
         })
         .collect();
-    let cfg =
-        attune::runtime::engine_if_started().map(|e| (e.cfg.sample_rate, e.cfg.sample_window_us));
+    let cfg = attune::runtime::engine_if_started()
+        .map(|e| (e.pager.cfg.sample_rate, e.pager.cfg.sample_window_us));
     let hist: Vec<u64> = attune::runtime::engine_if_started()
         .map(|e| {
-            e.counters
+            e.pager
+                .counters
                 .sample_delay_us
                 .iter()
                 .map(|a| a.load(Relaxed))

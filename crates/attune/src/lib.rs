@@ -1,36 +1,40 @@
 //! # Attune runtime core
 //!
-//! Where things are:
-//! * `fault.rs`: the fault path (claim, read-ahead, place) and both deliveries.
-//! * `evict.rs`: the CLOCK and the background evictor (mechanism; decisions come from
-//!   the `attune-policy` crate).
-//! * `tier/`: far tiers (`memory`, `file`) behind one store/load interface.
-//! * `region.rs`: a region's chunks and their atomic state words.
-//! * `sample.rs`: access sampling of resident pages (park, time the next touch).
-//! * `engine.rs`: allocation, free, pin, prefetch; `runtime.rs`: the API entry points.
-//! * `config.rs`: the options table, TOML file and environment.
-//! * `topology.rs`: discovery of NUMA memory tiers from /sys; `numa.rs`: placement on
-//!   NUMA tiers (mbind, weighted interleave, move_pages).
+//! Where things are (each module only uses the ones listed before it):
+//! * `config.rs`, `log.rs`, `size.rs`, `error.rs`: options, logging, sizes, the C API's
+//!   error messages.
+//! * `sync/`: the fork gate every runtime operation runs inside, the small allocator's
+//!   per-thread gate.
+//! * `region.rs`: a region's chunks and their atomic state words; `tier/`: far tiers
+//!   (`memory`, `file`) behind one store/load interface.
+//! * `paging/`: the paging engine: the fault path (`paging/fault.rs`), replacement
+//!   (`paging/evict.rs`), allocation and pinning (`paging/ops.rs`), access sampling.
+//!   Decisions come from the `attune-policy` crate.
+//! * `topology.rs`: NUMA memory tiers from /sys; `numa/`: placement on NUMA tiers
+//!   (mbind, weighted interleave, move_pages) and their write heat.
+//! * `small.rs`: small objects in per-class arenas.
+//! * `engine.rs`: the composition root (builds the subsystems, starts their threads).
+//! * `fork.rs`: a forked child takes the engine over.
+//! * `daemon_client.rs`: the connection to the node daemon (`attuned`).
+//! * `runtime.rs`: the process-wide state behind the C API, statistics and phases.
 
 pub mod config;
+pub mod daemon_client;
 pub mod engine;
-pub mod evict;
-pub mod fault;
+pub mod error;
 pub mod fork;
 pub mod hash;
 pub mod log;
 pub mod numa;
-pub mod numa_heat;
+pub mod paging;
 pub mod pool;
 pub mod region;
 pub mod run_options;
 pub mod runtime;
-pub mod sample;
 pub mod size;
 pub mod small;
-pub mod thread_gate;
+pub mod sync;
 pub mod tier;
-pub mod tmm;
 pub mod topology;
 
 pub use attune_policy::Flags;

@@ -133,7 +133,7 @@ impl RegionCounters {
 /// resident chunk in the far tier at `parked_at`; the fault that brings it back within the
 /// window is a hit after `d` ns, a sample that waits the whole window is censored.
 /// Per chunk, hits / exposure is the maximum-likelihood access rate of a Poisson process
-/// observed with right-censoring (see crate::sample).
+/// observed with right-censoring (see `crate::paging::sampler`).
 #[derive(Default)]
 pub struct SampleCells {
     pub parked_at: Box<[AtomicU64]>,

@@ -4,12 +4,13 @@
 //! code plus errno and keeps a readable message per thread ([`last_error`]).
 
 use crate::config::{self, Config};
-use crate::engine::{AllocOptions, Engine};
+use crate::engine::Engine;
+use crate::error::fail;
+use crate::paging::AllocOptions;
 use crate::region::{Region, RegionKind, Where};
 use crate::small::SmallAllocator;
 use attune_policy::Flags;
 use attune_sys::{mem, Errno};
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
@@ -29,42 +30,17 @@ pub enum Runtime {
     },
 }
 
-/// The errno type of the API (re-exported for the C layer).
-pub type ErrnoT = Errno;
-
-/// Builds an errno value.
-pub fn errno(e: i32) -> Errno {
-    Errno(e)
-}
-
 /// The runtime of this process. A forked child takes its parent's over (`crate::fork`); if
 /// it cannot, it starts its own on first use.
 static RUNTIME: Mutex<Option<(u32, &'static Result<Runtime, String>)>> = Mutex::new(None);
-static ENGINE_PTR: AtomicUsize = AtomicUsize::new(0);
 /// Lock-free fast path to the current runtime (cleared in a forked child that could not take
 /// its parent's over).
 static FAST: AtomicUsize = AtomicUsize::new(0);
 
-thread_local! {
-    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
-}
-
-/// Records a message for `attune_last_error` and returns the errno.
-pub fn fail(e: Errno, msg: impl Into<String>) -> Errno {
-    let m = msg.into();
-    LAST_ERROR.with(|l| *l.borrow_mut() = m);
-    e
-}
-
-/// The last error message of this thread.
-pub fn last_error() -> String {
-    LAST_ERROR.with(|l| l.borrow().clone())
-}
-
 /// The parts of the runtime a fork must quiesce: the engine and the small allocator's gate.
 fn fork_parts() -> (
     Option<&'static Engine>,
-    Option<&'static crate::thread_gate::ThreadGate>,
+    Option<&'static crate::sync::thread_gate::ThreadGate>,
 ) {
     let fast = FAST.load(Acquire);
     if fast == 0 {
@@ -79,12 +55,12 @@ fn fork_parts() -> (
 
 extern "C" fn fork_prepare() {
     let (e, g) = fork_parts();
-    crate::fork::prepare(e, g);
+    crate::fork::prepare(e.map(|e| &e.pager), g);
 }
 
 extern "C" fn fork_parent() {
     let (e, g) = fork_parts();
-    crate::fork::parent(e, g);
+    crate::fork::parent(e.map(|e| &e.pager), g);
 }
 
 extern "C" fn fork_child() {
@@ -93,7 +69,7 @@ extern "C" fn fork_child() {
         // (in a thread, so the fork does not wait for the daemon).
         if let (Some(e), _) = fork_parts() {
             let _ = attune_sys::os::spawn_runtime_thread("attune-tmm", move || {
-                if let Err(m) = crate::tmm::start(&e.cfg, Some(e)) {
+                if let Err(m) = crate::daemon_client::start(&e.pager.cfg, Some(&e.pager)) {
                     crate::log::emit(crate::log::Level::Warn, &m);
                 }
             });
@@ -111,20 +87,14 @@ pub fn after_fork_in_child() -> bool {
     if !ok {
         crate::small::publish(None);
         FAST.store(0, Release);
-        ENGINE_PTR.store(0, Release);
+        crate::engine::publish(None);
     }
     ok
 }
 
 /// The engine, if the runtime started in tiered mode (signal-safe, no initialisation).
 pub fn engine_if_started() -> Option<&'static Engine> {
-    let p = ENGINE_PTR.load(Acquire);
-    if p == 0 {
-        None
-    } else {
-        // SAFETY: ENGINE_PTR only ever holds a leaked &'static Engine.
-        Some(unsafe { &*(p as *const Engine) })
-    }
+    crate::engine::current()
 }
 
 /// Called once the engine runs, whoever started it (the interposer starts its statistics
@@ -145,7 +115,7 @@ fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
         .unwrap_or(false)
     {
         crate::info!("ATTUNE_DISABLE_UFFD=1: plain DRAM, no tiering");
-        crate::tmm::start(&cfg, None)?;
+        crate::daemon_client::start(&cfg, None)?;
         return Ok(Runtime::Plain {
             cfg,
             maps: Mutex::new(BTreeMap::new()),
@@ -154,13 +124,13 @@ fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
     match Engine::new(cfg.clone()) {
         Ok(e) => {
             let e: &'static Engine = Box::leak(Box::new(e));
-            ENGINE_PTR.store(e as *const Engine as usize, Release);
+            crate::engine::publish(Some(e));
             e.start().map_err(|x| x.0)?;
-            crate::tmm::start(&e.cfg, Some(e))?;
+            crate::daemon_client::start(&e.pager.cfg, Some(&e.pager))?;
             if let Some(f) = ON_START.get() {
                 f();
             }
-            let small = SmallAllocator::new(e.cfg.small_threshold);
+            let small = SmallAllocator::new(e.pager.cfg.small_threshold);
             if !small.enabled {
                 crate::log::emit(
                     crate::log::Level::Warn,
@@ -174,7 +144,7 @@ fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
                 crate::log::Level::Error,
                 &format!("{}; continuing with plain DRAM (no tiering)", x.0),
             );
-            crate::tmm::start(&cfg, None)?;
+            crate::daemon_client::start(&cfg, None)?;
             Ok(Runtime::Plain {
                 cfg,
                 maps: Mutex::new(BTreeMap::new()),
@@ -198,7 +168,7 @@ pub fn init(path: Option<&std::path::Path>) -> Result<&'static Runtime, Errno> {
             _ => {
                 // First use in this process (or in a child that could not take its
                 // parent's over): start a runtime.
-                ENGINE_PTR.store(0, Release);
+                crate::engine::publish(None);
                 let r: &'static Result<Runtime, String> = Box::leak(Box::new(start(path)));
                 if let Err(m) = r {
                     // Said once, here: a program that never asks attune_last_error (or
@@ -252,7 +222,7 @@ impl Runtime {
     }
     pub fn config(&self) -> &Config {
         match self {
-            Runtime::Tiered { engine, .. } => &engine.cfg,
+            Runtime::Tiered { engine, .. } => &engine.pager.cfg,
             Runtime::Plain { cfg, .. } => cfg,
         }
     }
@@ -314,12 +284,12 @@ fn alloc_general(size: usize, flag_bits: u32, opts: Option<AllocOptions>) -> Res
                 && !opts.prefault
                 && opts.chunk_size.is_none()
                 && opts.fault_mode.is_none();
-            if size < engine.cfg.small_threshold && plain && small.enabled {
+            if size < engine.pager.cfg.small_threshold && plain && small.enabled {
                 return small
-                    .alloc(engine, size, flags)
+                    .alloc(&engine.pager, size, flags)
                     .map_err(|e| fail(e, format!("small allocation of {size} bytes failed: {e}")));
             }
-            let _in = engine.enter();
+            let _in = engine.pager.enter();
             if let Some(n) = &engine.numa {
                 return n.alloc(size, flags).map_err(|e| {
                     fail(
@@ -331,23 +301,24 @@ fn alloc_general(size: usize, flag_bits: u32, opts: Option<AllocOptions>) -> Res
                     )
                 });
             }
-            if size as u64 > engine.capacity {
+            if size as u64 > engine.pager.capacity {
                 return Err(fail(
                     Errno(libc::ENOMEM),
                     format!(
                         "{size} bytes is more than all tiers hold together ({} bytes)",
-                        engine.capacity
+                        engine.pager.capacity
                     ),
                 ));
             }
             let r = engine
+                .pager
                 .alloc_region(size, &opts, RegionKind::Dedicated, 0)
                 .map_err(|e| {
                     let msg = if e.0 == libc::ENOMEM {
                         format!(
                             "{size} bytes do not fit in the tiers ({} of {} bytes allocated)",
-                            engine.committed.load(Relaxed),
-                            engine.capacity
+                            engine.pager.committed.load(Relaxed),
+                            engine.pager.capacity
                         )
                     } else {
                         format!("allocation of {size} bytes failed: {e}")
@@ -385,8 +356,8 @@ fn lookup(ptr: usize) -> Result<Lookup, Errno> {
                 }
             }
             let found = {
-                let _in = engine.enter();
-                engine.find(ptr)
+                let _in = engine.pager.enter();
+                engine.pager.find(ptr)
             };
             match found {
                 Some(r) if r.base == ptr && r.kind == RegionKind::Dedicated => Ok(Lookup::Region(r)),
@@ -429,7 +400,7 @@ fn free_general(ptr: usize) -> Result<(), Errno> {
         }
         Runtime::Tiered { engine, small } => {
             if engine.numa.as_ref().is_some_and(|n| {
-                let _in = engine.enter();
+                let _in = engine.pager.enter();
                 n.free(ptr)
             }) {
                 return Ok(());
@@ -439,8 +410,8 @@ fn free_general(ptr: usize) -> Result<(), Errno> {
             }
             match lookup(ptr)? {
                 Lookup::Region(r) => {
-                    let _in = engine.enter();
-                    engine.free_region(&r);
+                    let _in = engine.pager.enter();
+                    engine.pager.free_region(&r);
                     Ok(())
                 }
                 _ => Err(Errno(libc::EINVAL)),
@@ -468,7 +439,7 @@ fn allocation(ptr: usize) -> Result<(Arc<Region>, usize, usize), Errno> {
 pub fn set_flags(ptr: usize, bits: u32) -> Result<(), Errno> {
     let flags = check_flags(bits)?;
     if let Some(e) = runtime()?.engine().filter(|e| e.numa.is_some()) {
-        let _in = e.enter();
+        let _in = e.pager.enter();
         let n = e.numa.as_ref().expect("checked");
         if n.owns(ptr) {
             return n.set_flags(ptr, flags).map(|_| ()).map_err(|e| {
@@ -501,8 +472,8 @@ fn range_in(ptr: usize, len: usize) -> Result<(Arc<Region>, &'static Engine), Er
         ));
     };
     let found = {
-        let _in = e.enter();
-        e.find(ptr)
+        let _in = e.pager.enter();
+        e.pager.find(ptr)
     };
     let r = found.ok_or_else(|| {
         fail(
@@ -523,19 +494,15 @@ fn range_in(ptr: usize, len: usize) -> Result<(Arc<Region>, &'static Engine), Er
 pub fn pin(ptr: usize, len: usize, on: bool) -> Result<(), Errno> {
     let (r, e) = range_in(ptr, len)?;
     if on {
-        let all_pinned = e.pinned_bytes();
-        if all_pinned + len as u64 > e.budget() {
-            return Err(fail(Errno(libc::ENOMEM), format!("pinning {len} bytes would exceed the DRAM budget ({} bytes, {} pinned already)", e.budget(), all_pinned)));
+        let all_pinned = e.pager.pinned_bytes();
+        if all_pinned + len as u64 > e.pager.budget() {
+            return Err(fail(Errno(libc::ENOMEM), format!("pinning {len} bytes would exceed the DRAM budget ({} bytes, {} pinned already)", e.pager.budget(), all_pinned)));
         }
     }
-    let _in = e.enter();
-    e.pin(&r, ptr, len, on);
+    let _in = e.pager.enter();
+    e.pager.pin(&r, ptr, len, on);
     Ok(())
 }
-
-/// Set by the `attune run` interposer at load: system calls on managed memory are
-/// retried there when the kernel cannot fault their pages in.
-pub static INTERPOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Managed memory kept resident while the kernel reads or writes it, released on drop
 /// (see [`hold`]).
@@ -555,9 +522,9 @@ impl Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         if let Some(e) = engine_if_started() {
-            let _in = e.enter();
+            let _in = e.pager.enter();
             for (r, held) in &self.parts {
-                e.release(r, held);
+                e.pager.release(r, held);
             }
         }
     }
@@ -573,10 +540,11 @@ pub fn kernel_access_fails(ptr: usize, len: usize) -> bool {
     if len == 0 {
         return false;
     }
-    let _in = e.enter();
-    e.overlapping(ptr, len)
+    let _in = e.pager.enter();
+    e.pager
+        .overlapping(ptr, len)
         .iter()
-        .any(|r| e.kernel_access_fails(r))
+        .any(|r| e.pager.kernel_access_fails(r))
 }
 
 /// Brings the managed part of `[ptr, ptr+len)` into DRAM and keeps it there until the
@@ -589,12 +557,12 @@ pub fn hold(ptr: usize, len: usize) -> Hold {
         return h;
     };
     let end = ptr.saturating_add(len);
-    let _in = e.enter();
-    for r in e.overlapping(ptr, len) {
+    let _in = e.pager.enter();
+    for r in e.pager.overlapping(ptr, len) {
         let a = ptr.max(r.base);
         let b = end.min(r.base + r.len);
         let mut held = Vec::new();
-        e.hold(&r, a, b - a, &mut held);
+        e.pager.hold(&r, a, b - a, &mut held);
         h.bytes += b - a;
         h.parts.push((r, held));
     }
@@ -605,7 +573,7 @@ pub fn hold(ptr: usize, len: usize) -> Hold {
 /// so that held I/O buffers never starve the program's other pages.
 pub fn hold_limit() -> usize {
     engine_if_started()
-        .map(|e| ((e.budget() / 4) as usize).max(64 << 10))
+        .map(|e| ((e.pager.budget() / 4) as usize).max(64 << 10))
         .unwrap_or(usize::MAX)
 }
 
@@ -621,7 +589,7 @@ pub fn discard(ptr: usize, len: usize) -> Result<(), Errno> {
     }
     if let Some(e) = runtime()?.engine().filter(|e| e.numa.is_some()) {
         // NUMA tiers keep pages mapped: the kernel's own advice does it.
-        let _in = e.enter();
+        let _in = e.pager.enter();
         let n = e.numa.as_ref().expect("checked");
         let inside = n.region(ptr).is_some_and(|r| {
             len > 0
@@ -646,16 +614,16 @@ pub fn discard(ptr: usize, len: usize) -> Result<(), Errno> {
             format!("{ptr:#x} is inside the arena of small allocations: free_TM them instead"),
         ));
     }
-    let _in = e.enter();
-    e.discard(&r, ptr, len);
+    let _in = e.pager.enter();
+    e.pager.discard(&r, ptr, len);
     Ok(())
 }
 
 /// Brings a range into DRAM now.
 pub fn prefetch(ptr: usize, len: usize) -> Result<(), Errno> {
     let (r, e) = range_in(ptr, len)?;
-    let _in = e.enter();
-    e.prefetch(&r, ptr, len);
+    let _in = e.pager.enter();
+    e.pager.prefetch(&r, ptr, len);
     Ok(())
 }
 
@@ -681,7 +649,7 @@ pub struct RegionStats {
 
 pub fn region_stats(ptr: usize) -> Result<RegionStats, Errno> {
     if let Some(e) = runtime()?.engine().filter(|e| e.numa.is_some()) {
-        let _in = e.enter();
+        let _in = e.pager.enter();
         let n = e.numa.as_ref().expect("checked");
         if let Some(r) = n.region(ptr).filter(|r| r.base == ptr) {
             // Mapped pages: where the kernel holds them now (tier 0 is DRAM).
@@ -699,7 +667,7 @@ pub fn region_stats(ptr: usize) -> Result<RegionStats, Errno> {
     }
     let (r, _, len) = allocation(ptr)?;
     let e = runtime()?.engine().ok_or(Errno(libc::ENOTSUP))?;
-    let (res, far) = r.residency(e.tiers.len());
+    let (res, far) = r.residency(e.pager.tiers.len());
     let c = &r.counters;
     Ok(RegionStats {
         size: len as u64,
@@ -725,8 +693,9 @@ pub fn all_region_stats() -> Vec<(usize, RegionStats)> {
         return Vec::new();
     };
     let regions: Vec<Arc<Region>> = {
-        let _in = e.enter();
-        e.regions
+        let _in = e.pager.enter();
+        e.pager
+            .regions
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
@@ -790,13 +759,13 @@ pub fn tier_stats() -> Result<Vec<TierStats>, Errno> {
             ..Default::default()
         }),
         Some(e) => {
-            let c = &e.counters;
+            let c = &e.pager.counters;
             v.push(TierStats {
                 name: "dram".into(),
                 kind: "dram".into(),
-                capacity: e.budget(),
-                used_bytes: e.resident.load(Relaxed),
-                peak_used_bytes: e.peak_resident.load(Relaxed),
+                capacity: e.pager.budget(),
+                used_bytes: e.pager.resident.load(Relaxed),
+                peak_used_bytes: e.pager.peak_resident.load(Relaxed),
                 latency_ns: 100,
                 bandwidth: 0,
                 faults: c.faults.load(Relaxed),
@@ -805,7 +774,7 @@ pub fn tier_stats() -> Result<Vec<TierStats>, Errno> {
                 bytes_out: c.evicted_bytes.load(Relaxed),
                 errors: c.budget_overruns.load(Relaxed),
             });
-            for t in &e.tiers {
+            for t in &e.pager.tiers {
                 let k = &t.counters;
                 v.push(TierStats {
                     name: t.cfg.name.clone(),
@@ -837,8 +806,8 @@ pub fn numa_stats() -> Option<serde_json::Value> {
 pub fn chunk_place(ptr: usize) -> Option<(Where, usize)> {
     let e = engine_if_started()?;
     let r = {
-        let _in = e.enter();
-        e.find(ptr)?
+        let _in = e.pager.enter();
+        e.pager.find(ptr)?
     };
     let s = r.state(r.chunk_of(ptr));
     Some((s.place(), s.tier()))
@@ -853,14 +822,16 @@ pub fn sampling_cells() -> Vec<SampledRegion> {
     let Some(e) = engine_if_started() else {
         return Vec::new();
     };
-    let _in = e.enter();
+    let _in = e.pager.enter();
     let mut regions: Vec<Arc<Region>> = e
+        .pager
         .sampled_history
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
     regions.extend(
-        e.regions
+        e.pager
+            .regions
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
@@ -877,7 +848,7 @@ pub fn sampling_cells() -> Vec<SampledRegion> {
                 r.requested as u64,
                 r.chunk,
                 r.flags().0,
-                crate::sample::cells(r),
+                crate::paging::sample::cells(r),
             )
         })
         .collect()

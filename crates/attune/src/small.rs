@@ -16,11 +16,11 @@
 //!
 //! **The fast path** ([`alloc_fast`], [`free_fast`]): a request without options for a
 //! class that exists takes a few inlined loads, this thread's slot of the fork gate
-//! ([`crate::thread_gate::ThreadGate::try_enter`]), mimalloc and the map byte. Anything
+//! ([`crate::sync::thread_gate::ThreadGate::try_enter`]), mimalloc and the map byte. Anything
 //! else (first request of a class, size 0, unknown flags, a fork closing the gate, a bad
 //! pointer to report) goes to the general path, which re-checks everything and reports.
 
-use crate::engine::{AllocOptions, Engine};
+use crate::paging::{AllocOptions, Pager};
 use crate::region::{Region, RegionKind};
 use attune_policy::Flags;
 use attune_sys::Errno;
@@ -118,7 +118,7 @@ pub struct SmallAllocator {
     /// Allocations and frees run inside it (they touch arena pages and mimalloc's state);
     /// a fork closes it before the engine's gate (`crate::fork`). Per-thread flags instead
     /// of a shared count: it is on the path of every small allocation and free.
-    pub gate: crate::thread_gate::ThreadGate,
+    pub gate: crate::sync::thread_gate::ThreadGate,
 }
 
 /// The started runtime's small allocator, for the fast path: 0 before the runtime starts,
@@ -154,7 +154,7 @@ pub fn alloc_fast(size: usize, flag_bits: u32) -> Option<usize> {
     }
     let slot = s.gate.try_enter()?;
     let p = r.place(size);
-    crate::thread_gate::ThreadGate::leave(slot);
+    crate::sync::thread_gate::ThreadGate::leave(slot);
     (p != 0).then_some(p)
 }
 
@@ -175,7 +175,7 @@ pub fn free_fast(ptr: usize) -> bool {
         return false;
     };
     let done = r.release(ptr);
-    crate::thread_gate::ThreadGate::leave(slot);
+    crate::sync::thread_gate::ThreadGate::leave(slot);
     done
 }
 
@@ -187,13 +187,13 @@ impl SmallAllocator {
             lo: AtomicU64::new(u64::MAX),
             hi: AtomicU64::new(0),
             threshold,
-            enabled: !crate::fork::abandoned(),
-            gate: crate::thread_gate::ThreadGate::new(),
+            enabled: !crate::sync::gate::abandoned(),
+            gate: crate::sync::thread_gate::ThreadGate::new(),
         }
     }
 
     /// The class of `flags`, made on its first request.
-    fn class(&self, e: &Engine, flags: Flags) -> Result<&Ready, Errno> {
+    fn class(&self, e: &Pager, flags: Flags) -> Result<&Ready, Errno> {
         let i = flags.0 as usize % CLASSES;
         let r = self.classes[i].get_or_init(|| {
             let opts = AllocOptions {
@@ -248,7 +248,7 @@ impl SmallAllocator {
     }
 
     /// Allocates `size` (> 0) bytes in the class of `flags`.
-    pub fn alloc(&self, e: &Engine, size: usize, flags: Flags) -> Result<usize, Errno> {
+    pub fn alloc(&self, e: &Pager, size: usize, flags: Flags) -> Result<usize, Errno> {
         let _in = self.gate.enter();
         let p = self.class(e, flags)?.place(size);
         if p == 0 {

@@ -90,14 +90,14 @@ static PROCESS_VM_WRITEV: NextFn = NextFn::new(c"process_vm_writev");
 /// async-signal-safe, and programs call them from signal handlers).
 #[inline]
 fn may_fail() -> bool {
-    attune::engine::KERNEL_ACCESS_MAY_FAIL.load(Relaxed)
+    attune::paging::KERNEL_ACCESS_MAY_FAIL.load(Relaxed)
 }
 
 /// Whether a failed call's EFAULT may be the runtime's: managed memory in one of
 /// `ranges` whose missing pages the kernel cannot fault in.
 fn ours(ranges: &[(usize, usize)]) -> bool {
     if sys::errno() != libc::EFAULT
-        || !attune::engine::KERNEL_ACCESS_MAY_FAIL.load(Relaxed)
+        || !attune::paging::KERNEL_ACCESS_MAY_FAIL.load(Relaxed)
         || sys::in_runtime()
     {
         return false;
@@ -156,7 +156,7 @@ fn retry_whole(ranges: &[(usize, usize)], mut call: impl FnMut() -> isize) -> is
 /// fails (`unix_dgram_recvmsg`, `udp_recvmsg`), so a retry would wait for a datagram
 /// that is gone. None when no managed memory of them can fail a kernel access.
 fn hold_before(ranges: &[(usize, usize)]) -> Option<Vec<runtime::Hold>> {
-    if !attune::engine::KERNEL_ACCESS_MAY_FAIL.load(Relaxed) || sys::in_runtime() {
+    if !attune::paging::KERNEL_ACCESS_MAY_FAIL.load(Relaxed) || sys::in_runtime() {
         return None;
     }
     let managed = {
@@ -330,7 +330,7 @@ fn finish_short(
 ) -> isize {
     if r <= 0
         || r as usize >= n
-        || !attune::engine::KERNEL_ACCESS_MAY_FAIL.load(Relaxed)
+        || !attune::paging::KERNEL_ACCESS_MAY_FAIL.load(Relaxed)
         || sys::in_runtime()
         || sys::fd_type(fd) != libc::S_IFREG
         || {
@@ -360,7 +360,7 @@ fn finish_short_vector(
     r: isize,
     rest: impl FnMut(&[iovec], usize) -> isize,
 ) -> isize {
-    if r <= 0 || !attune::engine::KERNEL_ACCESS_MAY_FAIL.load(Relaxed) || sys::in_runtime() {
+    if r <= 0 || !attune::paging::KERNEL_ACCESS_MAY_FAIL.load(Relaxed) || sys::in_runtime() {
         return r;
     }
     let all = iov_ranges(iov, cnt.max(0) as usize);
@@ -845,7 +845,7 @@ fn stdio(f: &NextFn, buf: usize, size: usize, n: usize, file: usize) -> usize {
     let Some(total) = size.checked_mul(n) else {
         return f.size_pzzp(buf, size, n, file);
     };
-    if total == 0 || !attune::engine::KERNEL_ACCESS_MAY_FAIL.load(Relaxed) || sys::in_runtime() || {
+    if total == 0 || !attune::paging::KERNEL_ACCESS_MAY_FAIL.load(Relaxed) || sys::in_runtime() || {
         let _b = Busy::enter();
         !runtime::kernel_access_fails(buf, total)
     } {

@@ -4,7 +4,7 @@
 
 pub mod io;
 
-use attune::engine::AllocOptions;
+use attune::paging::AllocOptions;
 use attune::runtime;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -21,7 +21,7 @@ fn guard<T>(fallback: T, f: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(v) => v,
         Err(_) => {
-            runtime::fail(
+            attune::error::fail(
                 attune_sys_errno(libc::EIO),
                 "internal error in Attune (please report it)",
             );
@@ -31,11 +31,11 @@ fn guard<T>(fallback: T, f: impl FnOnce() -> T) -> T {
     }
 }
 
-fn attune_sys_errno(e: i32) -> attune::runtime::ErrnoT {
-    attune::runtime::errno(e)
+fn attune_sys_errno(e: i32) -> attune::error::ErrnoT {
+    attune::error::errno(e)
 }
 
-fn rc(r: Result<(), attune::runtime::ErrnoT>) -> c_int {
+fn rc(r: Result<(), attune::error::ErrnoT>) -> c_int {
     match r {
         Ok(()) => 0,
         Err(e) => {
@@ -67,7 +67,7 @@ pub extern "C" fn free_TM(ptr: *mut c_void) {
         if let Err(e) = runtime::free(ptr as usize) {
             attune::log::emit(
                 attune::log::Level::Warn,
-                &format!("free_TM: {}", runtime::last_error()),
+                &format!("free_TM: {}", attune::error::last_error()),
             );
             set_errno(e.0);
         }
@@ -135,7 +135,7 @@ pub extern "C" fn attune_shared_open(
 ) -> *mut c_void {
     guard(std::ptr::null_mut(), || {
         if name.is_null() {
-            runtime::fail(
+            attune::error::fail(
                 attune_sys_errno(libc::EINVAL),
                 "attune_shared_open: no name",
             );
@@ -145,7 +145,7 @@ pub extern "C" fn attune_shared_open(
         // SAFETY: a NUL-terminated string from the caller.
         let n = unsafe { CStr::from_ptr(name) }.to_string_lossy();
         let Some(f) = attune::Flags::from_bits(flags as u32) else {
-            runtime::fail(
+            attune::error::fail(
                 attune_sys_errno(libc::EINVAL),
                 format!("unknown flag bits {flags:#x}"),
             );
@@ -157,7 +157,7 @@ pub extern "C" fn attune_shared_open(
             set_errno(e.0);
             return std::ptr::null_mut();
         }
-        match attune::tmm::shared_open(&n, size as u64, f) {
+        match attune::daemon_client::shared_open(&n, size as u64, f) {
             Ok(p) => p as *mut c_void,
             Err(e) => {
                 set_errno(e.0);
@@ -171,7 +171,7 @@ pub extern "C" fn attune_shared_open(
 /// freed by the daemon when no process holds it).
 #[no_mangle]
 pub extern "C" fn attune_shared_close(ptr: *mut c_void) -> c_int {
-    guard(-1, || rc(attune::tmm::shared_close(ptr as usize)))
+    guard(-1, || rc(attune::daemon_client::shared_close(ptr as usize)))
 }
 
 /// Lets `uid` open the caller's shared region `name`.
@@ -184,14 +184,14 @@ pub extern "C" fn attune_shared_grant(name: *const c_char, uid: u32) -> c_int {
         }
         // SAFETY: a NUL-terminated string from the caller.
         let n = unsafe { CStr::from_ptr(name) }.to_string_lossy();
-        rc(attune::tmm::shared_grant(&n, uid))
+        rc(attune::daemon_client::shared_grant(&n, uid))
     })
 }
 
 /// 1 when this process is registered with the node daemon now, else 0.
 #[no_mangle]
 pub extern "C" fn attune_daemon_connected() -> c_int {
-    guard(0, || attune::tmm::connected() as c_int)
+    guard(0, || attune::daemon_client::connected() as c_int)
 }
 
 #[no_mangle]
@@ -222,7 +222,7 @@ pub extern "C" fn attune_alloc(size: usize, opts: *const AttuneAllocOpts) -> *mu
             // SAFETY: the caller passes an initialised struct (attune_alloc_opts_init).
             let o = unsafe { &*opts };
             if o.struct_size < std::mem::size_of::<AttuneAllocOpts>() {
-                runtime::fail(
+                attune::error::fail(
                     attune_sys_errno(libc::EINVAL),
                     "attune_alloc_opts not initialised: call attune_alloc_opts_init first",
                 );
@@ -442,7 +442,7 @@ pub extern "C" fn attune_stats_json(buf: *mut c_char, len: usize) -> c_int {
             }
         };
         let engine = runtime::runtime().ok().and_then(|rt| rt.engine()).map(|e| {
-            let counters = e.counters.statistics().map(|(k, a)| {
+            let counters = e.pager.counters.statistics().map(|(k, a)| {
                 (
                     k.to_string(),
                     serde_json::json!(a.load(std::sync::atomic::Ordering::Relaxed)),
@@ -471,7 +471,7 @@ thread_local! {
 /// The last error message of the calling thread (valid until its next Attune call).
 #[no_mangle]
 pub extern "C" fn attune_last_error() -> *const c_char {
-    let s = runtime::last_error().replace('\0', " ");
+    let s = attune::error::last_error().replace('\0', " ");
     MSG.with(|m| {
         *m.borrow_mut() = CString::new(s).unwrap_or_default();
         m.borrow().as_ptr()

@@ -614,7 +614,7 @@ fn fault_plain() -> Result<Value, String> {
 
 fn alloc_managed(bytes: usize, flags: u32) -> Result<usize, String> {
     runtime::alloc(bytes, flags, None)
-        .map_err(|e| format!("allocate_TM({bytes}): {e}: {}", runtime::last_error()))
+        .map_err(|e| format!("allocate_TM({bytes}): {e}: {}", attune::error::last_error()))
 }
 
 /// Fault-in latency of 4 KiB pages that were evicted to the memory tier.
@@ -776,12 +776,12 @@ fn bench_dir() -> std::path::PathBuf {
 /// 1 GiB in Attune's file tier alone (a directory on disk), 256 MiB budget.
 fn file_attune() -> Result<Value, String> {
     let words = file_mb() * MB / 8;
-    let opts = attune::engine::AllocOptions {
+    let opts = attune::paging::AllocOptions {
         preferred_tier: Some(file_tier_index()?),
         ..Default::default()
     };
     let p = runtime::alloc(file_mb() * MB, 0, Some(opts))
-        .map_err(|e| format!("{e}: {}", runtime::last_error()))?;
+        .map_err(|e| format!("{e}: {}", attune::error::last_error()))?;
     fill_index(p, words);
     let r = file_reads(p, words, false);
     let _ = runtime::free(p);

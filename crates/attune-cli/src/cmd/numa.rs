@@ -81,7 +81,7 @@ pub fn run(a: Args) -> i32 {
 }
 
 fn placer(config: Option<&std::path::Path>) -> Result<&'static NumaPlacer, String> {
-    let rt = attune::runtime::init(config).map_err(|_| attune::runtime::last_error())?;
+    let rt = attune::runtime::init(config).map_err(|_| attune::error::last_error())?;
     rt.engine().and_then(|e| e.numa.as_ref()).ok_or_else(|| {
         "no NUMA tier in use: configure a tier with kind = \"numa\" and the node of the \
              slower memory (see docs/tuning.md); `attune topology` lists the nodes"
@@ -344,7 +344,7 @@ fn place(a: PlaceArgs) -> Result<(), String> {
                     "allocation of {} bytes ({}) failed: {e}: {}",
                     r.size,
                     r.label,
-                    attune::runtime::last_error()
+                    attune::error::last_error()
                 )
             })?,
             None => attune_sys::mem::map_anon(r.size, false).map_err(|e| format!("mmap: {e}"))?,
@@ -365,7 +365,7 @@ fn place(a: PlaceArgs) -> Result<(), String> {
     }
     for &(i, flags) in &reflags {
         attune::runtime::set_flags(bases[i], flags.0)
-            .map_err(|e| format!("--reflag {i}: {e}: {}", attune::runtime::last_error()))?;
+            .map_err(|e| format!("--reflag {i}: {e}: {}", attune::error::last_error()))?;
     }
     // Where first touch left the pages, before any promotion had time to act.
     let mut first_touch = Vec::new();

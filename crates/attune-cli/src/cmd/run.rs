@@ -544,7 +544,7 @@ pub fn build_report(
     top.truncate(10);
     let complete = procs.iter().all(|p| p["final"].as_bool().unwrap_or(false));
     // The runtime's own counters, summed under the names its snapshots use (one list).
-    let counters: Vec<(&str, u64)> = attune::engine::EngineCounters::default()
+    let counters: Vec<(&str, u64)> = attune::paging::Counters::default()
         .statistics()
         .iter()
         .map(|&(k, _)| (k, sum(&procs, k)))

@@ -209,7 +209,7 @@ impl FarTier {
                     self.full_until
                         .store(attune_sys::os::now_ns() + FULL_BACKOFF_NS, Relaxed);
                 } else if e.0 != libc::EINVAL {
-                    // EINVAL is the region's protection (see `Engine::evict_run`), not
+                    // EINVAL is the region's protection (see `crate::paging::evict`, `store_run`), not
                     // the tier's failure.
                     self.counters.errors.fetch_add(1, Relaxed);
                 }

@@ -17,7 +17,7 @@
 //! handler that nests an operation on the same thread finishes before the thread goes on),
 //! and read by the closing thread.
 
-use crate::fork::Gate;
+use super::gate::{backoff, Gate, Inside as GateInside};
 use std::cell::Cell;
 use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
 
@@ -112,7 +112,7 @@ pub struct ThreadGate {
 /// Being inside the gate; leaves it on drop.
 pub enum Inside<'a> {
     Slot(&'a AtomicU32),
-    Overflow(#[allow(dead_code)] crate::fork::Inside<'a>),
+    Overflow(#[allow(dead_code)] GateInside<'a>),
 }
 
 impl Drop for Inside<'_> {
@@ -197,7 +197,7 @@ impl ThreadGate {
             }
             s.store(n, Release);
             while self.closed.load(Acquire) {
-                crate::fork::backoff(&mut spins);
+                backoff(&mut spins);
             }
         }
     }

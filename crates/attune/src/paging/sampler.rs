@@ -4,7 +4,7 @@
 //! thread parks a random unpinned chunk at a steady rate (one already out of DRAM needs no
 //! move): it moves the chunk to
 //! the far tier exactly as an eviction would and notes the time. The application's next
-//! touch faults it back (the ordinary fault path); [`on_placed`] times that touch. A chunk
+//! touch faults it back (the ordinary fault path); `sample::on_placed` times that touch. A chunk
 //! not touched within the window is a censored sample. Per chunk, hits / exposure is the
 //! maximum-likelihood rate of a Poisson access process observed that way, and unlike a
 //! referenced bit it does not saturate for hot pages: a hot chunk's touch comes after
@@ -22,7 +22,8 @@
 //! (IMME's early-sampling example). Either way its sampling stops there, unless
 //! `sample_rate` asks for sampling all along (`attune profile`).
 
-use crate::engine::Engine;
+use super::pager::Pager;
+use super::sample::cells;
 use crate::region::{Region, Where};
 use attune_sys::os::now_ns;
 use std::collections::VecDeque;
@@ -37,7 +38,7 @@ pub const ONLINE_RATE: u64 = 1000;
 
 /// The sampler thread: parks `sample_rate` chunks a second, closes expired samples, and
 /// decides the flags of regions whose prediction window is over.
-pub fn sampler_loop(e: &'static Engine) {
+pub fn sampler_loop(e: &'static Pager) {
     let all = e.cfg.sample_rate > 0;
     let rate = if all { e.cfg.sample_rate } else { ONLINE_RATE } as f64;
     let window = e.cfg.sample_window_us * 1000;
@@ -99,7 +100,7 @@ pub fn sampler_loop(e: &'static Engine) {
 /// touched) is a sample as it stands: its next touch faults all the same. Leaving those
 /// out would confine the curve to what happens to be resident, which under a budget is
 /// the hot part only.
-fn park(e: &Engine, r: &Region, c: usize) -> Option<u64> {
+fn park(e: &Pager, r: &Region, c: usize) -> Option<u64> {
     let s = r.state(c);
     if s.pinned() || r.samples.parked_at[c].load(Relaxed) != 0 {
         return None;
@@ -129,7 +130,7 @@ fn park(e: &Engine, r: &Region, c: usize) -> Option<u64> {
     // follows always finds the note.
     let t = now_ns();
     r.samples.parked_at[c].store(t, Release);
-    if crate::evict::park_chunk(e, r, c) {
+    if super::evict::park_chunk(e, r, c) {
         r.samples.parks[c].fetch_add(1, Relaxed);
         // The clock starts when the chunk is out, not while it was being moved (a touch
         // meanwhile waited). If a touch already took the note, it keeps the early time.
@@ -160,33 +161,9 @@ fn expire(pending: &mut VecDeque<(Arc<Region>, usize, u64)>, now: u64, window: u
     }
 }
 
-/// Called by the fault path when chunks `[c, c+n)` were placed: a parked chunk's touch
-/// (only `c` was touched; the others came by read-ahead and are closed untouched).
-/// `fault_ns` is when the fault path took the fault (before reclaim and the load, which
-/// are not the application's delay). Signal-safe: atomics only.
-pub fn on_placed(e: &Engine, r: &Region, c: usize, n: usize, fault_ns: u64) {
-    let window = e.cfg.sample_window_us * 1000;
-    let now = fault_ns;
-    for i in 0..n {
-        let t = r.samples.parked_at[c + i].swap(0, AcqRel);
-        if t == 0 {
-            continue;
-        }
-        let d = now.saturating_sub(t);
-        if i == 0 && d <= window {
-            r.samples.hits[c].fetch_add(1, Relaxed);
-            r.samples.exposure_ns[c].fetch_add(d.max(1), Relaxed);
-            e.counters.sample_hits.fetch_add(1, Relaxed);
-            e.counters.sample_delay_us[((d / 1000) as usize).min(31)].fetch_add(1, Relaxed);
-        } else {
-            r.samples.exposure_ns[c + i].fetch_add(d.min(window), Relaxed);
-        }
-    }
-}
-
 /// The online prediction for region `r`, its window over: split it (pin the hot part, CAP
 /// for the rest) when its samples show a small part taking most accesses.
-fn predict(e: &Engine, r: &Region) {
+fn predict(e: &Pager, r: &Region) {
     let all = cells(r);
     let parks: u64 = all.iter().map(|c| c.2 as u64).sum();
     let cells: Vec<(u32, u64)> = all.iter().map(|c| (c.0, c.1)).collect();
@@ -235,17 +212,4 @@ fn predict(e: &Engine, r: &Region) {
         r.requested,
         r.base
     );
-}
-
-/// Per-chunk (hits, exposure in ns, parks) of a region, for reports.
-pub fn cells(r: &Region) -> Vec<(u32, u64, u32)> {
-    (0..r.samples.hits.len())
-        .map(|c| {
-            (
-                r.samples.hits[c].load(Relaxed),
-                r.samples.exposure_ns[c].load(Relaxed),
-                r.samples.parks[c].load(Relaxed),
-            )
-        })
-        .collect()
 }

@@ -12,7 +12,7 @@
 //! daemon (`daemon = auto` and no socket) the runtime works alone on its own budget.
 
 use crate::config::{Config, DaemonMode};
-use crate::engine::Engine;
+use crate::paging::Pager;
 use attune_policy::Flags;
 use attune_proto::{FrameReader, ReadError, Reply, Request, SharedHeld, Usage};
 use attune_sys::Errno;
@@ -44,7 +44,7 @@ pub struct Client {
     workflow: String,
     /// Flags from the launcher (`ATTUNE_FLAGS`/`TM_FLAGS`); empty: the regions' union.
     launch_flags: Flags,
-    engine: Option<&'static Engine>,
+    engine: Option<&'static Pager>,
     want: u64,
     writer: Mutex<Option<UnixStream>>,
     replies: Mutex<HashMap<u64, (Reply, Vec<OwnedFd>)>>,
@@ -106,7 +106,7 @@ pub fn workflow_name(cfg: &Config) -> String {
 }
 
 /// Joins the daemon as the configuration says. `Err` only with `daemon = require`.
-pub fn start(cfg: &Config, engine: Option<&'static Engine>) -> Result<(), String> {
+pub fn start(cfg: &Config, engine: Option<&'static Pager>) -> Result<(), String> {
     if cfg.daemon == DaemonMode::Off {
         return Ok(());
     }
@@ -428,7 +428,7 @@ impl Client {
         {
             let w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
             let Some(s) = &*w else {
-                return Err(crate::runtime::fail(
+                return Err(crate::error::fail(
                     Errno(libc::ENOTCONN),
                     format!(
                         "attuned on {} is not reachable (reconnecting)",
@@ -437,7 +437,7 @@ impl Client {
                 ));
             };
             attune_proto::write_frame(s, &make(id), &[]).map_err(|e| {
-                crate::runtime::fail(Errno(libc::ECONNRESET), format!("attuned: {e}"))
+                crate::error::fail(Errno(libc::ECONNRESET), format!("attuned: {e}"))
             })?;
         }
         let deadline = Instant::now() + REPLY_TIMEOUT;
@@ -447,14 +447,14 @@ impl Client {
                 return Ok(x);
             }
             if self.generation.load(Acquire) != gen {
-                return Err(crate::runtime::fail(
+                return Err(crate::error::fail(
                     Errno(libc::ECONNRESET),
                     "attuned went away before answering",
                 ));
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(crate::runtime::fail(
+                return Err(crate::error::fail(
                     Errno(libc::ETIMEDOUT),
                     "attuned did not answer within 5 s",
                 ));
@@ -473,7 +473,7 @@ impl Client {
 }
 
 fn no_daemon() -> Errno {
-    crate::runtime::fail(
+    crate::error::fail(
         Errno(libc::ENOTCONN),
         "shared regions need the node daemon (attuned); none joined (see ATTUNE_SOCKET and ATTUNE_DAEMON)",
     )
@@ -482,9 +482,9 @@ fn no_daemon() -> Errno {
 fn reply_error(r: Reply) -> Errno {
     match r {
         Reply::Error { errno, message, .. } => {
-            crate::runtime::fail(Errno(errno), format!("attuned: {message}"))
+            crate::error::fail(Errno(errno), format!("attuned: {message}"))
         }
-        other => crate::runtime::fail(
+        other => crate::error::fail(
             Errno(libc::EPROTO),
             format!("attuned: unexpected reply {other:?}"),
         ),
@@ -506,7 +506,7 @@ pub fn shared_open(name: &str, size: u64, flags: Flags) -> Result<usize, Errno> 
         return Err(reply_error(r));
     };
     let Some(fd) = fds.pop() else {
-        return Err(crate::runtime::fail(
+        return Err(crate::error::fail(
             Errno(libc::EPROTO),
             "attuned sent no memory file",
         ));
@@ -524,7 +524,7 @@ pub fn shared_open(name: &str, size: u64, flags: Flags) -> Result<usize, Errno> 
                 id,
                 name: name.into(),
             });
-            return Err(crate::runtime::fail(
+            return Err(crate::error::fail(
                 e,
                 format!("cannot map shared region '{name}' ({size} bytes): {e}"),
             ));
@@ -557,7 +557,7 @@ pub fn shared_close(ptr: usize) -> Result<(), Errno> {
             .find(|(_, x)| x.addr == ptr)
             .map(|(n, _)| n.clone())
             .ok_or_else(|| {
-                crate::runtime::fail(
+                crate::error::fail(
                     Errno(libc::EINVAL),
                     format!("{ptr:#x} is not a shared region opened by attune_shared_open"),
                 )

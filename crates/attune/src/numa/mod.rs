@@ -15,7 +15,9 @@
 //!   can report -EBUSY for pages that did move).
 //! * Heat: regions are write-tracked (`attune_sys::pagemap`); [`NumaPlacer::heat_round`]
 //!   ages each 64 KiB cell's write history and moves what `attune_policy::promote` plans
-//!   (the scanner thread is `crate::numa_heat`).
+//!   (the scanner thread is `heat.rs`).
+
+pub mod heat;
 
 use crate::config::{Config, Mode, TierKind};
 use crate::topology::Topology;
@@ -38,6 +40,18 @@ const MAX_STRIPE_GROUPS: u64 = 256;
 /// Unit of write heat and of promotion: 16 pages, so that a hot set moves in runs and a
 /// 1 GiB region keeps 16 Ki history bytes.
 pub const HEAT_CELL: u64 = 64 << 10;
+
+/// Write heat of one cell.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CellHeat {
+    /// `promote::age` history of the rounds it was observed in.
+    pub history: u8,
+    /// Rounds observed (saturating).
+    pub seen: u8,
+    /// Armed last round: the next scan tells whether it was written.
+    pub armed: bool,
+}
+
 /// A region cut into more ranges than this (each is one or two mappings after `mbind`) is
 /// not promoted further: scattered promotions must not run the process out of mappings.
 pub(crate) const MAX_RANGES: usize = 1024;
@@ -141,7 +155,7 @@ pub struct NumaRegion {
     pub seq: u64,
     /// Write heat per [`HEAT_CELL`].
     #[serde(skip)]
-    pub heat: Vec<crate::numa_heat::CellHeat>,
+    pub heat: Vec<CellHeat>,
     /// Registered with the write tracker (false without one, or in a forked child).
     #[serde(skip)]
     pub tracked: bool,

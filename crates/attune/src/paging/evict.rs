@@ -10,74 +10,17 @@
 //! same rate. (A hand that stays in one region while it yields victims evicts a hot
 //! region over and over while dead chunks of other regions stay resident.)
 
-use crate::engine::{Engine, MAX_RUN};
+use super::behind::BEHIND;
+use super::pager::{Pager, MAX_RUN};
 use crate::region::{Region, State, Where, ACTIVE, CREDIT_MASK, SHARED};
 use attune_policy::victim::{capacity_first, clock_decide, scan_quantum, ChunkView, ClockAction};
 use attune_sys::os;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
-
-/// Entries of the drop-behind ring: about the last 256 runs streams passed.
-const BEHIND: usize = 256;
-
-/// Runs of chunks that streams (BW regions faulting sequentially) have just passed:
-/// `attune_policy::stream` says why they are the best victims. The fault path pushes, a
-/// reclaim (evictor or direct, under the clock lock) takes the newest first. Lock-free
-/// and signal-safe: an entry is a chunk address with the run's chunk count in its low 12
-/// bits (chunks are 4 KiB-aligned, a run is at most 512 chunks), 0 when empty; a full
-/// ring overwrites its oldest entries. An entry names memory, not a region: a reclaim
-/// looks the region up and checks each chunk's state, so a stale entry (freed region,
-/// chunk gone or touched again and active) is skipped.
-pub struct DropBehind {
-    ring: [AtomicU64; BEHIND],
-    head: AtomicUsize,
-    /// `head` when a reclaim last found the ring empty: equal to `head` means nothing was
-    /// pushed since, and a reclaim skips the ring (a process without streams, whose
-    /// faults each reclaim under signal delivery, must not pay a scan of 256 entries).
-    empty_at: AtomicUsize,
-}
-
-impl DropBehind {
-    pub fn new() -> DropBehind {
-        DropBehind {
-            ring: [const { AtomicU64::new(0) }; BEHIND],
-            head: AtomicUsize::new(0),
-            empty_at: AtomicUsize::new(0),
-        }
-    }
-
-    /// Marks chunks `[c, c+n)` of `r` as first victims.
-    pub fn push(&self, r: &Region, c: usize, n: usize) {
-        let n = n.min(r.chunks() - c.min(r.chunks())).min(0xfff);
-        if n == 0 {
-            return;
-        }
-        let i = self.head.fetch_add(1, Relaxed) % BEHIND;
-        self.ring[i].store(r.chunk_addr(c) as u64 | n as u64, Release);
-    }
-
-    /// Forgets the entries inside `[base, base+len)` (a region being freed: its address
-    /// range may be mapped again for a new region, whose chunks no stream passed).
-    pub fn forget(&self, base: usize, len: usize) {
-        for e in &self.ring {
-            let v = e.load(Acquire);
-            let a = (v & !0xfff) as usize;
-            if v != 0 && a >= base && a < base + len {
-                let _ = e.compare_exchange(v, 0, AcqRel, Relaxed);
-            }
-        }
-    }
-}
-
-impl Default for DropBehind {
-    fn default() -> Self {
-        Self::new()
-    }
-}
 
 /// Evicts chunks from the drop-behind ring, newest first, until `want` bytes are freed or
 /// the ring is empty. Caller holds the clock lock (one drainer) and the table's read lock.
-fn reclaim_behind(e: &Engine, table: &[Arc<Region>], want: u64) -> u64 {
+fn reclaim_behind(e: &Pager, table: &[Arc<Region>], want: u64) -> u64 {
     let d = &e.drop_behind;
     let head = d.head.load(Acquire);
     if head == d.empty_at.load(Relaxed) {
@@ -140,7 +83,7 @@ fn reclaim_behind(e: &Engine, table: &[Arc<Region>], want: u64) -> u64 {
 /// Evicts until at least `want` bytes are freed or nothing more can go. Returns bytes
 /// freed. Signal-safe (called from the fault path for direct reclaim). Chunks streams
 /// have just passed go first (`DropBehind`), then the clock.
-pub fn reclaim(e: &Engine, want: u64) -> u64 {
+pub fn reclaim(e: &Pager, want: u64) -> u64 {
     // Nowhere to put pages (every tier full): do not sweep for nothing.
     if !e.tiers.iter().any(|t| t.accepts(4096)) {
         return 0;
@@ -205,7 +148,7 @@ pub fn reclaim(e: &Engine, want: u64) -> u64 {
 /// scan every lap on every fault). Returns bytes freed. Allocates nothing: reclaim runs in
 /// the SIGBUS handler too.
 fn sweep_laps(
-    e: &Engine,
+    e: &Pager,
     table: &[Arc<Region>],
     cursor: &mut usize,
     pick: impl Fn(&Region) -> bool,
@@ -246,7 +189,7 @@ const LAP_VISITS: usize = 32;
 
 /// Moves one region's hand over its quantum of chunks; returns (bytes evicted, chunks
 /// looked at, chunks aged, demoted or claimed for eviction).
-fn sweep_region(e: &Engine, r: &Region, want: u64, last_resort: bool) -> (u64, usize, usize) {
+fn sweep_region(e: &Pager, r: &Region, want: u64, last_resort: bool) -> (u64, usize, usize) {
     let n = r.chunks();
     if n == 0 || r.freed.load(Acquire) {
         return (0, 0, 0);
@@ -321,17 +264,17 @@ fn sweep_region(e: &Engine, r: &Region, want: u64, last_resort: bool) -> (u64, u
 
 /// Stores chunks `[c, c+n)` (claimed Evicting by this thread) in a far tier: the home
 /// tier first, then the others fastest first. On failure they stay resident.
-fn flush_run(e: &Engine, r: &Region, c: usize, n: usize) -> u64 {
+fn flush_run(e: &Pager, r: &Region, c: usize, n: usize) -> u64 {
     store_run(e, r, c, n, false)
 }
 
 /// [`flush_run`] for the access sampler: the same move, counted as a sample, not an
 /// eviction.
-pub(crate) fn park_chunk(e: &Engine, r: &Region, c: usize) -> bool {
+pub(crate) fn park_chunk(e: &Pager, r: &Region, c: usize) -> bool {
     store_run(e, r, c, 1, true) > 0
 }
 
-fn store_run(e: &Engine, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
+fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
     let len = n * r.chunk;
     let src = r.chunk_addr(c);
     let home = r.home_tier.load(Relaxed);
@@ -405,7 +348,7 @@ fn store_run(e: &Engine, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
             Err(err) => {
                 if err.0 == libc::EBUSY && e.forks.load(Acquire) > 0 {
                     // Pages shared with another process since a fork: the evictor makes
-                    // them this process's own first (`crate::fork::unshare_pass`).
+                    // them this process's own first (`super::unshare`).
                     for i in 0..n {
                         r.settle(c + i, Where::Resident, 0, SHARED);
                     }
@@ -425,7 +368,7 @@ fn store_run(e: &Engine, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
 
 /// Moves chunk `c` (seen in state `s`) from the active class back to inactive with a lap
 /// of grace; false if its state changed meanwhile.
-fn demote(e: &Engine, r: &Region, c: usize, s: State) -> bool {
+fn demote(e: &Pager, r: &Region, c: usize, s: State) -> bool {
     let grace = State::class_bits(false, 1);
     let done = r.cas(
         c,
@@ -443,7 +386,7 @@ fn demote(e: &Engine, r: &Region, c: usize, s: State) -> bool {
 /// refaults close and becomes active again (the room it left is there for it or for the
 /// chunk that was denied); a stale one is evicted and stays out. No page moves here: the
 /// hand's eviction path does that. Returns how many were tested.
-pub fn test_active(e: &Engine, max: usize) -> usize {
+pub fn test_active(e: &Pager, max: usize) -> usize {
     let mut clock = e.clock.lock().unwrap_or_else(|p| p.into_inner());
     let table = e.regions.read().unwrap_or_else(|p| p.into_inner());
     let mut tested = 0;
@@ -476,7 +419,7 @@ pub fn test_active(e: &Engine, max: usize) -> usize {
 
 /// The background evictor: keeps `headroom` free below the budget, and tests active
 /// chunks while activations are denied (paced to `ACTIVE_TESTS_PER_S`).
-pub fn evictor_loop(e: &'static Engine) {
+pub fn evictor_loop(e: &'static Pager) {
     os::block_all_signals();
     let mut denied_seen = 0u64;
     let mut test_credit = 0f64;
@@ -484,7 +427,7 @@ pub fn evictor_loop(e: &'static Engine) {
     while !e.shutdown.load(Relaxed) {
         let notified = e.wake_evictor.wait(50);
         // Outside the gate: a hole in an un-shared range faults into the fault path.
-        crate::fork::unshare_pass(e);
+        super::unshare::unshare_pass(e);
         let _in = e.enter();
         drop_retired(e);
         let now = os::now_ns();
@@ -534,7 +477,7 @@ pub fn evictor_loop(e: &'static Engine) {
 /// released, and a new owner's store into the offsets releases the queue first when a
 /// queued range overlaps its slot (`MemoryTier::store`), so no release can reach the new
 /// owner's pages.
-fn drop_retired(e: &Engine) {
+fn drop_retired(e: &Pager) {
     let mut ret = e.retired.lock().unwrap_or_else(|p| p.into_inner());
     for r in ret.iter().filter(|r| !r.slots_returned.load(Relaxed)) {
         if (0..r.chunks()).all(|c| r.state(c).place() != Where::Fetching) {

@@ -21,8 +21,8 @@
 //! data is not seen; the kernel's NUMA balancing (where enabled) still promotes it, and
 //! LAT flags place it in the fast tier in the first place.
 
-use crate::engine::Engine;
-use crate::numa::{NumaPlacer, HEAT_CELL};
+use super::{NumaPlacer, HEAT_CELL};
+use crate::paging::Pager;
 use attune_policy::promote::{self, Cell, Limits};
 use attune_policy::Flags;
 use std::sync::atomic::Ordering::Relaxed;
@@ -37,23 +37,9 @@ const ROUND_MAX: u64 = 16 << 20;
 /// NUMA balancing bounds its hinting faults the same way (256 MB per scan period).
 pub const ARM_BYTES_PER_S: u64 = 256 << 20;
 
-/// Write heat of one cell.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CellHeat {
-    /// `promote::age` history of the rounds it was observed in.
-    pub history: u8,
-    /// Rounds observed (saturating).
-    pub seen: u8,
-    /// Armed last round: the next scan tells whether it was written.
-    pub armed: bool,
-}
-
 /// The scanner thread: one round per interval, for the life of the process.
-pub(crate) fn heat_loop(engine: &'static Engine) {
-    let Some(n) = engine.numa.as_ref() else {
-        return;
-    };
-    let interval = std::time::Duration::from_millis(engine.cfg.heat_interval_ms);
+pub(crate) fn heat_loop(n: &NumaPlacer, pager: &Pager) {
+    let interval = std::time::Duration::from_millis(pager.cfg.heat_interval_ms);
     let arm_cells = (ARM_BYTES_PER_S as u128 * interval.as_nanos()
         / 1_000_000_000
         / HEAT_CELL as u128) as usize;
@@ -62,7 +48,7 @@ pub(crate) fn heat_loop(engine: &'static Engine) {
     let mut credit = 0u64;
     loop {
         std::thread::sleep(interval);
-        let rate = engine.move_limit();
+        let rate = pager.move_limit();
         credit = if rate == 0 {
             ROUND_MAX
         } else {
@@ -72,7 +58,7 @@ pub(crate) fn heat_loop(engine: &'static Engine) {
         // Inside the fork gate, as the evictor and the sampler: a fork while this thread
         // held the placer's lock would leave the child's copy locked for ever (its NUMA
         // allocations, frees and statistics would hang).
-        let _in = engine.enter();
+        let _in = pager.enter();
         credit -= n.heat_round(credit, arm_cells.max(1)).min(credit);
     }
 }

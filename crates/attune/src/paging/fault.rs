@@ -17,7 +17,7 @@
 //! 5. publish Resident with the class and credit the replacement policy gives its arrival
 //!    (a refault soon after eviction makes a chunk active), and bump the heat of c.
 
-use crate::engine::{Engine, MAX_RUN};
+use super::pager::{Pager, MAX_RUN};
 use crate::region::{Region, State, Where};
 use attune_policy::victim::{on_arrival, Arrival};
 use attune_sys::uffd::{Delivery, Msg, EVENT_PAGEFAULT};
@@ -61,7 +61,7 @@ fn claim(r: &Region, c: usize, wait: bool) -> Option<Claim> {
 /// Resolves a fault at `addr` in region `r`. Returns false when the page cannot be
 /// given to the application (its only copy could not be read back): the access must then
 /// fail with SIGBUS, never be replayed forever and never read wrong data.
-pub fn resolve(e: &Engine, r: &Region, addr: usize) -> bool {
+pub fn resolve(e: &Pager, r: &Region, addr: usize) -> bool {
     e.counters.faults.fetch_add(1, Relaxed);
     r.counters.faults.fetch_add(1, Relaxed);
     let c = r.chunk_of(addr);
@@ -106,7 +106,7 @@ pub fn resolve(e: &Engine, r: &Region, addr: usize) -> bool {
 
 /// A sequential fault in a streamed region marks the `n` chunks as far behind it as the
 /// policy says as the first victims (`attune_policy::stream`).
-fn mark_behind(e: &Engine, r: &Region, c: usize, n: usize) {
+fn mark_behind(e: &Pager, r: &Region, c: usize, n: usize) {
     // Most faults are not sequential: they stop here, before any other work.
     let sequential = r.ra_chunks.load(Relaxed) > 0;
     if !sequential {
@@ -125,7 +125,7 @@ fn mark_behind(e: &Engine, r: &Region, c: usize, n: usize) {
 }
 
 /// Places chunk `c` if it is not resident (prefetch and pin).
-pub fn fetch_chunk(e: &Engine, r: &Region, c: usize) {
+pub fn fetch_chunk(e: &Pager, r: &Region, c: usize) {
     if let Some(Claim::Owned(src, tier)) = claim(r, c, true) {
         // A chunk that cannot be read back stays Far (and poisoned in thread delivery):
         // the application's access reports it.
@@ -134,12 +134,12 @@ pub fn fetch_chunk(e: &Engine, r: &Region, c: usize) {
 }
 
 /// The most chunks one fault of `r` claims beyond its own (0: read-ahead off).
-fn readahead_max(e: &Engine, r: &Region) -> usize {
+fn readahead_max(e: &Pager, r: &Region) -> usize {
     (e.cfg.readahead.min(MAX_RUN) / r.chunk).max(1) - 1
 }
 
 /// Claims chunks after `c` when faults are sequential; returns how many were claimed.
-fn readahead(e: &Engine, r: &Region, c: usize, src: Where, tier: usize) -> usize {
+fn readahead(e: &Pager, r: &Region, c: usize, src: Where, tier: usize) -> usize {
     let last = r.last_fault.swap(c, Relaxed);
     let max_chunks = readahead_max(e, r);
     if max_chunks == 0 {
@@ -183,13 +183,13 @@ fn readahead(e: &Engine, r: &Region, c: usize, src: Where, tier: usize) -> usize
 /// evictor keeping the headroom, 225 k/s without (docs/benchmarks.md). A handler thread
 /// (thread delivery) serves many faulting threads and gains from the evictor working
 /// beside it (77 k/s with, 53 k/s without), so above the high watermark it wakes it.
-fn reserve_dram(e: &Engine, bytes: u64, inline: bool) {
+fn reserve_dram(e: &Pager, bytes: u64, inline: bool) {
     let now = e.resident.fetch_add(bytes, AcqRel) + bytes;
     let (high, _) = e.watermarks();
     if now > e.budget() {
         e.counters.direct_reclaims.fetch_add(1, Relaxed);
         let want = now - e.budget();
-        let freed = crate::evict::reclaim(e, want);
+        let freed = super::evict::reclaim(e, want);
         if freed < want {
             e.counters.budget_overruns.fetch_add(1, Relaxed);
         }
@@ -246,7 +246,7 @@ fn retry_transient(
 
 /// Places chunks `[c, c+n)` (all claimed by this thread, same source) and publishes them.
 /// Returns false when their data could not be read back from the tier.
-fn place_run(e: &Engine, r: &Region, c: usize, n: usize, src: Where, tier: usize) -> bool {
+fn place_run(e: &Pager, r: &Region, c: usize, n: usize, src: Where, tier: usize) -> bool {
     let fault_ns = if r.samples.enabled() {
         attune_sys::os::now_ns()
     } else {
@@ -279,7 +279,7 @@ struct Run {
 }
 
 /// One attempt at placing the run's data: zero-fill or a load from its tier.
-fn fetch_run(e: &Engine, r: &Region, run: &Run) -> Result<(), Errno> {
+fn fetch_run(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
     let uffd = e.uffd_for(r.delivery);
     let (dst, len) = (run.dst, run.len);
     match run.src {
@@ -316,13 +316,7 @@ fn fetch_run(e: &Engine, r: &Region, run: &Run) -> Result<(), Errno> {
 
 /// Publishes the run's outcome: Resident with its replacement class, or (its data could
 /// not be read back) back to Far with the access failing loudly.
-fn publish_run(
-    e: &Engine,
-    r: &Region,
-    run: &Run,
-    fault_ns: u64,
-    result: Result<(), Errno>,
-) -> bool {
+fn publish_run(e: &Pager, r: &Region, run: &Run, fault_ns: u64, result: Result<(), Errno>) -> bool {
     let Run {
         c,
         n,
@@ -335,7 +329,7 @@ fn publish_run(
     match result {
         Ok(()) => {
             if r.samples.enabled() {
-                crate::sample::on_placed(e, r, c, n, fault_ns);
+                super::sample::on_placed(e, r, c, n, fault_ns);
             }
             let now = e.eviction_clock();
             let budget = e.budget();
@@ -448,7 +442,7 @@ fn check_hashes(r: &Region, c: usize, n: usize, data: usize) -> bool {
 /// without sleeping; the first wait that outlasts the window puts it back to sleep until
 /// a fault again follows its predecessor within the window. A program that faults rarely
 /// pays at most one window of one core per burst.
-pub fn handler_loop(e: &'static Engine) {
+pub fn handler_loop(e: &'static Pager) {
     os::block_all_signals();
     let mut msgs = [Msg::default(); 64];
     let fd = e.uffd_thread.raw_fd();
@@ -492,11 +486,9 @@ pub fn handler_loop(e: &'static Engine) {
     }
 }
 
-/// SIGBUS resolver for signal-delivery regions (and runtime staging buffers).
-pub fn on_sigbus(addr: usize) -> bool {
-    let Some(e) = crate::runtime::engine_if_started() else {
-        return false;
-    };
+/// SIGBUS resolver for signal-delivery regions (and runtime staging buffers); the
+/// handler that finds the engine is `crate::engine::on_sigbus`.
+pub fn on_sigbus(e: &Pager, addr: usize) -> bool {
     if e.internal_contains(addr) {
         let ps = attune_sys::page_size();
         let _ = e.uffd_internal.zeropage(addr & !(ps - 1), ps);

@@ -1,0 +1,24 @@
+//! The paging engine: managed regions whose chunks move between DRAM and far tiers
+//! through userfaultfd. Layered bottom up, no module importing one above it:
+//!
+//! * `pager.rs`: the state (userfaultfds, tiers, regions, DRAM accounting, budget).
+//! * `behind.rs`: the ring of chunks streams have passed (first victims).
+//! * `sample.rs`: what the fault path records for access sampling.
+//! * `unshare.rs`: copies pages a fork left shared, so they can move again.
+//! * `evict.rs`: the CLOCK and the background evictor (decisions: `attune_policy::victim`).
+//! * `fault.rs`: the fault path (claim, read-ahead, place) and both deliveries.
+//! * `ops.rs`: allocate, free, pin, hold, discard, prefetch.
+//! * `sampler.rs`: the sampler thread and the online flag prediction.
+
+mod behind;
+pub mod evict;
+pub mod fault;
+mod ops;
+pub mod pager;
+pub mod sample;
+pub mod sampler;
+mod unshare;
+
+pub use pager::{
+    AllocOptions, ClockState, Counters, InitError, Pager, KERNEL_ACCESS_MAY_FAIL, MAX_RUN,
+};

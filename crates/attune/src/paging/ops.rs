@@ -1,0 +1,354 @@
+//! Operations on regions off the fault path: allocate, free, pin, hold, discard,
+//! prefetch. They ask `attune_policy` for the unit of movement and the home tier and use
+//! the fault path (`fault.rs`) to bring chunks in.
+
+use super::pager::{chunk_span, AllocOptions, Pager, KERNEL_ACCESS_MAY_FAIL};
+use crate::config::{FaultMode, Mode};
+use crate::region::{Region, RegionKind, Where, ACTIVE, CREDIT_MASK, PIN};
+use crate::tier::FarTier;
+use attune_policy::Flags;
+use attune_sys::uffd::{mode, Delivery};
+use attune_sys::{mem, os, Errno};
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+
+impl Pager {
+    /// Makes `[addr, addr+len)` (inside `r`) resident and keeps it so: pins the chunks
+    /// that were not pinned and pushes them on `held`, for [`Pager::release`]. For a
+    /// kernel access that cannot fault (see `kernel_access_fails`). Chunks pinned already
+    /// (by the program, or by another thread's hold) are left to their owner.
+    pub fn hold(&self, r: &Region, addr: usize, len: usize, held: &mut Vec<usize>) {
+        let (c0, c1) = chunk_span(r, addr, len);
+        for c in c0..c1 {
+            if !r.set_bits(c, PIN, 0).pinned() {
+                self.pinned.fetch_add(r.chunk as u64, Relaxed);
+                held.push(c);
+            }
+        }
+        self.prefetch(r, addr, len);
+    }
+
+    /// Unpins the chunks a [`Pager::hold`] pinned.
+    pub fn release(&self, r: &Region, held: &[usize]) {
+        for &c in held {
+            if r.set_bits(c, 0, PIN).pinned() {
+                self.pinned.fetch_sub(r.chunk as u64, Relaxed);
+            }
+        }
+    }
+
+    /// Creates a region of at least `size` bytes.
+    pub fn alloc_region(
+        &self,
+        size: usize,
+        opts: &AllocOptions,
+        kind: RegionKind,
+        align: usize,
+    ) -> Result<Arc<Region>, Errno> {
+        // Attuned: the flags choose the unit of movement (attune_policy::chunk); the
+        // temperature-only mode treats every region alike. Either way the home tier's
+        // floor applies (a property of the medium, not of the workflow).
+        let home = self.home_tier(opts);
+        let tier_min = self
+            .tiers
+            .get(home)
+            .map(|t| t.cfg.min_chunk)
+            .unwrap_or(4096);
+        let chunk = opts.chunk_size.unwrap_or(match self.cfg.mode {
+            Mode::Attuned => {
+                attune_policy::chunk::chunk_for(opts.flags, self.cfg.chunk_size, tier_min)
+            }
+            Mode::Temperature => self.cfg.chunk_size.max(tier_min),
+        });
+        if crate::config::validate_chunk(chunk).is_err() {
+            return Err(Errno(libc::EINVAL));
+        }
+        if size == 0 {
+            return Err(Errno(libc::EINVAL));
+        }
+        let len = size.checked_add(chunk - 1).ok_or(Errno(libc::ENOMEM))? / chunk * chunk;
+        if kind == RegionKind::Dedicated {
+            let prev = self.committed.fetch_add(len as u64, AcqRel);
+            if prev + len as u64 > self.capacity {
+                self.committed.fetch_sub(len as u64, AcqRel);
+                return Err(Errno(libc::ENOMEM));
+            }
+        }
+        let undo_commit = || {
+            if kind == RegionKind::Dedicated {
+                self.committed.fetch_sub(len as u64, AcqRel);
+            }
+        };
+        let align = align.max(if len >= 2 << 20 { 2 << 20 } else { chunk });
+        let base = match mem::map_anon_aligned(len, align, true) {
+            Ok(b) => b,
+            Err(e) => {
+                undo_commit();
+                return Err(e);
+            }
+        };
+        // Inherited by a forked child, which takes the runtime over (`crate::fork`).
+        let _ = mem::advise(base, len, mem::MADV_NOHUGEPAGE);
+        let delivery = match opts.fault_mode.unwrap_or(self.cfg.fault_mode) {
+            FaultMode::Thread => Delivery::Thread,
+            FaultMode::Signal => Delivery::Signal,
+        };
+        if delivery == Delivery::Signal {
+            KERNEL_ACCESS_MAY_FAIL.store(true, Relaxed);
+        }
+        if let Err(e) = self.uffd_for(delivery).register(base, len, mode::MISSING) {
+            let _ = mem::unmap(base, len);
+            undo_commit();
+            return Err(e);
+        }
+        let mut slots = Vec::with_capacity(self.tiers.len());
+        for t in &self.tiers {
+            match t.reserve(len as u64) {
+                Some(o) => slots.push(o),
+                None => {
+                    for (i, o) in slots.iter().enumerate() {
+                        self.tiers[i].release(*o, len as u64);
+                    }
+                    let _ = mem::unmap(base, len);
+                    undo_commit();
+                    return Err(Errno(libc::ENOMEM));
+                }
+            }
+        }
+        let id = self.next_id.fetch_add(1, Relaxed);
+        // Online prediction samples the regions that come without flags (and without a
+        // pin of their own) for `predict_window_ms`; `attune profile` samples every region.
+        let predicting = self.cfg.predict_window_ms > 0
+            && self.cfg.mode == Mode::Attuned
+            && opts.flags == Flags::NONE
+            && opts.pin_bytes.is_none();
+        let sampling = self.cfg.sample_rate > 0 || predicting;
+        let r = Arc::new(Region::new(
+            id,
+            base,
+            len,
+            size,
+            chunk,
+            opts.flags,
+            delivery,
+            kind,
+            slots,
+            home,
+            sampling && kind == RegionKind::Dedicated,
+        ));
+        if predicting && kind == RegionKind::Dedicated {
+            r.predict_due.store(
+                os::now_ns() + self.cfg.predict_window_ms * 1_000_000,
+                Relaxed,
+            );
+        }
+        {
+            let _g = os::SignalGuard::new();
+            let mut t = self.regions.write().unwrap_or_else(|p| p.into_inner());
+            let i = t.partition_point(|x| x.base < base);
+            t.insert(i, r.clone());
+        }
+        // Pin and pre-fault: LAT/SHL get `pin_fraction` by default (IMME Algorithm 1).
+        let pin = match opts.pin_bytes {
+            Some(p) => p.min(len),
+            None if self.cfg.mode == Mode::Attuned && opts.flags.is_protected() => {
+                // The policy's share, within the policy pins' room.
+                let want = (len as f64 * self.cfg.pin_fraction) as usize;
+                want.min(self.policy_pin_room()) / r.chunk * r.chunk
+            }
+            None => 0,
+        };
+        if pin > 0 {
+            self.pin(&r, base, pin, true);
+        }
+        if opts.prefault {
+            let room = self.budget().saturating_sub(self.resident.load(Relaxed)) as usize;
+            self.prefetch(&r, base, len.min(room));
+        }
+        Ok(r)
+    }
+
+    fn home_tier(&self, opts: &AllocOptions) -> usize {
+        if let Some(t) = opts.preferred_tier {
+            if t < self.tiers.len() {
+                return t;
+            }
+        }
+        // CAP data goes to the capacity tier: the biggest far tier that is memory, else
+        // the biggest of all; everything else to the fastest. (A file tier holds CAP data
+        // only as every region's overflow, when memory tiers are full or absent: see
+        // docs/design.md, "CAP's tier".)
+        let pageable: Vec<&FarTier> = self.tiers.iter().filter(|t| t.is_pageable()).collect();
+        if self.cfg.mode == Mode::Attuned
+            && opts.flags.contains(Flags::CAP)
+            && !opts.flags.is_protected()
+        {
+            let memory = pageable
+                .iter()
+                .filter(|t| t.cfg.kind == crate::config::TierKind::Memory)
+                .max_by_key(|t| t.cfg.capacity);
+            if let Some(t) = memory.or_else(|| pageable.iter().max_by_key(|t| t.cfg.capacity)) {
+                return t.index;
+            }
+        }
+        pageable.first().map(|t| t.index).unwrap_or(0)
+    }
+
+    /// Frees a dedicated region that starts exactly at `ptr`.
+    pub fn free_region(&self, r: &Arc<Region>) {
+        // The clock lock keeps the evictor out of this region while it goes away.
+        let _g = os::SignalGuard::new();
+        let _clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        {
+            let mut t = self.regions.write().unwrap_or_else(|p| p.into_inner());
+            t.retain(|x| !Arc::ptr_eq(x, r));
+        }
+        r.freed.store(true, Release);
+        self.drop_behind.forget(r.base, r.len);
+        let _ = self.uffd_for(r.delivery).unregister(r.base, r.len);
+        let _ = mem::unmap(r.base, r.len);
+        let mut resident = 0u64;
+        let mut pinned = 0u64;
+        let mut active = 0u64;
+        for c in 0..r.chunks() {
+            let s = r.state(c);
+            if s.pinned() {
+                pinned += r.chunk as u64;
+            }
+            match s.place() {
+                Where::Resident | Where::Fetching | Where::Evicting => {
+                    resident += r.chunk as u64;
+                    if s.active() {
+                        active += r.chunk as u64;
+                    }
+                }
+                Where::Far => {
+                    if let Some(t) = self.tiers.get(s.tier()) {
+                        t.forget(r.chunk as u64);
+                    }
+                }
+                Where::Fresh => {}
+            }
+        }
+        let _ = self
+            .resident
+            .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(resident)));
+        let _ = self
+            .pinned
+            .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(pinned)));
+        self.deactivate(active);
+        // The stored content goes now; the offsets return in `evict::drop_retired`, once
+        // no fetch of this region is in flight (a use after free by another thread must
+        // not release a new owner's slot).
+        for (i, o) in r.slots.iter().enumerate() {
+            self.tiers[i].discard(*o, r.len as usize);
+        }
+        if r.kind == RegionKind::Dedicated {
+            self.committed.fetch_sub(r.len as u64, AcqRel);
+        }
+        self.retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(r.clone());
+        if r.samples.enabled() {
+            let mut h = self
+                .sampled_history
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if h.len() >= 1024 {
+                h.remove(0);
+            }
+            h.push(r.clone());
+        }
+    }
+
+    /// Makes `[addr, addr+len)` resident and, with `pin`, never evicted.
+    pub fn pin(&self, r: &Region, addr: usize, len: usize, pin: bool) {
+        let (c0, c1) = chunk_span(r, addr, len);
+        for c in c0..c1 {
+            if pin {
+                if !r.set_bits(c, PIN, 0).pinned() {
+                    self.pinned.fetch_add(r.chunk as u64, Relaxed);
+                }
+            } else if r.set_bits(c, 0, PIN).pinned() {
+                self.pinned.fetch_sub(r.chunk as u64, Relaxed);
+            }
+        }
+        if pin {
+            self.prefetch(r, addr, len);
+        }
+    }
+
+    /// Drops the content of `[addr, addr+len)` (page-aligned, inside `r`): it reads as zero
+    /// afterwards. Whole chunks go back to Fresh, their DRAM and far-tier space released
+    /// (the application's `MADV_DONTNEED` cannot do that for a chunk in a far tier: its
+    /// pages are not mapped, so its old content would come back). The parts of chunks at
+    /// the edges, and pinned chunks (they stay resident), are written with zeros.
+    pub fn discard(&self, r: &Region, addr: usize, len: usize) {
+        let end = addr + len;
+        let lo = (addr - r.base).div_ceil(r.chunk);
+        let hi = (end - r.base) / r.chunk;
+        let zero = |a: usize, b: usize| {
+            if b > a {
+                // SAFETY: inside r, asked for by the application; no chunk is held here.
+                unsafe { mem::zero_managed(a, b - a) };
+            }
+        };
+        if lo >= hi {
+            zero(addr, end);
+            return;
+        }
+        zero(addr, r.chunk_addr(lo));
+        for c in lo..hi {
+            if !self.discard_chunk(r, c) {
+                zero(r.chunk_addr(c), r.chunk_addr(c) + r.chunk);
+            }
+        }
+        zero(r.chunk_addr(hi), end);
+    }
+
+    /// Drops chunk `c`'s content and space; false for a pinned resident chunk (the caller
+    /// zeroes it in place).
+    fn discard_chunk(&self, r: &Region, c: usize) -> bool {
+        let mut spins = 0u32;
+        loop {
+            let s = r.state(c);
+            match s.place() {
+                Where::Fresh => return true,
+                Where::Fetching | Where::Evicting => crate::sync::gate::backoff(&mut spins),
+                Where::Resident if s.pinned() => return false,
+                Where::Resident | Where::Far => {
+                    // Held while its content goes: no fetch or eviction runs meanwhile.
+                    if !r.cas(c, s, s.with(Where::Fetching, s.tier())) {
+                        continue;
+                    }
+                    if s.place() == Where::Resident {
+                        let _ = mem::advise(r.chunk_addr(c), r.chunk, mem::MADV_DONTNEED);
+                        let _ = self.resident.fetch_update(AcqRel, Acquire, |v| {
+                            Some(v.saturating_sub(r.chunk as u64))
+                        });
+                        if s.active() {
+                            self.deactivate(r.chunk as u64);
+                        }
+                    } else if let Some(t) = self.tiers.get(s.tier()) {
+                        t.discard(r.slots[s.tier()] + (c * r.chunk) as u64, r.chunk);
+                        t.forget(r.chunk as u64);
+                    }
+                    r.file_hash[c].store(0, Relaxed);
+                    r.counters.discarded.fetch_add(1, Relaxed);
+                    r.set_bits(c, 0, ACTIVE | CREDIT_MASK);
+                    r.settle(c, Where::Fresh, 0, 0);
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// Brings `[addr, addr+len)` into DRAM now (as if faulted), within the budget.
+    pub fn prefetch(&self, r: &Region, addr: usize, len: usize) {
+        let (c0, c1) = chunk_span(r, addr, len);
+        for c in c0..c1 {
+            super::fault::fetch_chunk(self, r, c);
+        }
+    }
+}

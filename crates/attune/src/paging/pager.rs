@@ -1,0 +1,513 @@
+//! The paging engine's state: the userfaultfds, the far tiers, the regions and their
+//! chunks' DRAM accounting, the budget and the movement limit. The operations on it are
+//! in the modules beside it: allocation, free, pin and prefetch in `ops.rs`, the fault
+//! path in `fault.rs`, replacement in `evict.rs`.
+
+use crate::config::{Config, FaultMode, Mode};
+use crate::pool::BufferPool;
+use crate::region::Region;
+use crate::tier::{FarTier, IoContext};
+use attune_policy::Flags;
+use attune_sys::os;
+use attune_sys::uffd::{feature, mode, Delivery, Uffd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// Largest run moved in one operation (the zero, staging and bounce buffers' size).
+pub const MAX_RUN: usize = 2 << 20;
+
+/// Options of one allocation (`attune_alloc`).
+#[derive(Clone, Debug, Default)]
+pub struct AllocOptions {
+    pub flags: Flags,
+    /// Far tier for this region's evicted chunks (index), or None for the policy's choice.
+    pub preferred_tier: Option<usize>,
+    /// Bytes from the start to pin and pre-fault (None: `pin_fraction` for LAT/SHL).
+    pub pin_bytes: Option<usize>,
+    /// Pre-fault the whole region now (up to the budget).
+    pub prefault: bool,
+    pub chunk_size: Option<usize>,
+    pub fault_mode: Option<FaultMode>,
+    /// A region of its own even below `small_threshold` (page-aligned: mmap requests).
+    pub own_region: bool,
+}
+
+/// Counters of the paging engine.
+#[derive(Default)]
+pub struct Counters {
+    pub faults: AtomicU64,
+    pub evictions: AtomicU64,
+    pub evicted_bytes: AtomicU64,
+    pub fetched_bytes: AtomicU64,
+    pub direct_reclaims: AtomicU64,
+    /// Bytes evicted from behind streams (`super::behind::DropBehind`).
+    pub dropped_behind_bytes: AtomicU64,
+    /// Bytes the background evictor evicted (the rest of `evicted_bytes` was evicted by
+    /// faulting threads or handler threads reclaiming for themselves).
+    pub evictor_evicted_bytes: AtomicU64,
+    /// Times the budget was exceeded because nothing could be evicted (all pinned or all
+    /// tiers full): the application keeps running, the overrun is reported.
+    pub budget_overruns: AtomicU64,
+    /// Chunks an eviction left in DRAM because the program had changed their protection
+    /// (mprotect to read-only or none).
+    pub protected_skips: AtomicU64,
+    pub load_errors: AtomicU64,
+    /// Access sampling: chunks parked, and parked chunks touched within the window.
+    pub sample_parks: AtomicU64,
+    pub sample_hits: AtomicU64,
+    /// Delays of sample hits in 1 us buckets (the last one: 31 us and more). Its low end is
+    /// the delivery floor (fault raised, taken, timed) that analysis subtracts.
+    pub sample_delay_us: [AtomicU64; 32],
+    /// Time spent waiting for the movement limit (ns).
+    pub paced_ns: AtomicU64,
+    /// Chunks that refaulted close but found the active class full, and active chunks
+    /// tested (evicted to see whether they are still used) because of them.
+    pub denied_activations: AtomicU64,
+    pub active_tests: AtomicU64,
+    /// Chunks un-shared after a fork left their pages shared with another process.
+    pub unshared: AtomicU64,
+    /// Online flag prediction: regions split (hot part pinned, the rest CAP), regions left
+    /// as they were, and bytes pinned for the splits.
+    pub online_split_regions: AtomicU64,
+    pub online_kept_regions: AtomicU64,
+    pub online_pinned_bytes: AtomicU64,
+}
+
+impl Counters {
+    /// The counters the statistics report, by their names there (`attune_stats_json`'s
+    /// `engine` object, each process snapshot of the `attune run` report and its totals):
+    /// one list, so they cannot drift apart. Page movement, then the online prediction.
+    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 12] {
+        [
+            ("faults", &self.faults),
+            ("evictions", &self.evictions),
+            ("fetched_bytes", &self.fetched_bytes),
+            ("evicted_bytes", &self.evicted_bytes),
+            ("budget_overruns", &self.budget_overruns),
+            ("direct_reclaims", &self.direct_reclaims),
+            ("evictor_evicted_bytes", &self.evictor_evicted_bytes),
+            ("dropped_behind_bytes", &self.dropped_behind_bytes),
+            ("online_split_regions", &self.online_split_regions),
+            ("online_kept_regions", &self.online_kept_regions),
+            ("online_pinned_bytes", &self.online_pinned_bytes),
+            ("protected_skips", &self.protected_skips),
+        ]
+    }
+}
+
+/// Clock hand over all regions.
+#[derive(Default)]
+pub struct ClockState {
+    pub region_cursor: usize,
+    /// Region where the tests of active chunks go on.
+    pub test_cursor: usize,
+    /// Where the capacity-first pass goes on (`attune_policy::victim::capacity_first`).
+    pub cap_cursor: usize,
+}
+
+pub struct Pager {
+    pub cfg: Config,
+    pub(crate) uffd_thread: Uffd,
+    pub(crate) uffd_signal: Uffd,
+    /// Registered over the memory tier arena and the staging buffers (MOVE destinations).
+    pub(crate) uffd_internal: Uffd,
+    pub tiers: Vec<FarTier>,
+    pub(crate) staging: BufferPool,
+    pub(crate) bounce: BufferPool,
+    pub(crate) zero: BufferPool,
+    /// Sorted by base address.
+    pub(crate) regions: RwLock<Vec<Arc<Region>>>,
+    /// Freed regions waiting until no fault handler holds them (dropped by the evictor).
+    pub(crate) retired: Mutex<Vec<Arc<Region>>>,
+    /// Freed regions whose access samples the profile still reports (the last 1024).
+    pub(crate) sampled_history: Mutex<Vec<Arc<Region>>>,
+    pub(crate) clock: Mutex<ClockState>,
+    /// Resident managed bytes (the DRAM tier's use).
+    pub resident: AtomicU64,
+    /// Bytes of dedicated regions allocated (capacity check).
+    pub committed: AtomicU64,
+    /// Highest `resident` seen after a fault's reservation (reports).
+    pub peak_resident: AtomicU64,
+    /// Bytes of pinned chunks over all regions.
+    pub pinned: AtomicU64,
+    /// Bytes of resident chunks in the active class (refaulted soon after eviction).
+    pub active: AtomicU64,
+    /// The DRAM budget now: the configured `dram`, or the node daemon's grant (`crate::daemon_client`).
+    budget: AtomicU64,
+    /// Page movement limit in bytes/s (0: none), set by the node daemon while a
+    /// latency-sensitive neighbour runs; `move_next` is the pacing's virtual time.
+    move_limit: AtomicU64,
+    move_next: AtomicU64,
+    pub capacity: u64,
+    pub(crate) wake_evictor: os::EventFd,
+    /// Chunks streams have just passed, the first victims (`super::behind::DropBehind`).
+    pub(crate) drop_behind: super::behind::DropBehind,
+    pub counters: Counters,
+    pub(super) next_id: AtomicU32,
+    pub(crate) shutdown: AtomicBool,
+    /// Operations that claim chunks or take engine locks run inside it; a fork waits
+    /// until none is in flight (`crate::fork`).
+    pub(crate) gate: crate::sync::gate::Gate,
+    /// Forks this process took part in, as parent or child: after one, pages may be
+    /// shared copy-on-write and `UFFDIO_MOVE` refuses them (EBUSY).
+    pub forks: AtomicU64,
+    /// Chunks marked SHARED since the evictor's last un-share pass.
+    pub(crate) unshare_pending: AtomicU64,
+}
+
+/// Set once kernel accesses to some managed memory may fail with EFAULT (see
+/// [`Pager::kernel_access_fails`]): until then the interposer's system-call wrappers
+/// cost one load.
+pub static KERNEL_ACCESS_MAY_FAIL: AtomicBool = AtomicBool::new(false);
+
+/// Why the engine could not start.
+#[derive(Debug)]
+pub struct InitError(pub String);
+
+impl Pager {
+    /// Builds the paging engine: userfaultfds, tiers, buffers. `arena_space` is the
+    /// virtual size of the small-object arenas, which reserve tier offsets like regions.
+    /// Its threads are started by the composition root (`crate::engine`).
+    pub fn new(cfg: Config, arena_space: u64) -> Result<Pager, InitError> {
+        let open = |d: Delivery| {
+            Uffd::open(d, feature::POISON).map_err(|e| {
+                InitError(format!(
+                    "userfaultfd is not available ({}{}). Attune needs it to move pages between tiers. \
+                     Enable it with `sysctl vm.unprivileged_userfaultfd=1`, or grant access to /dev/userfaultfd, \
+                     or allow the userfaultfd system call in the container's seccomp profile. \
+                     Without it, set ATTUNE_DISABLE_UFFD=1 to run with plain DRAM (no tiering, no budget).",
+                    e.errno,
+                    if e.missing_features != 0 { format!("; missing kernel features {:#x}, Linux 6.8 or newer is needed", e.missing_features) } else { String::new() }
+                ))
+            })
+        };
+        let uffd_thread = open(Delivery::Thread)?;
+        let uffd_signal = open(Delivery::Signal)?;
+        let uffd_internal = open(Delivery::Signal)?;
+        if uffd_thread.user_mode_only {
+            KERNEL_ACCESS_MAY_FAIL.store(true, Relaxed);
+        }
+        // NUMA tiers keep pages mapped: their placer (`crate::numa`) owns them, the paging
+        // engine never stores into them.
+        let paged: Vec<_> = cfg
+            .tiers
+            .iter()
+            .filter(|t| t.kind != crate::config::TierKind::Numa)
+            .cloned()
+            .collect();
+        let far_capacity: u64 = paged.iter().map(|t| t.capacity).sum();
+        let capacity = cfg.dram.saturating_add(far_capacity);
+        // Offset space of each tier: enough for every byte that can be allocated at once,
+        // plus the virtual size of every small-object arena: an arena reserves a slot range
+        // like any region but holds only what mimalloc carved, and counted against the
+        // capacity two arenas left no room for a region in a 1 GiB file tier. Offsets are
+        // virtual: the memory tier's arena is a reservation, the file tier's file sparse.
+        let space = capacity.min(1 << 45) + arena_space + (64 << 20);
+        let mut tiers = Vec::new();
+        for (i, t) in paged.into_iter().enumerate() {
+            tiers.push(FarTier::open(t, i, space, &uffd_internal).map_err(InitError)?);
+        }
+        let pool = |n, registered: bool| -> Result<BufferPool, InitError> {
+            let p = BufferPool::new(n, MAX_RUN)
+                .map_err(|e| InitError(format!("cannot map runtime buffers: {e}")))?;
+            if registered {
+                uffd_internal
+                    .register(p.base(), p.len(), mode::MISSING)
+                    .map_err(|e| InitError(format!("cannot register staging buffers: {e}")))?;
+            }
+            Ok(p)
+        };
+        let staging = pool(16, true)?;
+        let bounce = pool(32, false)?;
+        let zero = pool(1, false)?;
+        Ok(Pager {
+            budget: AtomicU64::new(cfg.dram),
+            move_limit: AtomicU64::new(cfg.move_limit),
+            move_next: AtomicU64::new(0),
+            capacity,
+            cfg,
+            uffd_thread,
+            uffd_signal,
+            uffd_internal,
+            tiers,
+            staging,
+            bounce,
+            zero,
+            regions: RwLock::new(Vec::new()),
+            retired: Mutex::new(Vec::new()),
+            sampled_history: Mutex::new(Vec::new()),
+            clock: Mutex::new(ClockState::default()),
+            active: AtomicU64::new(0),
+            resident: AtomicU64::new(0),
+            committed: AtomicU64::new(0),
+            peak_resident: AtomicU64::new(0),
+            pinned: AtomicU64::new(0),
+            wake_evictor: os::EventFd::new().map_err(|e| InitError(format!("eventfd: {e}")))?,
+            drop_behind: super::behind::DropBehind::new(),
+            counters: Counters::default(),
+            next_id: AtomicU32::new(1),
+            shutdown: AtomicBool::new(false),
+            gate: crate::sync::gate::Gate::new(),
+            forks: AtomicU64::new(0),
+            unshare_pending: AtomicU64::new(0),
+        })
+    }
+
+    pub(crate) fn uffd_for(&self, d: Delivery) -> &Uffd {
+        match d {
+            Delivery::Thread => &self.uffd_thread,
+            Delivery::Signal => &self.uffd_signal,
+        }
+    }
+
+    pub(crate) fn io(&self) -> IoContext<'_> {
+        IoContext {
+            internal: &self.uffd_internal,
+            staging: &self.staging,
+            bounce: &self.bounce,
+        }
+    }
+
+    /// Zeroed buffer of MAX_RUN bytes (never written after start).
+    pub(crate) fn zero_addr(&self) -> usize {
+        self.zero.base()
+    }
+
+    pub(crate) fn internal_contains(&self, addr: usize) -> bool {
+        self.staging.contains(addr)
+    }
+
+    /// The DRAM budget now.
+    pub fn budget(&self) -> u64 {
+        self.budget.load(Relaxed)
+    }
+
+    /// A new budget (the node daemon's grant, never above the configured `dram`): the
+    /// evictor demotes down to it at once. Returns the budget applied.
+    pub fn set_budget(&self, bytes: u64) -> u64 {
+        let b = bytes.clamp(1 << 20, self.cfg.dram);
+        let old = self.budget.swap(b, Relaxed);
+        if b < old {
+            self.wake_evictor.notify();
+        }
+        b
+    }
+
+    /// Limits page movement (fetches and evictions) to `bps` bytes/s (the node daemon's
+    /// limit); 0 lifts it. The configured `move_limit` stays in force: the lower of the two
+    /// applies.
+    pub fn set_move_limit(&self, bps: u64) {
+        let eff = match (self.cfg.move_limit, bps) {
+            (0, b) => b,
+            (c, 0) => c,
+            (c, b) => c.min(b),
+        };
+        self.move_limit.store(eff, Relaxed);
+    }
+
+    pub fn move_limit(&self) -> u64 {
+        self.move_limit.load(Relaxed)
+    }
+
+    /// Waits until moving `bytes` fits the movement limit (a 20 ms burst allowed).
+    /// Signal-safe: atomics and nanosleep only.
+    pub(crate) fn pace(&self, bytes: u64) {
+        let rate = self.move_limit.load(Relaxed);
+        if rate == 0 {
+            return;
+        }
+        let now = os::now_ns();
+        let mut cur = self.move_next.load(Relaxed);
+        loop {
+            let (next, wait) = attune_policy::share::pace(now, cur, bytes, rate, 20_000_000);
+            match self
+                .move_next
+                .compare_exchange_weak(cur, next, AcqRel, Relaxed)
+            {
+                Ok(_) => {
+                    if wait > 0 {
+                        self.counters.paced_ns.fetch_add(wait, Relaxed);
+                        std::thread::sleep(std::time::Duration::from_nanos(wait));
+                    }
+                    return;
+                }
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    /// Free DRAM headroom the evictor keeps: evict above `high`, down to `low`. The
+    /// headroom scales with the budget (it was configured against `dram`).
+    pub fn watermarks(&self) -> (u64, u64) {
+        let budget = self.budget();
+        let headroom =
+            (self.cfg.headroom as u128 * budget as u128 / self.cfg.dram.max(1) as u128) as u64;
+        let low = budget.saturating_sub(headroom);
+        let high = budget.saturating_sub(headroom / 2);
+        (high, low)
+    }
+
+    /// Applies the node daemon's far-memory grant over the `memory` tiers, fastest first
+    /// (None lifts it).
+    pub fn set_far_grant(&self, bytes: Option<u64>) {
+        let mut left = bytes;
+        for t in self.tiers.iter().filter(|t| t.is_memory()) {
+            let mine = left.map(|l| l.min(t.cfg.capacity));
+            t.set_grant(mine);
+            left = left.map(|l| l - mine.unwrap_or(0));
+        }
+    }
+
+    /// Bytes in the `memory` tiers now, and what this process wants there: the managed
+    /// bytes that do not fit its DRAM budget, within the tiers' configured capacity.
+    pub fn far_memory(&self) -> (u64, u64) {
+        let mem = || self.tiers.iter().filter(|t| t.is_memory());
+        let used: u64 = mem().map(|t| t.used()).sum();
+        let cap: u64 = mem().map(|t| t.cfg.capacity).sum();
+        let outside = self.committed.load(Relaxed).saturating_sub(self.budget());
+        let want = if cap == 0 {
+            0
+        } else {
+            outside.max(used).saturating_add(4 << 20).min(cap)
+        };
+        (used, want)
+    }
+
+    /// Bytes the active class may hold now (`attune_policy::victim`).
+    pub fn active_target(&self) -> u64 {
+        attune_policy::victim::active_target(
+            self.budget(),
+            self.pinned.load(Relaxed),
+            self.cfg.inactive_share,
+        )
+    }
+
+    /// Whether the active class holds more than it may (after a budget shrink).
+    pub fn active_over_target(&self) -> bool {
+        self.active.load(Relaxed) > self.active_target()
+    }
+
+    /// Takes `bytes` out of the active class's count.
+    pub(crate) fn deactivate(&self, bytes: u64) {
+        let _ = self
+            .active
+            .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(bytes)));
+    }
+
+    /// Evicted bytes so far in 4 KiB pages, wrapping: the clock of refault distances.
+    pub(crate) fn eviction_clock(&self) -> u32 {
+        (self.counters.evicted_bytes.load(Relaxed) >> 12) as u32
+    }
+
+    /// Whether flags protect a region in the current mode.
+    pub fn is_protected(&self, r: &Region) -> bool {
+        self.cfg.mode == Mode::Attuned && r.flags().is_protected()
+    }
+
+    /// The region containing `addr` (lock held only for the lookup). Signal-safe.
+    pub fn find(&self, addr: usize) -> Option<Arc<Region>> {
+        let t = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        let i = t.partition_point(|r| r.base <= addr);
+        if i == 0 {
+            return None;
+        }
+        let r = &t[i - 1];
+        if r.contains(addr) {
+            Some(r.clone())
+        } else {
+            None
+        }
+    }
+
+    /// The regions that overlap `[addr, addr+len)`, in address order.
+    pub fn overlapping(&self, addr: usize, len: usize) -> Vec<Arc<Region>> {
+        let end = addr.saturating_add(len);
+        let t = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        let i = t.partition_point(|r| r.base + r.len <= addr);
+        t[i..]
+            .iter()
+            .take_while(|r| r.base < end)
+            .cloned()
+            .collect()
+    }
+
+    /// Whether kernel accesses to missing pages fail with EFAULT instead of faulting: the
+    /// userfaultfd sees user-mode faults only (what an unprivileged user gets where
+    /// `vm.unprivileged_userfaultfd=0`), or the region's faults come by SIGBUS.
+    pub fn kernel_access_fails(&self, r: &Region) -> bool {
+        self.uffd_thread.user_mode_only || r.delivery == Delivery::Signal
+    }
+
+    /// True when every userfaultfd sees user-mode faults only.
+    pub fn user_mode_only(&self) -> bool {
+        self.uffd_thread.user_mode_only
+    }
+
+    /// Bytes pinned over all regions.
+    pub fn pinned_bytes(&self) -> u64 {
+        self.pinned.load(Relaxed)
+    }
+
+    /// Bytes the runtime's own pins (LAT/SHL `pin_fraction`, online prediction's hot
+    /// parts) may still take: what is left of half the budget. Pins that fill the budget
+    /// leave nothing to page through, and every fault thrashes. Explicit `attune_pin`
+    /// calls are refused only beyond the whole budget.
+    pub fn policy_pin_room(&self) -> usize {
+        (self.budget() / 2).saturating_sub(self.pinned_bytes()) as usize
+    }
+
+    /// Enters the fork gate (`crate::sync::gate`): every API operation on regions.
+    pub fn enter(&self) -> crate::sync::gate::Inside<'_> {
+        self.gate.enter()
+    }
+
+    /// Sets the counters of events (not of state) to zero: a forked child reports its own.
+    pub(crate) fn reset_event_counters(&self) {
+        let c = &self.counters;
+        for a in [
+            &c.faults,
+            &c.evictions,
+            &c.evicted_bytes,
+            &c.fetched_bytes,
+            &c.direct_reclaims,
+            &c.dropped_behind_bytes,
+            &c.evictor_evicted_bytes,
+            &c.budget_overruns,
+            &c.protected_skips,
+            &c.load_errors,
+            &c.sample_parks,
+            &c.sample_hits,
+            &c.paced_ns,
+            &c.denied_activations,
+            &c.active_tests,
+            &c.unshared,
+        ] {
+            a.store(0, Relaxed);
+        }
+        for a in &c.sample_delay_us {
+            a.store(0, Relaxed);
+        }
+        self.peak_resident
+            .store(self.resident.load(Relaxed), Relaxed);
+        for t in &self.tiers {
+            t.reset_event_counters();
+        }
+        for r in self
+            .regions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            r.counters.reset();
+        }
+    }
+}
+
+pub(crate) fn chunk_span(r: &Region, addr: usize, len: usize) -> (usize, usize) {
+    let start = addr.max(r.base);
+    let end = addr.saturating_add(len).min(r.base + r.len);
+    if end <= start {
+        return (0, 0);
+    }
+    (r.chunk_of(start), r.chunk_of(end - 1) + 1)
+}
