@@ -6,23 +6,25 @@
 //! anything) and the interposer (which must never fail the program: it falls back to
 //! defaults with a warning).
 
-use crate::config::OptionDoc;
+use crate::config::table::{Kind, Opt, Unset, Value};
 use crate::size::parse_size;
 use attune_policy::predict::{candidates, RegionRecord};
 use attune_policy::Flags;
 
 /// The options table of `attune run` (also in `attune config --options` and docs/tuning.md).
-pub const RUN_OPTIONS: &[OptionDoc] = &[
-    OptionDoc { key: "flags", env: "ATTUNE_FLAGS (or TM_FLAGS)", default: "auto", suggested: "what the workflow is: LAT, BW, CAP, SHL, combined with ','", doc: "Flags of every managed allocation; TM_FLAGS is the name the Slurm plugin sets, ATTUNE_FLAGS wins" },
-    OptionDoc { key: "flag_rules", env: "ATTUNE_FLAG_RULES", default: "(none)", suggested: "e.g. `..64M:LAT,1G..:CAP`", doc: "Flags by allocation size: comma-separated `MIN..MAX:FLAGS` (either bound may be empty, MAX exclusive); the first match wins over ATTUNE_FLAGS" },
-    OptionDoc { key: "predict", env: "ATTUNE_PREDICT", default: "(set by attune run from the history)", suggested: "-", doc: "Flags per allocation learned by `attune profile` (`SIZE:FLAGS[@S-E+...]`, hot ranges as fractions, pinned); used when no flags or rule apply" },
-    OptionDoc { key: "history", env: "ATTUNE_HISTORY", default: "$XDG_STATE_HOME/attune/history.json (~/.local/state/...)", suggested: "the default; off to neither read nor write it", doc: "Execution history: `attune profile` records what it learned per program, `attune run` without flags predicts from it" },
-    OptionDoc { key: "run_threshold", env: "ATTUNE_RUN_THRESHOLD", default: "1M", suggested: "1M; 256K for programs with many mid-sized buffers", doc: "malloc-family and anonymous mmap requests of at least this size are managed; smaller ones stay with the system allocator" },
-    OptionDoc { key: "run_small", env: "ATTUNE_RUN_SMALL", default: "0", suggested: "0; 1 when small objects dominate the footprint", doc: "1: small requests are managed too (per-class arenas), so the whole heap is tiered" },
-    OptionDoc { key: "run_fault_mode", env: "ATTUNE_RUN_FAULT_MODE", default: "thread", suggested: "thread; signal for fault-bound programs whose kernel accesses are all wrapped calls (docs/design.md, \"System calls on managed memory\")", doc: "How an unmodified program's faults are resolved: thread (a handler thread; every kernel access works) or signal (the faulting thread by SIGBUS: faster; read/write, sockets and stdio are retried by the interposer, a peer's process_vm_readv, io_uring and AIO fail with EFAULT)" },
-    OptionDoc { key: "run_children", env: "ATTUNE_RUN_CHILDREN", default: "1", suggested: "1", doc: "1: forked and exec'd children are managed too (each with its own budget); 0: only the first process" },
-    OptionDoc { key: "report_dir", env: "ATTUNE_REPORT_DIR", default: "(set by attune run)", suggested: "-", doc: "Where each managed process writes its statistics (proc-PID-START.json), read by `attune run` for the report" },
-    OptionDoc { key: "report_interval", env: "ATTUNE_REPORT_INTERVAL_MS", default: "1000", suggested: "1000", doc: "How often a process refreshes its statistics file (so a killed program still leaves a report)" },
+/// Environment only: the rows document the variables [`from_env`] reads.
+#[rustfmt::skip]
+pub const RUN_OPTIONS: &[Opt] = &[
+    Opt { key: "flags", kind: Kind::Name { max: 64 }, default: Unset::Found("auto", ""), suggested: "what the workflow is: LAT, BW, CAP, SHL, combined with ','", doc: "Flags of every managed allocation; TM_FLAGS is the name the Slurm plugin sets, ATTUNE_FLAGS wins" },
+    Opt { key: "flag_rules", kind: Kind::Name { max: 4096 }, default: Unset::Found("(none)", ""), suggested: "e.g. `..64M:LAT,1G..:CAP`", doc: "Flags by allocation size: comma-separated `MIN..MAX:FLAGS` (either bound may be empty, MAX exclusive); the first match wins over ATTUNE_FLAGS" },
+    Opt { key: "predict", kind: Kind::Name { max: 1 << 20 }, default: Unset::Found("(set by attune run from the history)", ""), suggested: "-", doc: "Flags per allocation learned by `attune profile` (`SIZE:FLAGS[@S-E+...]`, hot ranges as fractions, pinned); used when no flags or rule apply" },
+    Opt { key: "history", kind: Kind::Path, default: Unset::Found("$XDG_STATE_HOME/attune/history.json (~/.local/state/...)", ""), suggested: "the default; off to neither read nor write it", doc: "Execution history: `attune profile` records what it learned per program, `attune run` without flags predicts from it" },
+    Opt { key: "run_threshold", kind: Kind::Size { min: 1 }, default: Unset::Value("1M"), suggested: "1M; 256K for programs with many mid-sized buffers", doc: "malloc-family and anonymous mmap requests of at least this size are managed; smaller ones stay with the system allocator" },
+    Opt { key: "run_small", kind: Kind::Bool, default: Unset::Value("0"), suggested: "0; 1 when small objects dominate the footprint", doc: "1: small requests are managed too (per-class arenas), so the whole heap is tiered" },
+    Opt { key: "run_fault_mode", kind: Kind::Choice { what: "fault mode", values: &["thread", "signal"], aliases: &[] }, default: Unset::Value("thread"), suggested: "thread; signal for fault-bound programs whose kernel accesses are all wrapped calls (docs/design.md, \"System calls on managed memory\")", doc: "How an unmodified program's faults are resolved: thread (a handler thread; every kernel access works) or signal (the faulting thread by SIGBUS: faster; read/write, sockets and stdio are retried by the interposer, a peer's process_vm_readv, io_uring and AIO fail with EFAULT)" },
+    Opt { key: "run_children", kind: Kind::Bool, default: Unset::Value("1"), suggested: "1", doc: "1: forked and exec'd children are managed too (each with its own budget); 0: only the first process" },
+    Opt { key: "report_dir", kind: Kind::Path, default: Unset::Found("(set by attune run)", ""), suggested: "-", doc: "Where each managed process writes its statistics (proc-PID-START.json), read by `attune run` for the report" },
+    Opt { key: "report_interval_ms", kind: Kind::Int { min: 10, max: 3_600_000 }, default: Unset::Value("1000"), suggested: "1000", doc: "How often a process refreshes its statistics file (so a killed program still leaves a report)" },
 ];
 
 /// One size rule: allocations in `[min, max)` get `flags`.
@@ -88,14 +90,6 @@ impl RunSettings {
     }
 }
 
-fn bool_var(name: &str, v: &str) -> Result<bool, String> {
-    match v.trim() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" => Ok(false),
-        o => Err(format!("{name}={o}: expected 0 or 1")),
-    }
-}
-
 /// Parses `..64M:LAT,64M..1G:BW,1G..:CAP`.
 pub fn parse_rules(s: &str) -> Result<Vec<FlagRule>, String> {
     let mut v = Vec::new();
@@ -144,43 +138,36 @@ pub fn from_env(getenv: impl Fn(&str) -> Option<String>) -> Result<RunSettings, 
         s.predicted =
             attune_policy::predict::decode(&p).map_err(|e| format!("ATTUNE_PREDICT: {e}"))?;
     }
-    if let Some(t) = getenv("ATTUNE_RUN_THRESHOLD") {
-        let v = parse_size(&t).map_err(|e| format!("ATTUNE_RUN_THRESHOLD={t}: {e}"))?;
-        if v == 0 {
-            return Err(format!("ATTUNE_RUN_THRESHOLD={t}: must be at least 1 byte"));
+    // The plain values, each checked by its row of RUN_OPTIONS.
+    let value = |key: &str| -> Result<Option<Value>, String> {
+        let o = crate::config::row(RUN_OPTIONS, key).expect("a run option");
+        let name = o.env();
+        match getenv(&name) {
+            None => Ok(None),
+            Some(v) => o
+                .parse(&v, 0)
+                .map(Some)
+                .map_err(|e| format!("{name}={v}: {e}")),
         }
+    };
+    if let Some(Value::U64(v)) = value("run_threshold")? {
         s.threshold = v as usize;
     }
-    if let Some(v) = getenv("ATTUNE_RUN_SMALL") {
-        s.small = bool_var("ATTUNE_RUN_SMALL", &v)?;
+    if let Some(Value::Bool(v)) = value("run_small")? {
+        s.small = v;
     }
-    if let Some(v) = getenv("ATTUNE_RUN_CHILDREN") {
-        s.children = bool_var("ATTUNE_RUN_CHILDREN", &v)?;
+    if let Some(Value::Bool(v)) = value("run_children")? {
+        s.children = v;
     }
-    if let Some(v) = getenv("ATTUNE_RUN_FAULT_MODE") {
-        s.fault_mode = match v.trim() {
-            "thread" => "thread",
-            "signal" => "signal",
-            _ => {
-                return Err(format!(
-                    "ATTUNE_RUN_FAULT_MODE={v}: expected thread or signal"
-                ))
-            }
-        };
+    if let Some(Value::Text(v)) = value("run_fault_mode")? {
+        s.fault_mode = if v == "signal" { "signal" } else { "thread" };
+    }
+    if let Some(Value::U64(v)) = value("report_interval_ms")? {
+        s.report_interval_ms = v;
     }
     s.report_dir = getenv("ATTUNE_REPORT_DIR")
         .filter(|d| !d.is_empty())
         .map(Into::into);
-    if let Some(v) = getenv("ATTUNE_REPORT_INTERVAL_MS") {
-        s.report_interval_ms = v
-            .trim()
-            .parse::<u64>()
-            .ok()
-            .filter(|&x| x >= 10)
-            .ok_or_else(|| {
-                format!("ATTUNE_REPORT_INTERVAL_MS={v}: expected milliseconds, at least 10")
-            })?;
-    }
     Ok(s)
 }
 

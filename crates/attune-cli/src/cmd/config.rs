@@ -1,6 +1,6 @@
 //! `attune config`: the configuration in force (as JSON) or the options table.
 
-use attune::config::{load_from_process, OPTIONS, TIER_OPTIONS};
+use attune::config::{load_from_process, tuning_tables};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -14,31 +14,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> i32 {
     if a.options {
-        println!("| option | environment | default | suggested | meaning |\n|---|---|---|---|---|");
-        for o in OPTIONS {
-            println!(
-                "| `{}` | `{}` | {} | {} | {} |",
-                o.key, o.env, o.default, o.suggested, o.doc
-            );
-        }
-        println!("\nTier options (`[[tier]]` tables; environment `ATTUNE_TIER_<NAME>_<KEY>`):\n");
-        println!("| option | environment | default | suggested | meaning |\n|---|---|---|---|---|");
-        for o in TIER_OPTIONS {
-            println!(
-                "| `{}` | `{}` | {} | {} | {} |",
-                o.key, o.env, o.default, o.suggested, o.doc
-            );
-        }
-        println!(
-            "\n`attune run` options (environment only; `attune run` sets them from its flags):\n"
-        );
-        println!("| option | environment | default | suggested | meaning |\n|---|---|---|---|---|");
-        for o in attune::run_options::RUN_OPTIONS {
-            println!(
-                "| `{}` | `{}` | {} | {} | {} |",
-                o.key, o.env, o.default, o.suggested, o.doc
-            );
-        }
+        print!("{}", tuning_tables());
         return 0;
     }
     match load_from_process(a.file.as_deref()) {

@@ -1,0 +1,870 @@
+//! Configuration: one TOML file, every option also an environment variable, and an
+//! embedded default that works on any Linux machine with no file at all.
+//!
+//! Precedence: embedded default < file (`ATTUNE_CONFIG` or `attune_init(path)`) < environment.
+//! [`OPTIONS`] is the one table of options; `docs/tuning.md` and `attune config --options`
+//! are generated from it.
+
+pub mod table;
+
+use serde::Deserialize;
+use std::path::PathBuf;
+use table::{from_toml, Base, Value};
+pub use table::{row, tuning_tables, Opt, OPTIONS, TIER_OPTIONS};
+
+/// How a region's faults are delivered (see docs/design.md, "The fault path").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FaultMode {
+    /// A handler thread resolves faults; system calls on managed memory work. Default.
+    Thread,
+    /// The faulting thread resolves its own fault in a SIGBUS handler: no hand-off, 3.2x lower
+    /// fault latency in `attune bench` (docs/benchmarks.md), but a system call that touches a non-resident managed page
+    /// fails with EFAULT. For regions never passed to system calls (or pinned first).
+    Signal,
+}
+
+impl std::str::FromStr for FaultMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "thread" => Ok(FaultMode::Thread),
+            "signal" => Ok(FaultMode::Signal),
+            other => Err(format!(
+                "'{other}' is not a fault mode (expected thread or signal)"
+            )),
+        }
+    }
+}
+
+/// Kinds of tier (docs/design.md, "Eviction and the far tiers"; NUMA tiers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TierKind {
+    Dram,
+    Memory,
+    File,
+    Numa,
+}
+
+/// Replacement policy of the fast tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Flags decide (IMME): LAT/SHL protected, plans per flag.
+    Attuned,
+    /// Ignore flags: temperature only (IMME's "Tiered Memory Environment").
+    Temperature,
+}
+
+/// Whether the runtime joins the node daemon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DaemonMode {
+    /// Join when the socket exists; alone otherwise.
+    Auto,
+    /// Fail to start without the daemon.
+    Require,
+    Off,
+}
+
+impl std::str::FromStr for TierKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "memory" => Ok(TierKind::Memory),
+            "file" => Ok(TierKind::File),
+            "numa" => Ok(TierKind::Numa),
+            "dram" => Err("the DRAM tier is implicit: set its size with 'dram'".into()),
+            o => Err(format!(
+                "'{o}' is not a tier kind (expected memory, file or numa)"
+            )),
+        }
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "attuned" => Ok(Mode::Attuned),
+            "temperature" => Ok(Mode::Temperature),
+            o => Err(format!(
+                "'{o}' is not a mode (expected attuned or temperature)"
+            )),
+        }
+    }
+}
+
+impl std::str::FromStr for DaemonMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(DaemonMode::Auto),
+            "require" => Ok(DaemonMode::Require),
+            "off" => Ok(DaemonMode::Off),
+            o => Err(format!(
+                "'{o}' is not a daemon mode (expected auto, require or off)"
+            )),
+        }
+    }
+}
+
+/// A far tier as configured.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TierConfig {
+    pub name: String,
+    pub kind: TierKind,
+    pub capacity: u64,
+    pub path: Option<PathBuf>,
+    pub direct: bool,
+    pub latency_ns: u64,
+    pub bandwidth: u64,
+    pub emulate_delay_ns: u64,
+    pub emulate_bandwidth: u64,
+    /// Least chunk size of regions whose home is this tier.
+    pub min_chunk: usize,
+    pub node: Option<u32>,
+}
+
+/// The resolved configuration.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Config {
+    pub dram: u64,
+    pub fault_mode: FaultMode,
+    /// Microseconds the handler thread polls before sleeping (`fault::handler_loop`).
+    pub handler_spin_us: u64,
+    pub chunk_size: usize,
+    pub readahead: usize,
+    pub headroom: u64,
+    pub evict_batch: usize,
+    /// Bytes a second moved between tiers at most (0: none).
+    pub move_limit: u64,
+    /// Percent of the pageable budget kept for inactive chunks (`attune_policy::victim`).
+    pub inactive_share: u64,
+    pub small_threshold: usize,
+    pub small_arena: usize,
+    pub pin_fraction: f64,
+    /// Access samples per second (0: no sampler thread).
+    pub sample_rate: u64,
+    pub sample_window_us: u64,
+    pub heat_interval_ms: u64,
+    pub predict_window_ms: u64,
+    pub mode: Mode,
+    pub daemon: DaemonMode,
+    pub socket: std::path::PathBuf,
+    /// Empty: derived at connection (`tmm::workflow_name`).
+    pub workflow: String,
+    pub log: crate::log::Level,
+    /// Far tiers, fastest first.
+    pub tiers: Vec<TierConfig>,
+}
+
+/// Where a configuration value came from, for error messages.
+#[derive(Clone, Debug)]
+enum Origin {
+    File { path: String, line: usize },
+    Env(String),
+    Default,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::File { path, line } => write!(f, "{path}:{line}"),
+            Origin::Env(v) => write!(f, "environment variable {v}"),
+            Origin::Default => write!(f, "embedded default"),
+        }
+    }
+}
+
+/// A configuration error naming the key and where it was set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError(pub String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for ConfigError {}
+
+fn line_of(text: &str, key: &str, occurrence_hint: Option<&str>) -> usize {
+    // The line where `key =` first appears (after the `name = "<hint>"` line for tiers).
+    let mut start = 0;
+    if let Some(h) = occurrence_hint {
+        if let Some(p) = text.lines().position(|l| l.contains(&format!("\"{h}\""))) {
+            start = p;
+        }
+    }
+    for (i, l) in text.lines().enumerate().skip(start) {
+        let t = l.trim_start();
+        if t.starts_with(key) && t[key.len()..].trim_start().starts_with('=') {
+            return i + 1;
+        }
+    }
+    0
+}
+
+/// Inputs the configuration depends on (machine facts), injectable for tests.
+#[derive(Clone, Debug)]
+pub struct Machine {
+    pub total_memory: u64,
+    pub tmpdir: PathBuf,
+}
+
+impl Machine {
+    pub fn this() -> Machine {
+        let tmpdir = std::env::var_os("TMPDIR")
+            .map(PathBuf::from)
+            .filter(|p| p.is_dir())
+            .unwrap_or_else(|| PathBuf::from("/tmp"));
+        Machine {
+            total_memory: attune_sys::os::total_memory(),
+            tmpdir,
+        }
+    }
+}
+
+/// The checked values of one table (global options, or one tier's), by key.
+struct Values {
+    table: &'static [Opt],
+    values: Vec<(&'static str, Value)>,
+}
+
+impl Values {
+    fn get(&self, key: &str) -> Option<&Value> {
+        debug_assert!(row(self.table, key).is_some(), "no option {key}");
+        self.values.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+    fn u64(&self, key: &str) -> u64 {
+        match self.get(key) {
+            Some(Value::U64(v)) => *v,
+            _ => 0,
+        }
+    }
+    fn f64(&self, key: &str) -> f64 {
+        match self.get(key) {
+            Some(Value::F64(v)) => *v,
+            _ => 0.0,
+        }
+    }
+    fn bool(&self, key: &str) -> bool {
+        matches!(self.get(key), Some(Value::Bool(true)))
+    }
+    fn text(&self, key: &str) -> &str {
+        match self.get(key) {
+            Some(Value::Text(v)) => v,
+            _ => "",
+        }
+    }
+    /// A choice turned into its enum (the table checked the word already).
+    fn choice<T: std::str::FromStr>(&self, key: &str) -> Result<T, ConfigError> {
+        self.text(key)
+            .parse()
+            .map_err(|_| ConfigError(format!("key '{key}': '{}' is not handled", self.text(key))))
+    }
+}
+
+/// Loads the configuration: embedded default, then `path` (or `$ATTUNE_CONFIG`), then the
+/// environment `env` (a snapshot of variables, so tests need not touch the process's).
+/// Every option is read through its row of [`OPTIONS`] or [`TIER_OPTIONS`].
+pub fn load(
+    path: Option<&std::path::Path>,
+    env: &[(String, String)],
+    m: &Machine,
+) -> Result<Config, ConfigError> {
+    let getenv = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let file_path: Option<PathBuf> = path.map(PathBuf::from).or_else(|| {
+        getenv("ATTUNE_CONFIG")
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+    });
+    let (file, text, pname) = match &file_path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| {
+                ConfigError(format!(
+                    "cannot read configuration file {}: {e}",
+                    p.display()
+                ))
+            })?;
+            let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+                let line = e
+                    .span()
+                    .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
+                    .unwrap_or(0);
+                ConfigError(format!("{}:{line}: {}", p.display(), e.message()))
+            })?;
+            (table, text, p.display().to_string())
+        }
+        None => (toml::Table::new(), String::new(), String::new()),
+    };
+    let origin = |key: &str, env_name: &str, tier: Option<&str>| -> Origin {
+        if getenv(env_name).is_some() {
+            Origin::Env(env_name.to_string())
+        } else if !pname.is_empty() && line_of(&text, key, tier) > 0 {
+            Origin::File {
+                path: pname.clone(),
+                line: line_of(&text, key, tier),
+            }
+        } else {
+            Origin::Default
+        }
+    };
+    let err = |key: &str, env_name: &str, tier: Option<&str>, msg: String| -> ConfigError {
+        let what = match tier {
+            Some(t) => format!("tier '{t}' key '{key}'"),
+            None => format!("key '{key}'"),
+        };
+        ConfigError(format!("{}: {what}: {msg}", origin(key, env_name, tier)))
+    };
+    // Keys the table does not know are refused, with their line.
+    let unknown = |key: &str, tier: Option<&str>, table: &[Opt]| -> ConfigError {
+        let known: Vec<&str> = table.iter().map(|o| o.key).collect();
+        ConfigError(format!(
+            "{}:{}: unknown option `{key}`{} (options: {})",
+            pname,
+            line_of(&text, key, tier),
+            tier.map(|t| format!(" in tier '{t}'")).unwrap_or_default(),
+            known.join(", ")
+        ))
+    };
+    for key in file.keys() {
+        if key != "tier" && row(OPTIONS, key).is_none() {
+            return Err(unknown(key, None, OPTIONS));
+        }
+    }
+
+    // One table's values: environment over file over default, each checked by its row.
+    // `base` says what a percentage is of (for each base the row may name).
+    let read = |table: &'static [Opt],
+                file: &toml::Table,
+                tier: Option<(&str, TierKind)>,
+                base: &dyn Fn(Base) -> u64|
+     -> Result<Values, ConfigError> {
+        let mut values = Vec::new();
+        for o in table {
+            let env_name = match tier {
+                Some((name, _)) => o.tier_env(name),
+                None => o.env(),
+            };
+            let tname = tier.map(|t| t.0);
+            let raw = match (getenv(&env_name), file.get(o.key)) {
+                (Some(v), _) if tier.is_none() || !matches!(o.key, "name" | "kind") => Some(v),
+                (_, Some(v)) => Some(from_toml(v).map_err(|e| err(o.key, &env_name, tname, e))?),
+                _ => o.default_for(tier.map(|t| t.1)).map(|s| s.to_string()),
+            };
+            let Some(raw) = raw else { continue };
+            let raw = expand_vars(&raw, m);
+            let b = o.base().map(base).unwrap_or(0);
+            let v = o
+                .parse(&raw, b)
+                .map_err(|e| err(o.key, &env_name, tname, e))?;
+            values.push((o.key, v));
+        }
+        Ok(Values { table, values })
+    };
+    // `dram` first: the headroom's percentage is of it.
+    let dram_row = row(OPTIONS, "dram").expect("dram is an option");
+    let dram_only = read(std::slice::from_ref(dram_row), &file, None, &|_| {
+        m.total_memory
+    })?;
+    let dram = dram_only.u64("dram");
+    let g = read(OPTIONS, &file, None, &|b| match b {
+        Base::Budget => dram,
+        _ => m.total_memory,
+    })?;
+    let headroom = g.u64("headroom");
+    if headroom >= dram {
+        return Err(err(
+            "headroom",
+            "ATTUNE_HEADROOM",
+            None,
+            "must be smaller than the DRAM budget".into(),
+        ));
+    }
+
+    // Tiers: the file's list, or the embedded default (a memory tier and a file tier).
+    let file_tiers: Vec<toml::Table> = match file.get("tier") {
+        None => ["memory", "file"]
+            .iter()
+            .map(|k| {
+                let mut t = toml::Table::new();
+                t.insert("name".into(), toml::Value::String(k.to_string()));
+                t.insert("kind".into(), toml::Value::String(k.to_string()));
+                t
+            })
+            .collect(),
+        Some(toml::Value::Array(a)) => a
+            .iter()
+            .map(|t| match t {
+                toml::Value::Table(t) => Ok(t.clone()),
+                _ => Err(ConfigError(format!(
+                    "{pname}:{}: each tier is a [[tier]] table",
+                    line_of(&text, "tier", None)
+                ))),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(ConfigError(format!(
+                "{pname}:{}: `tier` is a list of [[tier]] tables",
+                line_of(&text, "tier", None)
+            )))
+        }
+    };
+    let mut tiers: Vec<TierConfig> = Vec::new();
+    for ft in &file_tiers {
+        let name = match ft.get("name") {
+            Some(toml::Value::String(s)) => s.clone(),
+            _ => String::new(),
+        };
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(err(
+                "name",
+                "-",
+                None,
+                format!("'{name}' is not a tier name (letters, digits, _)"),
+            ));
+        }
+        if tiers.iter().any(|t| t.name == name) {
+            return Err(err(
+                "name",
+                "-",
+                Some(&name),
+                "tier names must be unique".into(),
+            ));
+        }
+        if let Some(k) = ft.keys().find(|k| row(TIER_OPTIONS, k).is_none()) {
+            return Err(unknown(k, Some(&name), TIER_OPTIONS));
+        }
+        let kind: TierKind = match ft.get("kind").map(from_toml) {
+            Some(Ok(k)) => k.parse().map_err(|e| err("kind", "-", Some(&name), e))?,
+            _ => return Err(err("kind", "-", Some(&name), "a tier needs a kind".into())),
+        };
+        // The path first: a file tier's capacity percentage is of its free space.
+        let path_row = row(TIER_OPTIONS, "path").expect("path is a tier option");
+        let t0 = read(
+            std::slice::from_ref(path_row),
+            ft,
+            Some((&name, kind)),
+            &|_| 0,
+        )?;
+        let path = match kind {
+            TierKind::File => {
+                let p = PathBuf::from(t0.text("path"));
+                if !p.is_dir() {
+                    return Err(err(
+                        "path",
+                        &path_row.tier_env(&name),
+                        Some(&name),
+                        format!("'{}' is not a directory", p.display()),
+                    ));
+                }
+                Some(p)
+            }
+            _ => None,
+        };
+        let medium = match kind {
+            TierKind::File => attune_sys::os::fs_available(path.as_deref().unwrap()).unwrap_or(0),
+            _ => m.total_memory,
+        };
+        let t = read(TIER_OPTIONS, ft, Some((&name, kind)), &|_| medium)?;
+        let node = t.get("node").map(|_| t.u64("node") as u32);
+        if kind == TierKind::Numa && node.is_none() {
+            return Err(err(
+                "node",
+                &row(TIER_OPTIONS, "node").unwrap().tier_env(&name),
+                Some(&name),
+                "a numa tier needs a node".into(),
+            ));
+        }
+        tiers.push(TierConfig {
+            name,
+            kind,
+            capacity: t.u64("capacity"),
+            path,
+            direct: t.bool("direct"),
+            latency_ns: t.u64("latency_ns"),
+            bandwidth: t.u64("bandwidth"),
+            emulate_delay_ns: t.u64("emulate_delay_ns"),
+            emulate_bandwidth: t.u64("emulate_bandwidth"),
+            min_chunk: t.u64("min_chunk") as usize,
+            node,
+        });
+    }
+    tiers.sort_by_key(|t| t.latency_ns);
+    Ok(Config {
+        dram,
+        fault_mode: g.choice("fault_mode")?,
+        handler_spin_us: g.u64("handler_spin_us"),
+        chunk_size: g.u64("chunk_size") as usize,
+        readahead: g.u64("readahead") as usize,
+        headroom,
+        evict_batch: g.u64("evict_batch") as usize,
+        move_limit: g.u64("move_limit"),
+        inactive_share: g.u64("inactive_share"),
+        small_threshold: g.u64("small_threshold") as usize,
+        small_arena: g.u64("small_arena") as usize,
+        pin_fraction: g.f64("pin_fraction"),
+        sample_rate: g.u64("sample_rate"),
+        sample_window_us: g.u64("sample_window_us"),
+        heat_interval_ms: g.u64("heat_interval_ms"),
+        predict_window_ms: g.u64("predict_window_ms"),
+        mode: g.choice("mode")?,
+        daemon: g.choice("daemon")?,
+        socket: g.text("socket").into(),
+        workflow: g.text("workflow").to_string(),
+        log: g.choice("log")?,
+        tiers,
+    })
+}
+
+/// Loads from the real environment and machine.
+///
+/// Under secure execution (a set-user-ID program started by another user) the `ATTUNE_*`
+/// environment is ignored, with a warning: `ATTUNE_CONFIG` made the program read a file
+/// with its own rights (and show it in error messages), `ATTUNE_TIER_FILE_PATH` create and
+/// delete files in a directory the user could not write. The program's own `path` and the
+/// defaults apply.
+pub fn load_from_process(path: Option<&std::path::Path>) -> Result<Config, ConfigError> {
+    let secure = attune_sys::os::secure_execution();
+    let env: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("ATTUNE_"))
+        .collect();
+    if secure && !env.is_empty() {
+        crate::log::emit(
+            crate::log::Level::Warn,
+            "set-user-ID or set-group-ID program: the ATTUNE_* environment is ignored \
+             (its paths would act with the program's rights); the defaults apply",
+        );
+        return load(path, &[], &Machine::this());
+    }
+    load(path, &env, &Machine::this())
+}
+
+pub fn validate_chunk(c: usize) -> Result<(), String> {
+    if !c.is_power_of_two() || !(4096..=2 << 20).contains(&c) {
+        return Err(format!("{c} is not a power of two between 4K and 2M"));
+    }
+    Ok(())
+}
+
+fn expand_vars(s: &str, m: &Machine) -> String {
+    s.replace("$TMPDIR", &m.tmpdir.display().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine() -> Machine {
+        Machine {
+            total_memory: 16 << 30,
+            tmpdir: std::env::temp_dir(),
+        }
+    }
+
+    /// The message of the error one environment variable causes.
+    fn env_error(file: Option<&std::path::Path>, key: &str, value: &str) -> String {
+        load(file, &env(&[(key, value)]), &machine()).unwrap_err().0
+    }
+
+    fn env(v: &[(&str, &str)]) -> Vec<(String, String)> {
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn embedded_default_works_with_nothing() {
+        let c = load(None, &[], &machine()).unwrap();
+        assert_eq!(c.dram, 4 << 30);
+        assert_eq!(c.fault_mode, FaultMode::Thread);
+        assert_eq!(c.tiers.len(), 2);
+        assert_eq!(c.tiers[0].kind, TierKind::Memory);
+        assert_eq!(c.tiers[1].kind, TierKind::File);
+    }
+
+    #[test]
+    fn a_file_tier_moves_16k_chunks_at_least_unless_told_otherwise() {
+        let c = load(None, &[], &machine()).unwrap();
+        assert_eq!(
+            (c.tiers[0].min_chunk, c.tiers[1].min_chunk),
+            (4096, 16 << 10)
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a.toml");
+        let toml = format!(
+            "[[tier]]\nname = \"ssd\"\nkind = \"file\"\npath = \"{}\"\nmin_chunk = \"64K\"\n",
+            dir.path().display()
+        );
+        std::fs::write(&p, toml).unwrap();
+        let c = load(Some(&p), &[], &machine()).unwrap();
+        assert_eq!(c.tiers[0].min_chunk, 64 << 10);
+        let c = load(
+            Some(&p),
+            &env(&[("ATTUNE_TIER_SSD_MIN_CHUNK", "4K")]),
+            &machine(),
+        )
+        .unwrap();
+        assert_eq!(c.tiers[0].min_chunk, 4096);
+        for bad in ["5K", "4M", "lots"] {
+            let e = env_error(Some(&p), "ATTUNE_TIER_SSD_MIN_CHUNK", bad);
+            assert!(
+                e.contains("ATTUNE_TIER_SSD_MIN_CHUNK") && e.contains("min_chunk"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn env_overrides_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a.toml");
+        std::fs::write(&p, "dram = \"1G\"\nchunk_size = \"64K\"\n").unwrap();
+        let c = load(
+            Some(&p),
+            &env(&[("ATTUNE_DRAM", "2G"), ("ATTUNE_TIER_MEMORY_CAPACITY", "3G")]),
+            &machine(),
+        )
+        .unwrap();
+        assert_eq!(c.dram, 2 << 30);
+        assert_eq!(c.chunk_size, 64 << 10);
+        assert_eq!(c.tiers[0].capacity, 3 << 30);
+    }
+
+    #[test]
+    fn sampling_options_are_checked() {
+        let ok = load(None, &env(&[("ATTUNE_SAMPLE_RATE", "500")]), &machine()).unwrap();
+        assert_eq!((ok.sample_rate, ok.sample_window_us), (500, 20_000));
+        for (k, v, want) in [
+            ("ATTUNE_SAMPLE_RATE", "fast", "not a whole number"),
+            ("ATTUNE_SAMPLE_RATE", "200000", "between 0 and 100000"),
+            ("ATTUNE_SAMPLE_WINDOW_US", "10", "between 100 and 10000000"),
+            ("ATTUNE_HEAT_INTERVAL_MS", "-5", "not a whole number"),
+            ("ATTUNE_HEAT_INTERVAL_MS", "100000", "between 0 and 60000"),
+            ("ATTUNE_PREDICT_WINDOW_MS", "soon", "not a whole number"),
+            (
+                "ATTUNE_PREDICT_WINDOW_MS",
+                "4000000",
+                "between 0 and 3600000",
+            ),
+        ] {
+            let e = env_error(None, k, v);
+            assert!(e.contains(k) && e.contains(want), "{e}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.toml");
+        std::fs::write(&p, "sample_window_us = 50\n").unwrap();
+        let e = load(Some(&p), &[], &machine()).unwrap_err().0;
+        assert!(
+            e.contains("sample_window_us") && e.contains("between"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn handler_spin_is_checked() {
+        assert_eq!(load(None, &[], &machine()).unwrap().handler_spin_us, 100);
+        let off = load(None, &env(&[("ATTUNE_HANDLER_SPIN_US", "0")]), &machine()).unwrap();
+        assert_eq!(off.handler_spin_us, 0);
+        let e = env_error(None, "ATTUNE_HANDLER_SPIN_US", "20000");
+        assert!(
+            e.contains("ATTUNE_HANDLER_SPIN_US") && e.contains("between 0 and 10000"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn errors_name_key_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bad.toml");
+        std::fs::write(&p, "# comment\nchunk_size = \"3K\"\n").unwrap();
+        let e = load(Some(&p), &[], &machine()).unwrap_err().0;
+        assert!(e.contains("bad.toml:2") && e.contains("chunk_size"), "{e}");
+
+        std::fs::write(&p, "dram = \"1G\"\nbogus = 3\n").unwrap();
+        let e = load(Some(&p), &[], &machine()).unwrap_err().0;
+        assert!(e.contains("bad.toml:2") && e.contains("bogus"), "{e}");
+
+        std::fs::write(
+            &p,
+            "[[tier]]\nname = \"fast\"\nkind = \"memory\"\ncapacity = \"12Q\"\n",
+        )
+        .unwrap();
+        let e = load(Some(&p), &[], &machine()).unwrap_err().0;
+        assert!(
+            e.contains("bad.toml:4") && e.contains("capacity") && e.contains("fast"),
+            "{e}"
+        );
+
+        let e = load(None, &env(&[("ATTUNE_DRAM", "lots")]), &machine())
+            .unwrap_err()
+            .0;
+        assert!(e.contains("ATTUNE_DRAM"), "{e}");
+        let e = load(None, &env(&[("ATTUNE_DRAM", "120%")]), &machine())
+            .unwrap_err()
+            .0;
+        assert!(e.contains("ATTUNE_DRAM"), "{e}");
+    }
+
+    #[test]
+    fn replacement_and_movement_options() {
+        let ok = load(
+            None,
+            &env(&[
+                ("ATTUNE_INACTIVE_SHARE", "10"),
+                ("ATTUNE_MOVE_LIMIT", "512M"),
+            ]),
+            &machine(),
+        )
+        .unwrap();
+        assert_eq!((ok.inactive_share, ok.move_limit), (10, 512 << 20));
+        let d = load(None, &[], &machine()).unwrap();
+        assert_eq!((d.inactive_share, d.move_limit), (25, 0));
+        for (k, v, want) in [
+            ("ATTUNE_INACTIVE_SHARE", "95", "between 0 and 90"),
+            ("ATTUNE_INACTIVE_SHARE", "a quarter", "not a whole number"),
+            ("ATTUNE_MOVE_LIMIT", "fast", "ATTUNE_MOVE_LIMIT"),
+        ] {
+            let e = env_error(None, k, v);
+            assert!(e.contains(k) && e.contains(want), "{k}={v}: {e}");
+        }
+    }
+
+    /// A value as `Config` serializes it.
+    fn json(v: &Value) -> serde_json::Value {
+        match v {
+            Value::U64(x) => serde_json::json!(x),
+            Value::F64(x) => serde_json::json!(x),
+            Value::Bool(x) => serde_json::json!(x),
+            Value::Text(x) => serde_json::json!(x),
+        }
+    }
+
+    #[test]
+    fn the_tables_defaults_are_what_an_empty_configuration_gives() {
+        let m = machine();
+        let c = load(None, &[], &m).unwrap();
+        let got = serde_json::to_value(&c).unwrap();
+        for o in OPTIONS {
+            let base = match o.base() {
+                Some(Base::Budget) => c.dram,
+                _ => m.total_memory,
+            };
+            let want = o.parse(o.default_for(None).unwrap(), base).unwrap();
+            assert_eq!(got[o.key], json(&want), "option {}", o.key);
+        }
+        assert_eq!(c.tiers.len(), 2);
+        for (t, tj) in c.tiers.iter().zip(got["tiers"].as_array().unwrap()) {
+            for o in TIER_OPTIONS {
+                let Some(d) = o.default_for(Some(t.kind)) else {
+                    continue;
+                };
+                let want = match o.key {
+                    // A memory tier has no directory; a file tier's free space moves.
+                    "path" if t.kind != TierKind::File => continue,
+                    "path" => json(&Value::Text(expand_vars(d, &m))),
+                    "capacity" if t.kind == TierKind::File => continue,
+                    _ => json(&o.parse(d, m.total_memory).unwrap()),
+                };
+                assert_eq!(tj[o.key], want, "tier {} option {}", t.name, o.key);
+            }
+        }
+    }
+
+    /// A valid value other than the default, as a user would write it.
+    fn other_value(o: &Opt) -> String {
+        match o.kind {
+            table::Kind::Size { min } => ((min.max(8 << 20)) * 2).to_string(),
+            table::Kind::SizeOrPercent { .. } => "3%".into(),
+            table::Kind::Chunk => "64K".into(),
+            table::Kind::Int { min, max } => (min + (max.min(1 << 40) - min) / 2 + 1).to_string(),
+            table::Kind::Fraction => "0.5".into(),
+            table::Kind::Choice { values, .. } => values.last().unwrap().to_string(),
+            table::Kind::Name { .. } => "job42".into(),
+            table::Kind::Path => "/tmp/other.sock".into(),
+            table::Kind::Bool => "true".into(),
+        }
+    }
+
+    #[test]
+    fn every_row_is_read_from_its_variable_and_from_the_file() {
+        let m = machine();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("all.toml");
+        let mut toml = String::new();
+        for o in OPTIONS {
+            toml += &format!("{} = \"{}\"\n", o.key, other_value(o));
+        }
+        std::fs::write(&p, &toml).unwrap();
+        let from_file = serde_json::to_value(load(Some(&p), &[], &m).unwrap()).unwrap();
+        for o in OPTIONS {
+            let v = other_value(o);
+            assert_ne!(Some(v.as_str()), o.default_for(None), "{}", o.key);
+            let c = load(None, &env(&[(&o.env(), &v)]), &m)
+                .unwrap_or_else(|e| panic!("{}={v}: {e}", o.env()));
+            let base = match o.base() {
+                Some(Base::Budget) => c.dram,
+                _ => m.total_memory,
+            };
+            let want = json(&o.parse(&v, base).unwrap());
+            let got = serde_json::to_value(&c).unwrap();
+            assert_eq!(got[o.key], want, "{}={v}", o.env());
+            if o.base() != Some(Base::Budget) {
+                assert_eq!(from_file[o.key], want, "{} = {v} in the file", o.key);
+            }
+            // And a bad value is refused, naming the variable.
+            if !matches!(o.kind, table::Kind::Name { .. } | table::Kind::Path) {
+                let e = env_error(None, &o.env(), "0.5.x");
+                assert!(e.contains(&o.env()) && e.contains(o.key), "{e}");
+            }
+        }
+        for o in TIER_OPTIONS
+            .iter()
+            .filter(|o| !matches!(o.key, "name" | "kind" | "path" | "node"))
+        {
+            let v = other_value(o);
+            let c = load(None, &env(&[(&o.tier_env("memory"), &v)]), &m).unwrap();
+            let got = serde_json::to_value(&c).unwrap();
+            let want = json(&o.parse(&v, m.total_memory).unwrap());
+            let t = got["tiers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t["name"] == "memory")
+                .unwrap();
+            assert_eq!(t[o.key], want, "{}={v}", o.tier_env("memory"));
+        }
+    }
+
+    #[test]
+    fn an_unknown_key_is_refused_with_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("u.toml");
+        std::fs::write(
+            &p,
+            "dram = \"1G\"\n[[tier]]\nname = \"fast\"\nkind = \"memory\"\nspeed = 3\n",
+        )
+        .unwrap();
+        let e = load(Some(&p), &[], &machine()).unwrap_err().0;
+        assert!(
+            e.contains("u.toml:5") && e.contains("speed") && e.contains("fast"),
+            "{e}"
+        );
+        std::fs::write(&p, "[[tier]]\nname = \"d\"\nkind = \"dram\"\n").unwrap();
+        let e = load(Some(&p), &[], &machine()).unwrap_err().0;
+        assert!(e.contains("implicit"), "{e}");
+    }
+
+    #[test]
+    fn docs_tuning_md_holds_the_tables_as_generated() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/tuning.md");
+        let doc = std::fs::read_to_string(path).unwrap();
+        let tables = tuning_tables();
+        assert!(
+            doc.contains(&tables),
+            "docs/tuning.md is out of date: replace its option tables with `attune config --options`"
+        );
+    }
+}

@@ -1,0 +1,357 @@
+//! The options table: one row per option (name, kind and bounds, default, suggested
+//! value, meaning). The file format, the environment lookup (`ATTUNE_<KEY>`, and
+//! `ATTUNE_TIER_<NAME>_<KEY>` for tiers), the checks and the tables of docs/tuning.md
+//! (`attune config --options`) all come from these rows; `load` (in `mod.rs`) only turns
+//! checked values into the typed [`Config`](super::Config) and checks what ties two
+//! options together (the headroom below the budget, a NUMA tier's node).
+
+use super::TierKind;
+use crate::size::{parse_size, parse_size_or_percent};
+
+/// What a percentage is of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Base {
+    /// The machine's memory.
+    Memory,
+    /// The DRAM budget (`dram`).
+    Budget,
+    /// Memory for a memory tier, free space of the directory for a file tier.
+    Medium,
+}
+
+/// How a value is written and what it may be.
+#[derive(Clone, Copy, Debug)]
+pub enum Kind {
+    /// Bytes (`4096`, `64K`, `1.5G`), at least `min`.
+    Size { min: u64 },
+    /// Bytes or a percentage of a base (`25%`), at least `min` bytes.
+    SizeOrPercent { of: Base, min: u64 },
+    /// A chunk size: a power of two from 4K to 2M.
+    Chunk,
+    /// A whole number within `[min, max]`.
+    Int { min: u64, max: u64 },
+    /// A number from 0 to 1.
+    Fraction,
+    /// One of the words (case ignored); `aliases` name a word otherwise.
+    Choice {
+        what: &'static str,
+        values: &'static [&'static str],
+        aliases: &'static [(&'static str, &'static str)],
+    },
+    /// Printable text without spaces, at most `max` bytes (empty: not set).
+    Name { max: usize },
+    /// A file or directory.
+    Path,
+    /// true/false (also 1/0, yes/no, on/off).
+    Bool,
+}
+
+/// A checked value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    U64(u64),
+    F64(f64),
+    Bool(bool),
+    Text(String),
+}
+
+/// The value of an option nobody set.
+#[derive(Clone, Copy, Debug)]
+pub enum Unset {
+    /// A value, written as a user would write it.
+    Value(&'static str),
+    /// Per tier kind, then the value for every other kind.
+    ByKind(&'static [(TierKind, &'static str)], &'static str),
+    /// Found when the process starts: what the docs say, and the value that stands for it
+    /// in the configuration (`workflow`: empty, named at connection).
+    Found(&'static str, &'static str),
+    /// Nothing: the option must be given where it applies (a NUMA tier's node).
+    Required,
+}
+
+/// One option.
+pub struct Opt {
+    pub key: &'static str,
+    pub kind: Kind,
+    pub default: Unset,
+    pub suggested: &'static str,
+    pub doc: &'static str,
+}
+
+impl Opt {
+    /// Its environment variable.
+    pub fn env(&self) -> String {
+        format!("ATTUNE_{}", self.key.to_ascii_uppercase())
+    }
+
+    /// Its environment variable in tier `name`.
+    pub fn tier_env(&self, name: &str) -> String {
+        format!(
+            "ATTUNE_TIER_{}_{}",
+            name.to_ascii_uppercase(),
+            self.key.to_ascii_uppercase()
+        )
+    }
+
+    /// The default as written, for a tier of `kind` (None: no default).
+    pub fn default_for(&self, kind: Option<TierKind>) -> Option<&'static str> {
+        match self.default {
+            Unset::Value(v) => Some(v),
+            Unset::ByKind(list, other) => Some(
+                kind.and_then(|k| list.iter().find(|(t, _)| *t == k).map(|(_, v)| *v))
+                    .unwrap_or(other),
+            ),
+            Unset::Found(_, v) => Some(v),
+            Unset::Required => None,
+        }
+    }
+
+    /// Checks `raw` (as written in the file or the environment); `base` is what a
+    /// percentage is of.
+    pub fn parse(&self, raw: &str, base: u64) -> Result<Value, String> {
+        match self.kind {
+            Kind::Size { min } => {
+                let v = parse_size(raw)?;
+                at_least(v, min)
+            }
+            Kind::SizeOrPercent { min, .. } => {
+                let v = parse_size_or_percent(raw, base)?;
+                at_least(v, min)
+            }
+            Kind::Chunk => {
+                let v = parse_size(raw)?;
+                super::validate_chunk(v as usize)?;
+                Ok(Value::U64(v))
+            }
+            Kind::Int { min, max } => {
+                let v: u64 = raw
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("'{raw}' is not a whole number"))?;
+                if !(min..=max).contains(&v) {
+                    return Err(format!("must be between {min} and {max}"));
+                }
+                Ok(Value::U64(v))
+            }
+            Kind::Fraction => {
+                let v: f64 = raw
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("'{raw}' is not a number"))?;
+                if !(0.0..=1.0).contains(&v) {
+                    return Err("must be between 0 and 1".into());
+                }
+                Ok(Value::F64(v))
+            }
+            Kind::Choice {
+                what,
+                values,
+                aliases,
+            } => {
+                let w = raw.trim().to_ascii_lowercase();
+                let w = aliases
+                    .iter()
+                    .find(|(a, _)| *a == w)
+                    .map(|(_, v)| v.to_string())
+                    .unwrap_or(w);
+                if values.contains(&w.as_str()) {
+                    Ok(Value::Text(w))
+                } else {
+                    Err(format!(
+                        "'{raw}' is not a {what} (expected {})",
+                        or_list(values)
+                    ))
+                }
+            }
+            Kind::Name { max } => {
+                if raw.len() > max || raw.bytes().any(|b| !b.is_ascii_graphic()) {
+                    return Err(format!("at most {max} printable characters, no spaces"));
+                }
+                Ok(Value::Text(raw.to_string()))
+            }
+            Kind::Path => {
+                if raw.is_empty() {
+                    return Err("an empty path".into());
+                }
+                Ok(Value::Text(raw.to_string()))
+            }
+            Kind::Bool => match raw.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => Ok(Value::Bool(true)),
+                "0" | "false" | "no" | "off" => Ok(Value::Bool(false)),
+                o => Err(format!("'{o}' is not true or false")),
+            },
+        }
+    }
+
+    /// What a percentage is of, if the option takes one.
+    pub fn base(&self) -> Option<Base> {
+        match self.kind {
+            Kind::SizeOrPercent { of, .. } => Some(of),
+            _ => None,
+        }
+    }
+}
+
+fn at_least(v: u64, min: u64) -> Result<Value, String> {
+    if v < min {
+        return Err(format!(
+            "{v} bytes is too small (at least {})",
+            crate::size::human(min)
+        ));
+    }
+    Ok(Value::U64(v))
+}
+
+fn or_list(values: &[&str]) -> String {
+    match values {
+        [] => String::new(),
+        [one] => one.to_string(),
+        [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
+/// A value as written in the TOML file, as the environment would give it.
+pub fn from_toml(v: &toml::Value) -> Result<String, String> {
+    match v {
+        toml::Value::String(s) => Ok(s.clone()),
+        toml::Value::Integer(i) => Ok(i.to_string()),
+        toml::Value::Float(f) => Ok(f.to_string()),
+        toml::Value::Boolean(b) => Ok(b.to_string()),
+        _ => Err("expected a string, a number or true/false".into()),
+    }
+}
+
+const fn size(min: u64) -> Kind {
+    Kind::Size { min }
+}
+const fn int(min: u64, max: u64) -> Kind {
+    Kind::Int { min, max }
+}
+
+/// Every global option.
+#[rustfmt::skip]
+pub const OPTIONS: &[Opt] = &[
+    Opt { key: "dram", kind: Kind::SizeOrPercent { of: Base::Memory, min: 1 << 20 }, default: Unset::Value("25%"), suggested: "what the job may keep resident, e.g. its cgroup limit minus 10%", doc: "DRAM budget for managed memory: a size (K/M/G) or a percentage of the machine's memory" },
+    Opt { key: "fault_mode", kind: Kind::Choice { what: "fault mode", values: &["thread", "signal"], aliases: &[] }, default: Unset::Value("thread"), suggested: "thread; signal for compute kernels whose managed buffers never reach system calls", doc: "How faults are resolved: thread (handler thread) or signal (the faulting thread, SIGBUS)" },
+    Opt { key: "handler_spin_us", kind: int(0, 10_000), default: Unset::Value("100"), suggested: "100; 0 where every core is busy with the application's own threads", doc: "How long the fault-handler thread (thread delivery) polls for the next fault before it sleeps, when the previous fault came sooner than that (microseconds; 0 = always sleep)" },
+    Opt { key: "chunk_size", kind: Kind::Chunk, default: Unset::Value("4K"), suggested: "4K for random access, 64K-1M for streaming", doc: "Default unit of placement and movement, a power of two from 4K to 2M" },
+    Opt { key: "readahead", kind: size(0), default: Unset::Value("1M"), suggested: "1M; 0 disables", doc: "Largest read-ahead window on sequential faults" },
+    Opt { key: "headroom", kind: Kind::SizeOrPercent { of: Base::Budget, min: 0 }, default: Unset::Value("2%"), suggested: "2%-5% of the budget, at least a few MiB", doc: "Free DRAM the background evictor keeps for faults a handler thread resolves (thread delivery; a thread resolving its own fault evicts for itself), and on NUMA tiers the fast-tier memory kept free for promotions by demoting cold unprotected data, as a size or a percentage of the budget" },
+    Opt { key: "evict_batch", kind: int(1, 4096), default: Unset::Value("64"), suggested: "64", doc: "Chunks evicted per batch (one move per contiguous run)" },
+    Opt { key: "move_limit", kind: size(0), default: Unset::Value("0"), suggested: "0 (none); 1G a second beside latency-sensitive jobs on a shared node", doc: "Most bytes a second this process moves between tiers (fetches and evictions); the node daemon may set a lower one; 0 = no limit" },
+    Opt { key: "inactive_share", kind: int(0, 90), default: Unset::Value("25"), suggested: "25; 10 when the working set is known to be stable", doc: "Percent of the pageable budget kept for chunks not (yet) proven hot; the rest may hold chunks that refaulted soon after eviction" },
+    Opt { key: "small_threshold", kind: size(0), default: Unset::Value("1M"), suggested: "1M", doc: "Allocations below this size share per-class arenas (mimalloc) instead of getting a region each" },
+    Opt { key: "small_arena", kind: size(64 << 20), default: Unset::Value("1G"), suggested: "enough for the program's small managed objects per class", doc: "Virtual size of each small-object arena (one per placement class)" },
+    Opt { key: "pin_fraction", kind: Kind::Fraction, default: Unset::Value("0.25"), suggested: "0.1-0.5", doc: "Part of a LAT or SHL region pinned and pre-faulted in DRAM" },
+    Opt { key: "sample_rate", kind: int(0, 100_000), default: Unset::Value("0"), suggested: "0; 500-2000 under attune profile", doc: "Access samples per second (a resident chunk parked in the far tier; its next touch is timed); 0 = off" },
+    Opt { key: "sample_window_us", kind: int(100, 10_000_000), default: Unset::Value("20000"), suggested: "20000; longer for slow programs", doc: "How long a parked sample waits for a touch before it counts as untouched (microseconds)" },
+    Opt { key: "predict_window_ms", kind: int(0, 3_600_000), default: Unset::Value("0"), suggested: "0; 2000-5000 for programs run without flags or history", doc: "Online flag prediction: regions allocated without flags are access-sampled for this long, then a region whose small part takes most accesses gets that part pinned (LAT) and CAP flags for the rest; 0 = off" },
+    Opt { key: "heat_interval_ms", kind: int(0, 60_000), default: Unset::Value("200"), suggested: "200; 1000 for regions of many GiB", doc: "How often regions on NUMA tiers are scanned for written pages (write heat: hot far pages are promoted and cold unprotected ones keep the headroom, within move_limit); 0 = off" },
+    Opt { key: "daemon", kind: Kind::Choice { what: "daemon mode", values: &["auto", "require", "off"], aliases: &[] }, default: Unset::Value("auto"), suggested: "auto; require on nodes where attuned arbitrates jobs", doc: "Node daemon (attuned): auto (use it when its socket exists), require (fail without it), off" },
+    Opt { key: "socket", kind: Kind::Path, default: Unset::Value("/run/attune/attuned.sock"), suggested: "the default", doc: "Unix socket of the node daemon" },
+    Opt { key: "workflow", kind: Kind::Name { max: 128 }, default: Unset::Found("$SLURM_JOB_ID, else program.pid", ""), suggested: "one name per job (attune run and the Slurm plugin set it)", doc: "Workflow this process belongs to: the daemon grants DRAM per workflow" },
+    Opt { key: "mode", kind: Kind::Choice { what: "mode", values: &["attuned", "temperature"], aliases: &[] }, default: Unset::Value("attuned"), suggested: "attuned", doc: "attuned (flags decide) or temperature (flags ignored: IMME's TME baseline)" },
+    Opt { key: "log", kind: Kind::Choice { what: "log level", values: &["error", "warn", "info", "debug"], aliases: &[("warning", "warn")] }, default: Unset::Value("warn"), suggested: "warn", doc: "Messages on stderr: error, warn, info or debug" },
+];
+
+/// Options of each `[[tier]]` table.
+#[rustfmt::skip]
+pub const TIER_OPTIONS: &[Opt] = &[
+    Opt { key: "name", kind: Kind::Name { max: 64 }, default: Unset::Required, suggested: "-", doc: "Unique name (letters, digits, _)" },
+    Opt { key: "kind", kind: Kind::Choice { what: "tier kind", values: &["memory", "file", "numa"], aliases: &[] }, default: Unset::Required, suggested: "-", doc: "memory, file, numa (the DRAM tier is implicit)" },
+    Opt { key: "capacity", kind: Kind::SizeOrPercent { of: Base::Medium, min: 0 }, default: Unset::Value("50%"), suggested: "what the medium can spare", doc: "Size, or percentage of machine memory (memory) or of free space (file)" },
+    Opt { key: "path", kind: Kind::Path, default: Unset::Found("$TMPDIR or /tmp", "$TMPDIR"), suggested: "a local NVMe or Lustre directory", doc: "Directory of a file tier (files are private and unnamed)" },
+    Opt { key: "direct", kind: Kind::Bool, default: Unset::Value("false"), suggested: "true on NVMe/Lustre with chunks of 64K or more", doc: "Use O_DIRECT for a file tier" },
+    Opt { key: "latency_ns", kind: int(0, u64::MAX), default: Unset::ByKind(&[(TierKind::File, "25000"), (TierKind::Numa, "250")], "300"), suggested: "measured", doc: "Declared access latency (orders tiers)" },
+    Opt { key: "bandwidth", kind: size(0), default: Unset::ByKind(&[(TierKind::File, "1G"), (TierKind::Numa, "30G")], "10G"), suggested: "measured, bytes/s", doc: "Declared bandwidth in bytes per second (BW plans)" },
+    Opt { key: "emulate_delay_ns", kind: int(0, u64::MAX), default: Unset::Value("0"), suggested: "0; 2000-5000 to model a remote pool", doc: "Extra delay added to every fetch from a memory tier" },
+    Opt { key: "emulate_bandwidth", kind: size(0), default: Unset::Value("0"), suggested: "0 (off); e.g. 2G to model a slower link", doc: "Bandwidth cap of fetches from a memory tier, bytes/s" },
+    Opt { key: "min_chunk", kind: Kind::Chunk, default: Unset::ByKind(&[(TierKind::File, "16K")], "4K"), suggested: "16K for a file tier; 64K if the tier is only streamed", doc: "Least chunk size of regions whose home is this tier (one I/O costs about as much for 16K as for 4K)" },
+    Opt { key: "node", kind: int(0, 4095), default: Unset::Required, suggested: "the CPU-less node of the CXL device", doc: "NUMA node of a numa tier" },
+];
+
+/// The row of `key` in `table`.
+pub fn row(table: &'static [Opt], key: &str) -> Option<&'static Opt> {
+    table.iter().find(|o| o.key == key)
+}
+
+fn default_doc(o: &Opt) -> String {
+    match o.default {
+        Unset::Value(v) => v.to_string(),
+        Unset::ByKind(list, other) => {
+            let mut parts: Vec<String> = list
+                .iter()
+                .map(|(k, v)| format!("{}: {v}", kind_name(*k)))
+                .collect();
+            parts.push(format!("others: {other}"));
+            parts.join(", ")
+        }
+        Unset::Found(doc, _) => doc.to_string(),
+        Unset::Required => "-".into(),
+    }
+}
+
+fn kind_name(k: TierKind) -> &'static str {
+    match k {
+        TierKind::Dram => "dram",
+        TierKind::Memory => "memory",
+        TierKind::File => "file",
+        TierKind::Numa => "numa",
+    }
+}
+
+/// What a value may be, for the docs.
+fn kind_doc(o: &Opt) -> String {
+    match o.kind {
+        Kind::Size { min: 0 } => "size".into(),
+        Kind::Size { min } => format!("size, at least {}", crate::size::human(min)),
+        Kind::SizeOrPercent { of, .. } => format!(
+            "size or % of {}",
+            match of {
+                Base::Memory => "memory",
+                Base::Budget => "`dram`",
+                Base::Medium => "the medium",
+            }
+        ),
+        Kind::Chunk => "power of two, 4K-2M".into(),
+        Kind::Int { min, max: u64::MAX } => format!("integer ≥ {min}"),
+        Kind::Int { min, max } => format!("integer {min}-{max}"),
+        Kind::Fraction => "0-1".into(),
+        Kind::Choice { values, .. } => values.join(" \\| "),
+        Kind::Name { max } => format!("name, ≤ {max} characters"),
+        Kind::Path => "path".into(),
+        Kind::Bool => "true/false".into(),
+    }
+}
+
+/// One Markdown table of options (`env` names each row's environment variable).
+pub fn markdown(table: &[Opt], env: impl Fn(&Opt) -> String) -> String {
+    let mut s = String::from(
+        "| option | environment | value | default | suggested | meaning |\n|---|---|---|---|---|---|\n",
+    );
+    for o in table {
+        s += &format!(
+            "| `{}` | `{}` | {} | {} | {} | {} |\n",
+            o.key,
+            env(o),
+            kind_doc(o),
+            default_doc(o),
+            o.suggested,
+            o.doc
+        );
+    }
+    s
+}
+
+/// The option tables of docs/tuning.md, as `attune config --options` prints them.
+pub fn tuning_tables() -> String {
+    format!(
+        "{}\nTier options (`[[tier]]` tables; environment `ATTUNE_TIER_<NAME>_<KEY>`):\n\n{}\n`attune run` options (environment only; `attune run` sets them from its flags):\n\n{}",
+        markdown(OPTIONS, |o| o.env()),
+        markdown(TIER_OPTIONS, |o| match o.default {
+            Unset::Required => "-".into(),
+            _ => o.tier_env("<NAME>"),
+        }),
+        markdown(crate::run_options::RUN_OPTIONS, |o| o.env()),
+    )
+}
