@@ -26,7 +26,7 @@ stage:
 	@mkdir -p $(PREFIX)/lib/pkgconfig $(PREFIX)/lib/cmake/Attune $(PREFIX)/include $(PREFIX)/bin
 	@cp --remove-destination $(REL)/libattune.so $(REL)/libattune.a $(REL)/libattune_preload.so $(PREFIX)/lib/
 	@cp include/attune.h include/attune.f90 $(PREFIX)/include/
-	@cp --remove-destination $(REL)/attune $(REL)/attuned $(PREFIX)/bin/
+	@cp --remove-destination $(REL)/attune $(REL)/attune-lab $(REL)/attuned $(PREFIX)/bin/
 	@mkdir -p $(PREFIX)/share/attune/python && cp -r python/attune_usage $(PREFIX)/share/attune/python/
 	@cp python/attune_plots.py $(PREFIX)/share/attune/python/
 	@mkdir -p $(PREFIX)/share/attune/bench && cp -r bench/imme.py bench/fig7.py bench/workloads $(PREFIX)/share/attune/bench/

@@ -1,8 +1,11 @@
 //! `attune`: the command-line front end. One module per sub-command in `cmd/`.
 
+// Unsafe code is denied; the few blocks allowed only read or write managed memory this
+// command allocated (the contract in attune-sys/src/lib.rs).
+#![deny(unsafe_code)]
+
 mod cmd;
 mod history;
-mod kernel_env;
 
 use clap::{Parser, Subcommand};
 
@@ -20,11 +23,13 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the benchmark suite (the main job) and print a table; JSON goes to --out.
-    Bench(cmd::bench::Args),
+    #[command(disable_help_flag = true)]
+    Bench(LabArgs),
     /// Run an unmodified program with its large allocations on tiered memory; report at exit.
     Run(cmd::run::Args),
     /// Run a program the kernel's way at a budget: cgroup memory limit + swap (needs root).
-    KernelSwap(cmd::kernel_swap::Args),
+    #[command(disable_help_flag = true)]
+    KernelSwap(LabArgs),
     /// Show the configuration in force, or the table of options.
     Config(cmd::config::Args),
     /// Show the memory nodes and tiers of this machine (or of a captured /sys tree).
@@ -34,33 +39,61 @@ enum Command {
     /// Profile a program's memory: access curve, tiers over time, faults, suggested flags.
     Profile(cmd::profile::Args),
     /// Interference generator and probe (LoI, interference coefficient, sensitivity sweep).
-    Lbench(cmd::lbench::Args),
+    #[command(disable_help_flag = true)]
+    Lbench(LabArgs),
     /// Memory under-use of a cluster from Slurm job records (and node samples).
     Usage(cmd::usage::Args),
     /// What the node daemon (attuned) knows: tiers, workflows, budgets, shared regions.
     Status(cmd::status::Args),
     /// Load the node daemon's control plane and report requests per second.
-    DaemonBench(cmd::daemon_bench::Args),
-    /// Internal: one benchmark scenario in a fresh process (used by `bench`).
-    #[command(hide = true, name = "__worker")]
-    Worker { scenario: String },
+    #[command(disable_help_flag = true)]
+    DaemonBench(LabArgs),
+}
+
+/// The arguments of a lab command, passed on as they are.
+#[derive(clap::Args)]
+struct LabArgs {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+    args: Vec<String>,
+}
+
+/// Runs a command of the benchmark lab: `attune-lab` beside this program (bench/lab), with
+/// the arguments as given. The lab is its own program so that the binary users run their
+/// programs with holds none of it.
+fn lab(name: &str, a: LabArgs) -> i32 {
+    use std::os::unix::process::CommandExt;
+    let me = std::env::current_exe().unwrap_or_else(|_| "attune".into());
+    let lab = me
+        .parent()
+        .map(|d| d.join("attune-lab"))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| "attune-lab".into());
+    let e = std::process::Command::new(&lab)
+        .arg(name)
+        .args(&a.args)
+        .env("ATTUNE_CLI", &me)
+        .exec();
+    eprintln!(
+        "attune {name}: the benchmark lab ({}) cannot start: {e}",
+        lab.display()
+    );
+    2
 }
 
 fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
-        Command::Bench(a) => cmd::bench::run(a),
+        Command::Bench(a) => lab("bench", a),
         Command::Run(a) => cmd::run::run(a),
-        Command::KernelSwap(a) => cmd::kernel_swap::run(a),
+        Command::KernelSwap(a) => lab("kernel-swap", a),
         Command::Config(a) => cmd::config::run(a),
         Command::Topology(a) => cmd::topology::run(a),
         Command::Numa(a) => cmd::numa::run(a),
         Command::Usage(a) => cmd::usage::run(a),
-        Command::Lbench(a) => cmd::lbench::run(a),
+        Command::Lbench(a) => lab("lbench", a),
         Command::Profile(a) => cmd::profile::run(a),
         Command::Status(a) => cmd::status::run(a),
-        Command::DaemonBench(a) => cmd::daemon_bench::run(a),
-        Command::Worker { scenario } => cmd::bench::worker(&scenario),
+        Command::DaemonBench(a) => lab("daemon-bench", a),
     };
     std::process::exit(code);
 }

@@ -371,6 +371,59 @@ pub fn die_by_signal(sig: i32) -> ! {
     std::process::exit(128 + sig)
 }
 
+/// What became of a child started by [`fork_run`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForkRun {
+    /// It returned this status.
+    Exited(i32),
+    /// A signal ended it.
+    Killed(i32),
+    /// It outlived the timeout and was killed (SIGKILL) and reaped.
+    Hung,
+    /// fork(2) failed.
+    NotStarted(Errno),
+}
+
+/// Forks; the child runs `child` and leaves with `_exit` of what it returns (never the
+/// parent's exit handlers); the parent waits `timeout` at most, then kills and reaps it.
+/// As for any fork of a threaded process, `child` may only use what fork handlers made
+/// safe to use (the runtime's and the allocator's are: this is how a program's forked
+/// worker behaves under Attune).
+pub fn fork_run(child: impl FnOnce() -> i32, timeout: std::time::Duration) -> ForkRun {
+    // SAFETY: see the function's contract; the child never returns from here.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return ForkRun::NotStarted(Errno::last());
+    }
+    if pid == 0 {
+        let code = child();
+        // SAFETY: leaving the child without running the parent's exit handlers.
+        unsafe { libc::_exit(code) };
+    }
+    let t0 = std::time::Instant::now();
+    loop {
+        let mut status = 0;
+        // SAFETY: our own child; status is a valid out-pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            return if libc::WIFEXITED(status) {
+                ForkRun::Exited(libc::WEXITSTATUS(status))
+            } else {
+                ForkRun::Killed(libc::WTERMSIG(status))
+            };
+        }
+        if r < 0 || t0.elapsed() > timeout {
+            // SAFETY: our own child, by PID, not reaped yet.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return ForkRun::Hung;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Whether the dynamic loader would run `path` in secure-execution mode for this user
 /// (set-user-ID or set-group-ID to someone else), where it ignores LD_PRELOAD.
 pub fn is_secure_exec(meta: &std::fs::Metadata) -> bool {

@@ -140,7 +140,7 @@ pub fn from_env(getenv: impl Fn(&str) -> Option<String>) -> Result<RunSettings, 
     }
     // The plain values, each checked by its row of RUN_OPTIONS.
     let value = |key: &str| -> Result<Option<Value>, String> {
-        let o = crate::config::row(RUN_OPTIONS, key).expect("a run option");
+        let o = crate::config::table::row(RUN_OPTIONS, key).expect("a run option");
         let name = o.env();
         match getenv(&name) {
             None => Ok(None),

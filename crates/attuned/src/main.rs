@@ -5,6 +5,8 @@
 //! workflows, budgets, shared regions), `metrics.rs` (Prometheus endpoint). The budget
 //! policy itself is pure: `attune_policy::share`.
 
+#![forbid(unsafe_code)]
+
 mod config;
 mod metrics;
 mod server;

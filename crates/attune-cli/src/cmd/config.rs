@@ -1,6 +1,7 @@
 //! `attune config`: the configuration in force (as JSON) or the options table.
 
-use attune::config::{load_from_process, tuning_tables};
+use attune::config::{load_from_process, markdown, OPTIONS, TIER_OPTIONS};
+use attune::run_options::RUN_OPTIONS;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,5 +27,31 @@ pub fn run(a: Args) -> i32 {
             eprintln!("attune: configuration error: {e}");
             2
         }
+    }
+}
+
+/// The option tables of docs/tuning.md, as `attune config --options` prints them.
+pub fn tuning_tables() -> String {
+    format!(
+        "{}\nTier options (`[[tier]]` tables; environment `ATTUNE_TIER_<NAME>_<KEY>`):\n\n{}\n`attune run` options (environment only; `attune run` sets them from its flags):\n\n{}",
+        markdown(OPTIONS, |o| o.env()),
+        markdown(TIER_OPTIONS, |o| match o.default {
+            attune::config::table::Unset::Required => "-".into(),
+            _ => o.tier_env("<NAME>"),
+        }),
+        markdown(RUN_OPTIONS, |o| o.env()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn docs_tuning_md_holds_the_tables_as_generated() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/tuning.md");
+        let doc = std::fs::read_to_string(path).unwrap();
+        assert!(
+            doc.contains(&super::tuning_tables()),
+            "docs/tuning.md is out of date: replace its option tables with `attune config --options`"
+        );
     }
 }

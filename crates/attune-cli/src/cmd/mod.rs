@@ -1,11 +1,6 @@
-pub mod bench;
 pub mod config;
-pub mod daemon_bench;
-pub mod kernel_swap;
-pub mod lbench;
 pub mod numa;
 pub mod profile;
-pub mod python;
 pub mod run;
 pub mod status;
 pub mod topology;

@@ -10,6 +10,7 @@
 
 use attune::numa::{self, NumaPlacer};
 use attune::Flags;
+use attune_sys::os::ForkRun;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -103,46 +104,23 @@ impl Forks {
     /// Forks one child and waits for it (10 s at most).
     fn run_one(&mut self) {
         self.started += 1;
-        // SAFETY: the child runs Rust code that the runtime's fork handlers made safe to run
-        // (the same as an application's child) and leaves with _exit.
-        let pid = unsafe { libc::fork() };
-        if pid < 0 {
-            self.failed += 1;
-            return;
-        }
-        if pid == 0 {
+        let child = || {
             let size = 1 << 20;
             let ok = attune::runtime::alloc(size, Flags::CAP.0, None).is_ok_and(|b| {
                 touch(b, size);
                 let good = verify(b, size);
                 attune::runtime::free(b).is_ok() && good
             }) && attune::runtime::numa_stats().is_some();
-            // SAFETY: leaving the child without the parent's exit handlers.
-            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
-        }
-        let t0 = Instant::now();
-        loop {
-            let mut status = 0;
-            // SAFETY: our own child.
-            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-            if r == pid {
-                if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-                    self.finished += 1;
-                } else {
-                    self.failed += 1;
-                }
-                return;
+            if ok {
+                0
+            } else {
+                1
             }
-            if r < 0 || t0.elapsed() > Duration::from_secs(10) {
-                self.hung += 1;
-                // SAFETY: our own child, by PID.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                    libc::waitpid(pid, &mut status, 0);
-                }
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(5));
+        };
+        match attune_sys::os::fork_run(child, Duration::from_secs(10)) {
+            ForkRun::Exited(0) => self.finished += 1,
+            ForkRun::Hung => self.hung += 1,
+            _ => self.failed += 1,
         }
     }
 }
@@ -239,15 +217,28 @@ fn touch(base: usize, len: usize) {
     for off in (0..len).step_by(4096) {
         let p = (base + off) as *mut u64;
         // SAFETY: [base, base+len) is a live allocation this command owns.
-        unsafe { p.write_volatile((base + off) as u64 ^ 0x5a5a_5a5a) };
+        #[allow(unsafe_code)]
+        unsafe {
+            p.write_volatile((base + off) as u64 ^ 0x5a5a_5a5a)
+        };
     }
+}
+
+/// The word at `addr`, inside an allocation of this command.
+#[allow(unsafe_code)]
+fn read_word(addr: usize) -> u64 {
+    // SAFETY: callers pass addresses inside a live allocation of this command.
+    unsafe { (addr as *const u64).read_volatile() }
 }
 
 fn verify(base: usize, len: usize) -> bool {
     (0..len).step_by(4096).all(|off| {
         let p = (base + off) as *const u64;
         // SAFETY: as in `touch`.
-        unsafe { p.read_volatile() == (base + off) as u64 ^ 0x5a5a_5a5a }
+        #[allow(unsafe_code)]
+        unsafe {
+            p.read_volatile() == (base + off) as u64 ^ 0x5a5a_5a5a
+        }
     })
 }
 
@@ -404,9 +395,7 @@ fn place(a: PlaceArgs) -> Result<(), String> {
             for (r, &b) in reqs.iter().zip(&bases) {
                 if r.flags.contains(Flags::LAT) {
                     for off in (0..r.size).step_by(4096) {
-                        // SAFETY: a live allocation of this command.
-                        sum =
-                            sum.wrapping_add(unsafe { ((b + off) as *const u64).read_volatile() });
+                        sum = sum.wrapping_add(read_word(b + off));
                     }
                 }
             }

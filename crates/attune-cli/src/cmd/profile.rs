@@ -413,7 +413,7 @@ fn write_outputs(out: &Path, p: &Value) -> std::io::Result<()> {
     }
     std::fs::write(out.join("timeline.csv"), t)?;
     std::fs::write(out.join("summary.txt"), summary(p))?;
-    super::python::plot("profile", "profile", out);
+    attune_cli::python::plot("profile", "profile", out);
     Ok(())
 }
 

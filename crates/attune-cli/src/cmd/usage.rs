@@ -12,14 +12,14 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> i32 {
-    let Some(dir) = super::python::dir() else {
+    let Some(dir) = attune_cli::python::dir() else {
         eprintln!(
             "attune usage: the analyzer (python/attune_usage) is not installed next to this binary; \
              set ATTUNE_PYTHONPATH to the folder that holds attune_usage"
         );
         return 2;
     };
-    let python = super::python::interpreter();
+    let python = attune_cli::python::interpreter();
     let mut path = dir.into_os_string();
     if let Some(old) = std::env::var_os("PYTHONPATH") {
         path.push(":");

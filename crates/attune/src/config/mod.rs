@@ -10,7 +10,7 @@ pub mod table;
 use serde::Deserialize;
 use std::path::PathBuf;
 use table::{from_toml, Base, Value};
-pub use table::{row, tuning_tables, Opt, OPTIONS, TIER_OPTIONS};
+pub use table::{markdown, row, validate_chunk, Opt, TierKind, OPTIONS, TIER_OPTIONS};
 
 /// How a region's faults are delivered (see docs/design.md, "The fault path").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -37,16 +37,6 @@ impl std::str::FromStr for FaultMode {
     }
 }
 
-/// Kinds of tier (docs/design.md, "Eviction and the far tiers"; NUMA tiers).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TierKind {
-    Dram,
-    Memory,
-    File,
-    Numa,
-}
-
 /// Replacement policy of the fast tier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -66,21 +56,6 @@ pub enum DaemonMode {
     /// Fail to start without the daemon.
     Require,
     Off,
-}
-
-impl std::str::FromStr for TierKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "memory" => Ok(TierKind::Memory),
-            "file" => Ok(TierKind::File),
-            "numa" => Ok(TierKind::Numa),
-            "dram" => Err("the DRAM tier is implicit: set its size with 'dram'".into()),
-            o => Err(format!(
-                "'{o}' is not a tier kind (expected memory, file or numa)"
-            )),
-        }
-    }
 }
 
 impl std::str::FromStr for Mode {
@@ -542,13 +517,6 @@ pub fn load_from_process(path: Option<&std::path::Path>) -> Result<Config, Confi
     load(path, &env, &Machine::this())
 }
 
-pub fn validate_chunk(c: usize) -> Result<(), String> {
-    if !c.is_power_of_two() || !(4096..=2 << 20).contains(&c) {
-        return Err(format!("{c} is not a power of two between 4K and 2M"));
-    }
-    Ok(())
-}
-
 fn expand_vars(s: &str, m: &Machine) -> String {
     s.replace("$TMPDIR", &m.tmpdir.display().to_string())
 }
@@ -855,16 +823,5 @@ mod tests {
         std::fs::write(&p, "[[tier]]\nname = \"d\"\nkind = \"dram\"\n").unwrap();
         let e = load(Some(&p), &[], &machine()).unwrap_err().0;
         assert!(e.contains("implicit"), "{e}");
-    }
-
-    #[test]
-    fn docs_tuning_md_holds_the_tables_as_generated() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/tuning.md");
-        let doc = std::fs::read_to_string(path).unwrap();
-        let tables = tuning_tables();
-        assert!(
-            doc.contains(&tables),
-            "docs/tuning.md is out of date: replace its option tables with `attune config --options`"
-        );
     }
 }

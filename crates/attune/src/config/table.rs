@@ -5,8 +5,41 @@
 //! checked values into the typed [`Config`](super::Config) and checks what ties two
 //! options together (the headroom below the budget, a NUMA tier's node).
 
-use super::TierKind;
 use crate::size::{parse_size, parse_size_or_percent};
+use serde::Deserialize;
+
+/// Kinds of tier (docs/design.md, "Eviction and the far tiers"; NUMA tiers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TierKind {
+    Dram,
+    Memory,
+    File,
+    Numa,
+}
+
+impl std::str::FromStr for TierKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "memory" => Ok(TierKind::Memory),
+            "file" => Ok(TierKind::File),
+            "numa" => Ok(TierKind::Numa),
+            "dram" => Err("the DRAM tier is implicit: set its size with 'dram'".into()),
+            o => Err(format!(
+                "'{o}' is not a tier kind (expected memory, file or numa)"
+            )),
+        }
+    }
+}
+
+/// A chunk size the engine moves: a power of two from 4K to 2M.
+pub fn validate_chunk(c: usize) -> Result<(), String> {
+    if !c.is_power_of_two() || !(4096..=2 << 20).contains(&c) {
+        return Err(format!("{c} is not a power of two between 4K and 2M"));
+    }
+    Ok(())
+}
 
 /// What a percentage is of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,7 +153,7 @@ impl Opt {
             }
             Kind::Chunk => {
                 let v = parse_size(raw)?;
-                super::validate_chunk(v as usize)?;
+                validate_chunk(v as usize)?;
                 Ok(Value::U64(v))
             }
             Kind::Int { min, max } => {
@@ -341,17 +374,4 @@ pub fn markdown(table: &[Opt], env: impl Fn(&Opt) -> String) -> String {
         );
     }
     s
-}
-
-/// The option tables of docs/tuning.md, as `attune config --options` prints them.
-pub fn tuning_tables() -> String {
-    format!(
-        "{}\nTier options (`[[tier]]` tables; environment `ATTUNE_TIER_<NAME>_<KEY>`):\n\n{}\n`attune run` options (environment only; `attune run` sets them from its flags):\n\n{}",
-        markdown(OPTIONS, |o| o.env()),
-        markdown(TIER_OPTIONS, |o| match o.default {
-            Unset::Required => "-".into(),
-            _ => o.tier_env("<NAME>"),
-        }),
-        markdown(crate::run_options::RUN_OPTIONS, |o| o.env()),
-    )
 }

@@ -1,4 +1,4 @@
-//! The Python side of the CLI: where its package is, and the plots.
+//! The Python side of the CLI and the lab: where its package is, and the plots.
 //!
 //! `attune usage` is Python (pandas), and the plots of `attune profile` and `attune lbench`
 //! are matplotlib; they live in `python/` and are installed in `share/attune/python`.

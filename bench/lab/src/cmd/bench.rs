@@ -99,18 +99,16 @@ fn imme(a: &Args) -> i32 {
 
 /// Runs one script of the harness (share/attune/bench, or the source tree's bench/).
 fn harness(name: &str, what: &str, args: &[String]) -> i32 {
-    let Some(script) = super::python::dir()
+    let Some(script) = attune_cli::python::dir()
         .map(|d| d.join("../bench").join(name))
         .filter(|p| p.is_file())
     else {
         eprintln!("attune bench: {what} (bench/{name}) is not installed next to this attune");
         return 2;
     };
-    let mut cmd = Command::new(super::python::interpreter());
+    let mut cmd = Command::new(attune_cli::python::interpreter());
     cmd.arg(&script).args(args);
-    if let Ok(exe) = std::env::current_exe() {
-        cmd.env("ATTUNE_BIN", exe);
-    }
+    cmd.env("ATTUNE_BIN", crate::attune_cli());
     eprintln!("\n{what}: {}", script.display());
     match cmd.status() {
         Ok(s) => s.code().unwrap_or(1),

@@ -624,7 +624,7 @@ fn sweep(
     if let Some(o) = out {
         std::fs::write(o.join("sweep.json"), &doc)
             .map_err(|e| format!("--out {}: {e}", o.display()))?;
-        super::python::plot("lbench", "lbench", o);
+        attune_cli::python::plot("lbench", "lbench", o);
     }
     if w.json {
         println!("{doc}");
