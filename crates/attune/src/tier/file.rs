@@ -183,3 +183,54 @@ fn fill_holes(internal: &Uffd, st: usize, len: usize) {
         a += ps;
     }
 }
+
+impl super::Medium for FileTier {
+    fn store(
+        &self,
+        io: &super::IoContext,
+        region_uffd: &Uffd,
+        src: usize,
+        off: u64,
+        len: usize,
+        already_there: &mut dyn FnMut(usize) -> bool,
+    ) -> SysResult<()> {
+        FileTier::store(self, io, region_uffd, src, off, len, already_there)
+    }
+    fn load(
+        &self,
+        io: &super::IoContext,
+        region_uffd: &Uffd,
+        dst: usize,
+        off: u64,
+        len: usize,
+        seen: &mut dyn FnMut(usize) -> bool,
+    ) -> SysResult<()> {
+        FileTier::load(self, io, region_uffd, dst, off, len, seen)
+    }
+    fn discard(&self, off: u64, len: usize) {
+        FileTier::discard(self, off, len)
+    }
+    fn keeps_copy(&self) -> bool {
+        true
+    }
+    fn is_node_memory(&self) -> bool {
+        false
+    }
+    /// Nothing stored: no copy (fork+exec pays nothing), and the hashes are dropped.
+    fn prepare_fork(
+        &self,
+        cfg: &TierConfig,
+        has_data: bool,
+        buf: usize,
+        buf_len: usize,
+    ) -> Result<bool, String> {
+        self.prepare_child_file(cfg, has_data, buf, buf_len)?;
+        Ok(has_data)
+    }
+    fn after_fork_in_parent(&self) {
+        self.drop_child_file()
+    }
+    fn reopen_in_child(&self, _internal: &Uffd) -> Result<(), String> {
+        self.take_child_file()
+    }
+}

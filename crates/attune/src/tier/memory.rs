@@ -327,3 +327,47 @@ mod tests {
         assert_eq!(mem::resident_pages(c, 4096).unwrap(), 0);
     }
 }
+
+impl super::Medium for MemoryTier {
+    fn store(
+        &self,
+        io: &super::IoContext,
+        region_uffd: &Uffd,
+        src: usize,
+        off: u64,
+        len: usize,
+        _already_there: &mut dyn FnMut(usize) -> bool,
+    ) -> SysResult<()> {
+        MemoryTier::store(self, io, region_uffd, src, off, len)
+    }
+    fn load(
+        &self,
+        _io: &super::IoContext,
+        region_uffd: &Uffd,
+        dst: usize,
+        off: u64,
+        len: usize,
+        _seen: &mut dyn FnMut(usize) -> bool,
+    ) -> SysResult<()> {
+        MemoryTier::load(self, region_uffd, dst, off, len)
+    }
+    fn discard(&self, off: u64, len: usize) {
+        MemoryTier::discard(self, off, len)
+    }
+    fn keeps_copy(&self) -> bool {
+        false
+    }
+    fn is_node_memory(&self) -> bool {
+        true
+    }
+    fn release_pending(&self) {
+        MemoryTier::release_pending(self)
+    }
+    fn prepare_fork(&self, _: &TierConfig, _: bool, _: usize, _: usize) -> Result<bool, String> {
+        MemoryTier::prepare_fork(self);
+        Ok(true)
+    }
+    fn reopen_in_child(&self, internal: &Uffd) -> Result<(), String> {
+        self.reattach(internal).map_err(|e| e.to_string())
+    }
+}

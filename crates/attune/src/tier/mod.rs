@@ -1,11 +1,16 @@
 //! Tiers: places where the pages of a region can live when they are not in DRAM.
 //!
 //! The DRAM tier is the budget of resident managed memory (accounted in the engine).
-//! A far tier implements two signal-safe operations on whole runs of chunks:
+//! A far tier is a [`Medium`] (the node's memory, a private file; next a node pool or a
+//! memory server) under one [`FarTier`] that keeps what every medium needs alike: the
+//! offset space, the capacity and the node daemon's grant, the counters, the back-off
+//! after the medium was full. Two signal-safe operations move whole runs of chunks:
 //! [`FarTier::store`] takes pages out of a region (the region range becomes missing) and
 //! [`FarTier::load`] places them back into a missing range. Slots are addressed by a byte
 //! offset reserved per region at allocation ([`FarTier::reserve`]).
 
+#[cfg(test)]
+mod fake;
 pub mod file;
 pub mod memory;
 pub mod slots;
@@ -31,16 +36,61 @@ pub struct TierCounters {
     pub full: AtomicU64,
 }
 
-enum Backend {
-    Memory(memory::MemoryTier),
-    File(file::FileTier),
+/// Where a far tier keeps chunk runs. Every method may run on the fault path, in a SIGBUS
+/// handler: signal-safe, no allocation, errors as errno values.
+pub trait Medium: Send + Sync {
+    /// Moves `len` bytes of region memory at `src` into slot `off`; on error nothing was
+    /// taken from the region. `already_there(staged)` lets a medium that keeps copies skip
+    /// writing content it holds already (clean pages).
+    fn store(
+        &self,
+        io: &IoContext,
+        region_uffd: &Uffd,
+        src: usize,
+        off: u64,
+        len: usize,
+        already_there: &mut dyn FnMut(usize) -> bool,
+    ) -> SysResult<()>;
+    /// Places slot `off` into the missing region range at `dst` through the region's
+    /// userfaultfd. `seen(data)` checks bytes read through a buffer; false is EBADMSG.
+    fn load(
+        &self,
+        io: &IoContext,
+        region_uffd: &Uffd,
+        dst: usize,
+        off: u64,
+        len: usize,
+        seen: &mut dyn FnMut(usize) -> bool,
+    ) -> SysResult<()>;
+    /// Drops the stored copy of a slot range.
+    fn discard(&self, off: u64, len: usize);
+    /// Whether stored content survives a load (a file keeps its blocks; a memory slot is
+    /// emptied by the move).
+    fn keeps_copy(&self) -> bool;
+    /// Whether it is node memory, which the node daemon divides among workflows.
+    fn is_node_memory(&self) -> bool;
+    /// Finishes deferred work on slots loads copied out (a memory tier's batched release).
+    fn release_pending(&self) {}
+    /// Before a fork, the runtime quiesced: makes what the child will use. `has_data`:
+    /// something is stored. Returns whether the child's copy holds the content.
+    fn prepare_fork(
+        &self,
+        cfg: &TierConfig,
+        has_data: bool,
+        buf: usize,
+        buf_len: usize,
+    ) -> Result<bool, String>;
+    /// After a fork, in the parent.
+    fn after_fork_in_parent(&self) {}
+    /// In a forked child: takes over what `prepare_fork` made.
+    fn reopen_in_child(&self, internal: &Uffd) -> Result<(), String>;
 }
 
 /// A far tier with its offset space and counters.
 pub struct FarTier {
     pub cfg: TierConfig,
     pub index: usize,
-    backend: Backend,
+    medium: Box<dyn Medium>,
     space: Mutex<slots::FreeList>,
     pub counters: TierCounters,
     /// After the medium reported ENOSPC, stores are refused until this time (ns) so that
@@ -49,6 +99,8 @@ pub struct FarTier {
     /// The node daemon's grant of far memory for this tier (u64::MAX: none); the tier
     /// holds at most the lower of it and its configured capacity.
     granted: AtomicU64,
+    /// The clock of the back-off (`os::now_ns`; a test's own clock).
+    now: fn() -> u64,
 }
 
 /// How long a tier whose medium is full is left alone.
@@ -71,9 +123,9 @@ impl FarTier {
         space: u64,
         internal: &Uffd,
     ) -> Result<FarTier, String> {
-        let backend = match cfg.kind {
-            TierKind::Memory => Backend::Memory(memory::MemoryTier::new(&cfg, space, internal)?),
-            TierKind::File => Backend::File(file::FileTier::new(&cfg)?),
+        let medium: Box<dyn Medium> = match cfg.kind {
+            TierKind::Memory => Box::new(memory::MemoryTier::new(&cfg, space, internal)?),
+            TierKind::File => Box::new(file::FileTier::new(&cfg)?),
             TierKind::Numa => {
                 return Err(format!(
                     "tier '{}': NUMA tiers keep pages mapped and are placed by crate::numa",
@@ -82,15 +134,26 @@ impl FarTier {
             }
             TierKind::Dram => return Err("the DRAM tier is implicit".into()),
         };
-        Ok(FarTier {
+        Ok(FarTier::with_medium(cfg, index, space, medium))
+    }
+
+    /// A tier over any medium (`open` picks the medium of the configured kind).
+    pub fn with_medium(
+        cfg: TierConfig,
+        index: usize,
+        space: u64,
+        medium: Box<dyn Medium>,
+    ) -> FarTier {
+        FarTier {
             cfg,
             index,
-            backend,
+            medium,
             space: Mutex::new(slots::FreeList::new(space)),
             counters: TierCounters::default(),
             full_until: AtomicU64::new(0),
             granted: AtomicU64::new(u64::MAX),
-        })
+            now: attune_sys::os::now_ns,
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -100,7 +163,7 @@ impl FarTier {
     /// Whether stored content survives a load (a file keeps its blocks; a memory slot is
     /// emptied by the move), so that identical content need not be written again.
     pub fn keeps_copy(&self) -> bool {
-        matches!(self.backend, Backend::File(_))
+        self.medium.keeps_copy()
     }
 
     /// Whether the fault engine can store pages here (every far tier it opens can; NUMA
@@ -113,7 +176,7 @@ impl FarTier {
     pub fn accepts(&self, len: u64) -> bool {
         self.is_pageable()
             && self.free_bytes() >= len
-            && attune_sys::os::now_ns() >= self.full_until.load(Relaxed)
+            && (self.now)() >= self.full_until.load(Relaxed)
     }
 
     /// Bytes free on the tier by its capacity now.
@@ -136,7 +199,7 @@ impl FarTier {
 
     /// Whether the tier is node memory (the daemon divides it among workflows).
     pub fn is_memory(&self) -> bool {
-        matches!(self.backend, Backend::Memory(_))
+        self.medium.is_node_memory()
     }
 
     /// Bytes stored now.
@@ -172,9 +235,7 @@ impl FarTier {
     /// Releases slot ranges a memory tier's fetches copied out (one TLB flush); a file
     /// tier has none.
     pub fn release_pending(&self) {
-        if let Backend::Memory(m) = &self.backend {
-            m.release_pending();
-        }
+        self.medium.release_pending();
     }
 
     /// Moves `len` bytes of region memory at `src` into slot `off`. Signal-safe.
@@ -192,10 +253,9 @@ impl FarTier {
         if !self.accepts(len as u64) {
             return Err(Errno(libc::ENOSPC));
         }
-        let r = match &self.backend {
-            Backend::Memory(m) => m.store(io, region_uffd, src, off, len),
-            Backend::File(f) => f.store(io, region_uffd, src, off, len, already_there),
-        };
+        let r = self
+            .medium
+            .store(io, region_uffd, src, off, len, already_there);
         match r {
             Ok(()) => {
                 let now = self.counters.stored.fetch_add(len as u64, Relaxed) + len as u64;
@@ -207,7 +267,7 @@ impl FarTier {
                 if e.0 == libc::ENOSPC {
                     self.counters.full.fetch_add(1, Relaxed);
                     self.full_until
-                        .store(attune_sys::os::now_ns() + FULL_BACKOFF_NS, Relaxed);
+                        .store((self.now)() + FULL_BACKOFF_NS, Relaxed);
                 } else if e.0 != libc::EINVAL {
                     // EINVAL is the region's protection (see `crate::paging::evict`, `store_run`), not
                     // the tier's failure.
@@ -232,10 +292,7 @@ impl FarTier {
         len: usize,
         seen: &mut dyn FnMut(usize) -> bool,
     ) -> SysResult<()> {
-        let r = match &self.backend {
-            Backend::Memory(m) => m.load(region_uffd, dst, off, len),
-            Backend::File(f) => f.load(io, region_uffd, dst, off, len, seen),
-        };
+        let r = self.medium.load(io, region_uffd, dst, off, len, seen);
         match r {
             Ok(()) => {
                 self.counters.stored.fetch_sub(len as u64, Relaxed);
@@ -253,34 +310,19 @@ impl FarTier {
     /// its data when it holds any). Returns whether the child's file will hold the
     /// content (so the content hashes of it still hold there).
     pub fn prepare_fork(&self, buf: usize, buf_len: usize) -> Result<bool, String> {
-        match &self.backend {
-            Backend::Memory(m) => {
-                m.prepare_fork();
-                Ok(true)
-            }
-            Backend::File(f) => {
-                // Nothing stored: no copy (fork+exec pays nothing); the hashes are dropped.
-                let copy = self.counters.stored.load(Relaxed) > 0;
-                f.prepare_child_file(&self.cfg, copy, buf, buf_len)?;
-                Ok(copy)
-            }
-        }
+        let has_data = self.counters.stored.load(Relaxed) > 0;
+        self.medium.prepare_fork(&self.cfg, has_data, buf, buf_len)
     }
 
     /// After a fork, in the parent.
     pub fn after_fork_in_parent(&self) {
-        if let Backend::File(f) = &self.backend {
-            f.drop_child_file();
-        }
+        self.medium.after_fork_in_parent();
     }
 
     /// In a forked child: the memory arena registered with the child's userfaultfd; the
     /// file prepared before the fork in place of the parent's.
     pub fn reopen_in_child(&self, internal: &Uffd) -> Result<(), String> {
-        match &self.backend {
-            Backend::Memory(m) => m.reattach(internal).map_err(|e| e.to_string()),
-            Backend::File(f) => f.take_child_file(),
-        }
+        self.medium.reopen_in_child(internal)
     }
 
     /// Sets event counters to zero (a forked child reports its own); `stored` stays.
@@ -301,10 +343,7 @@ impl FarTier {
 
     /// Drops the stored copy of a slot range (region freed or chunk discarded).
     pub fn discard(&self, off: u64, len: usize) {
-        match &self.backend {
-            Backend::Memory(m) => m.discard(off, len),
-            Backend::File(f) => f.discard(off, len),
-        }
+        self.medium.discard(off, len)
     }
 
     /// Forgets `len` stored bytes without touching the medium (the chunk's copy is stale).
@@ -346,4 +385,158 @@ pub(crate) fn give_back(region_uffd: &Uffd, src: usize, st: usize, len: usize) -
         off += ps;
     }
     ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fake::Fake;
+    use super::*;
+    use crate::pool::BufferPool;
+    use attune_sys::uffd::Delivery;
+    use std::sync::Arc;
+
+    /// The test clock of the back-off.
+    static NOW: AtomicU64 = AtomicU64::new(1_000_000_000);
+    fn now() -> u64 {
+        NOW.load(Relaxed)
+    }
+
+    const K4: usize = 4096;
+
+    fn tier(capacity: u64) -> (FarTier, Arc<Fake>) {
+        let fake = Arc::new(Fake::default());
+        let cfg = TierConfig {
+            name: "fake".into(),
+            kind: TierKind::Memory,
+            capacity,
+            path: None,
+            direct: false,
+            latency_ns: 300,
+            bandwidth: 10 << 30,
+            emulate_delay_ns: 0,
+            emulate_bandwidth: 0,
+            min_chunk: K4,
+            node: None,
+        };
+        let mut t = FarTier::with_medium(cfg, 0, 1 << 30, Box::new(fake.clone()));
+        t.now = now;
+        (t, fake)
+    }
+
+    /// The buffers and userfaultfd a store or load is handed (the fake uses none of them).
+    struct Io {
+        uffd: Uffd,
+        staging: BufferPool,
+        bounce: BufferPool,
+    }
+    fn io() -> Io {
+        Io {
+            uffd: Uffd::open(Delivery::Thread, 0).expect("userfaultfd (the tests run as root)"),
+            staging: BufferPool::new(1, K4).unwrap(),
+            bounce: BufferPool::new(1, K4).unwrap(),
+        }
+    }
+    fn store(t: &FarTier, io: &Io, len: usize) -> SysResult<()> {
+        let ctx = IoContext {
+            internal: &io.uffd,
+            staging: &io.staging,
+            bounce: &io.bounce,
+        };
+        t.store(&ctx, &io.uffd, 0, 0, len, &mut |_| false)
+    }
+    fn load(t: &FarTier, io: &Io, len: usize) -> SysResult<()> {
+        let ctx = IoContext {
+            internal: &io.uffd,
+            staging: &io.staging,
+            bounce: &io.bounce,
+        };
+        t.load(&ctx, &io.uffd, 0, 0, len, &mut |_| true)
+    }
+
+    #[test]
+    fn a_full_medium_is_left_alone_for_the_backoff_then_tried_again() {
+        let (t, fake) = tier(1 << 20);
+        let io = io();
+        fake.then(&[Err(Errno(libc::ENOSPC))]);
+        assert_eq!(store(&t, &io, K4), Err(Errno(libc::ENOSPC)));
+        assert_eq!(t.counters.full.load(Relaxed), 1);
+        assert_eq!(t.counters.errors.load(Relaxed), 0, "full is not an error");
+        assert!(!t.accepts(K4 as u64));
+        // Refused without asking the medium again, until the back-off is over.
+        assert_eq!(store(&t, &io, K4), Err(Errno(libc::ENOSPC)));
+        assert_eq!(fake.stores.load(Relaxed), 1);
+        NOW.fetch_add(FULL_BACKOFF_NS - 1, Relaxed);
+        assert!(!t.accepts(K4 as u64));
+        NOW.fetch_add(1, Relaxed);
+        assert!(t.accepts(K4 as u64));
+        assert_eq!(store(&t, &io, K4), Ok(()));
+        assert_eq!((fake.stores.load(Relaxed), t.used()), (2, K4 as u64));
+    }
+
+    #[test]
+    fn a_protection_refusal_is_not_a_tier_error_but_a_failure_is() {
+        let (t, fake) = tier(1 << 20);
+        let io = io();
+        fake.then(&[Err(Errno(libc::EINVAL)), Err(Errno(libc::EIO))]);
+        assert_eq!(store(&t, &io, K4), Err(Errno(libc::EINVAL)));
+        assert_eq!(t.counters.errors.load(Relaxed), 0);
+        assert_eq!(store(&t, &io, K4), Err(Errno(libc::EIO)));
+        assert_eq!(t.counters.errors.load(Relaxed), 1);
+        assert_eq!(t.used(), 0, "a failed store stores nothing");
+        assert!(t.accepts(K4 as u64), "only ENOSPC backs off");
+    }
+
+    #[test]
+    fn capacity_is_the_lower_of_the_configured_one_and_the_grant() {
+        let (t, fake) = tier(64 << 10);
+        let io = io();
+        assert_eq!(t.capacity(), 64 << 10);
+        for _ in 0..8 {
+            assert_eq!(store(&t, &io, K4), Ok(()));
+        }
+        t.set_grant(Some(16 << 10));
+        assert_eq!((t.capacity(), t.free_bytes()), (16 << 10, 0));
+        assert_eq!(store(&t, &io, K4), Err(Errno(libc::ENOSPC)));
+        assert_eq!(
+            fake.stores.load(Relaxed),
+            8,
+            "over the grant: the medium is not asked"
+        );
+        assert_eq!(t.counters.full.load(Relaxed), 0, "nor is it full");
+        t.set_grant(None);
+        assert_eq!(t.free_bytes(), 32 << 10);
+        assert_eq!(store(&t, &io, K4), Ok(()));
+    }
+
+    #[test]
+    fn stored_bytes_follow_stores_loads_and_forgets() {
+        let (t, fake) = tier(1 << 20);
+        let io = io();
+        assert_eq!(store(&t, &io, 2 * K4), Ok(()));
+        assert_eq!(load(&t, &io, K4), Ok(()));
+        assert_eq!(t.used(), K4 as u64);
+        assert_eq!(t.counters.peak_stored.load(Relaxed), 2 * K4 as u64);
+        fake.then(&[Err(Errno(libc::EIO))]);
+        assert_eq!(load(&t, &io, K4), Err(Errno(libc::EIO)));
+        assert_eq!(t.used(), K4 as u64, "a failed load leaves the bytes stored");
+        assert_eq!(t.counters.errors.load(Relaxed), 1);
+        t.reset_event_counters();
+        assert_eq!(t.counters.loads.load(Relaxed), 0);
+        assert_eq!(t.used(), K4 as u64, "a child still holds what is stored");
+        t.forget(1 << 20);
+        assert_eq!(t.used(), 0, "forget saturates");
+        assert_eq!(t.prepare_fork(0, 0), Ok(false), "nothing stored: no copy");
+    }
+
+    #[test]
+    fn offset_space_is_reserved_and_given_back() {
+        let (t, fake) = tier(1 << 20);
+        let a = t.reserve(1 << 29).unwrap();
+        let b = t.reserve(1 << 29).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(t.reserve(K4 as u64), None, "the space is full");
+        t.release(a, 1 << 29);
+        assert_eq!(fake.discarded.load(Relaxed), 1 << 29);
+        assert_eq!(t.reserve(K4 as u64), Some(a));
+    }
 }
