@@ -3,7 +3,7 @@
  * are evicted), then touch each again in order with a busy wait of GAP_US between
  * touches. Prints the wall time per touch and the CPU time beyond the wall time per
  * touch (the handler's and the evictor's share). Run with ATTUNE_READAHEAD=0 and
- * ATTUNE_HANDLER_SPIN_US=0 or 100 (docs/benchmarks.md, "The fault-handler thread polls").
+ * ATTUNE_HANDLER_SPIN_US=0 or 100 (docs/benchmarks-history.md, "The fault-handler thread polls").
  * Build: gcc -O2 bench/fault_gap.c -o fault_gap $(pkg-config --cflags --libs attune) */
 #include <attune.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
  * TLB flush is an IPI): 64 pages moved as one contiguous run, the same 64 pages moved one
  * call each, and 32 pages spread over a 64-page span (every other source page a hole,
  * UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES, one call). It decides how far eviction can batch its
- * flushes (docs/benchmarks.md, "Why eviction stays one move per run").
+ * flushes (docs/benchmarks-history.md, "Why eviction stays one move per run").
  * Build: gcc -O2 bench/move_batch.c -o move_batch -lpthread */
 #define _GNU_SOURCE
 #include <fcntl.h>

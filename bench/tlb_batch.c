@@ -1,7 +1,7 @@
 /* The cost of dropping scattered pages while another thread of the process runs: one
  * madvise(MADV_DONTNEED) per page (a TLB-shootdown IPI each) against one process_madvise
  * over all of them (the kernel flushes once for the batch). It decides how the memory tier
- * should release arena slots after a fetch (docs/benchmarks.md, "What the fault-path
+ * should release arena slots after a fetch (docs/benchmarks-history.md, "What the fault-path
  * fixes ... cost"). Build: gcc -O2 bench/tlb_batch.c -o tlb_batch -lpthread */
 #define _GNU_SOURCE
 #include <pthread.h>

@@ -303,7 +303,7 @@ fi
 # the exec'd image report; the forked image execs before its first snapshot)...
 expect run-fork-exec 0 "check_report: OK \([23] processes" sh -c "'$ATT' run --dram 32M --report '$RT/fe.json' -- '$RT/fork_exec' 48 '$RT/c_matrix' 32 && $CHECK '$RT/fe.json' --exit 0 --min-procs 2 --has-command c_matrix"
 # A forked child reads and rewrites the managed memory it inherited while the parent
-# rewrites its own (docs/design.md "fork").
+# rewrites its own (docs/design/processes.md "fork").
 FORK_TOUCH=1 expect run-fork-child-touch 0 "fork_touch: OK" "$ATT" run -q --dram 32M -- "$RT/fork_exec" 96
 # ...or not, with --no-children.
 expect run-no-children 0 "check_report: OK \(1 processes" sh -c "'$ATT' run --no-children --dram 32M --report '$RT/nc.json' -- '$RT/fork_exec' 48 '$RT/c_matrix' 32 && $CHECK '$RT/nc.json' --exit 0"
@@ -325,7 +325,7 @@ expect run-bad-threshold 2 "ATTUNE_RUN_THRESHOLD" "$ATT" run --threshold 0 -- tr
 printf 'dram = "lots"\n' > "$RT/broken.toml"
 expect run-broken-config 2 "configuration: .*dram" "$ATT" run --config "$RT/broken.toml" -- true
 expect run-bad-rules 2 "ATTUNE_FLAG_RULES" "$ATT" run --rules "64M:LAT" -- true
-expect run-bad-fault-mode 2 "ATTUNE_RUN_FAULT_MODE=fast: expected thread or signal" "$ATT" run --fault-mode fast -- true
+expect run-bad-fault-mode 2 "ATTUNE_RUN_FAULT_MODE=fast: .fast. is not a fault mode .expected thread or signal" "$ATT" run --fault-mode fast -- true
 # --fault-mode signal: the program's faults by SIGBUS; numpy's file and pipe I/O included.
 if python3 -c 'import numpy' 2>/dev/null; then
   expect run-numpy-signal 0 "check_report: OK" sh -c "'$ATT' run -q --fault-mode signal --dram 48M --report '$RT/nps.json' -- python3 tests/run/numpy_work.py 192 && $CHECK '$RT/nps.json' --exit 0 --min-procs 1 --fault-mode signal"

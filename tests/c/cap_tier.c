@@ -1,4 +1,4 @@
-/* Where CAP data lives (Engine::home_tier, docs/design.md "CAP's tier"): on the biggest
+/* Where CAP data lives (Pager::home_tier in paging/ops.rs, docs/design/evaluation.md "CAP's tier"): on the biggest
  * far tier that is memory, a file tier only as overflow or when there is no memory tier;
  * unflagged data on the fastest far tier. EXPECT says which configuration runs:
  *   memory    memory and file tiers with room: CAP's far bytes all in the memory tier;

@@ -37,7 +37,7 @@ def test_slowdown_rises_with_level():
     # The ordering of the middle levels is a benchmark's claim, not a test's: CI runs read
     # 0.75/0.81/0.75 (2026-11-24, levels 20/50/100), 1.03/0.98/0.83 and 0.71/0.74/0.68,
     # because on two cores any neighbour (ours at level 20 included) takes cache and CPU
-    # as well as bandwidth. The sweep's figures are in docs/benchmarks.md ("lbench").
+    # as well as bandwidth. The sweep's figures are in docs/benchmarks-history.md ("Interference: `attune lbench`").
     assert perf[100] < 0.97, perf
     assert perf[100] <= perf[20] + 0.05, perf
 

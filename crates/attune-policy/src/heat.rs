@@ -209,7 +209,7 @@ pub struct Suggestion {
 }
 
 /// Flags for a region from its curve (fine-grained: 100 points) and its share of the whole footprint's
-/// accesses and bytes. The rules (docs/design.md, "Profiler"):
+/// accesses and bytes. The rules (docs/design/prediction.md, "Access sampling and `attune profile`"):
 /// * a small hot part (20% of the region or less takes 80% of its accesses): split, LAT
 ///   for that part and CAP for the rest (IMME's early-sampling example);
 /// * accessed far more than its size (density 2x or more): LAT when it is small (under

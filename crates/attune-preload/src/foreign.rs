@@ -9,7 +9,7 @@
 //! mimalloc's `mi_free`, `mi_realloc` and `mi_usable_size` are not here: the runtime
 //! links mimalloc itself (its small-object arenas), so this library cannot export those
 //! names. A mimalloc-linked program that hands a block from `malloc` of at least the
-//! threshold to `mi_free` is a documented limit (docs/design.md, "Programs with their
+//! threshold to `mi_free` is a documented limit (docs/design/run.md, "Programs with their
 //! own allocator"); `mi_malloc`'s own blocks and `free` of any block work.
 //!
 //! Which calls: those that free, resize or measure a block. Allocating calls (`mallocx`,

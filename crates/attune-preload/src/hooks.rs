@@ -433,7 +433,7 @@ pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
         return status(mem::raw_munmap(addr, len));
     }
     // A partly unmapped managed mapping stays reserved until its last byte goes (its
-    // address range cannot be reused meanwhile; docs/design.md "attune run").
+    // address range cannot be reused meanwhile; docs/design/run.md).
     for (b, inherited) in u.free {
         if inherited {
             // The parent's range, reserved in this child (table::after_fork_in_child).

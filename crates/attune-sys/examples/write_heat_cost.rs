@@ -1,4 +1,4 @@
-//! What write heat costs (docs/benchmarks.md, "Write heat on NUMA tiers"):
+//! What write heat costs (docs/benchmarks-history.md, "Write heat and promotion on NUMA tiers"):
 //! `cargo run --release -p attune-sys --example write_heat_cost [MiB] [rounds]`.
 //!
 //! A populated region of MiB (default 1024): per round, the time to arm it all, of one

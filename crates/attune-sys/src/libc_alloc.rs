@@ -252,7 +252,7 @@ pub fn in_runtime() -> bool {
 /// Whether this request must go to glibc's heap instead of the program's allocator:
 /// only when they differ. `SAME_HEAP` is read first so that a program on glibc's
 /// allocator pays no thread-local read (a `__tls_get_addr` call in a preloaded library)
-/// on every request; the overhead comparison is in docs/benchmarks.md, "`attune run`
+/// on every request; the overhead comparison is in docs/benchmarks-history.md, "`attune run`
 /// under signal delivery, and the interposer's new layers".
 #[inline]
 fn runtime_heap() -> bool {

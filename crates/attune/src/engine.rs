@@ -63,7 +63,7 @@ impl Engine {
                  holds them in DRAM around read/write, the socket calls and stdio. Calls \
                  it does not wrap (io_uring, AIO, a peer's process_vm_readv) fail with \
                  EFAULT on such pages. Full delivery: `sysctl vm.unprivileged_userfaultfd=1` \
-                 or access to /dev/userfaultfd (docs/design.md, \"System calls on managed memory\")",
+                 or access to /dev/userfaultfd (docs/design/run.md, \"System calls on managed memory\")",
             );
         }
         Ok(Engine { pager, numa })

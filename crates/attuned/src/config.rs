@@ -1,8 +1,7 @@
-//! The daemon's options: a TOML file, overridden by the command line. Each option in one
-//! table (docs/tuning.md lists them with a suggested value).
+//! The daemon's options: a TOML file, overridden by the command line; one row each in
+//! [`DAEMON_OPTIONS`] (docs/tuning.md's daemon table is generated from it).
 
-use attune::size::{parse_size, parse_size_or_percent};
-use serde::Deserialize;
+use attune::config::table::{from_toml, row, Base, Kind, Opt, Unset, Value};
 use std::path::PathBuf;
 
 #[derive(Clone, Debug)]
@@ -28,140 +27,123 @@ pub struct DaemonConfig {
     pub max_clients: usize,
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct File {
-    dram: Option<String>,
-    min_grant: Option<String>,
-    shared_max: Option<String>,
-    far_pool: Option<String>,
-    move_limit: Option<String>,
-    bw_dram_share: Option<String>,
-    socket: Option<PathBuf>,
-    metrics: Option<String>,
-    max_clients: Option<usize>,
+/// The daemon's options: one row each; the TOML keys, the command-line flags
+/// (`--key-with-dashes`), the checks and the daemon's table in docs/tuning.md
+/// (`attuned --options`) come from them.
+#[rustfmt::skip]
+pub const DAEMON_OPTIONS: &[Opt] = &[
+    Opt { key: "dram", kind: Kind::SizeOrPercent { of: Base::Memory, min: 16 << 20 }, default: Unset::Value("80%"), suggested: "the node's memory minus what the OS and unmanaged jobs need", doc: "DRAM divided among workflows and shared regions" },
+    Opt { key: "min_grant", kind: Kind::Size { min: 0 }, default: Unset::Value("16M"), suggested: "16M-64M: enough for a runtime's small arenas and headroom", doc: "Smallest grant per workflow while DRAM lasts" },
+    Opt { key: "shared_max", kind: Kind::SizeOrPercent { of: Base::Budget, min: 0 }, default: Unset::Value("25%"), suggested: "the largest read-only input staged for several workflows", doc: "Most bytes of all shared regions together (a size or a % of `dram`)" },
+    Opt { key: "far_pool", kind: Kind::OrWord { words: &["off"], kind: &Kind::SizeOrPercent { of: Base::Memory, min: 0 } }, default: Unset::Found("15% (less if `dram` leaves less)", ""), suggested: "what the node can give the runtimes' memory tiers beside `dram`; off where far tiers are NUMA nodes or files only", doc: "Node memory divided among the runtimes' `memory` far tiers by weighted fair share (CAP first)" },
+    Opt { key: "move_limit", kind: Kind::OrWord { words: &["off", "0"], kind: &Kind::Size { min: 1 << 20 } }, default: Unset::Value("1G"), suggested: "1G on DDR nodes; lower (256M) when LAT jobs are bandwidth-sensitive; off to disable", doc: "Page movement (bytes/s) of each non-LAT/SHL workflow while a LAT/SHL workflow runs" },
+    Opt { key: "bw_dram_share", kind: Kind::OrWord { words: &["auto"], kind: &Kind::Percent { min: 1, max: 100 } }, default: Unset::Found("auto (HMAT; 100 without it)", "auto"), suggested: "auto on nodes with HMAT; DRAM bandwidth / (DRAM + far bandwidth) otherwise, e.g. 77 for 100 GB/s DRAM beside 30 GB/s of CXL", doc: "Percent of a BW workflow's want it claims in DRAM before the others are served (the rest is granted only if nobody else claims it)" },
+    Opt { key: "socket", kind: Kind::Path, default: Unset::Found("$ATTUNE_SOCKET or /run/attune/attuned.sock", ""), suggested: "the default", doc: "Unix socket (mode 0666; clients are told apart by kernel credentials)" },
+    Opt { key: "metrics", kind: Kind::OrWord { words: &["off"], kind: &Kind::Loopback }, default: Unset::Value("127.0.0.1:9464"), suggested: "the default, scraped by a local Prometheus agent", doc: "Prometheus text endpoint on a loopback address, or off" },
+    Opt { key: "max_clients", kind: Kind::Int { min: 1, max: 1_000_000 }, default: Unset::Value("4096"), suggested: "4096", doc: "Connections beyond this are refused at once" },
+];
+
+/// The command-line flag of a row.
+pub fn flag(o: &Opt) -> String {
+    format!("--{}", o.key.replace('_', "-"))
 }
 
-/// Command-line values (None: the file's, then the default).
-#[derive(Default)]
-pub struct Overrides {
-    pub dram: Option<String>,
-    pub min_grant: Option<String>,
-    pub shared_max: Option<String>,
-    pub far_pool: Option<String>,
-    pub move_limit: Option<String>,
-    pub bw_dram_share: Option<String>,
-    pub socket: Option<PathBuf>,
-    pub metrics: Option<String>,
-    pub max_clients: Option<usize>,
-}
-
-/// `hmat_bw_pct`: DRAM's share of the node's bandwidth from HMAT, if the node has the
-/// figures (`Topology::dram_bandwidth_pct`); what `bw_dram_share = "auto"` means.
+/// Loads the options: each row from `overrides` (the command line, by key), else the
+/// file, else its default. `total_memory` is what percentages of memory are of;
+/// `hmat_bw_pct` is DRAM's share of the node's bandwidth from HMAT, if the node has the
+/// figures (`Topology::dram_bandwidth_pct`): what `bw_dram_share = "auto"` means.
 pub fn load(
     path: Option<&std::path::Path>,
-    o: Overrides,
+    overrides: &[(&str, String)],
     total_memory: u64,
     hmat_bw_pct: Option<u64>,
 ) -> Result<DaemonConfig, String> {
-    let f: File = match path {
+    let file: toml::Table = match path {
         Some(p) => {
             let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            toml::from_str(&text).map_err(|e| format!("{}: {}", p.display(), e.message()))?
+            text.parse()
+                .map_err(|e: toml::de::Error| format!("{}: {}", p.display(), e.message()))?
         }
-        None => File::default(),
+        None => toml::Table::new(),
     };
-    let dram_s = o.dram.or(f.dram).unwrap_or_else(|| "80%".into());
-    let dram = parse_size_or_percent(&dram_s, total_memory)
-        .map_err(|e| format!("dram '{dram_s}': {e}"))?;
-    if dram < 16 << 20 {
+    if let Some(k) = file.keys().find(|k| row(DAEMON_OPTIONS, k).is_none()) {
+        let known: Vec<&str> = DAEMON_OPTIONS.iter().map(|o| o.key).collect();
         return Err(format!(
-            "dram '{dram_s}': at least 16M is needed to divide among workflows"
+            "{}: unknown option `{k}` (options: {})",
+            path.map(|p| p.display().to_string()).unwrap_or_default(),
+            known.join(", ")
         ));
     }
-    let min_s = o.min_grant.or(f.min_grant).unwrap_or_else(|| "16M".into());
-    let min_grant = parse_size(&min_s).map_err(|e| format!("min_grant '{min_s}': {e}"))?;
-    let sm_s = o
-        .shared_max
-        .or(f.shared_max)
-        .unwrap_or_else(|| "25%".into());
-    let shared_max =
-        parse_size_or_percent(&sm_s, dram).map_err(|e| format!("shared_max '{sm_s}': {e}"))?;
+    // The raw value of a row as set (None: its default is found here).
+    let raw = |key: &str| -> Result<Option<String>, String> {
+        let o = row(DAEMON_OPTIONS, key).expect("a daemon option");
+        if let Some((_, v)) = overrides.iter().find(|(k, _)| *k == key) {
+            return Ok(Some(v.clone()));
+        }
+        if let Some(v) = file.get(key) {
+            return from_toml(v).map(Some).map_err(|e| format!("{key}: {e}"));
+        }
+        Ok(o.default_for(None)
+            .filter(|d| !d.is_empty())
+            .map(str::to_string))
+    };
+    let value = |key: &str, base: u64| -> Result<Option<Value>, String> {
+        let o = row(DAEMON_OPTIONS, key).expect("a daemon option");
+        match raw(key)? {
+            None => Ok(None),
+            Some(r) if r.is_empty() && key == "metrics" => Ok(Some(Value::Text("off".into()))),
+            Some(r) => o.parse(&r, base).map(Some).map_err(|e| {
+                // A value from the file names the file.
+                let from_file = !overrides.iter().any(|(k, _)| *k == key) && file.contains_key(key);
+                match path.filter(|_| from_file) {
+                    Some(p) => format!("{}: {key} '{r}': {e}", p.display()),
+                    None => format!("{key} '{r}': {e}"),
+                }
+            }),
+        }
+    };
+    let bytes = |v: Option<Value>| match v {
+        Some(Value::U64(b)) => Some(b),
+        _ => None,
+    };
+    let dram = bytes(value("dram", total_memory)?).unwrap_or(0);
+    let min_grant = bytes(value("min_grant", 0)?).unwrap_or(0);
+    let shared_max = bytes(value("shared_max", dram)?).unwrap_or(0);
     if shared_max > dram {
         return Err(format!(
-            "shared_max '{sm_s}' is above the DRAM pool ({dram} bytes)"
+            "shared_max '{}' is above the DRAM pool ({dram} bytes)",
+            raw("shared_max")?.unwrap_or_default()
         ));
     }
     // Default: 15% of the node's memory, less if the DRAM pool leaves less; a pool
     // given explicitly must fit beside the DRAM pool.
-    let fp_given = o.far_pool.or(f.far_pool);
-    let far_pool = match fp_given.as_deref() {
-        Some("off") => None,
+    let far_pool = match value("far_pool", total_memory)? {
         None => Some((total_memory / 100 * 15).min(total_memory.saturating_sub(dram))),
-        Some(fp_s) => {
-            let v = parse_size_or_percent(fp_s, total_memory).map_err(|e| {
-                format!(
-                    "far_pool '{fp_s}': {e} (a size, a percentage of the node's memory, or off)"
-                )
-            })?;
+        Some(Value::U64(v)) => {
             if v.saturating_add(dram) > total_memory {
                 return Err(format!(
-                    "far_pool '{fp_s}': with the DRAM pool ({dram} bytes) it is above the node's memory ({total_memory} bytes)"
+                    "far_pool '{}': with the DRAM pool ({dram} bytes) it is above the node's memory ({total_memory} bytes)",
+                    raw("far_pool")?.unwrap_or_default()
                 ));
             }
             Some(v)
         }
+        Some(_) => None,
     };
-    let socket = o
-        .socket
-        .or(f.socket)
-        .unwrap_or_else(attune_proto::socket_path);
-    let metrics = match o.metrics.or(f.metrics) {
-        None => Some("127.0.0.1:9464".to_string()),
-        Some(m) if m == "off" || m.is_empty() => None,
-        Some(m) => {
-            let a: std::net::SocketAddr = m
-                .parse()
-                .map_err(|_| format!("metrics '{m}': expected ADDRESS:PORT or off"))?;
-            if !a.ip().is_loopback() {
-                return Err(format!("metrics '{m}': only a loopback address is served (the metrics name users' workflows)"));
-            }
-            Some(m)
-        }
+    let move_limit = bytes(value("move_limit", 0)?).unwrap_or(0);
+    let bw_dram_pct = match value("bw_dram_share", 0)? {
+        Some(Value::U64(v)) => v,
+        _ => hmat_bw_pct.unwrap_or(100),
     };
-    let ml_s = o.move_limit.or(f.move_limit).unwrap_or_else(|| "1G".into());
-    let move_limit = if ml_s == "0" || ml_s == "off" {
-        0
-    } else {
-        let v = parse_size(&ml_s)
-            .map_err(|e| format!("move_limit '{ml_s}': {e} (bytes per second, or off)"))?;
-        if v < 1 << 20 {
-            return Err(format!(
-                "move_limit '{ml_s}': at least 1M per second (or off)"
-            ));
-        }
-        v
+    let socket = match value("socket", 0)? {
+        Some(Value::Text(s)) => PathBuf::from(s),
+        _ => attune_proto::socket_path(),
     };
-    let bw_s = o
-        .bw_dram_share
-        .or(f.bw_dram_share)
-        .unwrap_or_else(|| "auto".into());
-    let bw_dram_pct = if bw_s == "auto" {
-        hmat_bw_pct.unwrap_or(100)
-    } else {
-        match bw_s.trim_end_matches('%').parse::<u64>() {
-            Ok(v) if (1..=100).contains(&v) => v,
-            _ => {
-                return Err(format!(
-                    "bw_dram_share '{bw_s}': a percentage from 1 to 100 (DRAM's share of the node's memory bandwidth), or auto"
-                ))
-            }
-        }
+    let metrics = match value("metrics", 0)? {
+        Some(Value::Text(m)) if m != "off" => Some(m),
+        _ => None,
     };
-    let max_clients = o.max_clients.or(f.max_clients).unwrap_or(4096);
-    if max_clients == 0 {
-        return Err("max_clients: at least 1".into());
-    }
+    let max_clients = bytes(value("max_clients", 0)?).unwrap_or(4096) as usize;
     Ok(DaemonConfig {
         dram,
         min_grant,
@@ -179,38 +161,52 @@ pub fn load(
 mod tests {
     use super::*;
 
+    fn over<'a>(v: &[(&'a str, Option<&str>)]) -> Vec<(&'a str, String)> {
+        v.iter()
+            .filter_map(|(k, x)| x.map(|x| (*k, x.to_string())))
+            .collect()
+    }
+
+    #[test]
+    fn the_tables_defaults_are_what_no_setting_gives() {
+        let total = 64u64 << 30;
+        let c = load(None, &[], total, None).unwrap();
+        for o in DAEMON_OPTIONS {
+            let Some(d) = o.default_for(None).filter(|d| !d.is_empty()) else {
+                continue;
+            };
+            let base = match o.base() {
+                Some(Base::Budget) => c.dram,
+                _ => total,
+            };
+            let want = o.parse(d, base).unwrap();
+            let got = match o.key {
+                "dram" => Value::U64(c.dram),
+                "min_grant" => Value::U64(c.min_grant),
+                "shared_max" => Value::U64(c.shared_max),
+                "move_limit" => Value::U64(c.move_limit),
+                "bw_dram_share" => Value::Text("auto".into()),
+                "metrics" => Value::Text(c.metrics.clone().unwrap_or_default()),
+                "max_clients" => Value::U64(c.max_clients as u64),
+                k => panic!("no default check for {k}"),
+            };
+            assert_eq!(got, want, "{}", o.key);
+        }
+        assert_eq!(c.bw_dram_pct, 100, "auto without HMAT");
+        assert_eq!(c.socket, attune_proto::socket_path());
+    }
+
     #[test]
     fn defaults_and_errors() {
-        let c = load(
-            None,
-            Overrides {
-                socket: Some("/tmp/x".into()),
-                ..Default::default()
-            },
-            10 << 30,
-            None,
-        )
-        .unwrap();
+        let c = load(None, &[("socket", "/tmp/x".to_string())], 10 << 30, None).unwrap();
         assert_eq!(c.dram, 8 << 30);
         assert_eq!(c.shared_max, 2 << 30);
         assert_eq!(c.metrics.as_deref(), Some("127.0.0.1:9464"));
-        let e = load(
-            None,
-            Overrides {
-                dram: Some("lots".into()),
-                ..Default::default()
-            },
-            1 << 30,
-            None,
-        )
-        .unwrap_err();
+        let e = load(None, &[("dram", "lots".to_string())], 1 << 30, None).unwrap_err();
         assert!(e.contains("dram 'lots'"), "{e}");
         let e = load(
             None,
-            Overrides {
-                metrics: Some("0.0.0.0:80".into()),
-                ..Default::default()
-            },
+            &[("metrics", "0.0.0.0:80".to_string())],
             1 << 30,
             None,
         )
@@ -218,10 +214,10 @@ mod tests {
         assert!(e.contains("loopback"), "{e}");
         let d = std::env::temp_dir().join(format!("attuned-cfg-{}", std::process::id()));
         std::fs::write(&d, "dram = \"1G\"\nbogus = 1\n").unwrap();
-        let e = load(Some(&d), Overrides::default(), 1 << 34, None).unwrap_err();
+        let e = load(Some(&d), &[], 1 << 34, None).unwrap_err();
         assert!(e.contains("bogus"), "{e}");
         std::fs::write(&d, "dram = \"1G\"\nmetrics = \"off\"\n").unwrap();
-        let c = load(Some(&d), Overrides::default(), 1 << 34, None).unwrap();
+        let c = load(Some(&d), &[], 1 << 34, None).unwrap();
         assert_eq!((c.dram, c.metrics), (1 << 30, None));
         std::fs::remove_file(d).unwrap();
     }
@@ -231,11 +227,7 @@ mod tests {
         let with = |dram: &str, far: Option<&str>| {
             load(
                 None,
-                Overrides {
-                    dram: Some(dram.into()),
-                    far_pool: far.map(Into::into),
-                    ..Default::default()
-                },
+                &over(&[("dram", Some(dram)), ("far_pool", far)]),
                 100 << 30,
                 None,
             )
@@ -260,15 +252,7 @@ mod tests {
     #[test]
     fn bw_dram_share_auto_from_hmat_or_given() {
         let with = |v: Option<&str>, hmat: Option<u64>| {
-            load(
-                None,
-                Overrides {
-                    bw_dram_share: v.map(Into::into),
-                    ..Default::default()
-                },
-                8 << 30,
-                hmat,
-            )
+            load(None, &over(&[("bw_dram_share", v)]), 8 << 30, hmat)
         };
         assert_eq!(
             with(None, None).unwrap().bw_dram_pct,

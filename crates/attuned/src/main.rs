@@ -12,52 +12,44 @@ mod metrics;
 mod server;
 mod state;
 
-use clap::Parser;
+use attune::config::table::{default_doc, markdown};
+use clap::{Arg, ArgAction, Command};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-#[derive(Parser)]
-#[command(
-    name = "attuned",
-    version,
-    about = "Attune's node daemon: DRAM budgets for co-located workflows, shared regions, status and metrics"
-)]
-struct Cli {
-    /// TOML file with the options below (the command line wins).
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Unix socket to listen on [default: $ATTUNE_SOCKET or /run/attune/attuned.sock].
-    #[arg(long)]
-    socket: Option<PathBuf>,
-    /// DRAM to divide among workflows: a size or a percentage of the machine's [default: 80%].
-    #[arg(long)]
-    dram: Option<String>,
-    /// Smallest grant per workflow [default: 16M].
-    #[arg(long)]
-    min_grant: Option<String>,
-    /// Most bytes of shared regions, a size or a percentage of --dram [default: 25%].
-    #[arg(long)]
-    shared_max: Option<String>,
-    /// Node memory divided among the runtimes' `memory` far tiers (emulated CXL or pooled
-    /// memory), a size or a percentage of the machine's, or "off" [default: 15%].
-    #[arg(long)]
-    far_pool: Option<String>,
-    /// Page movement limit, bytes/s, of each non-LAT/SHL workflow while a LAT/SHL one
-    /// runs ("off" for none) [default: 1G].
-    #[arg(long)]
-    move_limit: Option<String>,
-    /// DRAM's share of the node's memory bandwidth, percent: what a BW workflow claims of
-    /// its want before the others are served; "auto" takes it from HMAT (100 without it)
-    /// [default: auto].
-    #[arg(long)]
-    bw_dram_share: Option<String>,
-    /// Prometheus endpoint ADDRESS:PORT on loopback, or "off" [default: 127.0.0.1:9464].
-    #[arg(long)]
-    metrics: Option<String>,
-    /// Most simultaneous client connections [default: 4096].
-    #[arg(long)]
-    max_clients: Option<usize>,
+/// The command line: `--config`, `--options`, and one flag per row of the options table.
+fn cli() -> Command {
+    let mut c = Command::new("attuned")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about("Attune's node daemon: DRAM budgets for co-located workflows, shared regions, status and metrics")
+        .arg(
+            Arg::new("config")
+                .long("config")
+                .value_name("FILE")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("TOML file with the options below (the command line wins)"),
+        )
+        .arg(
+            Arg::new("options")
+                .long("options")
+                .action(ArgAction::SetTrue)
+                .help("Print the table of options (Markdown) and exit"),
+        );
+    for o in config::DAEMON_OPTIONS {
+        c = c.arg(
+            Arg::new(o.key)
+                .long(o.key.replace('_', "-"))
+                .value_name("VALUE")
+                .help(format!("{} [default: {}]", o.doc, default_doc(o))),
+        );
+    }
+    c
+}
+
+/// The daemon's table of docs/tuning.md.
+fn options_table() -> String {
+    markdown(config::DAEMON_OPTIONS, "flag", config::flag)
 }
 
 pub fn log(m: &str) {
@@ -65,22 +57,19 @@ pub fn log(m: &str) {
 }
 
 fn main() {
-    let cli = Cli::parse();
-    let o = config::Overrides {
-        dram: cli.dram,
-        min_grant: cli.min_grant,
-        shared_max: cli.shared_max,
-        far_pool: cli.far_pool,
-        move_limit: cli.move_limit,
-        bw_dram_share: cli.bw_dram_share,
-        socket: cli.socket,
-        metrics: cli.metrics,
-        max_clients: cli.max_clients,
-    };
+    let m = cli().get_matches();
+    if m.get_flag("options") {
+        print!("{}", options_table());
+        return;
+    }
+    let overrides: Vec<(&str, String)> = config::DAEMON_OPTIONS
+        .iter()
+        .filter_map(|o| m.get_one::<String>(o.key).map(|v| (o.key, v.clone())))
+        .collect();
     let hmat_bw_pct = attune::topology::discover(std::path::Path::new("/")).dram_bandwidth_pct();
     let cfg = match config::load(
-        cli.config.as_deref(),
-        o,
+        m.get_one::<PathBuf>("config").map(PathBuf::as_path),
+        &overrides,
         attune_sys::os::total_memory(),
         hmat_bw_pct,
     ) {
@@ -188,4 +177,30 @@ fn discover_tiers(pool: u64) -> Vec<attune_proto::TierStatus> {
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn docs_tuning_md_holds_the_daemon_table_as_generated() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/tuning.md");
+        let doc = std::fs::read_to_string(path).unwrap();
+        assert!(
+            doc.contains(&super::options_table()),
+            "docs/tuning.md is out of date: replace the daemon's table with `attuned --options`"
+        );
+    }
+
+    #[test]
+    fn every_option_has_its_flag() {
+        let c = super::cli();
+        for o in crate::config::DAEMON_OPTIONS {
+            let long = o.key.replace('_', "-");
+            assert!(
+                c.get_arguments()
+                    .any(|a| a.get_long() == Some(long.as_str())),
+                "--{long}"
+            );
+        }
+    }
 }

@@ -4,7 +4,7 @@
 //! call with EFAULT when a buffer's page is in a far tier. Each wrapper calls the real
 //! function first, unchanged; only on EFAULT over managed memory does it hold the
 //! buffers in DRAM (`attune::runtime::hold`) and call again, so the program gets what it
-//! would have got without Attune. docs/design.md, "System calls on managed memory".
+//! would have got without Attune. docs/design/run.md, "System calls on managed memory".
 //!
 //! * A call whose managed bytes fit in a quarter of the budget is retried whole, with the
 //!   same arguments: every call's meaning is kept (a datagram stays one datagram).

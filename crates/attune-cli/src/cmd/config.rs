@@ -34,12 +34,12 @@ pub fn run(a: Args) -> i32 {
 pub fn tuning_tables() -> String {
     format!(
         "{}\nTier options (`[[tier]]` tables; environment `ATTUNE_TIER_<NAME>_<KEY>`):\n\n{}\n`attune run` options (environment only; `attune run` sets them from its flags):\n\n{}",
-        markdown(OPTIONS, |o| o.env()),
-        markdown(TIER_OPTIONS, |o| match o.default {
+        markdown(OPTIONS, "environment", |o| o.env()),
+        markdown(TIER_OPTIONS, "environment", |o| match o.default {
             attune::config::table::Unset::Required => "-".into(),
             _ => o.tier_env("<NAME>"),
         }),
-        markdown(RUN_OPTIONS, |o| o.env()),
+        markdown(RUN_OPTIONS, "environment", |o| o.env()),
     )
 }
 

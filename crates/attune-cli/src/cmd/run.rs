@@ -40,7 +40,7 @@ pub struct Args {
     #[arg(long)]
     small: bool,
     /// How faults are resolved: thread (default; every kernel access works) or signal
-    /// (faster; docs/design.md, "System calls on managed memory").
+    /// (faster; docs/design/run.md, "System calls on managed memory").
     #[arg(long, value_name = "thread|signal")]
     fault_mode: Option<String>,
     /// Do not manage forked or exec'd children.
@@ -312,7 +312,7 @@ pub fn run(a: Args) -> i32 {
     // limited to user-mode faults, as users who are not root get), a peer rank's
     // process_vm_readv of our buffers fails: Open MPI's single-copy transport printed
     // "Read -1, expected 8388608, errno = 14" and fell back. Copying through its shared
-    // segment in user space is served like any access (docs/design.md, "System calls on
+    // segment in user space is served like any access (docs/design/run.md, "System calls on
     // managed memory"). The user's own choice wins.
     let signal = get("ATTUNE_RUN_FAULT_MODE").is_some_and(|m| m.trim() == "signal");
     if managed

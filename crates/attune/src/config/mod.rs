@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use table::{from_toml, Base, Value};
 pub use table::{markdown, row, validate_chunk, Opt, TierKind, OPTIONS, TIER_OPTIONS};
 
-/// How a region's faults are delivered (see docs/design.md, "The fault path").
+/// How a region's faults are delivered (see docs/design/paging.md, "The fault path").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FaultMode {
@@ -753,6 +753,9 @@ mod tests {
             table::Kind::Name { .. } => "job42".into(),
             table::Kind::Path => "/tmp/other.sock".into(),
             table::Kind::Bool => "true".into(),
+            table::Kind::OrWord { words, .. } => words[0].into(),
+            table::Kind::Percent { max, .. } => max.to_string(),
+            table::Kind::Loopback => "127.0.0.1:1".into(),
         }
     }
 

@@ -8,7 +8,7 @@
 use crate::size::{parse_size, parse_size_or_percent};
 use serde::Deserialize;
 
-/// Kinds of tier (docs/design.md, "Eviction and the far tiers"; NUMA tiers).
+/// Kinds of tier (docs/design/paging.md, "Eviction and the far tiers"; NUMA tiers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TierKind {
@@ -77,6 +77,15 @@ pub enum Kind {
     Path,
     /// true/false (also 1/0, yes/no, on/off).
     Bool,
+    /// One of `words` (case ignored), or a value of `kind`.
+    OrWord {
+        words: &'static [&'static str],
+        kind: &'static Kind,
+    },
+    /// A percentage within `[min, max]`, with or without `%`.
+    Percent { min: u64, max: u64 },
+    /// `ADDRESS:PORT` on a loopback address.
+    Loopback,
 }
 
 /// A checked value.
@@ -142,7 +151,25 @@ impl Opt {
     /// Checks `raw` (as written in the file or the environment); `base` is what a
     /// percentage is of.
     pub fn parse(&self, raw: &str, base: u64) -> Result<Value, String> {
+        parse_kind(&self.kind, raw, base)
+    }
+
+    /// What a percentage is of, if the option takes one.
+    pub fn base(&self) -> Option<Base> {
         match self.kind {
+            Kind::SizeOrPercent { of, .. } => Some(of),
+            Kind::OrWord {
+                kind: Kind::SizeOrPercent { of, .. },
+                ..
+            } => Some(*of),
+            _ => None,
+        }
+    }
+}
+
+fn parse_kind(kind: &Kind, raw: &str, base: u64) -> Result<Value, String> {
+    {
+        match *kind {
             Kind::Size { min } => {
                 let v = parse_size(raw)?;
                 at_least(v, min)
@@ -213,14 +240,36 @@ impl Opt {
                 "0" | "false" | "no" | "off" => Ok(Value::Bool(false)),
                 o => Err(format!("'{o}' is not true or false")),
             },
-        }
-    }
-
-    /// What a percentage is of, if the option takes one.
-    pub fn base(&self) -> Option<Base> {
-        match self.kind {
-            Kind::SizeOrPercent { of, .. } => Some(of),
-            _ => None,
+            Kind::OrWord { words, kind } => {
+                let w = raw.trim().to_ascii_lowercase();
+                match words.iter().find(|x| **x == w) {
+                    Some(x) => Ok(Value::Text(x.to_string())),
+                    None => parse_kind(kind, raw, base)
+                        .map_err(|e| format!("{e} (or {})", or_list(words))),
+                }
+            }
+            Kind::Percent { min, max } => {
+                let v: u64 = raw
+                    .trim()
+                    .trim_end_matches('%')
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("'{raw}' is not a percentage"))?;
+                if !(min..=max).contains(&v) {
+                    return Err(format!("a percentage from {min} to {max}"));
+                }
+                Ok(Value::U64(v))
+            }
+            Kind::Loopback => {
+                let a: std::net::SocketAddr = raw
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("'{raw}': expected ADDRESS:PORT"))?;
+                if !a.ip().is_loopback() {
+                    return Err(format!("'{raw}': only a loopback address is served"));
+                }
+                Ok(Value::Text(raw.trim().to_string()))
+            }
         }
     }
 }
@@ -308,7 +357,8 @@ pub fn row(table: &'static [Opt], key: &str) -> Option<&'static Opt> {
     table.iter().find(|o| o.key == key)
 }
 
-fn default_doc(o: &Opt) -> String {
+/// The default as the docs give it.
+pub fn default_doc(o: &Opt) -> String {
     match o.default {
         Unset::Value(v) => v.to_string(),
         Unset::ByKind(list, other) => {
@@ -335,7 +385,11 @@ fn kind_name(k: TierKind) -> &'static str {
 
 /// What a value may be, for the docs.
 fn kind_doc(o: &Opt) -> String {
-    match o.kind {
+    doc_of(&o.kind)
+}
+
+fn doc_of(kind: &Kind) -> String {
+    match *kind {
         Kind::Size { min: 0 } => "size".into(),
         Kind::Size { min } => format!("size, at least {}", crate::size::human(min)),
         Kind::SizeOrPercent { of, .. } => format!(
@@ -354,13 +408,17 @@ fn kind_doc(o: &Opt) -> String {
         Kind::Name { max } => format!("name, ≤ {max} characters"),
         Kind::Path => "path".into(),
         Kind::Bool => "true/false".into(),
+        Kind::OrWord { words, kind } => format!("{} or {}", doc_of(kind), words.join(", ")),
+        Kind::Percent { min, max } => format!("percent {min}-{max}"),
+        Kind::Loopback => "loopback ADDRESS:PORT".into(),
     }
 }
 
-/// One Markdown table of options (`env` names each row's environment variable).
-pub fn markdown(table: &[Opt], env: impl Fn(&Opt) -> String) -> String {
-    let mut s = String::from(
-        "| option | environment | value | default | suggested | meaning |\n|---|---|---|---|---|---|\n",
+/// One Markdown table of options; `how` names the column (environment, flag) and `env`
+/// fills it for each row.
+pub fn markdown(table: &[Opt], how: &str, env: impl Fn(&Opt) -> String) -> String {
+    let mut s = format!(
+        "| option | {how} | value | default | suggested | meaning |\n|---|---|---|---|---|---|\n",
     );
     for o in table {
         s += &format!(

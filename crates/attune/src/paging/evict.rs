@@ -340,7 +340,7 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
                 // The program made these pages read-only or inaccessible (mprotect): a move
                 // needs the same protection on both sides, and copying out then dropping
                 // could lose a write made after a later mprotect back. They stay in DRAM
-                // while so protected, as mlocked pages would (docs/design.md, "Protection
+                // while so protected, as mlocked pages would (docs/design/run.md, "Protection
                 // changes").
                 e.counters.protected_skips.fetch_add(n as u64, Relaxed);
                 break;

@@ -177,7 +177,7 @@ impl Pager {
         // CAP data goes to the capacity tier: the biggest far tier that is memory, else
         // the biggest of all; everything else to the fastest. (A file tier holds CAP data
         // only as every region's overflow, when memory tiers are full or absent: see
-        // docs/design.md, "CAP's tier".)
+        // docs/design/evaluation.md, "CAP's tier".)
         let pageable: Vec<&FarTier> = self.tiers.iter().filter(|t| t.is_pageable()).collect();
         if self.cfg.mode == Mode::Attuned
             && opts.flags.contains(Flags::CAP)

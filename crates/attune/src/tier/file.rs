@@ -5,7 +5,7 @@
 //! Eviction moves the pages into a staging buffer (atomic: a concurrent write either lands
 //! before the move and is written out, or faults and waits) and writes them at the chunk's
 //! offset, unless the file already holds identical content (a content hash recorded when
-//! the chunk was last written or read, see docs/design.md "Dirty pages"). A fetch reads
+//! the chunk was last written or read, see docs/design/paging.md "Dirty pages"). A fetch reads
 //! into a bounce buffer and copies into the region.
 
 use crate::config::TierConfig;
