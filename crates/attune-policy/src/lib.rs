@@ -5,10 +5,12 @@
 //! here touches the kernel, so every decision is unit-tested table-driven.
 #![forbid(unsafe_code)]
 
+pub mod budget;
 pub mod chunk;
 pub mod flags;
 pub mod heat;
 pub mod numa;
+pub mod place;
 pub mod plan;
 pub mod predict;
 pub mod promote;

@@ -153,7 +153,7 @@ fn pin_hot(p: usize, size: usize, hot: &[(f64, f64)]) {
 /// Bytes of freed regions kept for reuse: 1/8 of the budget, at most 64 MiB.
 fn cache_limit() -> usize {
     attune::runtime::engine_if_started()
-        .map(|e| (e.pager.budget() / 8).min(64 << 20) as usize)
+        .map(|e| attune_policy::budget::reuse_cache(e.pager.budget()) as usize)
         .unwrap_or(0)
 }
 

@@ -396,9 +396,9 @@ impl Uffd {
         //
         // Where it stopped is not always what it reports. On Linux 6.18 a move that stops
         // early can report fewer bytes than it moved: the retry then fails with EEXIST on
-        // a destination page this call had just filled, its source now empty (seen 598
-        // times in one 48-thread run of tests/c/stress.c, with ioctl logging added for the
-        // purpose; crates/attune-sys/tests/uffd_move.rs rebuilds what it leaves behind).
+        // a destination page this call had just filled, its source now empty (seen under
+        // tests/c/stress.c with 48 threads; crates/attune-sys/tests/uffd_move.rs rebuilds
+        // what it leaves behind).
         // Trusting the report had left such a page in the far tier while its chunk was
         // published resident (it then read as zero), or made the fetch fail. So after any
         // early stop the progress is read from the pages themselves (`settled`), and an

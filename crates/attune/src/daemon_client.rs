@@ -181,9 +181,12 @@ impl Client {
         let Some(e) = self.engine else {
             return self.want;
         };
-        let used = e.committed.load(Relaxed).max(e.resident.load(Relaxed));
-        used.saturating_add(e.cfg.headroom.max(4 << 20))
-            .min(self.want)
+        attune_policy::budget::daemon_want(
+            e.committed.load(Relaxed),
+            e.resident.load(Relaxed),
+            e.cfg.headroom,
+            self.want,
+        )
     }
 
     /// Bytes of LAT/SHL regions (what the daemon protects first), capped by the want.

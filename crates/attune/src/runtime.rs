@@ -495,7 +495,7 @@ pub fn pin(ptr: usize, len: usize, on: bool) -> Result<(), Errno> {
     let (r, e) = range_in(ptr, len)?;
     if on {
         let all_pinned = e.pager.pinned_bytes();
-        if all_pinned + len as u64 > e.pager.budget() {
+        if !attune_policy::budget::explicit_pin_fits(e.pager.budget(), all_pinned, len as u64) {
             return Err(fail(Errno(libc::ENOMEM), format!("pinning {len} bytes would exceed the DRAM budget ({} bytes, {} pinned already)", e.pager.budget(), all_pinned)));
         }
     }
@@ -573,7 +573,7 @@ pub fn hold(ptr: usize, len: usize) -> Hold {
 /// so that held I/O buffers never starve the program's other pages.
 pub fn hold_limit() -> usize {
     engine_if_started()
-        .map(|e| ((e.pager.budget() / 4) as usize).max(64 << 10))
+        .map(|e| attune_policy::budget::hold_limit(e.pager.budget()) as usize)
         .unwrap_or(usize::MAX)
 }
 

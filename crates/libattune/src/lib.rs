@@ -495,3 +495,101 @@ pub extern "C" fn attune_strerror(err: c_int) -> *const c_char {
     };
     s.as_ptr() as *const c_char
 }
+
+/// The C header's structs against the `#[repr(C)]` ones: a C program compiled against
+/// include/attune.h prints each struct's size and every field's offset, and they must
+/// equal Rust's. A field added, moved or retyped on one side only fails here.
+#[cfg(test)]
+mod header_layout {
+    use super::*;
+
+    /// (C code printing the size and offsets, Rust's size and offsets) of one struct.
+    macro_rules! layout {
+        ($rust:ty, $c:literal, [$($f:ident),* $(,)?]) => {{
+            let mut c = format!("printf(\"%zu\\n\", sizeof({}));\n", $c);
+            let mut r = vec![std::mem::size_of::<$rust>()];
+            $(
+                c += &format!("printf(\"%zu\\n\", offsetof({}, {}));\n", $c, stringify!($f));
+                r.push(std::mem::offset_of!($rust, $f));
+            )*
+            (c, r)
+        }};
+    }
+
+    #[test]
+    fn the_headers_structs_match_the_rust_ones() {
+        let parts = [
+            layout!(
+                AttuneAllocOpts,
+                "attune_alloc_opts",
+                [
+                    struct_size,
+                    flags,
+                    preferred_tier,
+                    pin_bytes,
+                    prefault,
+                    chunk_size,
+                    fault_mode,
+                ]
+            ),
+            layout!(
+                AttuneRegionStats,
+                "attune_region_stats_t",
+                [
+                    size,
+                    chunk_size,
+                    flags,
+                    ntiers,
+                    resident_bytes,
+                    tier_bytes,
+                    pinned_bytes,
+                    faults,
+                    evictions,
+                    fetched_bytes,
+                    evicted_bytes,
+                    zero_fills,
+                    readahead_chunks,
+                    clean_skips,
+                    heat,
+                ]
+            ),
+            layout!(
+                AttuneTierStats,
+                "attune_tier_stats_t",
+                [
+                    name, kind, capacity, used_bytes, latency_ns, bandwidth, faults, evictions,
+                    bytes_in, bytes_out, errors,
+                ]
+            ),
+        ];
+        let mut src = String::from(
+            "#include <stddef.h>\n#include <stdio.h>\n#include \"attune.h\"\nint main(void) {\nprintf(\"%d\\n\", ATTUNE_MAX_TIERS);\n",
+        );
+        let mut want = vec![ATTUNE_MAX_TIERS];
+        for (c, r) in &parts {
+            src += c;
+            want.extend(r);
+        }
+        src += "return 0;\n}\n";
+        let dir = std::env::temp_dir().join(format!("attune-layout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("layout.c"), src).unwrap();
+        let include = concat!(env!("CARGO_MANIFEST_DIR"), "/../../include");
+        let cc = std::process::Command::new("cc")
+            .args(["-I", include, "-o"])
+            .arg(dir.join("layout"))
+            .arg(dir.join("layout.c"))
+            .status()
+            .expect("a C compiler (cc)");
+        assert!(cc.success(), "layout.c does not compile against attune.h");
+        let out = std::process::Command::new(dir.join("layout"))
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let got: Vec<usize> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.parse().unwrap())
+            .collect();
+        assert_eq!(got, want, "attune.h and the #[repr(C)] structs differ");
+    }
+}

@@ -449,7 +449,7 @@ pub fn evictor_loop(e: &'static Pager) {
         // overrun. Otherwise it would keep the headroom for threads that resolve their
         // own faults and evict for themselves, and its moves on the other CPU would
         // interrupt theirs (see `fault::reserve_dram`).
-        let keep_below = if notified { high } else { e.budget() };
+        let keep_below = attune_policy::budget::evictor_keep_below(e.budget(), high, notified);
         if e.resident.load(Acquire) <= keep_below {
             continue;
         }

@@ -19,6 +19,7 @@
 
 use super::pager::{Pager, MAX_RUN};
 use crate::region::{Region, State, Where};
+use attune_policy::budget;
 use attune_policy::victim::{on_arrival, Arrival};
 use attune_sys::uffd::{Delivery, Msg, EVENT_PAGEFAULT};
 use attune_sys::{os, Errno};
@@ -178,23 +179,22 @@ fn readahead(e: &Pager, r: &Region, c: usize, src: Where, tier: usize) -> usize 
 /// `inline`: the faulting thread resolves its own fault (signal delivery). It then does
 /// all the evicting itself and wakes the background evictor only if it could not get
 /// under the budget: a woken evictor runs on another CPU, and every move of either one
-/// then flushes the other's TLB by IPI (`bench/move_batch.c`: 17 us a move here), where a
-/// lone thread's flushes stay local. Random updates, signal delivery: 110 k/s with the
-/// evictor keeping the headroom, 225 k/s without (docs/benchmarks.md). A handler thread
-/// (thread delivery) serves many faulting threads and gains from the evictor working
-/// beside it (77 k/s with, 53 k/s without), so above the high watermark it wakes it.
+/// then flushes the other's TLB by IPI, where a lone thread's flushes stay local. A
+/// handler thread serves many faulting threads and gains from the evictor working beside
+/// it. The rule is `attune_policy::budget::wake_evictor_above`; the measurements are in
+/// docs/benchmarks-history.md, "Why eviction stays one move per run".
 fn reserve_dram(e: &Pager, bytes: u64, inline: bool) {
     let now = e.resident.fetch_add(bytes, AcqRel) + bytes;
     let (high, _) = e.watermarks();
-    if now > e.budget() {
+    let want = budget::overrun(now, e.budget());
+    if want > 0 {
         e.counters.direct_reclaims.fetch_add(1, Relaxed);
-        let want = now - e.budget();
         let freed = super::evict::reclaim(e, want);
         if freed < want {
             e.counters.budget_overruns.fetch_add(1, Relaxed);
         }
     }
-    let wake_above = if inline { e.budget() } else { high };
+    let wake_above = budget::wake_evictor_above(e.budget(), high, inline);
     if e.resident.load(Relaxed) > wake_above {
         e.wake_evictor.notify();
     }
@@ -436,8 +436,8 @@ fn check_hashes(r: &Region, c: usize, n: usize, data: usize) -> bool {
 /// The fault-handler thread for thread-delivery regions.
 ///
 /// Waits spin, then sleep. A handler asleep in `poll` must be woken for every fault, and
-/// on a virtual machine a halted vCPU takes tens of microseconds to wake (measured: the
-/// 4 KiB fault round trip 86 µs sleeping, 41 µs polling; docs/benchmarks.md). So while
+/// on a virtual machine a halted vCPU takes tens of microseconds to wake (measured in
+/// docs/benchmarks-history.md, "The fault-handler thread polls before it sleeps"). So while
 /// faults come closer together than `handler_spin_us`, the handler polls the descriptor
 /// without sleeping; the first wait that outlasts the window puts it back to sleep until
 /// a fault again follows its predecessor within the window. A program that faults rarely

@@ -5,8 +5,7 @@
 use super::pager::{chunk_span, AllocOptions, Pager, KERNEL_ACCESS_MAY_FAIL};
 use crate::config::{FaultMode, Mode};
 use crate::region::{Region, RegionKind, Where, ACTIVE, CREDIT_MASK, PIN};
-use crate::tier::FarTier;
-use attune_policy::Flags;
+use attune_policy::place;
 use attune_sys::uffd::{mode, Delivery};
 use attune_sys::{mem, os, Errno};
 use std::sync::atomic::Ordering::*;
@@ -45,21 +44,23 @@ impl Pager {
         kind: RegionKind,
         align: usize,
     ) -> Result<Arc<Region>, Errno> {
-        // Attuned: the flags choose the unit of movement (attune_policy::chunk); the
-        // temperature-only mode treats every region alike. Either way the home tier's
-        // floor applies (a property of the medium, not of the workflow).
-        let home = self.home_tier(opts);
-        let tier_min = self
+        let attuned = self.cfg.mode == Mode::Attuned;
+        let views: Vec<place::FarTierView> = self
             .tiers
-            .get(home)
-            .map(|t| t.cfg.min_chunk)
-            .unwrap_or(4096);
-        let chunk = opts.chunk_size.unwrap_or(match self.cfg.mode {
-            Mode::Attuned => {
-                attune_policy::chunk::chunk_for(opts.flags, self.cfg.chunk_size, tier_min)
-            }
-            Mode::Temperature => self.cfg.chunk_size.max(tier_min),
-        });
+            .iter()
+            .map(|t| place::FarTierView {
+                node_memory: t.is_memory(),
+                capacity: t.cfg.capacity,
+                min_chunk: t.cfg.min_chunk,
+            })
+            .collect();
+        let request = place::Request {
+            flags: opts.flags,
+            attuned,
+            preferred_tier: opts.preferred_tier,
+            chunk: opts.chunk_size,
+        };
+        let place::Placement { home, chunk } = place::place(request, self.cfg.chunk_size, &views);
         if crate::config::validate_chunk(chunk).is_err() {
             return Err(Errno(libc::EINVAL));
         }
@@ -118,10 +119,12 @@ impl Pager {
         let id = self.next_id.fetch_add(1, Relaxed);
         // Online prediction samples the regions that come without flags (and without a
         // pin of their own) for `predict_window_ms`; `attune profile` samples every region.
-        let predicting = self.cfg.predict_window_ms > 0
-            && self.cfg.mode == Mode::Attuned
-            && opts.flags == Flags::NONE
-            && opts.pin_bytes.is_none();
+        let predicting = place::predicts(
+            opts.flags,
+            attuned,
+            opts.pin_bytes.is_some(),
+            self.cfg.predict_window_ms,
+        );
         let sampling = self.cfg.sample_rate > 0 || predicting;
         let r = Arc::new(Region::new(
             id,
@@ -148,50 +151,25 @@ impl Pager {
             let i = t.partition_point(|x| x.base < base);
             t.insert(i, r.clone());
         }
-        // Pin and pre-fault: LAT/SHL get `pin_fraction` by default (IMME Algorithm 1).
-        let pin = match opts.pin_bytes {
-            Some(p) => p.min(len),
-            None if self.cfg.mode == Mode::Attuned && opts.flags.is_protected() => {
-                // The policy's share, within the policy pins' room.
-                let want = (len as f64 * self.cfg.pin_fraction) as usize;
-                want.min(self.policy_pin_room()) / r.chunk * r.chunk
-            }
-            None => 0,
-        };
+        let pin = place::initial_pin(
+            opts.pin_bytes,
+            len,
+            opts.flags,
+            attuned,
+            self.cfg.pin_fraction,
+            self.policy_pin_room(),
+            r.chunk,
+        );
         if pin > 0 {
             self.pin(&r, base, pin, true);
         }
         if opts.prefault {
-            let room = self.budget().saturating_sub(self.resident.load(Relaxed)) as usize;
+            let room =
+                attune_policy::budget::prefault_room(self.budget(), self.resident.load(Relaxed))
+                    as usize;
             self.prefetch(&r, base, len.min(room));
         }
         Ok(r)
-    }
-
-    fn home_tier(&self, opts: &AllocOptions) -> usize {
-        if let Some(t) = opts.preferred_tier {
-            if t < self.tiers.len() {
-                return t;
-            }
-        }
-        // CAP data goes to the capacity tier: the biggest far tier that is memory, else
-        // the biggest of all; everything else to the fastest. (A file tier holds CAP data
-        // only as every region's overflow, when memory tiers are full or absent: see
-        // docs/design/evaluation.md, "CAP's tier".)
-        let pageable: Vec<&FarTier> = self.tiers.iter().filter(|t| t.is_pageable()).collect();
-        if self.cfg.mode == Mode::Attuned
-            && opts.flags.contains(Flags::CAP)
-            && !opts.flags.is_protected()
-        {
-            let memory = pageable
-                .iter()
-                .filter(|t| t.cfg.kind == crate::config::TierKind::Memory)
-                .max_by_key(|t| t.cfg.capacity);
-            if let Some(t) = memory.or_else(|| pageable.iter().max_by_key(|t| t.cfg.capacity)) {
-                return t.index;
-            }
-        }
-        pageable.first().map(|t| t.index).unwrap_or(0)
     }
 
     /// Frees a dedicated region that starts exactly at `ptr`.

@@ -7,7 +7,7 @@ use crate::config::{Config, FaultMode, Mode};
 use crate::pool::BufferPool;
 use crate::region::Region;
 use crate::tier::{FarTier, IoContext};
-use attune_policy::Flags;
+use attune_policy::{budget, Flags};
 use attune_sys::os;
 use attune_sys::uffd::{feature, mode, Delivery, Uffd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
@@ -339,12 +339,7 @@ impl Pager {
     /// Free DRAM headroom the evictor keeps: evict above `high`, down to `low`. The
     /// headroom scales with the budget (it was configured against `dram`).
     pub fn watermarks(&self) -> (u64, u64) {
-        let budget = self.budget();
-        let headroom =
-            (self.cfg.headroom as u128 * budget as u128 / self.cfg.dram.max(1) as u128) as u64;
-        let low = budget.saturating_sub(headroom);
-        let high = budget.saturating_sub(headroom / 2);
-        (high, low)
+        budget::watermarks(self.budget(), self.cfg.headroom, self.cfg.dram)
     }
 
     /// Applies the node daemon's far-memory grant over the `memory` tiers, fastest first
@@ -375,7 +370,7 @@ impl Pager {
 
     /// Bytes the active class may hold now (`attune_policy::victim`).
     pub fn active_target(&self) -> u64 {
-        attune_policy::victim::active_target(
+        budget::active_target(
             self.budget(),
             self.pinned.load(Relaxed),
             self.cfg.inactive_share,
@@ -453,7 +448,7 @@ impl Pager {
     /// leave nothing to page through, and every fault thrashes. Explicit `attune_pin`
     /// calls are refused only beyond the whole budget.
     pub fn policy_pin_room(&self) -> usize {
-        (self.budget() / 2).saturating_sub(self.pinned_bytes()) as usize
+        budget::policy_pin_room(self.budget(), self.pinned_bytes()) as usize
     }
 
     /// Enters the fork gate (`crate::sync::gate`): every API operation on regions.

@@ -93,10 +93,21 @@ impl FileTier {
             child_file: AtomicI32::new(-1),
         })
     }
+}
 
+fn fill_holes(internal: &Uffd, st: usize, len: usize) {
+    let ps = attune_sys::page_size();
+    let mut a = st;
+    while a < st + len {
+        let _ = internal.zeropage(a, ps);
+        a += ps;
+    }
+}
+
+impl super::Medium for FileTier {
     /// Writes the pages at `src` (region memory) to `off`. `already_there(staging_addr)` is
     /// asked after the move and returns true when the file holds this content already.
-    pub fn store(
+    fn store(
         &self,
         io: &super::IoContext,
         region_uffd: &Uffd,
@@ -139,11 +150,10 @@ impl FileTier {
         let _ = mem::advise(st, len, mem::MADV_DONTNEED);
         Ok(())
     }
-
     /// Reads `len` bytes at `off` into the missing region range `dst`. `seen(bounce)` is
     /// called with the data before it is placed (to check and record content hashes);
     /// false from it is EBADMSG, nothing placed.
-    pub fn load(
+    fn load(
         &self,
         io: &super::IoContext,
         region_uffd: &Uffd,
@@ -169,46 +179,8 @@ impl FileTier {
             Err(e) => Err(e),
         }
     }
-
-    pub fn discard(&self, off: u64, len: usize) {
-        let _ = mem::punch_hole(&self.fd, off, len as u64);
-    }
-}
-
-fn fill_holes(internal: &Uffd, st: usize, len: usize) {
-    let ps = attune_sys::page_size();
-    let mut a = st;
-    while a < st + len {
-        let _ = internal.zeropage(a, ps);
-        a += ps;
-    }
-}
-
-impl super::Medium for FileTier {
-    fn store(
-        &self,
-        io: &super::IoContext,
-        region_uffd: &Uffd,
-        src: usize,
-        off: u64,
-        len: usize,
-        already_there: &mut dyn FnMut(usize) -> bool,
-    ) -> SysResult<()> {
-        FileTier::store(self, io, region_uffd, src, off, len, already_there)
-    }
-    fn load(
-        &self,
-        io: &super::IoContext,
-        region_uffd: &Uffd,
-        dst: usize,
-        off: u64,
-        len: usize,
-        seen: &mut dyn FnMut(usize) -> bool,
-    ) -> SysResult<()> {
-        FileTier::load(self, io, region_uffd, dst, off, len, seen)
-    }
     fn discard(&self, off: u64, len: usize) {
-        FileTier::discard(self, off, len)
+        let _ = mem::punch_hole(&self.fd, off, len as u64);
     }
     fn keeps_copy(&self) -> bool {
         true

@@ -8,7 +8,7 @@
 //! needed one a fetch, half of all cycles under random faults (docs/benchmarks.md). The
 //! copied-out slot ranges are released later, many with one `process_madvise` (one flush
 //! a batch). A slot must be empty before the next store moves pages into it, so
-//! [`MemoryTier::store`] releases the waiting ranges when one overlaps its slot; ranges
+//! its `store` releases the waiting ranges when one overlaps its slot; ranges
 //! wait in a fixed array (the fault path allocates nothing). Optional emulated delay and bandwidth cap
 //! make the tier model a slower medium.
 
@@ -124,68 +124,6 @@ impl MemoryTier {
         waiting.store(0, Relaxed);
     }
 
-    pub fn store(
-        &self,
-        io: &super::IoContext,
-        region_uffd: &Uffd,
-        src: usize,
-        off: u64,
-        len: usize,
-    ) -> SysResult<()> {
-        debug_assert!(off as usize + len <= self.len);
-        // The slot may still hold what a fetch copied out: it must be empty, or the move
-        // would fail, and its accounting (`Uffd::move_pages` reads progress from the
-        // pages) would count stale pages as moved ones. The fetch queued its range before
-        // it published the chunk resident, and the caller claimed the chunk after that;
-        // a freed region's ranges are in the queue until released too, so an overlap test
-        // finds whatever could still be mapped in this slot.
-        self.release_if_overlapping(self.base + off as usize, len);
-        let moved = io
-            .internal
-            .move_pages(self.base + off as usize, src, len, true, false)?;
-        if moved < len {
-            // A page could not move (EBUSY: shared since a fork, or pinned by the kernel
-            // for I/O). Put back what moved so the caller sees all-or-nothing, and report
-            // busy; the slot is emptied for its next store.
-            let slot = self.base + off as usize;
-            let back = super::give_back(region_uffd, src, slot, moved);
-            let _ = mem::advise(slot, moved, mem::MADV_DONTNEED);
-            return Err(attune_sys::Errno(if back {
-                libc::EBUSY
-            } else {
-                libc::EIO
-            }));
-        }
-        Ok(())
-    }
-
-    pub fn load(&self, region_uffd: &Uffd, dst: usize, off: u64, len: usize) -> SysResult<()> {
-        self.emulate(len);
-        let src = self.base + off as usize;
-        if len > COPY_MAX {
-            // A long run (read-ahead, large chunks): one move and its one flush cost less
-            // than copying the bytes (sequential pass 4.3 GB/s moving, 2.2 copying).
-            // EINVAL: the program changed the region's protection (mprotect), and a move
-            // needs the same on both sides; a copy places pages under any protection.
-            let done = match region_uffd.move_pages(dst, src, len, true, true) {
-                Ok(n) => n,
-                Err(attune_sys::Errno(libc::EBUSY | libc::EINVAL)) => 0,
-                Err(e) => return Err(e),
-            };
-            if done < len {
-                // Shared with a forked child, or holes: copied, then released at once.
-                self.copy_out(region_uffd, dst + done, src + done, len - done)?;
-                let _ = mem::advise(src + done, len - done, mem::MADV_DONTNEED);
-            }
-            return Ok(());
-        }
-        self.copy_out(region_uffd, dst, src, len)?;
-        // Only after every page is placed: on an error the slot keeps the data, the chunk
-        // goes back to far, and the next fetch copies again.
-        self.release_later(src, len);
-        Ok(())
-    }
-
     /// Places `[src, src+len)` of the arena at `dst` (missing in the region). One copy of
     /// the run: placing missing pages needs no TLB flush (and the pages may be shared
     /// with a forked child, which a move refuses). A page the application had discarded
@@ -215,21 +153,6 @@ impl MemoryTier {
             }
         }
         Ok(())
-    }
-
-    /// In a forked child: registers the inherited arena with the child's userfaultfd.
-    pub fn reattach(&self, internal: &Uffd) -> SysResult<()> {
-        internal.register(self.base, self.len, mode::MISSING)
-    }
-
-    /// Before a fork: nothing waits for release (the child starts with an empty queue
-    /// and its own pidfd, see `mem::dontneed_ranges`).
-    pub fn prepare_fork(&self) {
-        self.release_pending();
-    }
-
-    pub fn discard(&self, off: u64, len: usize) {
-        let _ = mem::advise(self.base + off as usize, len, mem::MADV_DONTNEED);
     }
 
     fn emulate(&self, len: usize) {
@@ -262,6 +185,109 @@ impl MemoryTier {
 impl Drop for MemoryTier {
     fn drop(&mut self) {
         let _ = mem::unmap(self.base, self.len);
+    }
+}
+
+impl super::Medium for MemoryTier {
+    fn store(
+        &self,
+        io: &super::IoContext,
+        region_uffd: &Uffd,
+        src: usize,
+        off: u64,
+        len: usize,
+        _already_there: &mut dyn FnMut(usize) -> bool,
+    ) -> SysResult<()> {
+        debug_assert!(off as usize + len <= self.len);
+        // The slot may still hold what a fetch copied out: it must be empty, or the move
+        // would fail, and its accounting (`Uffd::move_pages` reads progress from the
+        // pages) would count stale pages as moved ones. The fetch queued its range before
+        // it published the chunk resident, and the caller claimed the chunk after that;
+        // a freed region's ranges are in the queue until released too, so an overlap test
+        // finds whatever could still be mapped in this slot.
+        self.release_if_overlapping(self.base + off as usize, len);
+        let moved = io
+            .internal
+            .move_pages(self.base + off as usize, src, len, true, false)?;
+        if moved < len {
+            // A page could not move (EBUSY: shared since a fork, or pinned by the kernel
+            // for I/O). Put back what moved so the caller sees all-or-nothing, and report
+            // busy; the slot is emptied for its next store.
+            let slot = self.base + off as usize;
+            let back = super::give_back(region_uffd, src, slot, moved);
+            let _ = mem::advise(slot, moved, mem::MADV_DONTNEED);
+            return Err(attune_sys::Errno(if back {
+                libc::EBUSY
+            } else {
+                libc::EIO
+            }));
+        }
+        Ok(())
+    }
+
+    fn load(
+        &self,
+        _io: &super::IoContext,
+        region_uffd: &Uffd,
+        dst: usize,
+        off: u64,
+        len: usize,
+        _seen: &mut dyn FnMut(usize) -> bool,
+    ) -> SysResult<()> {
+        self.emulate(len);
+        let src = self.base + off as usize;
+        if len > COPY_MAX {
+            // A long run (read-ahead, large chunks): one move and its one flush cost less
+            // than copying the bytes (sequential pass 4.3 GB/s moving, 2.2 copying).
+            // EINVAL: the program changed the region's protection (mprotect), and a move
+            // needs the same on both sides; a copy places pages under any protection.
+            let done = match region_uffd.move_pages(dst, src, len, true, true) {
+                Ok(n) => n,
+                Err(attune_sys::Errno(libc::EBUSY | libc::EINVAL)) => 0,
+                Err(e) => return Err(e),
+            };
+            if done < len {
+                // Shared with a forked child, or holes: copied, then released at once.
+                self.copy_out(region_uffd, dst + done, src + done, len - done)?;
+                let _ = mem::advise(src + done, len - done, mem::MADV_DONTNEED);
+            }
+            return Ok(());
+        }
+        self.copy_out(region_uffd, dst, src, len)?;
+        // Only after every page is placed: on an error the slot keeps the data, the chunk
+        // goes back to far, and the next fetch copies again.
+        self.release_later(src, len);
+        Ok(())
+    }
+
+    fn discard(&self, off: u64, len: usize) {
+        let _ = mem::advise(self.base + off as usize, len, mem::MADV_DONTNEED);
+    }
+
+    fn keeps_copy(&self) -> bool {
+        false
+    }
+
+    fn is_node_memory(&self) -> bool {
+        true
+    }
+
+    fn release_pending(&self) {
+        MemoryTier::release_pending(self)
+    }
+
+    /// Before a fork: nothing waits for release (the child starts with an empty queue
+    /// and its own pidfd, see `mem::dontneed_ranges`).
+    fn prepare_fork(&self, _: &TierConfig, _: bool, _: usize, _: usize) -> Result<bool, String> {
+        self.release_pending();
+        Ok(true)
+    }
+
+    /// In a forked child: registers the inherited arena with the child's userfaultfd.
+    fn reopen_in_child(&self, internal: &Uffd) -> Result<(), String> {
+        internal
+            .register(self.base, self.len, mode::MISSING)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -325,49 +351,5 @@ mod tests {
         assert_eq!(mem::resident_pages(c, 4096).unwrap(), 1);
         t.release_pending();
         assert_eq!(mem::resident_pages(c, 4096).unwrap(), 0);
-    }
-}
-
-impl super::Medium for MemoryTier {
-    fn store(
-        &self,
-        io: &super::IoContext,
-        region_uffd: &Uffd,
-        src: usize,
-        off: u64,
-        len: usize,
-        _already_there: &mut dyn FnMut(usize) -> bool,
-    ) -> SysResult<()> {
-        MemoryTier::store(self, io, region_uffd, src, off, len)
-    }
-    fn load(
-        &self,
-        _io: &super::IoContext,
-        region_uffd: &Uffd,
-        dst: usize,
-        off: u64,
-        len: usize,
-        _seen: &mut dyn FnMut(usize) -> bool,
-    ) -> SysResult<()> {
-        MemoryTier::load(self, region_uffd, dst, off, len)
-    }
-    fn discard(&self, off: u64, len: usize) {
-        MemoryTier::discard(self, off, len)
-    }
-    fn keeps_copy(&self) -> bool {
-        false
-    }
-    fn is_node_memory(&self) -> bool {
-        true
-    }
-    fn release_pending(&self) {
-        MemoryTier::release_pending(self)
-    }
-    fn prepare_fork(&self, _: &TierConfig, _: bool, _: usize, _: usize) -> Result<bool, String> {
-        MemoryTier::prepare_fork(self);
-        Ok(true)
-    }
-    fn reopen_in_child(&self, internal: &Uffd) -> Result<(), String> {
-        self.reattach(internal).map_err(|e| e.to_string())
     }
 }
