@@ -262,6 +262,23 @@ def test_without_daemon_runtime_runs_alone(workdir, tmp_path):
     assert out.returncode != 0 and "daemon = require" in out.stderr, out
 
 
+def test_require_fails_when_the_daemon_does_not_take_the_process(workdir, daemon):
+    """Issue 27: with `daemon = require`, a daemon that closes the connection (at
+    max_clients) left the runtime running alone, unaccounted. It fails loudly now; `auto`
+    still runs alone."""
+    d = daemon("--dram", "64M", "--max-clients", "1")
+    holder = connect(d)
+    assert hello(holder, "holder")["op"] == "welcome"
+    out = subprocess.run([str(workdir / "client"), "workflow", "CAP", "8", "0.1"],
+                         env=d.env(ATTUNE_DAEMON="require", ATTUNE_DRAM="32M"),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "did not take this process" in out.stderr, out
+    out = subprocess.run([str(workdir / "client"), "workflow", "CAP", "8", "0.1"],
+                         env=d.env(ATTUNE_DRAM="32M"), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "connected=0" in out.stdout, out
+    holder.close()
+
+
 # --- shared regions ----------------------------------------------------------------
 
 def wait_line(p, text, timeout=20):
@@ -348,6 +365,61 @@ n = struct.unpack('<I', s.recv(4))[0]; print(s.recv(n).decode())
     assert '"errno":1' in p.stdout.replace(" ", ""), p
     g.kill()
     s.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another uid")
+def test_a_reregistered_region_is_bounded_like_a_new_one(workdir, daemon):
+    """Issue 27: a re-registration (after a daemon restart) was adopted from any user with
+    any size, flags and references; a sparse 1 TiB claim took every workflow's grant.
+    Claimed here by nobody: only what fits shared_max, with flags that parse and bounded
+    references, is adopted; the victim's grant does not move."""
+    d = daemon("--dram", "256M", "--shared-max", "64M", "--min-grant", "8M")
+    victim = connect(d)
+    r = hello(victim, "victim", flags="LAT", want=128 * MIB)
+    assert r["op"] == "welcome", r
+    grant_before = r["grant"]
+    rejected_before = d.status()["rejected"]
+    claims = [("huge", "CAP", 1, 1 << 40), ("escape", "\x1b[31mLAT", 1, 4 * MIB),
+              ("refs", "CAP", 2 ** 32 - 1, 4 * MIB), ("fits", "lat", 2, 8 * MIB)]
+    prog = f"""
+import fcntl, json, os, socket, struct, sys, time
+claims = {claims!r}
+fds, held = [], []
+for name, flags, refs, size in claims:
+    fd = os.memfd_create("attune-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    fds.append(fd)
+    held.append({{"name": name, "flags": flags, "refs": refs}})
+s = socket.socket(socket.AF_UNIX); s.connect({d.sock!r})
+b = json.dumps({{"op": "hello", "version": 1, "workflow": "claimer", "flags": "CAP",
+                 "want": 64 << 20, "protected": 0, "shared": held, "fds": len(fds)}}).encode()
+socket.send_fds(s, [struct.pack('<I', len(b)) + b], fds)
+while True:
+    n = struct.unpack('<I', s.recv(4))[0]; r = json.loads(s.recv(n))
+    if r["op"] != "grant":
+        break
+print(r["op"], flush=True)
+sys.stdin.read()
+"""
+    p = subprocess.Popen(["python3", "-c", prog], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, preexec_fn=as_nobody)
+    try:
+        assert p.stdout.readline().strip() == "welcome", p.stderr.read()
+        st = d.status()
+        shared = {x["name"]: x for x in st["shared"]}
+        assert set(shared) == {"fits"}, shared
+        assert shared["fits"]["owner"] == 65534 and shared["fits"]["flags"] == "LAT", shared
+        assert shared["fits"]["size"] == 8 * MIB and shared["fits"]["refs"] == 2, shared
+        assert st["rejected"] >= rejected_before + 3, st
+        victim_now = next(w for w in st["workflows"] if w["name"] == "victim")
+        assert victim_now["grant"] >= grant_before - 8 * MIB, (grant_before, victim_now)
+    finally:
+        p.stdin.close()
+        p.wait(timeout=10)
+    victim.close()
+    time.sleep(0.2)
+    assert d.status()["shared"] == [], "gone with its last holder"
 
 
 # --- faults ------------------------------------------------------------------------

@@ -153,7 +153,21 @@ pub fn start(cfg: &Config, engine: Option<&'static Pager>) -> Result<(), String>
     ATFORK.call_once(|| attune_sys::os::atfork(None, None, Some(forget_in_child)));
     *CLIENT.lock().unwrap_or_else(|p| p.into_inner()) = Some((c.pid, c.clone()));
     // Register before returning, so the first allocations already run under the grant.
-    let session = c.hello(sock);
+    let session = match c.hello(sock) {
+        Ok(s) => Some(s),
+        // `require` means a process the daemon did not take must not run unaccounted.
+        Err(why) if cfg.daemon == DaemonMode::Require => {
+            *CLIENT.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            return Err(format!(
+                "daemon = require, but attuned on {} did not take this process: {why}",
+                cfg.socket.display()
+            ));
+        }
+        Err(why) => {
+            crate::warn!("{why}; running alone on the local budget");
+            None
+        }
+    };
     let c2 = c.clone();
     attune_sys::os::spawn_runtime_thread("attune-tmm", move || c2.run(session))
         .map_err(|e| format!("cannot start the daemon thread: {e}"))?;
@@ -204,7 +218,8 @@ impl Client {
     }
 
     /// Sends `Hello` on a fresh connection and waits for `Welcome`; None if refused.
-    fn hello(&self, sock: UnixStream) -> Option<(UnixStream, FrameReader)> {
+    /// Registers this process; the session, or why the daemon did not take it.
+    fn hello(&self, sock: UnixStream) -> Result<(UnixStream, FrameReader), String> {
         let (held, fds): (Vec<SharedHeld>, Vec<i32>) = {
             let h = self.held.lock().unwrap_or_else(|p| p.into_inner());
             h.iter()
@@ -229,7 +244,8 @@ impl Client {
             fds: fds.len(),
             shared: held,
         };
-        attune_proto::write_frame(&sock, &req, &fds).ok()?;
+        attune_proto::write_frame(&sock, &req, &fds)
+            .map_err(|e| format!("the registration could not be sent ({e})"))?;
         let mut rd = FrameReader::default();
         loop {
             match rd.read(&sock, Reply::fds) {
@@ -263,18 +279,20 @@ impl Client {
                         self.workflow,
                         self.grant.load(Relaxed) >> 20
                     );
-                    return Some((sock, rd));
+                    return Ok((sock, rd));
                 }
                 Ok((Reply::Error { message, .. }, _)) => {
-                    crate::warn!("attuned refused this process: {message}; running alone on the local budget");
-                    return None;
+                    return Err(format!("attuned refused this process: {message}"));
                 }
+                // A daemon at max_clients closes the connection without a word.
                 other => {
-                    crate::warn!(
-                        "attuned: unexpected answer to hello ({:?}); running alone",
-                        other.map(|x| x.0)
-                    );
-                    return None;
+                    return Err(format!(
+                        "no answer to the registration ({})",
+                        match other {
+                            Ok((r, _)) => format!("{r:?}"),
+                            Err(e) => e.to_string(),
+                        }
+                    ));
                 }
             }
         }
@@ -363,7 +381,10 @@ impl Client {
             }
             std::thread::sleep(RECONNECT_EVERY);
             if let Ok(s) = attune_proto::connect(&self.socket, Duration::from_secs(2)) {
-                session = self.hello(s);
+                session = self
+                    .hello(s)
+                    .map_err(|why| crate::warn!("{why}; running alone on the local budget"))
+                    .ok();
             }
         }
     }

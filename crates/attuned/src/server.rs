@@ -375,30 +375,52 @@ fn shared_open(
     ))
 }
 
+/// Most references one process may declare for a re-registered region (its opens of it).
+const MAX_READOPT_REFS: u32 = 1 << 16;
+
 /// A region a client still maps, brought back after a daemon restart. The first
 /// re-registrant's file is kept; a name held by another owner is not taken over (the
 /// client keeps its own mapping; new opens see the first owner's region).
+///
+/// A re-registration is a claim like `shared_open`, and any local user can make one: the
+/// file must be a sealed memory file, its real size (not a declared one) must fit what is
+/// left of `shared_max` (else one claim of a sparse 1 TiB file took every workflow's
+/// grant), the flags must parse (they are shown by `attune status`, so they are stored in
+/// their canonical form), and the references are bounded.
 fn readopt(st: &mut State, cid: u64, uid: u32, h: attune_proto::SharedHeld, fd: OwnedFd) {
-    if !valid_name(&h.name) || h.refs == 0 || !attune_sys::unix::is_sealed_memfd(&fd) {
+    let ignore = |st: &mut State, why: String| {
+        st.rejected += 1;
         crate::log(&format!(
-            "client {cid}: ignoring re-registered shared region {:?} (not a sealed memory file)",
+            "client {cid} uid {uid}: re-registered shared region {:?} not adopted: {why}",
             h.name
         ));
-        return;
+    };
+    if !valid_name(&h.name) {
+        return ignore(st, "not a region name".into());
+    }
+    let Ok(flags) = Flags::parse(&h.flags) else {
+        return ignore(st, "unknown flags".into());
+    };
+    if h.refs == 0 || h.refs > MAX_READOPT_REFS {
+        return ignore(st, format!("{} references (1-{MAX_READOPT_REFS})", h.refs));
+    }
+    if !attune_sys::unix::is_sealed_memfd(&fd) {
+        return ignore(st, "not a sealed memory file".into());
     }
     match st.shared.get(&h.name) {
         Some(s) if s.owner != uid && !s.granted.contains(&uid) => {
-            crate::log(&format!(
-                "client {cid} uid {uid}: shared region '{}' is held by uid {}; not re-adopted",
-                h.name, s.owner
-            ));
-            return;
+            let owner = s.owner;
+            return ignore(st, format!("held by uid {owner}"));
         }
         Some(_) => {}
         None => {
             let Ok(size) = attune_sys::unix::fd_size(&fd) else {
-                return;
+                return ignore(st, "its size cannot be read".into());
             };
+            let room = st.cfg.shared_max.saturating_sub(st.shared_bytes());
+            if size == 0 || size > room {
+                return ignore(st, format!("{size} bytes, {room} bytes left of shared_max"));
+            }
             crate::log(&format!(
                 "shared region '{}' re-adopted from uid {uid} ({size} bytes)",
                 h.name
@@ -407,7 +429,7 @@ fn readopt(st: &mut State, cid: u64, uid: u32, h: attune_proto::SharedHeld, fd: 
                 h.name.clone(),
                 crate::state::SharedRegion {
                     owner: uid,
-                    flags: h.flags,
+                    flags: flags.to_string(),
                     size,
                     file: fd,
                     granted: Default::default(),
@@ -415,10 +437,12 @@ fn readopt(st: &mut State, cid: u64, uid: u32, h: attune_proto::SharedHeld, fd: 
             );
         }
     }
-    *st.clients
+    let refs = st
+        .clients
         .get_mut(&cid)
         .unwrap()
         .shared_refs
         .entry(h.name)
-        .or_default() += h.refs;
+        .or_default();
+    *refs = refs.saturating_add(h.refs).min(MAX_READOPT_REFS);
 }
