@@ -262,6 +262,7 @@ def test_without_daemon_runtime_runs_alone(workdir, tmp_path):
     assert out.returncode != 0 and "daemon = require" in out.stderr, out
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another uid")
 def test_require_fails_when_the_daemon_does_not_take_the_process(workdir, daemon):
     """Issue 27: with `daemon = require`, a daemon that closes the connection (at
     max_clients) left the runtime running alone, unaccounted. It fails loudly now; `auto`
@@ -269,12 +270,14 @@ def test_require_fails_when_the_daemon_does_not_take_the_process(workdir, daemon
     d = daemon("--dram", "64M", "--max-clients", "1")
     holder = connect(d)
     assert hello(holder, "holder")["op"] == "welcome"
+    # As nobody: root's connections are always taken.
     out = subprocess.run([str(workdir / "client"), "workflow", "CAP", "8", "0.1"],
                          env=d.env(ATTUNE_DAEMON="require", ATTUNE_DRAM="32M"),
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, preexec_fn=as_nobody)
     assert out.returncode != 0 and "did not take this process" in out.stderr, out
     out = subprocess.run([str(workdir / "client"), "workflow", "CAP", "8", "0.1"],
-                         env=d.env(ATTUNE_DRAM="32M"), capture_output=True, text=True, timeout=60)
+                         env=d.env(ATTUNE_DRAM="32M"), capture_output=True, text=True, timeout=60,
+                         preexec_fn=as_nobody)
     assert out.returncode == 0 and "connected=0" in out.stdout, out
     holder.close()
 
@@ -420,6 +423,68 @@ sys.stdin.read()
     victim.close()
     time.sleep(0.2)
     assert d.status()["shared"] == [], "gone with its last holder"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another uid")
+def test_one_users_idle_connections_do_not_lock_others_out(workdir, daemon):
+    """Issue 27: idle connections counted against max_clients with no per-user cap and no
+    timeout, so 50 of them locked root out. Now: a user's connections beyond
+    max_clients_per_user are refused, root always gets in, and a connection that does not
+    register is closed after idle_timeout_ms."""
+    d = daemon("--dram", "64M", "--max-clients", "4", "--max-clients-per-user", "3",
+               "--idle-timeout-ms", "400")
+    prog = f"""
+import json, socket, struct, sys, time
+def frame(o):
+    b = json.dumps(o).encode(); return struct.pack('<I', len(b)) + b
+def alive(s):
+    s.settimeout(0.1)
+    try:
+        return s.recv(1) != b''
+    except socket.timeout:
+        return True
+    except OSError:
+        return False
+socks = []
+for i in range(5):
+    s = socket.socket(socket.AF_UNIX); s.connect({d.sock!r})
+    try:
+        s.sendall(frame({{"op": "ping", "id": i}}))
+        s.settimeout(2)
+        hdr = s.recv(4)
+        ok = len(hdr) == 4
+        if ok:
+            n = struct.unpack('<I', hdr)[0]
+            while n:
+                n -= len(s.recv(n))
+    except OSError:
+        ok = False
+    print("pong" if ok else "refused", flush=True)
+    socks.append(s)
+sys.stdin.readline()
+time.sleep(0.8)
+print(" ".join("open" if alive(s) else "closed" for s in socks[:3]), flush=True)
+"""
+    p = subprocess.Popen(["python3", "-c", prog], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, preexec_fn=as_nobody)
+    try:
+        got = [p.stdout.readline().strip() for _ in range(5)]
+        assert got == ["pong"] * 3 + ["refused"] * 2, (got, p.stderr.read() if p.poll() is not None else "")
+        # The daemon is full for nobody (3 of 4, per user), not for root.
+        assert ping(d)["op"] == "pong"
+        assert d.status()["rejected"] >= 2
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.stdout.readline().split() == ["closed"] * 3, "idle connections closed"
+    finally:
+        p.kill()
+        p.wait()
+    # A registered runtime outlives the idle timeout.
+    s = connect(d)
+    assert hello(s, "stays")["op"] == "welcome"
+    time.sleep(0.8)
+    assert [w["name"] for w in d.status()["workflows"]] == ["stays"]
+    s.close()
 
 
 # --- faults ------------------------------------------------------------------------

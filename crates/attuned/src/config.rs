@@ -23,8 +23,14 @@ pub struct DaemonConfig {
     pub socket: PathBuf,
     /// Prometheus text endpoint (`127.0.0.1:9464`), or None.
     pub metrics: Option<String>,
-    /// Most simultaneous connections (beyond: refused at once, logged).
+    /// Most simultaneous connections (beyond: refused at once, logged); root's are
+    /// always taken.
     pub max_clients: usize,
+    /// Most simultaneous connections of one uid other than root.
+    pub max_clients_per_user: usize,
+    /// How long a connection may wait before its first request, and between requests
+    /// until it registers (a registered runtime's connection has no limit).
+    pub idle_timeout_ms: u64,
 }
 
 /// The daemon's options: one row each; the TOML keys, the command-line flags
@@ -40,7 +46,9 @@ pub const DAEMON_OPTIONS: &[Opt] = &[
     Opt { key: "bw_dram_share", kind: Kind::OrWord { words: &["auto"], kind: &Kind::Percent { min: 1, max: 100 } }, default: Unset::Found("auto (HMAT; 100 without it)", "auto"), suggested: "auto on nodes with HMAT; DRAM bandwidth / (DRAM + far bandwidth) otherwise, e.g. 77 for 100 GB/s DRAM beside 30 GB/s of CXL", doc: "Percent of a BW workflow's want it claims in DRAM before the others are served (the rest is granted only if nobody else claims it)" },
     Opt { key: "socket", kind: Kind::Path, default: Unset::Found("$ATTUNE_SOCKET or /run/attune/attuned.sock", ""), suggested: "the default", doc: "Unix socket (mode 0666; clients are told apart by kernel credentials)" },
     Opt { key: "metrics", kind: Kind::OrWord { words: &["off"], kind: &Kind::Loopback }, default: Unset::Value("127.0.0.1:9464"), suggested: "the default, scraped by a local Prometheus agent", doc: "Prometheus text endpoint on a loopback address, or off" },
-    Opt { key: "max_clients", kind: Kind::Int { min: 1, max: 1_000_000 }, default: Unset::Value("4096"), suggested: "4096", doc: "Connections beyond this are refused at once" },
+    Opt { key: "max_clients", kind: Kind::Int { min: 1, max: 1_000_000 }, default: Unset::Value("4096"), suggested: "4096", doc: "Connections beyond this are refused at once (root's are always taken)" },
+    Opt { key: "max_clients_per_user", kind: Kind::Int { min: 1, max: 1_000_000 }, default: Unset::Value("1024"), suggested: "1024; at least the processes of the largest job on a node", doc: "Connections of one user (other than root) beyond this are refused at once, so one user's idle connections cannot lock the others out" },
+    Opt { key: "idle_timeout_ms", kind: Kind::Int { min: 100, max: 3_600_000 }, default: Unset::Value("10000"), suggested: "10000", doc: "A connection that sends no request for this long before it registers is closed (a registered runtime's is kept)" },
 ];
 
 /// The command-line flag of a row.
@@ -144,6 +152,8 @@ pub fn load(
         _ => None,
     };
     let max_clients = bytes(value("max_clients", 0)?).unwrap_or(4096) as usize;
+    let max_clients_per_user = bytes(value("max_clients_per_user", 0)?).unwrap_or(1024) as usize;
+    let idle_timeout_ms = bytes(value("idle_timeout_ms", 0)?).unwrap_or(10_000);
     Ok(DaemonConfig {
         dram,
         min_grant,
@@ -154,6 +164,8 @@ pub fn load(
         socket,
         metrics,
         max_clients,
+        max_clients_per_user,
+        idle_timeout_ms,
     })
 }
 
@@ -188,6 +200,8 @@ mod tests {
                 "bw_dram_share" => Value::Text("auto".into()),
                 "metrics" => Value::Text(c.metrics.clone().unwrap_or_default()),
                 "max_clients" => Value::U64(c.max_clients as u64),
+                "max_clients_per_user" => Value::U64(c.max_clients_per_user as u64),
+                "idle_timeout_ms" => Value::U64(c.idle_timeout_ms),
                 k => panic!("no default check for {k}"),
             };
             assert_eq!(got, want, "{}", o.key);

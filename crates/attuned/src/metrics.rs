@@ -12,6 +12,22 @@ use std::sync::atomic::AtomicU64;
 type Labels = Vec<(String, String)>;
 type F64Gauge = Gauge<f64, AtomicU64>;
 
+/// A label value as the text exposition format needs it: backslash, `"` and line feed escaped.
+/// `prometheus-client` writes label values as given (client_rust issue #151), and a
+/// workflow name is the user's: unescaped, `w"} 1\nattune_x{uid="0` forges a series.
+fn label(v: &str) -> String {
+    let mut o = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => o.push_str("\\\\"),
+            '"' => o.push_str("\\\""),
+            '\n' => o.push_str("\\n"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
 /// The exposition text of one status snapshot.
 pub fn render(s: &Status) -> String {
     let mut reg = Registry::with_prefix("attune");
@@ -125,9 +141,9 @@ pub fn render(s: &Status) -> String {
         let fam = Family::<Labels, F64Gauge>::default();
         for w in &s.workflows {
             let l = vec![
-                ("workflow".into(), w.name.clone()),
+                ("workflow".into(), label(&w.name)),
                 ("uid".into(), w.uid.to_string()),
-                ("flags".into(), w.flags.clone()),
+                ("flags".into(), label(&w.flags)),
             ];
             fam.get_or_create(&l).set(f(w));
         }
@@ -137,7 +153,7 @@ pub fn render(s: &Status) -> String {
     let refs = Family::<Labels, F64Gauge>::default();
     for r in &s.shared {
         let l = vec![
-            ("region".into(), r.name.clone()),
+            ("region".into(), label(&r.name)),
             ("owner".into(), r.owner.to_string()),
         ];
         fam.get_or_create(&l).set(r.resident as f64);
@@ -215,5 +231,32 @@ mod tests {
             "{t}"
         );
         assert!(t.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn a_workflow_name_cannot_forge_a_series() {
+        let evil = r#"x",uid="0"} 1
+attune_workflow_grant_bytes{workflow="y\"#;
+        let s = Status {
+            workflows: vec![attune_proto::WorkflowStatus {
+                name: evil.into(),
+                uid: 1000,
+                flags: "CAP".into(),
+                grant: 7,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let t = render(&s);
+        let series: Vec<&str> = t
+            .lines()
+            .filter(|l| l.starts_with("attune_workflow_grant_bytes"))
+            .collect();
+        assert_eq!(series.len(), 1, "{t}");
+        assert_eq!(
+            series[0],
+            r#"attune_workflow_grant_bytes{workflow="x\",uid=\"0\"} 1\nattune_workflow_grant_bytes{workflow=\"y\\",uid="1000",flags="CAP"} 7.0"#
+        );
+        assert_eq!(label(r#"a\b"c"#), r#"a\\b\"c"#);
     }
 }

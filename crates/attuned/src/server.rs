@@ -19,14 +19,6 @@ pub fn serve(listener: UnixListener, state: Shared) {
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
         let st = state.clone();
-        let n = lock(&state).clients.len();
-        if n >= lock(&state).cfg.max_clients {
-            crate::log(&format!(
-                "refusing a connection: {n} clients already (max_clients)"
-            ));
-            lock(&state).rejected += 1;
-            continue;
-        }
         let _ = std::thread::Builder::new()
             .name("attuned-conn".into())
             .stack_size(256 << 10)
@@ -38,6 +30,34 @@ fn connection(sock: UnixStream, state: Shared) {
     let Ok(cred) = attune_sys::unix::peer_cred(&sock) else {
         return;
     };
+    // Connections are counted per uid: one user's (idle) connections must not lock the
+    // others out, and root (the operator, `attune status` in an emergency) always gets in.
+    {
+        let mut st = lock(&state);
+        let all = st.clients.len();
+        let mine = st.clients.values().filter(|c| c.uid == cred.uid).count();
+        let why = if cred.uid == 0 {
+            None
+        } else if all >= st.cfg.max_clients {
+            Some(format!("{all} clients already (max_clients)"))
+        } else if mine >= st.cfg.max_clients_per_user {
+            Some(format!(
+                "{mine} connections of this user already (max_clients_per_user)"
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            st.rejected += 1;
+            crate::log(&format!(
+                "refusing a connection of pid {} uid {}: {why}",
+                cred.pid, cred.uid
+            ));
+            return;
+        }
+    }
+    let idle = Duration::from_millis(lock(&state).cfg.idle_timeout_ms);
+    let _ = sock.set_read_timeout(Some(idle));
     let _ = sock.set_write_timeout(Some(Duration::from_millis(500)));
     let Ok(w) = sock.try_clone() else { return };
     let writer: Writer = Arc::new(Mutex::new(w));
@@ -46,11 +66,16 @@ fn connection(sock: UnixStream, state: Shared) {
     loop {
         match rd.read(&sock, Request::fds) {
             Ok((req, fds)) => {
-                let reply = {
+                let (reply, registered) = {
                     let mut st = lock(&state);
                     st.requests += 1;
-                    handle(&mut st, id, cred.uid, req, fds)
+                    let reply = handle(&mut st, id, cred.uid, req, fds);
+                    (reply, st.clients.get(&id).is_some_and(|c| c.reg.is_some()))
                 };
+                if registered {
+                    // A runtime: it reports on its own schedule for its whole life.
+                    let _ = sock.set_read_timeout(None);
+                }
                 if let Some((reply, fd)) = reply {
                     let raw: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
                     let s = writer.lock().unwrap_or_else(|p| p.into_inner());
