@@ -514,7 +514,97 @@ pub fn load_from_process(path: Option<&std::path::Path>) -> Result<Config, Confi
         );
         return load(path, &[], &Machine::this());
     }
-    load(path, &env, &Machine::this())
+    let m = Machine::this();
+    let cfg = load(path, &env, &m)?;
+    for w in warnings(&cfg, &env, &m) {
+        crate::log::emit(crate::log::Level::Warn, &w);
+    }
+    Ok(cfg)
+}
+
+/// `ATTUNE_*` variables that are not options: the launcher's, the lab's and the tests'.
+const OTHER_VARIABLES: &[&str] = &[
+    "ATTUNE_CONFIG",
+    "ATTUNE_DISABLE_UFFD",
+    "ATTUNE_CLI",
+    "ATTUNE_BIN",
+    "ATTUNE_PYTHON",
+    "ATTUNE_PYTHONPATH",
+    "ATTUNE_PRELOAD_LIB",
+    "ATTUNE_BENCH_CGROUP",
+    "ATTUNE_BENCH_SCALE",
+    "ATTUNE_BENCH_SWAP_DIR",
+    "ATTUNE_GUEST_CACHE",
+];
+
+/// What a loaded configuration should be warned about, but still runs with: `ATTUNE_*`
+/// variables that name no option (a misspelling would otherwise be ignored without a
+/// word), and a DRAM budget above the machine's memory.
+pub fn warnings(cfg: &Config, env: &[(String, String)], m: &Machine) -> Vec<String> {
+    let mut known: Vec<String> = OPTIONS
+        .iter()
+        .chain(crate::run_options::RUN_OPTIONS)
+        .map(|o| o.env())
+        .chain(OTHER_VARIABLES.iter().map(|v| v.to_string()))
+        .collect();
+    known.push("TM_FLAGS".into());
+    let mut out = Vec::new();
+    for (k, _) in env {
+        if known.contains(k) {
+            continue;
+        }
+        if let Some(rest) = k.strip_prefix("ATTUNE_TIER_") {
+            let key_ok = TIER_OPTIONS.iter().any(|o| {
+                let up = o.key.to_ascii_uppercase();
+                rest.len() > up.len() + 1 && rest.ends_with(&format!("_{up}"))
+            });
+            if key_ok {
+                continue;
+            }
+            out.push(format!(
+                "{k} names no tier option (ATTUNE_TIER_<NAME>_<KEY>, KEY one of {}); it is ignored",
+                TIER_OPTIONS
+                    .iter()
+                    .map(|o| o.key)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            continue;
+        }
+        let near = known
+            .iter()
+            .map(|n| (distance(k, n), n))
+            .filter(|(d, _)| *d <= 2)
+            .min();
+        out.push(match near {
+            Some((_, n)) => {
+                format!("{k} is not an Attune variable (did you mean {n}?); it is ignored")
+            }
+            None => format!("{k} is not an Attune variable; it is ignored"),
+        });
+    }
+    if cfg.dram > m.total_memory {
+        out.push(format!(
+            "the DRAM budget ({} bytes) is above this machine's memory ({} bytes): the kernel will reclaim before Attune does",
+            cfg.dram, m.total_memory
+        ));
+    }
+    out
+}
+
+/// Edit distance (insertions, deletions, substitutions) between two short names.
+fn distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
 }
 
 fn expand_vars(s: &str, m: &Machine) -> String {
@@ -807,6 +897,45 @@ mod tests {
                 .unwrap();
             assert_eq!(t[o.key], want, "{}={v}", o.tier_env("memory"));
         }
+    }
+
+    #[test]
+    fn misspelled_variables_and_oversized_budgets_are_warned_about() {
+        let m = machine();
+        let e = env(&[
+            ("ATTUNE_DRAMM", "1G"),
+            ("ATTUNE_TIER_MEMORY_CAPACTY", "1G"),
+            ("ATTUNE_TIER_MY_SSD_MIN_CHUNK", "64K"),
+            ("ATTUNE_CONFIG", ""),
+            ("ATTUNE_REPORT_DIR", "/tmp"),
+            ("ATTUNE_WHATEVER_ELSE", "1"),
+        ]);
+        let c = load(None, &e, &m).unwrap();
+        let w = warnings(&c, &e, &m);
+        assert_eq!(w.len(), 3, "{w:?}");
+        assert!(
+            w[0].contains("ATTUNE_DRAMM") && w[0].contains("did you mean ATTUNE_DRAM?"),
+            "{w:?}"
+        );
+        assert!(
+            w[1].contains("ATTUNE_TIER_MEMORY_CAPACTY") && w[1].contains("capacity"),
+            "{w:?}"
+        );
+        assert!(
+            w[2].contains("ATTUNE_WHATEVER_ELSE") && !w[2].contains("did you mean"),
+            "{w:?}"
+        );
+        // Every option's own variable is known.
+        let all: Vec<(String, String)> = OPTIONS.iter().map(|o| (o.env(), String::new())).collect();
+        assert!(warnings(&c, &all, &m).is_empty());
+        let big = load(None, &env(&[("ATTUNE_DRAM", "99999T")]), &m).unwrap();
+        let w = warnings(&big, &[], &m);
+        assert!(
+            w.len() == 1 && w[0].contains("above this machine's memory"),
+            "{w:?}"
+        );
+        assert_eq!(distance("ATTUNE_DRAMM", "ATTUNE_DRAM"), 1);
+        assert_eq!(distance("kitten", "sitting"), 3);
     }
 
     #[test]
