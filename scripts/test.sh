@@ -366,6 +366,8 @@ if [ "$(id -u)" = 0 ]; then
     expect kernel-swap-needs-root 2 "needs root" setpriv --reuid nobody --regid nogroup --clear-groups "$ATT" kernel-swap --limit 64M -- true
   fi
   expect kernel-swap-bad-limit 2 "--limit lots" "$ATT" kernel-swap --limit lots -- true
+  # attune without attune-lab beside it (nor in PATH): the lab's commands say so.
+  expect lab-missing 2 "the benchmark lab .* cannot start" sh -c "d=\$(mktemp -d) && cp '$ATT' \$d/ && PATH=/usr/bin:/bin \$d/attune bench --core-only; rc=\$?; rm -rf \$d; exit \$rc"
   expect kernel-swap-disk-too-small 2 "not enough free space in $RT" "$ATT" kernel-swap --limit 64M --swap disk --swap-size 100T --swap-dir "$RT" -- true
 fi
 if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
@@ -381,7 +383,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/n
   echo "== unprivileged user (runuser -u nobody)"
   UP=$(mktemp -d /tmp/attune-unpriv.XXXXXX); chmod 755 "$UP"
   mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
-  cp "$PREFIX/bin/attune" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
+  cp "$PREFIX/bin/attune" "$PREFIX/bin/attune-lab" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
   for t in smoke integrity stress fork_exec fork_inherit discard signal_mode small small_threads errors protect_change sigbus_chain; do cp "$OUT/$t" "$UP/bin/"; done
   cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$UP/bin/" 2>/dev/null
   gcc -O2 -Wno-stringop-overflow tests/run/syscalls_io.c -o "$UP/bin/syscalls_io" -lpthread || { fail=$((fail+1)); failed+=(build-syscalls-io); }
@@ -408,6 +410,10 @@ EOS
   ATTUNE_FAULT_MODE=signal run unpriv-protect-change-signal "$nobody" "$UP/bin/protect_change"
   ATTUNE_FAULT_MODE=signal run unpriv-sigbus-chain-signal "$nobody" "$UP/bin/sigbus_chain"
   expect unpriv-run-protect-change 0 "attune run:.*exit 0" runuser -u nobody -- env LD_LIBRARY_PATH="$UP/lib" "$UP/bin/attune" run --dram 16M -- "$UP/bin/protect_change"
+  # The lab's commands pass on to attune-lab beside attune, for any user; a misspelled
+  # variable is named with its likely meaning.
+  expect unpriv-lab-dispatch 0 "Usage: attune bench" runuser -u nobody -- "$UP/bin/attune" bench --help
+  expect unpriv-config-misspelled 0 "ATTUNE_DRAMM is not an Attune variable \(did you mean ATTUNE_DRAM\?\)" runuser -u nobody -- env ATTUNE_DRAMM=1G "$UP/bin/attune" config
   if grep -q "user-mode faults only" "$OUT/unpriv-smoke.log"; then pass=$((pass+1)); echo "ok   unpriv-fallback-reported"
   else fail=$((fail+1)); failed+=(unpriv-fallback-reported); echo "FAIL unpriv-fallback-reported: no warning of the user-mode-only userfaultfd"; fi
   # Every wrapped system call into and out of buffers mostly in a far tier, checked byte

@@ -939,6 +939,25 @@ mod tests {
     }
 
     #[test]
+    fn a_broken_tier_list_is_refused_with_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.toml");
+        for (toml, want) in [
+            ("dram = \"1G\"\ntier = 3\n", "t.toml:2: `tier` is a list"),
+            ("tier = [1]\n", "each tier is a [[tier]] table"),
+            ("[[tier]]\nname = \"fast\"\n", "a tier needs a kind"),
+            ("[[tier]]\nname = \"fast\"\nkind = \"tape\"\n", "not a tier kind"),
+            ("[[tier]]\nkind = \"memory\"\n", "not a tier name"),
+            ("[[tier]]\nname = \"a\"\nkind = \"memory\"\n[[tier]]\nname = \"a\"\nkind = \"memory\"\n", "must be unique"),
+            ("[[tier]]\nname = \"cxl\"\nkind = \"numa\"\n", "needs a node"),
+        ] {
+            std::fs::write(&p, toml).unwrap();
+            let e = load(Some(&p), &[], &machine()).unwrap_err().0;
+            assert!(e.contains(want), "{toml:?}: {e}");
+        }
+    }
+
+    #[test]
     fn an_unknown_key_is_refused_with_its_line() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("u.toml");
