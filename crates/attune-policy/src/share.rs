@@ -4,7 +4,10 @@
 //! is protected (LAT/SHL regions: `protected`). The pool is granted in four rounds:
 //! 1. protected bytes of LAT/SHL workflows, so a latency-sensitive job keeps its pages
 //!    when a capacity-hungry neighbour arrives (scaled down together if even these do not
-//!    fit);
+//!    fit). Protection is a claim any user can make, so it is bounded: it never takes the
+//!    floors of the unprotected workflows, and one user's protected bytes are at most an
+//!    equal share (among the users on the node) of what is left; the rest of its want is
+//!    served in the rounds below like any other;
 //! 2. a floor for everyone (`min_grant`), so no runtime is starved to zero and stalls
 //!    in its own fault handler;
 //! 3. weighted fair share (water-filling: nobody gets more than it claims, what one does
@@ -58,6 +61,9 @@ pub struct Demand {
     /// Bytes of LAT/SHL regions it wants kept in DRAM (0 for other classes).
     pub protected: u64,
     pub flags: Flags,
+    /// The user it runs as (its processes' kernel credentials): protection is bounded
+    /// per user.
+    pub owner: u32,
 }
 
 const PAGE: u64 = 4096;
@@ -68,8 +74,15 @@ pub fn grant(pool: u64, rules: Rules, demands: &[Demand]) -> Vec<u64> {
     let n = demands.len();
     let mut g = vec![0u64; n];
     let mut left = pool;
-    // Round 1: protected bytes of protected workflows.
-    let prot: Vec<u64> = demands
+    // Round 1: protected bytes of protected workflows, within what the floors of the
+    // others leave, and at most an equal share of that per user.
+    let floors_of_others: u64 = demands
+        .iter()
+        .filter(|d| !d.flags.is_protected())
+        .map(|d| d.want.min(min_grant))
+        .fold(0u64, u64::saturating_add);
+    let room = left.saturating_sub(floors_of_others);
+    let mut prot: Vec<u64> = demands
         .iter()
         .map(|d| {
             if d.flags.is_protected() {
@@ -79,7 +92,22 @@ pub fn grant(pool: u64, rules: Rules, demands: &[Demand]) -> Vec<u64> {
             }
         })
         .collect();
-    left -= give_scaled(&mut g, &prot, left);
+    let mut owners: Vec<u32> = demands.iter().map(|d| d.owner).collect();
+    owners.sort_unstable();
+    owners.dedup();
+    let per_user = room / owners.len().max(1) as u64;
+    for &u in &owners {
+        let mine: u128 = (0..n)
+            .filter(|&i| demands[i].owner == u)
+            .map(|i| prot[i] as u128)
+            .sum();
+        if mine > per_user as u128 {
+            for i in (0..n).filter(|&i| demands[i].owner == u) {
+                prot[i] = (prot[i] as u128 * per_user as u128 / mine) as u64;
+            }
+        }
+    }
+    left -= give_scaled(&mut g, &prot, room);
     // Round 2: the floor.
     let floor: Vec<u64> = demands
         .iter()
@@ -218,6 +246,7 @@ mod tests {
             want: want * M,
             protected: protected * M,
             flags,
+            owner: 0,
         }
     }
 
@@ -253,7 +282,8 @@ mod tests {
                 ],
                 vec![400, 100, 100],
             ),
-            // Protected bytes above the pool: scaled, the floor of others gets nothing.
+            // Protected bytes above the pool: scaled into what the floor of the
+            // unprotected neighbour leaves (84 MiB, 3:1), the neighbour keeps its floor.
             (
                 100,
                 16,
@@ -263,7 +293,7 @@ mod tests {
                     d(300, 50, Flags::SHL),
                     d(300, 0, Flags::CAP),
                 ],
-                vec![75, 25, 0],
+                vec![63, 21, 16],
             ),
             // A small CAP want leaves its unused share to the BW neighbour.
             (
@@ -359,6 +389,7 @@ mod tests {
                         want,
                         protected: r.random_range(0..=want),
                         flags: all[r.random_range(0..all.len())],
+                        owner: r.random_range(0..3),
                     }
                 })
                 .collect();
@@ -410,6 +441,38 @@ mod tests {
         let (_, w) = pace(now + 60_000_000_000, next, 100_000, 1_000_000, 10_000_000);
         assert_eq!(w, 80_000_000); // 100 ms of work, 10 banked, 10 allowed ahead
         assert_eq!(pace(5, 7, 1 << 30, 0, 0), (7, 0));
+    }
+
+    #[test]
+    fn one_users_protection_does_not_starve_another_user() {
+        let of = |owner, want, prot, flags| Demand {
+            owner,
+            ..d(want, prot, flags)
+        };
+        // Before the per-user bound, both were scaled together: B kept 15 of its 64 MiB.
+        let g = grant(
+            256 * M,
+            rules(16, 100),
+            &[
+                of(1000, 1024, 1024, Flags::LAT),
+                of(1001, 64, 64, Flags::LAT),
+            ],
+        );
+        assert!(g[1] >= 64 * M, "B lost its protected bytes: {g:?}");
+        // A CAP workflow of another user keeps its floor and its weighted share.
+        let g = grant(
+            256 * M,
+            rules(16, 100),
+            &[of(1000, 1024, 1024, Flags::LAT), of(0, 200, 0, Flags::CAP)],
+        );
+        assert!(g[1] >= 16 * M && g[0] <= 240 * M, "{g:?}");
+        // The floors of unprotected workflows are never protection's, whoever asks.
+        for n in 1..20 {
+            let mut ds = vec![of(7, 1 << 20, 1 << 20, Flags::LAT)];
+            ds.extend((0..n).map(|u| of(100 + u, 64, 0, Flags::CAP)));
+            let g = grant(512 * M, rules(16, 100), &ds);
+            assert!(g[1..].iter().all(|&x| x >= 16 * M), "n {n}: {g:?}");
+        }
     }
 
     #[test]

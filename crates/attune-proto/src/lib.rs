@@ -76,8 +76,13 @@ pub enum Request {
         name: String,
         uid: u32,
     },
+    /// The node's status as the caller may see it, from item `from` on (the workflows,
+    /// then the shared regions): a reply holds what fits in one frame and says where the
+    /// next page starts (`Status::next`).
     Status {
         id: u64,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        from: u64,
     },
     Ping {
         id: u64,
@@ -206,6 +211,29 @@ pub struct Status {
     pub rebalances: u64,
     /// Time from the last shrinking rebalance to every shrunk client's acknowledgement.
     pub last_reclaim_ms: Option<f64>,
+    /// Other users' workflows and shared regions, summed, for a caller who may not see
+    /// them one by one (a user other than root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub others: Option<OthersStatus>,
+    /// The item the next page starts from, when this reply did not hold them all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<u64>,
+}
+
+/// What a user is shown of other users' use of the node: totals only.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
+pub struct OthersStatus {
+    pub workflows: u64,
+    pub processes: u64,
+    pub want: u64,
+    pub grant: u64,
+    pub resident: u64,
+    pub shared_regions: u64,
+    pub shared_bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
@@ -221,7 +249,10 @@ pub struct WorkflowStatus {
     pub name: String,
     pub uid: u32,
     pub flags: String,
+    /// Its processes (at most the first [`STATUS_PIDS_SHOWN`]), and how many there are.
     pub pids: Vec<i32>,
+    #[serde(default)]
+    pub processes: u64,
     pub want: u64,
     pub protected: u64,
     pub grant: u64,
@@ -255,21 +286,41 @@ pub struct SharedStatus {
     pub size: u64,
     pub resident: u64,
     pub refs: u32,
+    /// Users the owner let open it (shown to the owner and root; at most the first
+    /// [`STATUS_GRANTED_SHOWN`]).
     pub granted_uids: Vec<u32>,
+    /// How many users it is granted to.
+    #[serde(default)]
+    pub granted_count: u64,
 }
 
-/// Writes one frame (and descriptors with it).
-pub fn write_frame<T: Serialize>(sock: &UnixStream, msg: &T, fds: &[RawFd]) -> io::Result<()> {
+/// Processes listed per workflow in a status reply.
+pub const STATUS_PIDS_SHOWN: usize = 256;
+/// Tiers a process may report in `Usage::tiers` (more are dropped).
+pub const USAGE_TIERS_MAX: usize = 8;
+
+/// Granted users listed per shared region in a status reply.
+pub const STATUS_GRANTED_SHOWN: usize = 64;
+
+/// One frame: the length and the JSON body. A message above [`MAX_FRAME`] is refused
+/// here, on the sender's side, as the reader would refuse it.
+pub fn encode<T: Serialize>(msg: &T) -> io::Result<Vec<u8>> {
     let body = serde_json::to_vec(msg).map_err(io::Error::other)?;
     if body.len() > MAX_FRAME {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            "frame too large",
+            format!("frame of {} bytes (at most {MAX_FRAME})", body.len()),
         ));
     }
     let mut buf = Vec::with_capacity(4 + body.len());
     buf.extend_from_slice(&(body.len() as u32).to_le_bytes());
     buf.extend_from_slice(&body);
+    Ok(buf)
+}
+
+/// Writes one frame (and descriptors with it).
+pub fn write_frame<T: Serialize>(sock: &UnixStream, msg: &T, fds: &[RawFd]) -> io::Result<()> {
+    let buf = encode(msg)?;
     attune_sys::unix::send_with_fds(sock, &buf, fds).map_err(io::Error::from)
 }
 
@@ -309,34 +360,8 @@ impl FrameReader {
         fds_of: impl Fn(&T) -> usize,
     ) -> Result<(T, Vec<OwnedFd>), ReadError> {
         loop {
-            if self.buf.len() >= 4 {
-                let len = u32::from_le_bytes(self.buf[..4].try_into().unwrap()) as usize;
-                if len > MAX_FRAME {
-                    return Err(ReadError::Malformed(format!(
-                        "frame of {len} bytes (at most {MAX_FRAME})"
-                    )));
-                }
-                if self.buf.len() >= 4 + len {
-                    let body: Vec<u8> = self.buf.drain(..4 + len).skip(4).collect();
-                    let msg: T = serde_json::from_slice(&body)
-                        .map_err(|e| ReadError::Malformed(e.to_string()))?;
-                    let n = fds_of(&msg);
-                    if n > self.fds.len() {
-                        return Err(ReadError::Malformed(format!(
-                            "{n} descriptors announced, {} received",
-                            self.fds.len()
-                        )));
-                    }
-                    let fds: Vec<OwnedFd> = self.fds.drain(..n).collect();
-                    if self.buf.is_empty() && !self.fds.is_empty() {
-                        // Descriptors nobody announced: a confused or hostile peer.
-                        self.fds.clear();
-                        return Err(ReadError::Malformed(
-                            "descriptors sent without a message naming them".into(),
-                        ));
-                    }
-                    return Ok((msg, fds));
-                }
+            if let Some(r) = self.next(&fds_of) {
+                return r;
             }
             let mut chunk = [0u8; 16 << 10];
             let mut got = Vec::new();
@@ -353,8 +378,55 @@ impl FrameReader {
                     ReadError::Malformed("connection closed inside a frame".into())
                 });
             }
-            self.buf.extend_from_slice(&chunk[..n]);
+            self.feed(&chunk[..n]);
         }
+    }
+
+    /// Adds received bytes (the socket-free half of [`read`](Self::read), which the
+    /// protocol's fuzz target drives directly).
+    pub fn feed(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next complete frame among the bytes fed so far, or None until more arrive.
+    /// An error means the peer is not speaking this protocol: drop the connection.
+    pub fn next<T: for<'de> Deserialize<'de>>(
+        &mut self,
+        fds_of: impl Fn(&T) -> usize,
+    ) -> Option<Result<(T, Vec<OwnedFd>), ReadError>> {
+        if self.buf.len() < 4 {
+            return None;
+        }
+        let len = u32::from_le_bytes(self.buf[..4].try_into().unwrap()) as usize;
+        if len > MAX_FRAME {
+            return Some(Err(ReadError::Malformed(format!(
+                "frame of {len} bytes (at most {MAX_FRAME})"
+            ))));
+        }
+        if self.buf.len() < 4 + len {
+            return None;
+        }
+        let body: Vec<u8> = self.buf.drain(..4 + len).skip(4).collect();
+        let msg: T = match serde_json::from_slice(&body) {
+            Ok(m) => m,
+            Err(e) => return Some(Err(ReadError::Malformed(e.to_string()))),
+        };
+        let n = fds_of(&msg);
+        if n > self.fds.len() {
+            return Some(Err(ReadError::Malformed(format!(
+                "{n} descriptors announced, {} received",
+                self.fds.len()
+            ))));
+        }
+        let fds: Vec<OwnedFd> = self.fds.drain(..n).collect();
+        if self.buf.is_empty() && !self.fds.is_empty() {
+            // Descriptors nobody announced: a confused or hostile peer.
+            self.fds.clear();
+            return Some(Err(ReadError::Malformed(
+                "descriptors sent without a message naming them".into(),
+            )));
+        }
+        Some(Ok((msg, fds)))
     }
 }
 

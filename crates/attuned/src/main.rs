@@ -1,18 +1,13 @@
 //! `attuned`: the Tiered Memory Manager, one per node. Grants DRAM budgets to the
 //! co-located workflows' runtimes, keeps shared regions, serves status and metrics.
 //!
-//! Layout: `config.rs` (options), `server.rs` (socket, requests), `state.rs` (clients,
-//! workflows, budgets, shared regions), `metrics.rs` (Prometheus endpoint). The budget
-//! policy itself is pure: `attune_policy::share`.
+//! The daemon is a library (`lib.rs`: options, socket, state, metrics) and this start-up:
+//! command line, socket, threads.
 
 #![forbid(unsafe_code)]
 
-mod config;
-mod metrics;
-mod server;
-mod state;
-
 use attune::config::table::{default_doc, markdown};
+use attuned::{config, log, metrics, server, state};
 use clap::{Arg, ArgAction, Command};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -52,10 +47,6 @@ fn options_table() -> String {
     markdown(config::DAEMON_OPTIONS, "flag", config::flag)
 }
 
-pub fn log(m: &str) {
-    eprintln!("attuned: {m}");
-}
-
 fn main() {
     let m = cli().get_matches();
     if m.get_flag("options") {
@@ -86,6 +77,7 @@ fn main() {
             std::process::exit(1);
         }
     };
+    remove_socket_when_stopped(&cfg.socket);
     let tiers = discover_tiers(cfg.dram);
     let metrics = cfg.metrics.clone();
     log(&format!(
@@ -131,7 +123,16 @@ fn bind(path: &std::path::Path) -> Result<std::os::unix::net::UnixListener, Stri
             let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755));
         }
     }
-    if path.exists() {
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        // Only a socket is ever replaced: `--socket` pointed at another file by mistake
+        // must not delete it.
+        use std::os::unix::fs::FileTypeExt;
+        if !m.file_type().is_socket() {
+            return Err(format!(
+                "{} exists and is not a socket; it is left as it is (choose another --socket)",
+                path.display()
+            ));
+        }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             return Err(format!("another attuned is serving {}", path.display()));
         }
@@ -143,6 +144,44 @@ fn bind(path: &std::path::Path) -> Result<std::os::unix::net::UnixListener, Stri
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
         .map_err(|e| format!("chmod {}: {e}", path.display()))?;
     Ok(l)
+}
+
+/// On SIGTERM, SIGINT or SIGHUP the daemon removes its socket (if it is still the one it
+/// bound: a newer daemon may have replaced it) and exits; clients see the connection
+/// close and carry on alone, as after a crash. SIGKILL leaves the socket, which the next
+/// start replaces.
+fn remove_socket_when_stopped(path: &std::path::Path) {
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::symlink_metadata(path).map(|m| m.ino()).ok();
+    let path = path.to_path_buf();
+    let sigs = [
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ];
+    let mut signals = match signal_hook::iterator::Signals::new(sigs) {
+        Ok(s) => s,
+        Err(e) => {
+            log(&format!(
+                "cannot watch for SIGTERM ({e}); the socket stays after a stop"
+            ));
+            return;
+        }
+    };
+    let _ = std::thread::Builder::new()
+        .name("attuned-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                if std::fs::symlink_metadata(&path).map(|m| m.ino()).ok() == ino {
+                    let _ = std::fs::remove_file(&path);
+                }
+                log(&format!(
+                    "stopped by signal {sig}; {} removed",
+                    path.display()
+                ));
+                std::process::exit(0);
+            }
+        });
 }
 
 /// The node's tiers: DRAM (the pool) and any slower NUMA tier found in sysfs.
@@ -194,7 +233,7 @@ mod tests {
     #[test]
     fn every_option_has_its_flag() {
         let c = super::cli();
-        for o in crate::config::DAEMON_OPTIONS {
+        for o in attuned::config::DAEMON_OPTIONS {
             let long = o.key.replace('_', "-");
             assert!(
                 c.get_arguments()

@@ -49,10 +49,13 @@ fn connection(sock: UnixStream, state: Shared) {
         };
         if let Some(why) = why {
             st.rejected += 1;
-            crate::log(&format!(
-                "refusing a connection of pid {} uid {}: {why}",
-                cred.pid, cred.uid
-            ));
+            crate::log_user(
+                cred.uid,
+                &format!(
+                    "refusing a connection of pid {} uid {}: {why}",
+                    cred.pid, cred.uid
+                ),
+            );
             return;
         }
     }
@@ -87,10 +90,10 @@ fn connection(sock: UnixStream, state: Shared) {
             Err(ReadError::Closed) => break,
             Err(ReadError::Io(_)) => break,
             Err(ReadError::Malformed(m)) => {
-                crate::log(&format!(
-                    "pid {} uid {}: {m}; connection closed",
-                    cred.pid, cred.uid
-                ));
+                crate::log_user(
+                    cred.uid,
+                    &format!("pid {} uid {}: {m}; connection closed", cred.pid, cred.uid),
+                );
                 let mut st = lock(&state);
                 st.rejected += 1;
                 let c = st.clients.get(&id).map(|c| c.writer.clone());
@@ -123,6 +126,99 @@ fn err(id: u64, errno: i32, message: impl Into<String>) -> Option<(Reply, Option
     ))
 }
 
+/// Most users a shared region may be granted to (each grant is kept and shown).
+pub const MAX_GRANTS: usize = 4096;
+
+/// Most bytes of a status reply's body: a frame, less room for the reply around it.
+const STATUS_BODY: usize = attune_proto::MAX_FRAME - 1024;
+
+/// The status user `uid` may see, from item `from` on, as much as fits in one frame.
+///
+/// Root (the operator) sees every workflow and shared region. Another user sees its own
+/// workflows, and the shared regions it may open (their granted users only if it owns
+/// them); other users' workflows and regions are summed in `others`: names, uids and
+/// pids of other users' jobs are theirs (as Slurm's `PrivateData=jobs` keeps them), while
+/// the totals still tell a user why its grant is what it is.
+pub fn status_for(st: &State, uid: u32, from: u64) -> attune_proto::Status {
+    let mut s = st.status();
+    if uid != 0 {
+        let mut o = attune_proto::OthersStatus::default();
+        s.workflows.retain(|w| {
+            if w.uid == uid {
+                return true;
+            }
+            o.workflows += 1;
+            o.processes += w.processes;
+            o.want += w.want;
+            o.grant += w.grant;
+            o.resident += w.resident;
+            false
+        });
+        s.shared.retain_mut(|r| {
+            let granted = st
+                .shared
+                .get(&r.name)
+                .is_some_and(|x| x.granted.contains(&uid));
+            if r.owner != uid && !granted {
+                o.shared_regions += 1;
+                o.shared_bytes += r.size;
+                return false;
+            }
+            if r.owner != uid {
+                r.granted_uids.clear();
+            }
+            true
+        });
+        s.others = Some(o);
+    }
+    page(s, from)
+}
+
+/// Keeps the items (workflows, then shared regions) from `from` on that fit in
+/// [`STATUS_BODY`], at least one; `next` says where the rest starts.
+fn page(mut s: attune_proto::Status, from: u64) -> attune_proto::Status {
+    let wf = std::mem::take(&mut s.workflows);
+    let sh = std::mem::take(&mut s.shared);
+    let len = |v: &dyn erased::Json| v.json_len() + 1;
+    // The rest of the reply, and room for `next`.
+    let mut size = len(&s) + 32;
+    let nw = wf.len();
+    let total = nw + sh.len();
+    let mut i = (from as usize).min(total);
+    let first = i;
+    while i < total {
+        let add = if i < nw {
+            len(&wf[i])
+        } else {
+            len(&sh[i - nw])
+        };
+        if size + add > STATUS_BODY && i > first {
+            break;
+        }
+        size += add;
+        if i < nw {
+            s.workflows.push(wf[i].clone());
+        } else {
+            s.shared.push(sh[i - nw].clone());
+        }
+        i += 1;
+    }
+    s.next = (i < total).then_some(i as u64);
+    s
+}
+
+mod erased {
+    /// The length of a value's JSON, for any of the status's parts.
+    pub trait Json {
+        fn json_len(&self) -> usize;
+    }
+    impl<T: serde::Serialize> Json for T {
+        fn json_len(&self) -> usize {
+            serde_json::to_vec(self).map_or(usize::MAX / 4, |v| v.len())
+        }
+    }
+}
+
 /// Shared-region names: short, printable, no path separators (they name memfds and
 /// appear in logs and metrics labels).
 fn valid_name(n: &str) -> bool {
@@ -141,7 +237,10 @@ fn may_open(st: &State, name: &str, uid: u32) -> bool {
     uid == s.owner || uid == 0 || s.granted.contains(&uid)
 }
 
-fn handle(
+/// One request of client `id` (registered with [`State::add_client`], user `uid` by its
+/// kernel credentials): the reply to send, if any, with its descriptor. No socket is read
+/// here, so the daemon's fuzz target and tests drive it directly.
+pub fn handle(
     st: &mut State,
     id: u64,
     uid: u32,
@@ -150,10 +249,10 @@ fn handle(
 ) -> Option<(Reply, Option<OwnedFd>)> {
     match req {
         Request::Ping { id: rid } => Some((Reply::Pong { id: rid }, None)),
-        Request::Status { id: rid } => Some((
+        Request::Status { id: rid, from } => Some((
             Reply::Status {
                 id: rid,
-                status: Box::new(st.status()),
+                status: Box::new(status_for(st, uid, from)),
             },
             None,
         )),
@@ -168,7 +267,7 @@ fn handle(
         } => {
             let refuse = |st: &mut State, m: String| {
                 st.rejected += 1;
-                crate::log(&format!("client {id} uid {uid}: hello refused: {m}"));
+                crate::log_user(uid, &format!("client {id} uid {uid}: hello refused: {m}"));
                 err(0, libc::EINVAL, m)
             };
             if version != attune_proto::VERSION {
@@ -269,11 +368,17 @@ fn handle(
                     st.rejected += 1;
                     err(rid, libc::EPERM, format!("shared region '{name}' belongs to uid {}; only its owner grants access", s.owner))
                 }
+                Some(s) if s.granted.len() >= MAX_GRANTS && !s.granted.contains(&to) => err(
+                    rid,
+                    libc::ENOSPC,
+                    format!("shared region '{name}' is granted to {MAX_GRANTS} users already"),
+                ),
                 Some(s) => {
                     s.granted.insert(to);
-                    crate::log(&format!(
-                        "shared region '{name}': uid {uid} granted uid {to}"
-                    ));
+                    crate::log_user(
+                        uid,
+                        &format!("shared region '{name}': uid {uid} granted uid {to}"),
+                    );
                     Some((Reply::Ok { id: rid }, None))
                 }
             }
@@ -303,10 +408,13 @@ fn shared_open(
     let created = if let Some(s) = st.shared.get(&name) {
         if !may_open(st, &name, uid) {
             st.rejected += 1;
-            crate::log(&format!(
-                "uid {uid} refused shared region '{name}' of uid {}",
-                s.owner
-            ));
+            crate::log_user(
+                uid,
+                &format!(
+                    "uid {uid} refused shared region '{name}' of uid {}",
+                    s.owner
+                ),
+            );
             return err(
                 rid,
                 libc::EACCES,
@@ -354,9 +462,10 @@ fn shared_open(
                 )
             }
         };
-        crate::log(&format!(
-            "shared region '{name}' created by uid {uid}: {size} bytes, flags {flags}"
-        ));
+        crate::log_user(
+            uid,
+            &format!("shared region '{name}' created by uid {uid}: {size} bytes, flags {flags}"),
+        );
         st.shared.insert(
             name.clone(),
             crate::state::SharedRegion {
@@ -415,10 +524,13 @@ const MAX_READOPT_REFS: u32 = 1 << 16;
 fn readopt(st: &mut State, cid: u64, uid: u32, h: attune_proto::SharedHeld, fd: OwnedFd) {
     let ignore = |st: &mut State, why: String| {
         st.rejected += 1;
-        crate::log(&format!(
-            "client {cid} uid {uid}: re-registered shared region {:?} not adopted: {why}",
-            h.name
-        ));
+        crate::log_user(
+            uid,
+            &format!(
+                "client {cid} uid {uid}: re-registered shared region {:?} not adopted: {why}",
+                h.name
+            ),
+        );
     };
     if !valid_name(&h.name) {
         return ignore(st, "not a region name".into());
@@ -446,10 +558,13 @@ fn readopt(st: &mut State, cid: u64, uid: u32, h: attune_proto::SharedHeld, fd: 
             if size == 0 || size > room {
                 return ignore(st, format!("{size} bytes, {room} bytes left of shared_max"));
             }
-            crate::log(&format!(
-                "shared region '{}' re-adopted from uid {uid} ({size} bytes)",
-                h.name
-            ));
+            crate::log_user(
+                uid,
+                &format!(
+                    "shared region '{}' re-adopted from uid {uid} ({size} bytes)",
+                    h.name
+                ),
+            );
             st.shared.insert(
                 h.name.clone(),
                 crate::state::SharedRegion {

@@ -155,6 +155,7 @@ impl State {
                         want: 0,
                         protected: 0,
                         flags: Flags::NONE,
+                        owner: c.uid,
                     },
                     Vec::new(),
                 ));
@@ -266,6 +267,17 @@ impl State {
             r.flags = flags;
             r.far_want = far_want;
         }
+        // Tier names are shown by `attune status` and label metrics: a few short names
+        // of the region-name alphabet, else a report could outgrow a status frame.
+        let mut u = u;
+        u.tiers.retain(|(name, _)| {
+            !name.is_empty()
+                && name.len() <= 32
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        });
+        u.tiers.truncate(attune_proto::USAGE_TIERS_MAX);
         r.usage = u;
         if let Some(rc) = &mut self.reclaim {
             if rc.waiting.get(&id).is_some_and(|&s| ack >= s) {
@@ -320,6 +332,8 @@ impl State {
         let mut workflows: Vec<WorkflowStatus> = Vec::new();
         for (k, mut w) in wfs {
             w.pids.sort();
+            w.processes = w.pids.len() as u64;
+            w.pids.truncate(attune_proto::STATUS_PIDS_SHOWN);
             let (parks, hits) = samples[&k];
             w.heat = (parks > 0).then(|| hits as f64 / parks as f64);
             workflows.push(w);
@@ -330,6 +344,8 @@ impl State {
             .map(|(name, s)| {
                 let mut granted: Vec<u32> = s.granted.iter().copied().collect();
                 granted.sort();
+                let granted_count = granted.len() as u64;
+                granted.truncate(attune_proto::STATUS_GRANTED_SHOWN);
                 SharedStatus {
                     name: name.clone(),
                     owner: s.owner,
@@ -340,6 +356,7 @@ impl State {
                         .min(s.size),
                     refs: self.shared_refs(name),
                     granted_uids: granted,
+                    granted_count,
                 }
             })
             .collect();
@@ -362,6 +379,8 @@ impl State {
             rejected: self.rejected,
             rebalances: self.rebalances,
             last_reclaim_ms: self.last_reclaim_ms,
+            others: None,
+            next: None,
         }
     }
 }

@@ -24,11 +24,37 @@ pub fn fetch(socket: &std::path::Path) -> Result<Status, String> {
             socket.display()
         )
     })?;
-    match attune_proto::call(&s, &Request::Status { id: 1 }) {
-        Ok((Reply::Status { status, .. }, _)) => Ok(*status),
-        Ok((other, _)) => Err(format!("unexpected reply from attuned: {other:?}")),
-        Err(e) => Err(format!("attuned on {}: {e}", socket.display())),
+    // Pages until the daemon says there are no more (each reply fits in one frame).
+    let mut all: Option<Status> = None;
+    let mut from = 0;
+    loop {
+        let page = match attune_proto::call(&s, &Request::Status { id: 1, from }) {
+            Ok((Reply::Status { status, .. }, _)) => *status,
+            Ok((other, _)) => return Err(format!("unexpected reply from attuned: {other:?}")),
+            Err(e) => return Err(format!("attuned on {}: {e}", socket.display())),
+        };
+        let next = page.next;
+        match &mut all {
+            None => all = Some(page),
+            Some(a) => {
+                a.workflows.extend(page.workflows);
+                a.shared.extend(page.shared);
+            }
+        }
+        match next {
+            Some(n) if n > from => from = n,
+            Some(_) => {
+                return Err(format!(
+                    "attuned on {}: a status page did not advance",
+                    socket.display()
+                ))
+            }
+            None => break,
+        }
     }
+    let mut all = all.expect("one page at least");
+    all.next = None;
+    Ok(all)
 }
 
 fn mib(b: u64) -> String {
@@ -95,7 +121,7 @@ pub fn render(s: &Status) -> String {
                 w.name,
                 w.uid,
                 if w.flags.is_empty() { "-" } else { &w.flags },
-                w.pids.len(),
+                w.processes.max(w.pids.len() as u64),
                 mib(w.want),
                 mib(w.grant),
                 mib(w.resident),
@@ -108,7 +134,24 @@ pub fn render(s: &Status) -> String {
             );
         }
     }
+    if let Some(x) = s.others.as_ref().filter(|x| x.workflows > 0) {
+        o += &format!(
+            "  other users: {} workflows ({} processes), want {} MiB, grant {} MiB, resident {} MiB\n",
+            x.workflows,
+            x.processes,
+            mib(x.want),
+            mib(x.grant),
+            mib(x.resident)
+        );
+    }
     o += "\nshared regions\n";
+    if let Some(x) = s.others.as_ref().filter(|x| x.shared_regions > 0) {
+        o += &format!(
+            "  other users: {} regions of {} MiB\n",
+            x.shared_regions,
+            mib(x.shared_bytes)
+        );
+    }
     if s.shared.is_empty() {
         o += "  (none)\n";
     } else {
@@ -117,7 +160,10 @@ pub fn render(s: &Status) -> String {
             "name", "owner", "flags", "size MiB", "DRAM MiB", "refs"
         );
         for r in &s.shared {
-            let g: Vec<String> = r.granted_uids.iter().map(|u| u.to_string()).collect();
+            let mut g: Vec<String> = r.granted_uids.iter().map(|u| u.to_string()).collect();
+            if r.granted_count > g.len() as u64 && !g.is_empty() {
+                g.push(format!("... ({} in all)", r.granted_count));
+            }
             o += &format!(
                 "  {:<24} {:>6} {:<8} {:>10} {:>10} {:>5}  {}\n",
                 r.name,
