@@ -614,8 +614,12 @@ pub fn discard(ptr: usize, len: usize) -> Result<(), Errno> {
             format!("{ptr:#x} is inside the arena of small allocations: free_TM them instead"),
         ));
     }
-    let _in = e.pager.enter();
-    e.pager.discard(&r, ptr, len);
+    let zero = {
+        let _in = e.pager.enter();
+        e.pager.discard(&r, ptr, len)
+    };
+    // SAFETY: ranges of `r`, which the application holds and asked to discard.
+    unsafe { crate::paging::zero_discarded(&zero) };
     Ok(())
 }
 

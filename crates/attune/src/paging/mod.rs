@@ -14,6 +14,7 @@ mod behind;
 pub mod evict;
 pub mod fault;
 mod ops;
+pub use ops::zero_discarded;
 pub mod pager;
 pub mod sample;
 pub mod sampler;

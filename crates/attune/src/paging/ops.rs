@@ -261,28 +261,37 @@ impl Pager {
     /// afterwards. Whole chunks go back to Fresh, their DRAM and far-tier space released
     /// (the application's `MADV_DONTNEED` cannot do that for a chunk in a far tier: its
     /// pages are not mapped, so its old content would come back). The parts of chunks at
-    /// the edges, and pinned chunks (they stay resident), are written with zeros.
-    pub fn discard(&self, r: &Region, addr: usize, len: usize) {
+    /// the edges, and pinned chunks (they stay resident), must be written with zeros: they
+    /// are returned, for the caller to zero with [`zero_discarded`](super::zero_discarded) once it has left the
+    /// fork gate. Writing them here, inside it, faulted on a non-resident edge while a
+    /// fork closed the gate: the handler thread could not enter to serve the fault, the
+    /// fork waited its 5 s and its child lost its managed memory (found by the soak,
+    /// tests/stress/soak.c).
+    pub fn discard(&self, r: &Region, addr: usize, len: usize) -> Vec<(usize, usize)> {
         let end = addr + len;
         let lo = (addr - r.base).div_ceil(r.chunk);
         let hi = (end - r.base) / r.chunk;
-        let zero = |a: usize, b: usize| {
+        let mut zero: Vec<(usize, usize)> = Vec::new();
+        let mut add = |a: usize, b: usize| {
             if b > a {
-                // SAFETY: inside r, asked for by the application; no chunk is held here.
-                unsafe { mem::zero_managed(a, b - a) };
+                match zero.last_mut() {
+                    Some(last) if last.1 == a => last.1 = b,
+                    _ => zero.push((a, b)),
+                }
             }
         };
         if lo >= hi {
-            zero(addr, end);
-            return;
+            add(addr, end);
+            return zero;
         }
-        zero(addr, r.chunk_addr(lo));
+        add(addr, r.chunk_addr(lo));
         for c in lo..hi {
             if !self.discard_chunk(r, c) {
-                zero(r.chunk_addr(c), r.chunk_addr(c) + r.chunk);
+                add(r.chunk_addr(c), r.chunk_addr(c) + r.chunk);
             }
         }
-        zero(r.chunk_addr(hi), end);
+        add(r.chunk_addr(hi), end);
+        zero
     }
 
     /// Drops chunk `c`'s content and space; false for a pinned resident chunk (the caller
@@ -328,5 +337,19 @@ impl Pager {
         for c in c0..c1 {
             super::fault::fetch_chunk(self, r, c);
         }
+    }
+}
+
+/// Writes zeros over the ranges [`Pager::discard`] returned. Outside the fork gate: a
+/// non-resident page faults here, and the fault path must be free to enter the gate.
+///
+/// # Safety
+/// The ranges come from `discard` on a region the caller still holds (the application
+/// asked for the discard and owns the memory until it frees it).
+pub unsafe fn zero_discarded(ranges: &[(usize, usize)]) {
+    for &(a, b) in ranges {
+        // SAFETY: inside a live region, its content given up by the application; this
+        // thread holds no chunk and is outside the gate, so a fault here is served.
+        unsafe { mem::zero_managed(a, b - a) };
     }
 }
