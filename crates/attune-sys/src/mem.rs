@@ -241,7 +241,9 @@ pub unsafe fn zero_managed(dst: usize, len: usize) {
 /// Opens an anonymous file in `dir`: `O_TMPFILE` where the file system has it (no name, so
 /// nothing is left behind even after SIGKILL); otherwise a named file removed at once.
 /// Mode 0600: the file holds the process's memory and no one else may read it.
-pub fn open_private_file(dir: &std::path::Path, direct: bool) -> SysResult<(OwnedFd, bool)> {
+/// Returns the file, whether it is `O_DIRECT`, and whether it had a name (the file system
+/// has no `O_TMPFILE`: only then can a crash have left files for [`clean_stale_files`]).
+pub fn open_private_file(dir: &std::path::Path, direct: bool) -> SysResult<(OwnedFd, bool, bool)> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
     let cdir = CString::new(dir.as_os_str().as_bytes()).map_err(|_| Errno(libc::EINVAL))?;
@@ -257,7 +259,7 @@ pub fn open_private_file(dir: &std::path::Path, direct: bool) -> SysResult<(Owne
         let fd = unsafe { libc::open(cdir.as_ptr(), flags | libc::O_TMPFILE, 0o600) };
         if fd >= 0 {
             // SAFETY: fresh owned fd.
-            return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, *is_direct));
+            return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, *is_direct, false));
         }
         last = Errno::last();
     }
@@ -275,29 +277,48 @@ pub fn open_private_file(dir: &std::path::Path, direct: bool) -> SysResult<(Owne
         if fd >= 0 {
             // SAFETY: as above.
             unsafe { libc::unlink(cname.as_ptr()) };
-            return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, *is_direct));
+            return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, *is_direct, true));
         }
         last = Errno::last();
     }
     Err(last)
 }
 
-/// Removes `attune-<pid>-*` files in `dir` whose process is gone. Returns how many.
+/// Removes the files a crashed process of this user left in `dir`: regular files named
+/// exactly `attune-<pid>-<n>` (the named fallback above), owned by this process's
+/// effective uid, whose pid is gone. Returns how many.
+///
+/// The tier directory is often world-writable (`$TMPDIR`, /tmp, a scratch file system):
+/// any other file there may be another user's, so ownership is checked on the file itself
+/// (`lstat`: a symbolic link is never followed or removed), never inferred from the name.
 pub fn clean_stale_files(dir: &std::path::Path) -> usize {
+    use std::os::unix::fs::MetadataExt;
     let Ok(rd) = std::fs::read_dir(dir) else {
         return 0;
     };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
     let mut removed = 0;
     for e in rd.flatten() {
         let name = e.file_name();
         let Some(name) = name.to_str() else { continue };
-        let Some(rest) = name.strip_prefix("attune-") else {
+        let Some((pid, n)) = name
+            .strip_prefix("attune-")
+            .and_then(|rest| rest.split_once('-'))
+        else {
             continue;
         };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        let Some(pid) = digits(n).then(|| pid.parse::<i32>().ok()).flatten() else {
             continue;
         };
-        if !crate::os::pid_alive(pid) && std::fs::remove_file(e.path()).is_ok() {
+        let Ok(m) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        if !m.file_type().is_file() || m.uid() != me || crate::os::pid_alive(pid) {
+            continue;
+        }
+        if std::fs::remove_file(e.path()).is_ok() {
             removed += 1;
         }
     }

@@ -424,6 +424,7 @@ pub fn evictor_loop(e: &'static Pager) {
     let mut denied_seen = 0u64;
     let mut test_credit = 0f64;
     let mut last = os::now_ns();
+    let mut full = FullWarning::default();
     while !e.shutdown.load(Relaxed) {
         let notified = e.wake_evictor.wait(50);
         // Outside the gate: a hole in an un-shared range faults into the fault path.
@@ -465,6 +466,57 @@ pub fn evictor_loop(e: &'static Pager) {
             }
             e.counters.evictor_evicted_bytes.fetch_add(freed, Relaxed);
         }
+        full.check(e);
+    }
+}
+
+/// How often a budget the far tiers cannot keep is reported.
+const FULL_WARNING_EVERY_NS: u64 = 30_000_000_000;
+
+/// Says so, at most every 30 s, when the process holds well above its DRAM budget (an
+/// eighth) because its far tiers refuse what it would evict (a full disk, tiers at their
+/// capacity). Before, residency ran at 8x the budget without a word. Not when the cause
+/// is pins or protected pages alone: then no tier refused a store.
+#[derive(Default)]
+struct FullWarning {
+    refused_seen: u64,
+    last_ns: u64,
+}
+
+impl FullWarning {
+    fn check(&mut self, e: &Pager) {
+        let refused: u64 = e.tiers.iter().map(|t| t.counters.full.load(Relaxed)).sum();
+        let chunk = e.cfg.chunk_size as u64;
+        let refusing = refused > self.refused_seen || e.tiers.iter().all(|t| !t.accepts(chunk));
+        self.refused_seen = refused;
+        let (resident, budget) = (e.resident.load(Relaxed), e.budget());
+        if !refusing || resident <= budget + budget / 8 {
+            return;
+        }
+        let now = os::now_ns();
+        if self.last_ns != 0 && now - self.last_ns < FULL_WARNING_EVERY_NS {
+            return;
+        }
+        self.last_ns = now;
+        let tiers: Vec<String> = e
+            .tiers
+            .iter()
+            .map(|t| {
+                format!(
+                    "'{}' holds {} of {} MiB, {} stores refused as full",
+                    t.cfg.name,
+                    t.counters.stored.load(Relaxed) >> 20,
+                    t.capacity() >> 20,
+                    t.counters.full.load(Relaxed)
+                )
+            })
+            .collect();
+        crate::warn!(
+            "resident {} MiB, above the DRAM budget of {} MiB: the far tiers take no more ({}); give them capacity or room (docs/tuning.md)",
+            resident >> 20,
+            budget >> 20,
+            tiers.join("; ")
+        );
     }
 }
 

@@ -203,10 +203,28 @@ impl Pager {
         // capacity two arenas left no room for a region in a 1 GiB file tier. Offsets are
         // virtual: the memory tier's arena is a reservation, the file tier's file sparse.
         let space = capacity.min(1 << 45) + arena_space + (64 << 20);
-        let mut tiers = Vec::new();
-        for (i, t) in paged.into_iter().enumerate() {
-            tiers.push(FarTier::open(t, i, space, &uffd_internal).map_err(InitError)?);
+        // A far tier that cannot be opened (an unwritable or missing directory, a file
+        // system that refuses the file) is left out with a warning, and the others serve:
+        // before, one bad directory stopped all tiering and the budget with it. Without
+        // any far tier left there is nowhere to evict to, and that fails as before.
+        let mut tiers: Vec<FarTier> = Vec::new();
+        let mut left_out = Vec::new();
+        let wanted = paged.len();
+        for t in paged {
+            match FarTier::open(t, tiers.len(), space, &uffd_internal) {
+                Ok(f) => tiers.push(f),
+                Err(e) => {
+                    crate::warn!("{e}; left out, the other tiers serve");
+                    left_out.push(e);
+                }
+            }
         }
+        if tiers.is_empty() && wanted > 0 {
+            return Err(InitError(left_out.join("; ")));
+        }
+        let capacity = cfg
+            .dram
+            .saturating_add(tiers.iter().map(|t| t.cfg.capacity).sum::<u64>());
         let pool = |n, registered: bool| -> Result<BufferPool, InitError> {
             let p = BufferPool::new(n, MAX_RUN)
                 .map_err(|e| InitError(format!("cannot map runtime buffers: {e}")))?;

@@ -33,7 +33,7 @@ impl FileTier {
         buf_len: usize,
     ) -> Result<(), String> {
         let dir = cfg.path.as_deref().ok_or("no path")?;
-        let (fresh, _) = mem::open_private_file(dir, cfg.direct)
+        let (fresh, _, _) = mem::open_private_file(dir, cfg.direct)
             .map_err(|e| format!("cannot create a private file in {}: {e}", dir.display()))?;
         if copy {
             mem::copy_file_data(&self.fd, &fresh, buf, buf_len)
@@ -66,21 +66,25 @@ impl FileTier {
             .path
             .as_deref()
             .ok_or_else(|| format!("tier '{}' has no path", cfg.name))?;
-        let removed = mem::clean_stale_files(dir);
-        if removed > 0 {
-            crate::info!(
-                "tier '{}': removed {removed} stale file(s) left by dead processes in {}",
-                cfg.name,
-                dir.display()
-            );
-        }
-        let (fd, direct) = mem::open_private_file(dir, cfg.direct).map_err(|e| {
+        let (fd, direct, named) = mem::open_private_file(dir, cfg.direct).map_err(|e| {
             format!(
                 "tier '{}': cannot create a private file in {}: {e}",
                 cfg.name,
                 dir.display()
             )
         })?;
+        // Only a file system without O_TMPFILE can hold files a crash left behind: the
+        // directory is not listed at every start otherwise.
+        if named {
+            let removed = mem::clean_stale_files(dir);
+            if removed > 0 {
+                crate::info!(
+                    "tier '{}': removed {removed} stale file(s) left by dead processes in {}",
+                    cfg.name,
+                    dir.display()
+                );
+            }
+        }
         if cfg.direct && !direct {
             crate::warn!(
                 "tier '{}': O_DIRECT is not supported in {}; using buffered I/O",
