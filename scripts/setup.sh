@@ -25,7 +25,7 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 # attune run's numpy test, the workflows and plots of bench/imme.py (bench/requirements.txt).
-if ! python3 -c 'import numpy, pandas, sklearn, zstandard, igraph, matplotlib, tqdm, pytest, pyarrow' 2>/dev/null; then
+if ! python3 -c 'import numpy, pandas, sklearn, zstandard, igraph, matplotlib, tqdm, pytest, pyarrow, hypothesis' 2>/dev/null; then
   echo "setup: installing bench/requirements.txt (pip)"
   python3 -m pip install -q -r "$(dirname "$0")/../bench/requirements.txt" >/dev/null 2>&1 \
     || echo "setup: warning: could not install bench/requirements.txt; the Python workflows will fail" >&2

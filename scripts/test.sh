@@ -44,7 +44,7 @@ done
 echo "== native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"
-for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads fork_small drop_behind predict_online config_error fallback protect lost_tier discard cap_tier churn deny_syscalls protect_change sigbus_chain; do
+for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads fork_small drop_behind predict_online config_error fallback protect lost_tier discard cap_tier churn deny_syscalls protect_change sigbus_chain fork_discard; do
   gcc $CFLAGS tests/c/$t.c -o "$OUT/$t" $LIBS || { fail=$((fail+1)); failed+=("build-$t"); }
 done
 g++ -O2 -std=c++17 $(pkg-config --cflags attune) tests/cpp/threads.cpp -o "$OUT/cpp_threads" $LIBS || { fail=$((fail+1)); failed+=(build-cpp); }
@@ -109,6 +109,10 @@ run fork_exec "$OUT/fork_exec"
 # A forked child reads and writes the managed memory it inherited (memory and file tiers).
 run fork-inherit-memory "$OUT/fork_inherit"
 ATTUNE_CONFIG="$OUT/file.toml" run fork-inherit-file "$OUT/fork_inherit"
+# A fork while another thread discards parts of far chunks: the zeroing runs outside the
+# fork gate (found by the soak).
+run fork-discard-memory "$OUT/fork_discard"
+ATTUNE_CONFIG="$OUT/file.toml" run fork-discard-file "$OUT/fork_discard"
 # A child that cannot take the runtime over fails loudly; the parent is intact: the
 # prepare handler fails (default tiers: no descriptor for the file tier's copy), or the
 # child does (memory tier only: no descriptor for its userfaultfds).
@@ -206,6 +210,10 @@ mkdir -p "$OUT/full"
 if [ "$(id -u)" = 0 ] && mount -t tmpfs -o size=8m tmpfs "$OUT/full" 2>/dev/null; then
   two_tier_config "$OUT/full.toml" "$OUT/full"
   ATTUNE_CONFIG="$OUT/full.toml" EXPECT_TIER_FULL=1 run file-tier-full "$OUT/integrity" 48
+  # ... and said aloud: the budget is not kept because the tiers are full.
+  if grep -q "above the DRAM budget of 16 MiB: the far tiers take no more.*'ssd' holds" "$OUT/file-tier-full.log"; then
+    pass=$((pass+1)); echo "ok   file-tier-full-warned"
+  else fail=$((fail+1)); failed+=(file-tier-full-warned); echo "FAIL file-tier-full-warned"; head -5 "$OUT/file-tier-full.log"; fi
   umount "$OUT/full"
 else
   echo "skip file-tier-full (needs root to mount a small tmpfs)"
@@ -384,7 +392,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/n
   UP=$(mktemp -d /tmp/attune-unpriv.XXXXXX); chmod 755 "$UP"
   mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
   cp "$PREFIX/bin/attune" "$PREFIX/bin/attune-lab" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
-  for t in smoke integrity stress fork_exec fork_inherit discard signal_mode small small_threads errors protect_change sigbus_chain; do cp "$OUT/$t" "$UP/bin/"; done
+  for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain; do cp "$OUT/$t" "$UP/bin/"; done
   cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$UP/bin/" 2>/dev/null
   gcc -O2 -Wno-stringop-overflow tests/run/syscalls_io.c -o "$UP/bin/syscalls_io" -lpthread || { fail=$((fail+1)); failed+=(build-syscalls-io); }
   chmod -R a+rX "$UP/bin" "$UP/lib"
@@ -401,7 +409,14 @@ EOS
   run unpriv-stress "$nobody" "$UP/bin/stress" 64
   run unpriv-fork-exec "$nobody" "$UP/bin/fork_exec"
   run unpriv-fork-inherit "$nobody" "$UP/bin/fork_inherit"
+  run unpriv-fork-discard "$nobody" "$UP/bin/fork_discard"
   run unpriv-discard "$nobody" "$UP/bin/discard"
+  # A tier whose directory this user cannot write is left out with a warning; the memory
+  # tier serves and the budget holds (before, the runtime ran untiered on plain DRAM).
+  mkdir -m 555 "$UP/ro-tier"
+  printf 'dram = "16M"\n[[tier]]\nname = "mem"\nkind = "memory"\ncapacity = "1G"\n[[tier]]\nname = "ssd"\nkind = "file"\npath = "%s"\ncapacity = "1G"\n' "$UP/ro-tier" > "$UP/ro-tier.toml"
+  chmod 644 "$UP/ro-tier.toml"
+  expect unpriv-unwritable-tier-left-out 0 "tier 'ssd': cannot create a private file.*left out, the other tiers serve.*integrity: 48 MiB.*evictions [1-9]" sh -c "out=\$(ATTUNE_CONFIG='$UP/ro-tier.toml' '$nobody' '$UP/bin/integrity' 48 2>&1); rc=\$?; echo \"\$out\" | tr '\n' ' '; exit \$rc"
   # read(2) into a non-resident allocate_TM page, both deliveries: libattune's wrapper.
   run unpriv-signal-mode-io "$nobody" "$UP/bin/signal_mode"
   run unpriv-small "$nobody" "$UP/bin/small"
@@ -471,6 +486,27 @@ expect numa-no-tier 1 "no NUMA tier in use" "$ATT" numa place --region 8M:LAT
 expect numa-weights-no-tier 1 "no NUMA tier in use" "$ATT" numa weights
 printf 'dram = "64M"\n[[tier]]\nname = "gone"\nkind = "numa"\nnode = 7\n' > "$RT/gone.toml"
 expect numa-missing-node-warns 1 "NUMA node 7 is not online.*tier left out" "$ATT" numa place --config "$RT/gone.toml" --region 8M:LAT
+
+# The soak (tests/stress/soak.sh): threads checking every page they touch over regions
+# several times the budget, every tier kind, both deliveries, a varying budget, as root
+# and as nobody; ATTUNE_SOAK_SECONDS (default 120) in all. The long run's figures are in
+# docs/reliability.md.
+echo "== soak"
+if tests/stress/soak.sh --time "${ATTUNE_SOAK_SECONDS:-120}" >"$OUT/soak.log" 2>&1; then
+  pass=$((pass+1)); echo "ok   soak $(tail -n 1 "$OUT/soak.log")"
+else
+  fail=$((fail+1)); failed+=(soak); echo "FAIL soak"; tail -n 20 "$OUT/soak.log" | sed 's/^/     /'
+fi
+
+# Every fuzz target, briefly (ATTUNE_FUZZ_SECONDS each, default 20), after replaying the
+# inputs that once failed; the long runs are `scripts/fuzz.sh --time 3600`.
+echo "== fuzz"
+if scripts/fuzz.sh --time "${ATTUNE_FUZZ_SECONDS:-20}" >"$OUT/fuzz.log" 2>&1; then
+  n=$(grep -c '^fuzz .*, 0 crashes' "$OUT/fuzz.log"); pass=$((pass+n))
+  grep '^fuzz ' "$OUT/fuzz.log" | sed 's/^/ok   /'
+else
+  fail=$((fail+1)); failed+=(fuzz); echo "FAIL fuzz"; tail -n 30 "$OUT/fuzz.log" | sed 's/^/     /'
+fi
 
 if [ -d tests/python ] && command -v python3 >/dev/null; then
   echo "== Python tests"

@@ -50,7 +50,10 @@ def read(path_or_file) -> Records:
 
 
 def parse(text: str) -> Records:
-    lines = text.splitlines()
+    # Records end at a newline only: str.splitlines() also breaks at form feeds, \x1c-\x1e,
+    # \x85 and U+2028/9, which a job name may hold; that cut a good record in two
+    # malformed ones (found by tests/python/test_usage_fuzz.py).
+    lines = text.replace("\r\n", "\n").split("\n")
     start = 0
     while start < len(lines) and not lines[start].strip():
         start += 1

@@ -24,7 +24,9 @@ def parse_size(series: pd.Series, base: str):
     unit = s.str[-1:].str.upper()
     has_unit = unit.isin(list(_UNITS))
     num = pd.to_numeric(s.where(~has_unit, s.str[:-1]), errors="coerce")
-    num = num.where(num >= 0)
+    # Infinite sizes ("inf", "1e400K") are not sizes: they made used = inf - inf = NaN
+    # and utilization NaN (found by tests/python/test_usage_fuzz.py).
+    num = num.where((num >= 0) & np.isfinite(num))
     unit = unit.where(has_unit, base)
     val = num * unit.map(_MULT).astype(float)
     bad = num.isna() & s.ne("")

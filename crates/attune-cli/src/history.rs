@@ -79,16 +79,22 @@ fn load(path: &Path) -> Result<Option<Store>, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
     };
-    let store: Store = serde_json::from_str(&text)
-        .map_err(|e| format!("{} is not a history file ({e})", path.display()))?;
+    parse(&text)
+        .map(Some)
+        .map_err(|e| format!("{} {e}", path.display()))
+}
+
+/// A store from its text; the error follows the file's name in a message.
+fn parse(text: &str) -> Result<Store, String> {
+    let store: Store =
+        serde_json::from_str(text).map_err(|e| format!("is not a history file ({e})"))?;
     if store.schema != SCHEMA {
         return Err(format!(
-            "{} is of schema '{}', this attune reads '{SCHEMA}'",
-            path.display(),
+            "is of schema '{}', this attune reads '{SCHEMA}'",
             store.schema
         ));
     }
-    Ok(Some(store))
+    Ok(store)
 }
 
 fn to_record(r: &StoredRun) -> Result<RunRecord, String> {
@@ -96,6 +102,14 @@ fn to_record(r: &StoredRun) -> Result<RunRecord, String> {
         .regions
         .iter()
         .map(|g| {
+            // Hot ranges go to every process of the run (`ATTUNE_PREDICT`), which refuses
+            // ranges outside the region: a hand-edited or damaged file must fail here,
+            // as a warning, not there, where it would stop the interposer.
+            if let Some(h) = g.hot.iter().find(|h| {
+                !(0.0..=1.0).contains(&h[0]) || !(0.0..=1.0).contains(&h[1]) || h[0] >= h[1]
+            }) {
+                return Err(format!("hot range {:?} is not within [0, 1]", h));
+            }
             Ok(RegionRecord {
                 size: g.size,
                 flags: Flags::parse(&g.flags)?,
@@ -119,14 +133,31 @@ pub fn lookup(
     let Some(store) = load(path)? else {
         return Ok(None);
     };
-    let Some(runs) = store.programs.get(&key(program)) else {
+    nearest(&store, &key(program), args).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// [`lookup`] in a history's text, for the program whose key is `key`: reads no file (the
+/// history's fuzz target drives it with any text).
+pub fn lookup_text(
+    text: &str,
+    key: &str,
+    args: &[String],
+) -> Result<Option<(RunRecord, usize)>, String> {
+    nearest(&parse(text)?, key, args)
+}
+
+fn nearest(
+    store: &Store,
+    key: &str,
+    args: &[String],
+) -> Result<Option<(RunRecord, usize)>, String> {
+    let Some(runs) = store.programs.get(key) else {
         return Ok(None);
     };
     let records = runs
         .iter()
         .map(to_record)
-        .collect::<Result<Vec<_>, String>>()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .collect::<Result<Vec<_>, String>>()?;
     Ok(attune_policy::predict::nearest_run(&records, args).map(|r| (r.clone(), runs.len())))
 }
 

@@ -5,7 +5,6 @@
 #![deny(unsafe_code)]
 
 mod cmd;
-mod history;
 
 use clap::{Parser, Subcommand};
 

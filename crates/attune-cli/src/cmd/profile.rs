@@ -366,7 +366,7 @@ fn phase_curves(procs: &[Value]) -> Vec<Value> {
 
 /// Records what was learned in the execution history (a run that failed teaches nothing).
 fn remember(profile: &Value, command: &[String]) {
-    let Some(store) = crate::history::path() else {
+    let Some(store) = attune_cli::history::path() else {
         return;
     };
     let Ok(program) = super::run::locate(&command[0]) else {
@@ -376,11 +376,11 @@ fn remember(profile: &Value, command: &[String]) {
     if run.regions.is_empty() {
         return;
     }
-    match crate::history::record(&store, &program, &run) {
+    match attune_cli::history::record(&store, &program, &run) {
         Ok(()) => eprintln!(
             "attune profile: recorded in {} for `attune run` without flags: {}",
             store.display(),
-            crate::history::describe(&run.regions).join("; ")
+            attune_cli::history::describe(&run.regions).join("; ")
         ),
         Err(e) => eprintln!("attune profile: warning: {e}"),
     }

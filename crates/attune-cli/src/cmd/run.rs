@@ -270,7 +270,7 @@ pub fn run(a: Args) -> i32 {
             eprintln!(
                 "attune run: flags from the history ({runs} profiled run(s) of {}): {}",
                 path.display(),
-                crate::history::describe(regions).join("; ")
+                attune_cli::history::describe(regions).join("; ")
             );
         }
     }
@@ -393,7 +393,7 @@ pub fn run(a: Args) -> i32 {
     report["prediction"] = match &prediction {
         Some((regions, runs)) => json!({
             "runs": runs,
-            "regions": crate::history::describe(regions),
+            "regions": attune_cli::history::describe(regions),
             "encoded": attune_policy::predict::encode(regions),
         }),
         None => Value::Null,
@@ -437,8 +437,8 @@ fn predict(
     {
         return None;
     }
-    let store = crate::history::path()?;
-    match crate::history::lookup(&store, path, &a.command[1..]) {
+    let store = attune_cli::history::path()?;
+    match attune_cli::history::lookup(&store, path, &a.command[1..]) {
         Ok(Some((run, n))) if !run.regions.is_empty() => Some((run.regions, n)),
         Ok(_) => None,
         Err(w) => {

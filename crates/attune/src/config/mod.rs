@@ -255,7 +255,7 @@ pub fn load(
             .filter(|s| !s.is_empty())
             .map(PathBuf::from)
     });
-    let (file, text, pname) = match &file_path {
+    match &file_path {
         Some(p) => {
             let text = std::fs::read_to_string(p).map_err(|e| {
                 ConfigError(format!(
@@ -263,14 +263,30 @@ pub fn load(
                     p.display()
                 ))
             })?;
+            load_text(Some((&p.display().to_string(), &text)), env, m)
+        }
+        None => load_text(None, env, m),
+    }
+}
+
+/// [`load`] with the file's text given (`(name, text)`, the name for messages): reads no
+/// file, so the configuration fuzz target and tests drive it with any text.
+pub fn load_text(
+    file: Option<(&str, &str)>,
+    env: &[(String, String)],
+    m: &Machine,
+) -> Result<Config, ConfigError> {
+    let getenv = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let (file, text, pname) = match file {
+        Some((name, text)) => {
             let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
                 let line = e
                     .span()
                     .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
                     .unwrap_or(0);
-                ConfigError(format!("{}:{line}: {}", p.display(), e.message()))
+                ConfigError(format!("{name}:{line}: {}", e.message()))
             })?;
-            (table, text, p.display().to_string())
+            (table, text.to_string(), name.to_string())
         }
         None => (toml::Table::new(), String::new(), String::new()),
     };

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The soak (tests/stress/soak.c) over every far-tier kind and under a budget that varies:
+#   1. the memory tier, 16 MiB budget;
+#   2. the file tier (NVMe/Lustre-like), 16 MiB budget;
+#   3. under attuned (48 MiB pool), whose grant changes every 2 s as a neighbour workflow
+#      of 40 MiB comes and goes;
+#   4. as an unprivileged user where this script runs as root (a user-mode-only
+#      userfaultfd where vm.unprivileged_userfaultfd=0).
+# Each region the soak allocates takes a random chunk size and fault delivery.
+#
+#   tests/stress/soak.sh [--time SECONDS]   total time, split over the four (default 120)
+#
+# Needs the staged build (make build). Prints each run's "soak:" line and a total;
+# exits 1 on any wrong byte. docs/reliability.md has the long run's figures.
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD; PREFIX=$ROOT/build
+total=120
+[ "${1:-}" = --time ] && total=$2
+part=$(( total / 4 )); [ $part -lt 5 ] && part=5
+OUT=$(mktemp -d /tmp/attune-soak.XXXXXX); chmod 755 "$OUT"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$OUT"; }
+trap cleanup EXIT
+gcc -O2 -g -I"$PREFIX/include" -I"$ROOT/tests/c" tests/stress/soak.c -o "$OUT/soak" \
+  -L"$PREFIX/lib" -lattune -Wl,-rpath,"$PREFIX/lib" -lpthread || exit 1
+gcc -O2 -I"$PREFIX/include" -I"$ROOT/tests/c" tests/daemon/client.c -o "$OUT/client" \
+  -L"$PREFIX/lib" -lattune -Wl,-rpath,"$PREFIX/lib" -lpthread || exit 1
+status=0; moved=0; checks=0
+soak() { # soak NAME [env...]: one run of $part seconds
+  local name=$1; shift
+  if env SOAK_SECONDS=$part "$@" >"$OUT/$name.log" 2>&1; then :; else status=1; fi
+  local line; line=$(grep -E '^soak: [0-9]+ threads' "$OUT/$name.log" || true)
+  echo "$name: ${line:-no result}"
+  [ -z "$line" ] && status=1
+  grep -vE '^soak: [0-9]+ threads' "$OUT/$name.log" | head -5 | sed 's/^/    /'
+  moved=$(( moved + $(sed -n 's/.* \([0-9]*\) pages moved.*/\1/p' <<<"$line" | head -1 || echo 0) ))
+  checks=$(( checks + $(sed -n 's/.*: \([0-9]*\) page checks.*/\1/p' <<<"$line" | head -1 || echo 0) ))
+}
+soak memory-tier ATTUNE_DRAM=16M ATTUNE_DAEMON=off "$OUT/soak"
+cat >"$OUT/file.toml" <<TOML
+dram = "16M"
+daemon = "off"
+[[tier]]
+name = "ssd"
+kind = "file"
+path = "$OUT"
+capacity = "4G"
+TOML
+soak file-tier ATTUNE_CONFIG="$OUT/file.toml" "$OUT/soak"
+sock=$OUT/attuned.sock
+"$PREFIX/bin/attuned" --socket "$sock" --dram 48M --min-grant 8M --metrics off >"$OUT/attuned.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+( end=$((SECONDS + part)); while [ $SECONDS -lt $end ]; do
+    ATTUNE_SOCKET=$sock ATTUNE_DRAM=40M "$OUT/client" workflow CAP 40 2 >/dev/null 2>&1; sleep 2; done ) &
+pids+=($!)
+soak varying-budget ATTUNE_SOCKET="$sock" ATTUNE_DAEMON=require ATTUNE_DRAM=48M "$OUT/soak"
+if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
+  soak unprivileged runuser -u nobody -- env ATTUNE_DRAM=16M ATTUNE_DAEMON=off "$OUT/soak"
+else
+  soak unprivileged-as-$(id -un) ATTUNE_DRAM=16M ATTUNE_DAEMON=off "$OUT/soak"
+fi
+echo "soak total: $checks page checks, $moved pages moved between tiers, $([ $status = 0 ] && echo 0 || echo some) wrong"
+exit $status
