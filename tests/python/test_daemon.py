@@ -645,6 +645,9 @@ def test_bad_input(workdir, daemon, tmp_path):
     bad.write_text("dram = 3\n")
     r = subprocess.run([str(ATTUNED), "--config", str(bad), "--socket", str(tmp_path / "x")], capture_output=True, text=True)
     assert r.returncode == 2 and "bad.toml" in r.stderr
+    r = subprocess.run([str(ATTUNED), "--dram", "64M", "--min-grant", "1G", "--socket", str(tmp_path / "x")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "min_grant '1G' is above the DRAM pool" in r.stderr, r.stderr
     d = daemon("--dram", "64M")
     r = subprocess.run([str(ATTUNED), "--socket", d.sock, "--metrics", "off"], capture_output=True, text=True, timeout=10)
     assert r.returncode == 1 and "another attuned" in r.stderr

@@ -351,6 +351,36 @@ pub fn forward_signals_to(child: i32) {
     }
 }
 
+/// For a launcher: the program `cmd` starts gets SIGKILL when the launcher dies, so a
+/// launcher killed with SIGKILL (which it cannot forward) does not leave its program
+/// running unsupervised. Set in the child between fork and exec; a launcher already gone
+/// by then (the race `prctl` cannot see) makes the child exit at once.
+pub fn die_with_launcher(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: getpid is async-signal-safe and has no preconditions.
+    let launcher = unsafe { libc::getpid() };
+    // SAFETY: the closure runs in the forked child before exec and calls only prctl,
+    // getppid and _exit, which are async-signal-safe; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != launcher {
+                libc::_exit(137);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Ends this process with signal `sig`, as the child it ran did (so a shell sees the same
 /// status): default action, signal unblocked, no core file of the launcher.
 pub fn die_by_signal(sig: i32) -> ! {

@@ -619,7 +619,7 @@ pub fn discard(ptr: usize, len: usize) -> Result<(), Errno> {
         e.pager.discard(&r, ptr, len)
     };
     // SAFETY: ranges of `r`, which the application holds and asked to discard.
-    unsafe { crate::paging::zero_discarded(&zero) };
+    unsafe { crate::paging::ops::zero_discarded(&zero) };
     Ok(())
 }
 

@@ -116,6 +116,13 @@ pub fn load(
     };
     let dram = bytes(value("dram", total_memory)?).unwrap_or(0);
     let min_grant = bytes(value("min_grant", 0)?).unwrap_or(0);
+    if min_grant > dram {
+        // Every workflow's floor above the whole pool: the first one would take it all.
+        return Err(format!(
+            "min_grant '{}' is above the DRAM pool ({dram} bytes)",
+            raw("min_grant")?.unwrap_or_default()
+        ));
+    }
     let shared_max = bytes(value("shared_max", dram)?).unwrap_or(0);
     if shared_max > dram {
         return Err(format!(

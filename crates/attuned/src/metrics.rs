@@ -134,7 +134,7 @@ pub fn render(s: &Status) -> String {
             w.evictions as f64
         }),
         ("workflow_processes", "Processes registered", |w| {
-            w.pids.len() as f64
+            w.processes.max(w.pids.len() as u64) as f64
         }),
     ];
     for (name, help, f) in per_wf {

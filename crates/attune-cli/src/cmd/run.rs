@@ -346,6 +346,8 @@ pub fn run(a: Args) -> i32 {
             ),
         );
     }
+    // SIGKILL of `attune run` cannot be passed on: the kernel ends the program with it.
+    attune_sys::os::die_with_launcher(&mut cmd);
     let t0 = std::time::Instant::now();
     let mut child = match cmd.spawn() {
         Ok(c) => c,
@@ -448,8 +450,43 @@ fn predict(
     }
 }
 
+/// The statistics directory of this run (`$TMPDIR/attune-run-<pid>-<i>`, mode 0700). A
+/// run killed with SIGKILL leaves its directory; the next run of the same user removes
+/// those whose `attune run` is gone (owned by this user: the directory is shared).
 fn tempdir() -> std::io::Result<PathBuf> {
     let base = std::env::temp_dir();
+    let made = make_tempdir(&base)?;
+    clean_stale_run_dirs(&base, &made);
+    Ok(made)
+}
+
+fn clean_stale_run_dirs(base: &Path, mine: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(me) = std::fs::metadata(mine).map(|m| m.uid()) else {
+        return;
+    };
+    let Ok(rd) = std::fs::read_dir(base) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("attune-run-"))
+            .and_then(|r| r.split_once('-'))
+            .and_then(|(pid, i)| i.parse::<u32>().ok().and(pid.parse::<i32>().ok()))
+        else {
+            continue;
+        };
+        let stale = std::fs::symlink_metadata(e.path()).is_ok_and(|m| m.is_dir() && m.uid() == me)
+            && !attune_sys::os::pid_alive(pid);
+        if stale {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+fn make_tempdir(base: &Path) -> std::io::Result<PathBuf> {
     for i in 0..100u32 {
         let d = base.join(format!("attune-run-{}-{}", std::process::id(), i));
         match std::fs::DirBuilder::new().mode(0o700).create(&d) {

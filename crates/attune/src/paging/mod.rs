@@ -13,8 +13,7 @@
 mod behind;
 pub mod evict;
 pub mod fault;
-mod ops;
-pub use ops::zero_discarded;
+pub mod ops;
 pub mod pager;
 pub mod sample;
 pub mod sampler;

@@ -262,7 +262,7 @@ impl Pager {
     /// (the application's `MADV_DONTNEED` cannot do that for a chunk in a far tier: its
     /// pages are not mapped, so its old content would come back). The parts of chunks at
     /// the edges, and pinned chunks (they stay resident), must be written with zeros: they
-    /// are returned, for the caller to zero with [`zero_discarded`](super::zero_discarded) once it has left the
+    /// are returned, for the caller to zero with [`zero_discarded`] once it has left the
     /// fork gate. Writing them here, inside it, faulted on a non-resident edge while a
     /// fork closed the gate: the handler thread could not enter to serve the fault, the
     /// fork waited its 5 s and its child lost its managed memory (found by the soak,
