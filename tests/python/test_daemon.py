@@ -3,6 +3,7 @@ shared regions across processes and users, SIGKILL of the daemon and of clients,
 of the socket protocol, 100 concurrent clients, status and metrics.
 
 Needs the staged build (make build): build/bin/attuned, build/bin/attune, build/lib."""
+import inspect
 import json
 import os
 import random
@@ -678,33 +679,12 @@ def test_stale_socket_replaced(workdir, daemon):
 
 # --- what one user may claim and see (issue 27) ------------------------------------
 
-NOBODY_PRELUDE = """
-import json, socket, struct, subprocess, sys, time
-def frame(o):
-    b = json.dumps(o).encode()
-    return struct.pack('<I', len(b)) + b
-def recv_frame(s):
-    hdr = b''
-    while len(hdr) < 4:
-        c = s.recv(4 - len(hdr))
-        if not c:
-            return None
-        hdr += c
-    n = struct.unpack('<I', hdr)[0]
-    body = b''
-    while len(body) < n:
-        body += s.recv(n - len(body))
-    return json.loads(body)
+# The protocol helpers above, for a client run as nobody in a process of its own.
+NOBODY_PRELUDE = ("import json, socket, struct, subprocess, sys, time\nMIB = 1 << 20\n"
+                  + "".join(inspect.getsource(f) for f in (frame, recv_frame, hello)) + """
 def connect(path):
     s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(path); return s
-def hello(s, name, flags, want, protected):
-    s.sendall(frame({"op": "hello", "version": 1, "workflow": name, "flags": flags,
-                     "want": want, "protected": protected}))
-    while True:
-        r = recv_frame(s)
-        if r is None or r["op"] != "grant":
-            return r
-"""
+""")
 
 
 def nobody_holds(d, body):

@@ -255,7 +255,9 @@ pub fn encode(regions: &[RegionRecord]) -> String {
                     // Shortest exact form: a fixed precision rounded (0.9999999, 1) to an
                     // empty range, which `decode` refused, stopping the run's interposer
                     // (found by the history fuzz target).
-                    .map(|(a, b)| format!("{a}-{b}"))
+                    // -0.0 is within [0, 1] but prints as "-0", whose '-' the decoder
+                    // took for the separator (found by the same target): written as 0.
+                    .map(|(a, b)| format!("{}-{}", a + 0.0, b + 0.0))
                     .collect();
                 s.push('@');
                 s.push_str(&hot.join("+"));
@@ -485,6 +487,15 @@ mod tests {
         ];
         let text = encode(&regions);
         assert_eq!(decode(&text).unwrap(), regions);
+        let negative_zero = vec![RegionRecord {
+            size: 4096,
+            flags: Flags::CAP,
+            hot: vec![(-0.0, 0.5)],
+        }];
+        assert_eq!(
+            decode(&encode(&negative_zero)).unwrap()[0].hot,
+            vec![(0.0, 0.5)]
+        );
         assert_eq!(decode("").unwrap(), vec![]);
         for bad in [
             "64",
