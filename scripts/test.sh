@@ -194,6 +194,14 @@ if grep -q "allow the userfaultfd system call in the container's seccomp profile
 else
   fail=$((fail+1)); failed+=(uffd-refused-message); echo "FAIL uffd-refused-message"; cat "$OUT/fallback-uffd-refused-by-seccomp.log"
 fi
+# Resource limits at their minimum. Too few descriptors for the runtime's userfaultfds and
+# eventfd: it says so and runs on plain DRAM, every word intact; 16 are plenty (8 sufficed
+# here). RLIMIT_MEMLOCK 0: the paging engine's pins are its own, not mlock, so it tiers.
+if command -v prlimit >/dev/null; then
+  expect rlimit-nofile-6-plain-dram 0 "Too many open files.*plain DRAM" prlimit --nofile=6 "$OUT/fallback"
+  run rlimit-nofile-16-tiered prlimit --nofile=16 "$OUT/integrity" 48
+  run rlimit-memlock-0-tiered prlimit --memlock=0 "$OUT/integrity" 48
+fi
 # Only the system call refused: the runtime opens /dev/userfaultfd instead and tiers as usual.
 if [ -r /dev/userfaultfd ] && [ -w /dev/userfaultfd ]; then
   run uffd-device-when-syscall-refused "$OUT/deny_syscalls" userfaultfd -- "$OUT/integrity"
