@@ -198,7 +198,9 @@ fi
 # eventfd: it says so and runs on plain DRAM, every word intact; 16 are plenty (8 sufficed
 # here). RLIMIT_MEMLOCK 0: the paging engine's pins are its own, not mlock, so it tiers.
 if command -v prlimit >/dev/null; then
-  expect rlimit-nofile-6-plain-dram 0 "Too many open files.*plain DRAM" prlimit --nofile=6 "$OUT/fallback"
+  run rlimit-nofile-6-plain-dram prlimit --nofile=6 "$OUT/fallback"
+  if grep -qE "Too many open files.*plain DRAM" "$OUT/rlimit-nofile-6-plain-dram.log"; then pass=$((pass+1)); echo "ok   rlimit-nofile-6-said"
+  else fail=$((fail+1)); failed+=(rlimit-nofile-6-said); echo "FAIL rlimit-nofile-6-said"; head -5 "$OUT/rlimit-nofile-6-plain-dram.log"; fi
   run rlimit-nofile-16-tiered prlimit --nofile=16 "$OUT/integrity" 48
   run rlimit-memlock-0-tiered prlimit --memlock=0 "$OUT/integrity" 48
 fi
