@@ -1,7 +1,7 @@
 //! The socket side: one thread per connection reads frames, checks them and applies them
 //! to the shared state. Identity comes from `SO_PEERCRED`, never from a message.
 
-use crate::state::{push, State, Writer};
+use crate::state::{push, valid_name, State, Writer};
 use attune_policy::Flags;
 use attune_proto::{FrameReader, ReadError, Reply, Request};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -155,11 +155,7 @@ pub fn status_for(st: &State, uid: u32, from: u64) -> attune_proto::Status {
             false
         });
         s.shared.retain_mut(|r| {
-            let granted = st
-                .shared
-                .get(&r.name)
-                .is_some_and(|x| x.granted.contains(&uid));
-            if r.owner != uid && !granted {
+            if !st.shared.contains_key(&r.name) || !may_open(st, &r.name, uid) {
                 o.shared_regions += 1;
                 o.shared_bytes += r.size;
                 return false;
@@ -179,18 +175,17 @@ pub fn status_for(st: &State, uid: u32, from: u64) -> attune_proto::Status {
 fn page(mut s: attune_proto::Status, from: u64) -> attune_proto::Status {
     let wf = std::mem::take(&mut s.workflows);
     let sh = std::mem::take(&mut s.shared);
-    let len = |v: &dyn erased::Json| v.json_len() + 1;
     // The rest of the reply, and room for `next`.
-    let mut size = len(&s) + 32;
+    let mut size = json_len(&s) + 32;
     let nw = wf.len();
     let total = nw + sh.len();
     let mut i = (from as usize).min(total);
     let first = i;
     while i < total {
-        let add = if i < nw {
-            len(&wf[i])
+        let add = 1 + if i < nw {
+            json_len(&wf[i])
         } else {
-            len(&sh[i - nw])
+            json_len(&sh[i - nw])
         };
         if size + add > STATUS_BODY && i > first {
             break;
@@ -207,25 +202,9 @@ fn page(mut s: attune_proto::Status, from: u64) -> attune_proto::Status {
     s
 }
 
-mod erased {
-    /// The length of a value's JSON, for any of the status's parts.
-    pub trait Json {
-        fn json_len(&self) -> usize;
-    }
-    impl<T: serde::Serialize> Json for T {
-        fn json_len(&self) -> usize {
-            serde_json::to_vec(self).map_or(usize::MAX / 4, |v| v.len())
-        }
-    }
-}
-
-/// Shared-region names: short, printable, no path separators (they name memfds and
-/// appear in logs and metrics labels).
-fn valid_name(n: &str) -> bool {
-    !n.is_empty()
-        && n.len() <= 64
-        && n.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+/// Bytes of a value's JSON (a value that cannot be encoded counts as too large).
+fn json_len<T: serde::Serialize>(v: &T) -> usize {
+    serde_json::to_vec(v).map_or(usize::MAX / 4, |v| v.len())
 }
 
 fn valid_workflow(n: &str) -> bool {

@@ -270,13 +270,8 @@ impl State {
         // Tier names are shown by `attune status` and label metrics: a few short names
         // of the region-name alphabet, else a report could outgrow a status frame.
         let mut u = u;
-        u.tiers.retain(|(name, _)| {
-            !name.is_empty()
-                && name.len() <= 32
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-        });
+        u.tiers
+            .retain(|(name, _)| name.len() <= 32 && valid_name(name));
         u.tiers.truncate(attune_proto::USAGE_TIERS_MAX);
         r.usage = u;
         if let Some(rc) = &mut self.reclaim {
@@ -383,6 +378,15 @@ impl State {
             next: None,
         }
     }
+}
+
+/// Shared-region and tier names: short, printable, no path separators (they name memfds
+/// and appear in logs and metrics labels).
+pub fn valid_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 64
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
 /// Adds `bytes` to the tier `name` of a per-tier list.

@@ -487,7 +487,9 @@ impl FullWarning {
     fn check(&mut self, e: &Pager) {
         let refused: u64 = e.tiers.iter().map(|t| t.counters.full.load(Relaxed)).sum();
         let chunk = e.cfg.chunk_size as u64;
-        let refusing = refused > self.refused_seen || e.tiers.iter().all(|t| !t.accepts(chunk));
+        // No far tier at all (NUMA tiers only): nothing refuses, there is nowhere to evict.
+        let refusing = !e.tiers.is_empty()
+            && (refused > self.refused_seen || e.tiers.iter().all(|t| !t.accepts(chunk)));
         self.refused_seen = refused;
         let (resident, budget) = (e.resident.load(Relaxed), e.budget());
         if !refusing || resident <= budget + budget / 8 {
