@@ -473,6 +473,9 @@ EOS
   # Signal delivery under attune run (--fault-mode signal): the same calls, both users.
   expect run-syscalls-io-signal 0 "syscalls_io: OK" "$ATT" run -q --fault-mode signal --dram 16M -- "$UP/bin/syscalls_io" "$UP/work" 64
   expect unpriv-run-syscalls-io-signal 0 "syscalls_io: OK" runuser -u nobody -- "$UP/bin/attune" run -q --fault-mode signal --dram 16M -- "$UP/bin/syscalls_io" "$UP/work" 64
+  # SIGKILL of attune run, as a user: the program ends with it, the directory goes next run.
+  cp "$RT/killed_run.sh" "$UP/bin/" && chmod 755 "$UP/bin/killed_run.sh"
+  expect unpriv-run-sigkill-takes-the-program-and-leaves-nothing 0 "program ended with its launcher; directories left 1, after the next run 0" runuser -u nobody -- "$UP/bin/killed_run.sh" "$UP/bin/attune"
   expect unpriv-run-c 0 "c_matrix: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 32M -- "$UP/bin/c_matrix" 128
   # Secure execution: a program linked with libattune, set-user-ID nobody and run by root,
   # ignores the caller's ATTUNE_* (ATTUNE_CONFIG into a directory only root can read);
