@@ -285,13 +285,21 @@ pub fn open_private_file(dir: &std::path::Path, direct: bool) -> SysResult<(Owne
 }
 
 /// Removes the files a crashed process of this user left in `dir`: regular files named
-/// exactly `attune-<pid>-<n>` (the named fallback above), owned by this process's
-/// effective uid, whose pid is gone. Returns how many.
-///
-/// The tier directory is often world-writable (`$TMPDIR`, /tmp, a scratch file system):
-/// any other file there may be another user's, so ownership is checked on the file itself
-/// (`lstat`: a symbolic link is never followed or removed), never inferred from the name.
+/// exactly `attune-<pid>-<n>` (the named fallback above). Returns how many.
 pub fn clean_stale_files(dir: &std::path::Path) -> usize {
+    remove_stale(dir, "attune-", false)
+}
+
+/// Removes what processes of this user that are gone left in `dir`: entries named exactly
+/// `<prefix><pid>-<n>`, regular files (or directories, with `dirs`, and all they hold),
+/// owned by this process's effective uid, whose pid is not running. Returns how many.
+///
+/// Such directories are often world-writable (`$TMPDIR`, /tmp, a scratch file system):
+/// any other entry there may be another user's, so ownership is checked on the entry
+/// itself (`lstat`: a symbolic link is never followed or removed), never inferred from
+/// the name. Used for the file tier's named files and `attune run`'s statistics
+/// directories.
+pub fn remove_stale(dir: &std::path::Path, prefix: &str, dirs: bool) -> usize {
     use std::os::unix::fs::MetadataExt;
     let Ok(rd) = std::fs::read_dir(dir) else {
         return 0;
@@ -303,7 +311,7 @@ pub fn clean_stale_files(dir: &std::path::Path) -> usize {
         let name = e.file_name();
         let Some(name) = name.to_str() else { continue };
         let Some((pid, n)) = name
-            .strip_prefix("attune-")
+            .strip_prefix(prefix)
             .and_then(|rest| rest.split_once('-'))
         else {
             continue;
@@ -315,10 +323,20 @@ pub fn clean_stale_files(dir: &std::path::Path) -> usize {
         let Ok(m) = std::fs::symlink_metadata(e.path()) else {
             continue;
         };
-        if !m.file_type().is_file() || m.uid() != me || crate::os::pid_alive(pid) {
+        let kind = if dirs {
+            m.is_dir()
+        } else {
+            m.file_type().is_file()
+        };
+        if !kind || m.uid() != me || crate::os::pid_alive(pid) {
             continue;
         }
-        if std::fs::remove_file(e.path()).is_ok() {
+        let gone = if dirs {
+            std::fs::remove_dir_all(e.path())
+        } else {
+            std::fs::remove_file(e.path())
+        };
+        if gone.is_ok() {
             removed += 1;
         }
     }

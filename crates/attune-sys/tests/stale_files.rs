@@ -52,3 +52,21 @@ fn only_this_users_files_of_dead_processes_go() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The same rule for `attune run`'s statistics directories: only directories, only ours,
+/// only of launchers that are gone; what they hold goes with them.
+#[test]
+fn stale_run_directories_of_this_user_go_with_their_content() {
+    let dir = std::env::temp_dir().join(format!("attune-stale-dirs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let gone = dir.join(format!("attune-run-{DEAD}-0"));
+    std::fs::create_dir(&gone).unwrap();
+    std::fs::write(gone.join("proc-1-2.json"), b"{}").unwrap();
+    let live = dir.join(format!("attune-run-{}-0", std::process::id()));
+    std::fs::create_dir(&live).unwrap();
+    let file = dir.join(format!("attune-run-{DEAD}-1"));
+    std::fs::write(&file, b"x").unwrap();
+    assert_eq!(mem::remove_stale(&dir, "attune-run-", true), 1);
+    assert!(!gone.exists() && live.exists() && file.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -456,34 +456,8 @@ fn predict(
 fn tempdir() -> std::io::Result<PathBuf> {
     let base = std::env::temp_dir();
     let made = make_tempdir(&base)?;
-    clean_stale_run_dirs(&base, &made);
+    attune_sys::mem::remove_stale(&base, "attune-run-", true);
     Ok(made)
-}
-
-fn clean_stale_run_dirs(base: &Path, mine: &Path) {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(me) = std::fs::metadata(mine).map(|m| m.uid()) else {
-        return;
-    };
-    let Ok(rd) = std::fs::read_dir(base) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("attune-run-"))
-            .and_then(|r| r.split_once('-'))
-            .and_then(|(pid, i)| i.parse::<u32>().ok().and(pid.parse::<i32>().ok()))
-        else {
-            continue;
-        };
-        let stale = std::fs::symlink_metadata(e.path()).is_ok_and(|m| m.is_dir() && m.uid() == me)
-            && !attune_sys::os::pid_alive(pid);
-        if stale {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
 }
 
 fn make_tempdir(base: &Path) -> std::io::Result<PathBuf> {
