@@ -196,13 +196,14 @@ impl Pager {
             .cloned()
             .collect();
         let far_capacity: u64 = paged.iter().map(|t| t.capacity).sum();
-        let capacity = cfg.dram.saturating_add(far_capacity);
+        // Every configured tier, whether it opens or not: offsets are virtual.
+        let planned = cfg.dram.saturating_add(far_capacity);
         // Offset space of each tier: enough for every byte that can be allocated at once,
         // plus the virtual size of every small-object arena: an arena reserves a slot range
         // like any region but holds only what mimalloc carved, and counted against the
         // capacity two arenas left no room for a region in a 1 GiB file tier. Offsets are
         // virtual: the memory tier's arena is a reservation, the file tier's file sparse.
-        let space = capacity.min(1 << 45) + arena_space + (64 << 20);
+        let space = planned.min(1 << 45) + arena_space + (64 << 20);
         // A far tier that cannot be opened (an unwritable or missing directory, a file
         // system that refuses the file) is left out with a warning, and the others serve:
         // before, one bad directory stopped all tiering and the budget with it. Without
