@@ -168,6 +168,9 @@ struct RegionMix {
     pages_per_chunk: f64,
     sampled: usize,
     hits: u64,
+    /// Per chunk (touches, exposure in ns), and the delivery floor they were read with.
+    cells: Vec<(u32, u64)>,
+    floor_ns: u64,
 }
 
 impl RegionMix {
@@ -181,10 +184,12 @@ impl RegionMix {
             .collect();
         RegionMix {
             mix: heat::rate_mixture(&cells, floor_ns),
+            floor_ns,
             chunks: h.len() as f64,
             pages_per_chunk: (r["chunk_size"].as_u64().unwrap_or(4096).max(4096) / 4096) as f64,
             sampled: cells.iter().filter(|c| c.1 > 0).count(),
             hits: h.iter().sum(),
+            cells,
         }
     }
     /// The mixture per 4 KiB page, weighted by pages: a chunk of k pages at rate r is k
@@ -199,14 +204,10 @@ impl RegionMix {
     }
 }
 
-/// Hot ranges of a sampled region (fractions), from its per-chunk rates.
-fn hot_ranges_of(r: &Value, hot_share: f64) -> Vec<(f64, f64)> {
-    let rates: Vec<Option<f64>> = u64s(&r["hits"])
-        .iter()
-        .zip(u64s(&r["exposure_us"]))
-        .map(|(&h, x)| (x > 0).then(|| h as f64 / x as f64))
-        .collect();
-    attune_policy::predict::hot_ranges(&rates, hot_share, 16)
+/// Hot ranges of a sampled region (fractions), from its chunks' samples.
+fn hot_ranges_of(m: &RegionMix, hot_share: f64) -> Vec<(f64, f64)> {
+    let p_hot = heat::hot_posterior(&m.cells, &m.mix, hot_share, m.floor_ns);
+    attune_policy::predict::hot_ranges(&p_hot, hot_share, 16)
 }
 
 /// What this profile teaches `attune run` about the program: the regions of its first
@@ -281,7 +282,7 @@ fn analyze(procs: &[Value], wall: f64, code: i32, a: &Args) -> Value {
             let c = heat::mixture_curve(&m.mix, 100);
             let sg = heat::suggest(&c, a_share, b_share);
             // Where the hot part lies, for a split: pinned as the LAT part by `attune run`.
-            let hot = sg.hot_share.map(|h| hot_ranges_of(r, h)).unwrap_or_default();
+            let hot = sg.hot_share.map(|h| hot_ranges_of(m, h)).unwrap_or_default();
             json!({
                 "pid": pid, "address": r["address"], "size": size, "chunk_size": r["chunk_size"], "flags": r["flags"],
                 "sampled_chunks": m.sampled, "chunks": m.chunks,

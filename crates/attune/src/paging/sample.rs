@@ -14,10 +14,13 @@ pub fn on_placed(e: &Pager, r: &Region, c: usize, n: usize, fault_ns: u64) {
     let now = fault_ns;
     for i in 0..n {
         let t = r.samples.parked_at[c + i].swap(0, AcqRel);
-        if t == 0 {
+        // No note, or a touch that faulted before the park was noted (it waited on a far
+        // chunk the sampler held to note it): not a sample of this park. Counted, it was a
+        // hit after 0 ns, which set the delivery floor to 0.
+        if t == 0 || now < t {
             continue;
         }
-        let d = now.saturating_sub(t);
+        let d = now - t;
         if i == 0 && d <= window {
             r.samples.hits[c].fetch_add(1, Relaxed);
             r.samples.exposure_ns[c].fetch_add(d.max(1), Relaxed);
