@@ -44,7 +44,7 @@ done
 echo "== native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"
-for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads fork_small drop_behind predict_online config_error fallback protect lost_tier discard cap_tier churn deny_syscalls protect_change sigbus_chain fork_discard; do
+for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads fork_small drop_behind predict_online config_error fallback protect lost_tier discard cap_tier churn deny_syscalls protect_change sigbus_chain fork_discard readahead; do
   gcc $CFLAGS tests/c/$t.c -o "$OUT/$t" $LIBS || { fail=$((fail+1)); failed+=("build-$t"); }
 done
 g++ -O2 -std=c++17 $(pkg-config --cflags attune) tests/cpp/threads.cpp -o "$OUT/cpp_threads" $LIBS || { fail=$((fail+1)); failed+=(build-cpp); }
@@ -183,6 +183,10 @@ ATTUNE_MODE=temperature run drop-behind-temperature "$OUT/drop_behind"
 ATTUNE_PREDICT_WINDOW_MS=5000 run predict-online-skewed "$OUT/predict_online" skewed
 ATTUNE_PREDICT_WINDOW_MS=3000 run predict-online-uniform "$OUT/predict_online" uniform
 ATTUNE_MODE=temperature ATTUNE_PREDICT_WINDOW_MS=3000 run predict-online-temperature "$OUT/predict_online" off
+# Read-ahead by stream: forward, backward, four threads, a stride, random reads; values and
+# the moves per pattern checked, under both deliveries.
+run readahead "$OUT/readahead"
+ATTUNE_FAULT_MODE=signal run readahead-signal "$OUT/readahead"
 run config_error "$OUT/config_error"
 ATTUNE_DISABLE_UFFD=1 run fallback-plain-dram "$OUT/fallback"
 # userfaultfd refused by a seccomp filter, as in a container: the runtime says what to
@@ -351,8 +355,11 @@ if python3 -c 'import numpy' 2>/dev/null; then
   expect run-numpy-signal 0 "check_report: OK" sh -c "'$ATT' run -q --fault-mode signal --dram 48M --report '$RT/nps.json' -- python3 tests/run/numpy_work.py 192 && $CHECK '$RT/nps.json' --exit 0 --min-procs 1 --fault-mode signal"
 fi
 ATTUNE_PRELOAD_LIB=/nonexistent/libattune_preload.so expect run-missing-preload-lib 2 "ATTUNE_PRELOAD_LIB=.*no such file" "$ATT" run -- true
-# The chunk size: 64 KiB by default under attune run, the configuration's when it sets one.
-expect run-default-chunk 0 "check_report: OK" sh -c "'$ATT' run -q --dram 64M --report '$RT/ch.json' -- '$RT/crash' exit 0 && $CHECK '$RT/ch.json' --chunk 65536"
+# The chunk size: 4 KiB by default under attune run (read-ahead grows what moves on runs of
+# faults), the configuration's when it sets one.
+expect run-default-chunk 0 "check_report: OK" sh -c "'$ATT' run -q --dram 64M --report '$RT/ch.json' -- '$RT/crash' exit 0 && $CHECK '$RT/ch.json' --chunk 4096"
+# The transfer-unit benchmark runs (bench/unit.py; its figures in docs/benchmarks.md).
+expect bench-unit-smoke 0 "\\| random \\| 50% \\| adaptive \\|" python3 bench/unit.py --mib 32 --reps 1 --patterns seq,random
 printf 'dram = "64M"\nchunk_size = "16K"\n' > "$RT/chunk.toml"
 expect run-config-chunk 0 "check_report: OK" sh -c "'$ATT' run -q --config '$RT/chunk.toml' --report '$RT/ch2.json' -- '$RT/crash' exit 0 && $CHECK '$RT/ch2.json' --chunk 16384"
 expect run-report-unwritable 0 "warning: cannot write the report" "$ATT" run --report /nonexistent-dir/r.json -- "$RT/crash" exit 0

@@ -14,6 +14,7 @@ pub mod place;
 pub mod plan;
 pub mod predict;
 pub mod promote;
+pub mod readahead;
 pub mod share;
 pub mod stream;
 pub mod victim;

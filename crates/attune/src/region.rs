@@ -175,9 +175,10 @@ pub struct Region {
     /// Preferred far tier for evicted chunks (index into the engine's tiers).
     pub home_tier: AtomicUsize,
     pub counters: RegionCounters,
-    /// Sequential-fault detector for read-ahead.
-    pub last_fault: AtomicUsize,
-    pub ra_chunks: AtomicUsize,
+    /// Runs of faults for read-ahead (`attune_policy::readahead::Stream`, packed), and
+    /// the slot a new run takes first (a rotating counter).
+    pub streams: [AtomicU64; attune_policy::readahead::STREAMS],
+    pub stream_hint: AtomicUsize,
     /// When each chunk was last evicted, in the engine's evicted 4 KiB pages (wrapping):
     /// the refault distance of its next fault.
     pub evicted_at: Box<[AtomicU32]>,
@@ -227,8 +228,8 @@ impl Region {
             slots,
             home_tier: AtomicUsize::new(home_tier),
             counters: RegionCounters::default(),
-            last_fault: AtomicUsize::new(usize::MAX - 1),
-            ra_chunks: AtomicUsize::new(0),
+            streams: Default::default(),
+            stream_hint: AtomicUsize::new(0),
             hand: AtomicUsize::new(0),
             test_hand: AtomicUsize::new(0),
             freed: AtomicBool::new(false),

@@ -33,7 +33,7 @@ pub struct Args {
     /// Flags by allocation size, e.g. "..64M:LAT,1G..:CAP".
     #[arg(long, value_name = "RULES")]
     rules: Option<String>,
-    /// Unit of placement and movement (default 64K for `attune run`; 4K suits random access).
+    /// Unit of placement and movement (default 4K: read-ahead grows what moves on runs of faults).
     #[arg(long, value_name = "SIZE")]
     chunk: Option<String>,
     /// Manage small requests too (the whole heap).
@@ -124,21 +124,6 @@ fn preload_obstacle(path: &Path) -> Option<String> {
     }
 }
 
-/// Whether the user set the chunk size: ATTUNE_CHUNK_SIZE, or `chunk_size` in the
-/// configuration file (`--config`, else ATTUNE_CONFIG). A file that does not parse is
-/// reported by the configuration check that follows.
-fn chunk_chosen(config: Option<&Path>) -> bool {
-    if std::env::var_os("ATTUNE_CHUNK_SIZE").is_some() {
-        return true;
-    }
-    let file = config
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("ATTUNE_CONFIG").map(PathBuf::from));
-    file.and_then(|f| std::fs::read_to_string(f).ok())
-        .and_then(|t| t.parse::<toml::Table>().ok())
-        .is_some_and(|t| t.contains_key("chunk_size"))
-}
-
 /// The interposer library: $ATTUNE_PRELOAD_LIB, or next to this executable (build tree
 /// and install tree layouts). A library that does not exist would make the loader print
 /// a warning and run the program unmanaged, so it is an error here.
@@ -214,13 +199,11 @@ pub fn run(a: Args) -> i32 {
     if let Some(m) = &a.fault_mode {
         env.push(("ATTUNE_RUN_FAULT_MODE".into(), m.clone()));
     }
-    // Large buffers of unmodified programs are mostly streamed whole (numpy, array codes):
-    // 64 KiB chunks move them 4x faster than 4 KiB ones (docs/benchmarks.md), unless the
-    // user chose a chunk size (here, in the environment or in the configuration file).
+    // No chunk size of our own: the runtime's 4 KiB with read-ahead that grows on runs of
+    // faults moves streams as fast as 64 KiB chunks did and scattered reads at a page
+    // each (docs/design/paging.md, "Transfer unit").
     if let Some(c) = &a.chunk {
         env.push(("ATTUNE_CHUNK_SIZE".into(), c.clone()));
-    } else if !chunk_chosen(a.config.as_deref()) {
-        env.push(("ATTUNE_CHUNK_SIZE".into(), "64K".into()));
     }
     // What the program will see: this process's ATTUNE_* (and TM_FLAGS) overlaid by ours.
     let mut seen: Vec<(String, String)> = std::env::vars()

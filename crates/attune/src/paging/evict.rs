@@ -18,6 +18,14 @@ use attune_sys::os;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
+/// The most chunks of `r` one eviction move takes: `evict_batch` bytes, at most
+/// `MAX_RUN`. In bytes, not chunks: counted in chunks, 4 KiB chunks moved 16 times fewer
+/// bytes per move than 64 KiB ones, and a streamed pass ran 16% slower for it
+/// (`bench/unit.py`, docs/benchmarks.md "Transfer units").
+fn max_run(e: &Pager, r: &Region) -> usize {
+    (e.cfg.evict_batch.min(MAX_RUN) / r.chunk).max(1)
+}
+
 /// Evicts chunks from the drop-behind ring, newest first, until `want` bytes are freed or
 /// the ring is empty. Caller holds the clock lock (one drainer) and the table's read lock.
 fn reclaim_behind(e: &Pager, table: &[Arc<Region>], want: u64) -> u64 {
@@ -45,7 +53,7 @@ fn reclaim_behind(e: &Pager, table: &[Arc<Region>], want: u64) -> u64 {
         if addr >= r.base + r.len || r.freed.load(Acquire) || e.is_protected(r) {
             continue;
         }
-        let max_run = (MAX_RUN / r.chunk).clamp(1, e.cfg.evict_batch);
+        let max_run = max_run(e, r);
         let c0 = (addr - r.base) / r.chunk;
         let (mut start, mut len) = (c0, 0usize);
         for c in c0..(c0 + n).min(r.chunks()) {
@@ -195,7 +203,7 @@ fn sweep_region(e: &Pager, r: &Region, want: u64, last_resort: bool) -> (u64, us
         return (0, 0, 0);
     }
     let protected = e.is_protected(r);
-    let max_run = (MAX_RUN / r.chunk).clamp(1, e.cfg.evict_batch);
+    let max_run = max_run(e, r);
     let quantum = scan_quantum(n, LAP_VISITS);
     // Read once per visit and again after each demotion (the only thing here that moves
     // it), not for every chunk looked at.
@@ -459,7 +467,7 @@ pub fn evictor_loop(e: &'static Pager) {
             if cur <= low {
                 break;
             }
-            let want = (cur - low).min((e.cfg.evict_batch * e.cfg.chunk_size) as u64);
+            let want = (cur - low).min(e.cfg.evict_batch as u64);
             let freed = reclaim(e, want);
             if freed == 0 {
                 break;

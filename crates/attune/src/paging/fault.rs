@@ -20,6 +20,7 @@
 use super::pager::{Pager, MAX_RUN};
 use crate::region::{Region, State, Where};
 use attune_policy::budget;
+use attune_policy::readahead::{self, STREAMS};
 use attune_policy::victim::{on_arrival, Arrival};
 use attune_sys::uffd::{Delivery, Msg, EVENT_PAGEFAULT};
 use attune_sys::{os, Errno};
@@ -69,9 +70,25 @@ pub fn resolve(e: &Pager, r: &Region, addr: usize) -> bool {
     loop {
         match claim(r, c, true) {
             Some(Claim::Owned(src, tier)) => {
-                let n = 1 + readahead(e, r, c, src, tier);
-                let placed = place_run(e, r, c, n, src, tier);
-                mark_behind(e, r, c, n);
+                let ra = claim_readahead(e, r, c, src, tier);
+                let at = |k: usize| (c as i64 + k as i64 * ra.step) as usize;
+                let placed = match ra.step {
+                    // A contiguous run: one move.
+                    1 => place_run(e, r, c, 1 + ra.got, c, src, tier),
+                    -1 => place_run(e, r, c - ra.got, 1 + ra.got, c, src, tier),
+                    // Along a stride: the touched chunk first (under thread delivery its
+                    // thread goes on while the others are placed), then one move each.
+                    _ => {
+                        let placed = place_run(e, r, c, 1, c, src, tier);
+                        for k in 1..=ra.got {
+                            place_run(e, r, at(k), 1, NOT_TOUCHED, src, tier);
+                        }
+                        placed
+                    }
+                };
+                if ra.sequential && ra.step == 1 {
+                    mark_behind(e, r, c, 1 + ra.got);
+                }
                 return placed;
             }
             Some(Claim::Resident) => {
@@ -105,20 +122,13 @@ pub fn resolve(e: &Pager, r: &Region, addr: usize) -> bool {
     }
 }
 
-/// A sequential fault in a streamed region marks the `n` chunks as far behind it as the
-/// policy says as the first victims (`attune_policy::stream`).
+/// A fault that continued a forward run in a streamed region marks the `n` chunks as far
+/// behind it as the policy says as the first victims (`attune_policy::stream`).
 fn mark_behind(e: &Pager, r: &Region, c: usize, n: usize) {
-    // Most faults are not sequential: they stop here, before any other work.
-    let sequential = r.ra_chunks.load(Relaxed) > 0;
-    if !sequential {
-        return;
-    }
     let attuned = e.cfg.mode == crate::config::Mode::Attuned;
     let ra_max = readahead_max(e, r);
     let pressed = e.resident.load(Relaxed) + (n * r.chunk) as u64 > e.watermarks().1;
-    if let Some(d) =
-        attune_policy::stream::drop_behind(r.flags(), attuned, sequential, pressed, ra_max)
-    {
+    if let Some(d) = attune_policy::stream::drop_behind(r.flags(), attuned, true, pressed, ra_max) {
         if c >= d {
             e.drop_behind.push(r, c - d, n);
         }
@@ -130,7 +140,7 @@ pub fn fetch_chunk(e: &Pager, r: &Region, c: usize) {
     if let Some(Claim::Owned(src, tier)) = claim(r, c, true) {
         // A chunk that cannot be read back stays Far (and poisoned in thread delivery):
         // the application's access reports it.
-        let _ = place_run(e, r, c, 1, src, tier);
+        let _ = place_run(e, r, c, 1, c, src, tier);
     }
 }
 
@@ -139,28 +149,27 @@ fn readahead_max(e: &Pager, r: &Region) -> usize {
     (e.cfg.readahead.min(MAX_RUN) / r.chunk).max(1) - 1
 }
 
-/// Claims chunks after `c` when faults are sequential; returns how many were claimed.
-fn readahead(e: &Pager, r: &Region, c: usize, src: Where, tier: usize) -> usize {
-    let last = r.last_fault.swap(c, Relaxed);
-    let max_chunks = readahead_max(e, r);
-    if max_chunks == 0 {
-        return 0;
-    }
-    let window = r.ra_chunks.load(Relaxed);
-    // Sequential if this fault is right after the previous one or its read-ahead window.
-    let sequential = c > last && c <= last.saturating_add(window + 1);
-    let want = if sequential {
-        (window * 2).clamp(1, max_chunks)
-    } else {
-        0
-    };
-    r.ra_chunks.store(want, Relaxed);
+/// What a fault's read-ahead claimed beside its own chunk.
+struct ReadAhead {
+    /// Chunks claimed `step` apart: `c + step`, `c + 2 step`, ...
+    got: usize,
+    step: i64,
+    /// The fault continued a run of faults (`attune_policy::readahead`).
+    sequential: bool,
+}
+
+/// `place_run`'s `touched` for a run that no access asked for (read-ahead on a stride).
+const NOT_TOUCHED: usize = usize::MAX;
+
+/// Claims the chunks the read-ahead policy asks for beside `c` (same source only, up to
+/// the first chunk that is not), and records the fault in the region's stream slots.
+fn claim_readahead(e: &Pager, r: &Region, c: usize, src: Where, tier: usize) -> ReadAhead {
+    let slots: [u64; STREAMS] = std::array::from_fn(|i| r.streams[i].load(Relaxed));
+    let hint = r.stream_hint.fetch_add(1, Relaxed);
+    let d = readahead::on_fault(&slots, c, r.chunks(), readahead_max(e, r), hint);
     let mut got = 0;
-    while got < want {
-        let n = c + 1 + got;
-        if n >= r.chunks() {
-            break;
-        }
+    while got < d.ahead {
+        let n = (c as i64 + (got as i64 + 1) * d.step) as usize;
         let s = r.state(n);
         let same = s.place() == src && (src == Where::Fresh || s.tier() == tier);
         if !same || !r.cas(n, s, s.with(Where::Fetching, s.tier())) {
@@ -168,10 +177,15 @@ fn readahead(e: &Pager, r: &Region, c: usize, src: Where, tier: usize) -> usize 
         }
         got += 1;
     }
+    r.streams[d.slot].store(d.record(c, got), Relaxed);
     if got > 0 {
         r.counters.readahead_chunks.fetch_add(got as u64, Relaxed);
     }
-    got
+    ReadAhead {
+        got,
+        step: d.step,
+        sequential: d.sequential,
+    }
 }
 
 /// Reserves DRAM for `bytes`, evicting synchronously when the budget is exceeded.
@@ -244,9 +258,19 @@ fn retry_transient(
     }
 }
 
-/// Places chunks `[c, c+n)` (all claimed by this thread, same source) and publishes them.
-/// Returns false when their data could not be read back from the tier.
-fn place_run(e: &Pager, r: &Region, c: usize, n: usize, src: Where, tier: usize) -> bool {
+/// Places chunks `[c, c+n)` (all claimed by this thread, same source; the access was to
+/// chunk `touched`, the others came by read-ahead; [`NOT_TOUCHED`] for none) and
+/// publishes them. Returns false when
+/// their data could not be read back from the tier.
+fn place_run(
+    e: &Pager,
+    r: &Region,
+    c: usize,
+    n: usize,
+    touched: usize,
+    src: Where,
+    tier: usize,
+) -> bool {
     let fault_ns = if r.samples.enabled() {
         attune_sys::os::now_ns()
     } else {
@@ -257,6 +281,7 @@ fn place_run(e: &Pager, r: &Region, c: usize, n: usize, src: Where, tier: usize)
     let run = Run {
         c,
         n,
+        touched,
         src,
         tier,
         dst: r.chunk_addr(c),
@@ -272,6 +297,8 @@ fn place_run(e: &Pager, r: &Region, c: usize, n: usize, src: Where, tier: usize)
 struct Run {
     c: usize,
     n: usize,
+    /// The chunk the access was to.
+    touched: usize,
     src: Where,
     tier: usize,
     dst: usize,
@@ -320,6 +347,7 @@ fn publish_run(e: &Pager, r: &Region, run: &Run, fault_ns: u64, result: Result<(
     let Run {
         c,
         n,
+        touched,
         src,
         tier,
         dst,
@@ -329,7 +357,7 @@ fn publish_run(e: &Pager, r: &Region, run: &Run, fault_ns: u64, result: Result<(
     match result {
         Ok(()) => {
             if r.samples.enabled() {
-                super::sample::on_placed(e, r, c, n, fault_ns);
+                super::sample::on_placed(e, r, c, n, touched, fault_ns);
             }
             let now = e.eviction_clock();
             let budget = e.budget();
@@ -352,8 +380,8 @@ fn publish_run(e: &Pager, r: &Region, run: &Run, fault_ns: u64, result: Result<(
                     e.counters.denied_activations.fetch_add(1, Relaxed);
                 }
                 let bits = State::class_bits(placed.active, placed.credit);
-                if i == 0 {
-                    r.settle_heated(c, Where::Resident, 0, bits);
+                if c + i == touched {
+                    r.settle_heated(c + i, Where::Resident, 0, bits);
                 } else {
                     r.settle(c + i, Where::Resident, 0, bits);
                 }

@@ -6,10 +6,10 @@ use crate::region::Region;
 use std::sync::atomic::Ordering::*;
 
 /// Called by the fault path when chunks `[c, c+n)` were placed: a parked chunk's touch
-/// (only `c` was touched; the others came by read-ahead and are closed untouched).
+/// (only `touched` was touched; the others came by read-ahead and are closed untouched).
 /// `fault_ns` is when the fault path took the fault (before reclaim and the load, which
 /// are not the application's delay). Signal-safe: atomics only.
-pub fn on_placed(e: &Pager, r: &Region, c: usize, n: usize, fault_ns: u64) {
+pub fn on_placed(e: &Pager, r: &Region, c: usize, n: usize, touched: usize, fault_ns: u64) {
     let window = e.cfg.sample_window_us * 1000;
     let now = fault_ns;
     for i in 0..n {
@@ -21,9 +21,9 @@ pub fn on_placed(e: &Pager, r: &Region, c: usize, n: usize, fault_ns: u64) {
             continue;
         }
         let d = now - t;
-        if i == 0 && d <= window {
-            r.samples.hits[c].fetch_add(1, Relaxed);
-            r.samples.exposure_ns[c].fetch_add(d.max(1), Relaxed);
+        if c + i == touched && d <= window {
+            r.samples.hits[c + i].fetch_add(1, Relaxed);
+            r.samples.exposure_ns[c + i].fetch_add(d.max(1), Relaxed);
             e.counters.sample_hits.fetch_add(1, Relaxed);
             e.counters.sample_delay_us[((d / 1000) as usize).min(31)].fetch_add(1, Relaxed);
         } else {

@@ -1,0 +1,408 @@
+//! Read-ahead: which chunks a fault brings beside its own, learned from the region's
+//! recent faults. With it the transfer unit adapts: a scattered fault moves one chunk (a
+//! page at 4 KiB chunks), a run of faults grows its window by doubling up to the
+//! configured limit, and a fault that continues no run starts over at one chunk.
+//!
+//! Runs are tracked per stream, not per region: a region keeps [`STREAMS`] slots, each
+//! where one run's next fault is due, its window and its stride (in chunks, negative going
+//! down). Threads that each stream their own part of one array (an OpenMP `static` loop)
+//! or a loop over two halves interleave their faults; one "last fault" per region read
+//! every such fault as random and moved one page at a time.
+//!
+//! * A fault continues a run when it lands where the run's next fault is due: one stride
+//!   past the chunks its last read-ahead claimed (a stride of one chunk allows one chunk
+//!   of slack). Anywhere else, even inside the window, it does not: a fault inside the
+//!   window means its read-ahead was evicted before use, and growing the window then only
+//!   thrashes (a window that any nearby fault continued grew without bound on scattered
+//!   faults in a small region).
+//! * A fault that continues no run pairs with the nearest fault not yet in a run within
+//!   [`MAX_STRIDE`] chunks: next to it, that is a run at once; farther, the distance is a
+//!   tentative stride that a third fault exactly one stride on confirms (scattered faults
+//!   land near an earlier one now and then, seldom twice on one line).
+//! * Otherwise the fault takes a slot, one not in a run first, so scattered faults do not
+//!   push out runs; but every [`AGE_OUT`]th such fault takes the slots in turn, so runs
+//!   that stopped make room (kept for ever, they were continued by chance now and then
+//!   and grew their windows on scattered faults).
+//!
+//! A stride of one chunk reads a contiguous run (one move), and so does a stride of up to
+//! [`SPAN_STRIDE`] chunks (the span, skipped chunks and all: one move costs less than
+//! several). A longer stride reads the chunks on the stride (Leap's trend, ATC'20), at
+//! most [`MAX_STRIDED`] of them, each a move of its own: a column walk through a row-major
+//! matrix then faults once per window instead of once per page, without moving the rows'
+//! other pages.
+//!
+//! Each slot is one `u64` so the fault path, which may run in a signal handler, reads and
+//! writes it with plain atomics; two faults racing on a slot lose at most a window's
+//! growth.
+
+/// Stream slots per region.
+pub const STREAMS: usize = 8;
+/// The longest stride followed, in chunks (64 pages at 4 KiB chunks).
+pub const MAX_STRIDE: usize = 64;
+/// The most chunks one fault reads along a stride longer than one chunk.
+pub const MAX_STRIDED: usize = 32;
+/// Strides up to this many chunks read the whole span, contiguous: a move's fixed cost
+/// is worth about 20 pages of copying here, so for a stride of 4 pages one move of the
+/// span ran 6.4x faster than a move per page on the stride, while it moves 4x the bytes
+/// (`bench/unit.py`, strided at 25%, docs/benchmarks.md "Transfer units").
+pub const SPAN_STRIDE: usize = 4;
+/// One lone fault in this many replaces a slot in turn even if it holds a run: a run
+/// lives through at least `AGE_OUT * STREAMS` lone faults of its region between two of
+/// its own.
+pub const AGE_OUT: usize = 4;
+
+/// One slot: `pos` where the run's next fault is due (a fault not in a run: its own
+/// chunk), `window` the chunks its last read-ahead asked for (0: not in a run, or a
+/// tentative stride), `stride` its step in chunks (0: a lone fault).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stream {
+    pub pos: usize,
+    pub window: usize,
+    pub stride: i64,
+}
+
+const POS_BITS: u32 = 40;
+const WIN_BITS: u32 = 12;
+const STRIDE_BITS: u32 = 12;
+
+impl Stream {
+    /// Packed: bits 0..40 `pos + 1` (0: empty slot), 40..52 `window`, 52..64 `stride`
+    /// (two's complement).
+    pub fn pack(self) -> u64 {
+        let pos = (self.pos as u64 + 1) & ((1 << POS_BITS) - 1);
+        let win = (self.window as u64).min((1 << WIN_BITS) - 1);
+        let stride = (self.stride as u64) & ((1 << STRIDE_BITS) - 1);
+        pos | win << POS_BITS | stride << (POS_BITS + WIN_BITS)
+    }
+    pub fn unpack(v: u64) -> Option<Stream> {
+        let pos = v & ((1 << POS_BITS) - 1);
+        if pos == 0 {
+            return None;
+        }
+        let raw = (v >> (POS_BITS + WIN_BITS)) as i64;
+        // Sign-extend the 12-bit stride.
+        let stride = (raw << (64 - STRIDE_BITS)) >> (64 - STRIDE_BITS);
+        Some(Stream {
+            pos: pos as usize - 1,
+            window: ((v >> POS_BITS) & ((1 << WIN_BITS) - 1)) as usize,
+            stride,
+        })
+    }
+    /// Whether a fault at `c` continues this run (or confirms this tentative stride).
+    fn continued_by(&self, c: usize) -> bool {
+        match self.stride {
+            0 => false,
+            1 => c == self.pos || c == self.pos + 1,
+            -1 => c == self.pos || c + 1 == self.pos,
+            _ => c == self.pos,
+        }
+    }
+    fn in_run(&self) -> bool {
+        self.window > 0
+    }
+}
+
+/// What a fault does: read `ahead` chunks `step` apart (`c + step`, `c + 2 step`...; a
+/// `step` of 1 or -1 is one contiguous move); then [`Decision::record`] is stored in
+/// `slot`. `stride`: the run's stride; `sequential`: it continued a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub ahead: usize,
+    pub step: i64,
+    pub stride: i64,
+    pub sequential: bool,
+    pub slot: usize,
+    window: usize,
+}
+
+impl Decision {
+    /// The slot's new value once the fault at `c` claimed `got` chunks of its read-ahead
+    /// (it stops at the first chunk it cannot claim): the run's next fault is due one
+    /// stride past them.
+    pub fn record(&self, c: usize, got: usize) -> u64 {
+        let at = |k: usize| (c as i64 + k as i64 * self.stride).max(0) as usize;
+        // The stride points the claimed chunks covered.
+        let covered =
+            got * self.step.unsigned_abs() as usize / self.stride.unsigned_abs().max(1) as usize;
+        let s = match (self.sequential, self.window, self.stride) {
+            (true, w, stride) => Stream {
+                pos: at(covered + 1),
+                window: w,
+                stride,
+            },
+            // A tentative stride: due one stride on, no window yet.
+            (false, 0, stride) if stride.abs() > 1 => Stream {
+                pos: at(1),
+                window: 0,
+                stride,
+            },
+            _ => Stream {
+                pos: c,
+                window: 0,
+                stride: 0,
+            },
+        };
+        s.pack()
+    }
+}
+
+/// The read-ahead of a fault at chunk `c` of a region of `chunks` chunks, given its stream
+/// slots (packed), the most chunks one read-ahead may claim (`max`, 0: off) and a slot to
+/// replace first (`hint`, any number: a rotating counter spreads new runs over the slots).
+pub fn on_fault(slots: &[u64], c: usize, chunks: usize, max: usize, hint: usize) -> Decision {
+    let streams: Vec<Option<Stream>> = slots.iter().map(|&v| Stream::unpack(v)).collect();
+    let run = streams.iter().enumerate().find_map(|(i, s)| {
+        s.filter(|s| s.continued_by(c))
+            .map(|s| (i, s.stride, s.window))
+    });
+    // Else the nearest lone fault within the longest stride.
+    let paired = || {
+        streams
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let s = (*s)?;
+                let d = c as i64 - s.pos as i64;
+                (s.stride == 0 && d != 0 && d.unsigned_abs() as usize <= MAX_STRIDE)
+                    .then_some((i, d, 0))
+            })
+            .min_by_key(|x| x.1.unsigned_abs())
+    };
+    match run.or_else(paired) {
+        // Two lone faults a stride apart: a tentative run, no read-ahead yet.
+        Some((slot, stride, 0)) if stride.abs() > 1 && run.is_none() => Decision {
+            ahead: 0,
+            step: 1,
+            stride,
+            sequential: false,
+            slot,
+            window: 0,
+        },
+        Some((slot, stride, window)) => {
+            let s = stride.unsigned_abs() as usize;
+            // A short stride reads the span (contiguous, `s` chunks per stride point).
+            let (step, per, limit) = if s <= SPAN_STRIDE {
+                (stride.signum(), s, max / s)
+            } else {
+                (stride, 1, max.min(MAX_STRIDED))
+            };
+            let window = (window * 2).clamp(1, limit.max(1));
+            // Not past either end of the region.
+            let room = if step < 0 {
+                c / step.unsigned_abs() as usize
+            } else {
+                chunks.saturating_sub(c + 1) / step as usize
+            };
+            Decision {
+                ahead: if max == 0 {
+                    0
+                } else {
+                    (window * per).min(room)
+                },
+                step,
+                stride,
+                sequential: true,
+                slot,
+                window,
+            }
+        }
+        None => {
+            // A lone fault: an empty slot or one not in a run first, from the hint on; but
+            // one lone fault in AGE_OUT takes the next slot in turn whatever it holds, so a
+            // run that stopped does not keep its slot (and, continued by chance much
+            // later, grow its window) for ever.
+            let n = slots.len().max(1);
+            let slot = if hint.is_multiple_of(AGE_OUT) {
+                (hint / AGE_OUT) % n
+            } else {
+                (0..n)
+                    .map(|k| (hint + k) % n)
+                    .find(|&i| streams[i].is_none_or(|s| !s.in_run()))
+                    .unwrap_or(hint % n)
+            };
+            Decision {
+                ahead: 0,
+                step: 1,
+                stride: 1,
+                sequential: false,
+                slot,
+                window: 0,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Replays faults at `cs` against fresh slots; each fault's read-ahead (ahead, stride).
+    /// Chunks a read-ahead brought in do not fault again (they are resident).
+    fn replay(cs: &[usize], chunks: usize, max: usize) -> Vec<(usize, i64)> {
+        let mut slots = [0u64; STREAMS];
+        let mut hint = 0;
+        cs.iter()
+            .map(|&c| {
+                let d = on_fault(&slots, c, chunks, max, hint);
+                slots[d.slot] = d.record(c, d.ahead);
+                hint += 1;
+                (d.ahead, d.step)
+            })
+            .collect()
+    }
+
+    /// The faults a program touching `touches` in order takes, with the read-ahead the
+    /// policy gives (claimed as the fault path does: up to the first resident chunk), and
+    /// the chunks moved in all.
+    fn run(touches: &[usize], chunks: usize, max: usize) -> (usize, usize) {
+        let mut resident = vec![false; chunks];
+        let mut slots = [0u64; STREAMS];
+        let (mut faults, mut moved) = (0, 0);
+        for &c in touches {
+            if resident[c] {
+                continue;
+            }
+            let d = on_fault(&slots, c, chunks, max, faults);
+            faults += 1;
+            resident[c] = true;
+            moved += 1;
+            let mut got = 0;
+            while got < d.ahead {
+                let x = (c as i64 + (got as i64 + 1) * d.step) as usize;
+                if resident[x] {
+                    break;
+                }
+                resident[x] = true;
+                got += 1;
+            }
+            moved += got;
+            slots[d.slot] = d.record(c, got);
+        }
+        (faults, moved)
+    }
+
+    #[test]
+    fn pack_round_trips() {
+        for (pos, window, stride) in [
+            (0, 0, 0),
+            ((1 << 40) - 2, 512, -1),
+            (12345, 1, 64),
+            (7, 4095, -2047),
+        ] {
+            let s = Stream {
+                pos,
+                window,
+                stride,
+            };
+            assert_eq!(Stream::unpack(s.pack()), Some(s));
+        }
+        assert_eq!(Stream::unpack(0), None);
+    }
+
+    #[test]
+    fn a_forward_run_doubles_its_window_up_to_the_limit() {
+        // Faults at 0, 1, then just past each window.
+        let mut c = 0;
+        let mut got = Vec::new();
+        let mut slots = [0u64; STREAMS];
+        for _ in 0..8 {
+            let d = on_fault(&slots, c, 1 << 20, 16, 0);
+            slots[d.slot] = d.record(c, d.ahead);
+            got.push(d.ahead);
+            c += d.ahead + 1;
+        }
+        assert_eq!(got, vec![0, 1, 2, 4, 8, 16, 16, 16]);
+    }
+
+    #[test]
+    fn table() {
+        let seq: Vec<usize> = (0..64).collect();
+        let back: Vec<usize> = (0..64).rev().collect();
+        // (name, touches, chunks, max, most faults, most chunks moved)
+        let random: Vec<usize> = (0..256).map(|i| (i * 7919 + 13) % 4096).collect();
+        let stride8: Vec<usize> = (0..128).map(|i| i * 8).collect();
+        let stride2: Vec<usize> = (0..128).map(|i| i * 2).collect();
+        // Four threads, each streaming its quarter, their faults interleaved.
+        let threads: Vec<usize> = (0..64)
+            .flat_map(|i| (0..4).map(move |t| t * 256 + i))
+            .collect();
+        // Two phases: a sequential pass, then random reads.
+        let phases: Vec<usize> = (0..128)
+            .chain((0..128).map(|i| 1024 + (i * 613) % 2048))
+            .collect();
+        for (name, touches, chunks, max, faults, moved) in [
+            ("sequential", &seq, 64, 16, 8, 64),
+            ("backward", &back, 64, 16, 8, 64),
+            // Every fault moves its own chunk only, but for a chance pair now and then.
+            ("random", &random, 4096, 16, 256, 256 + 3),
+            // Long strides are followed: few faults, only the chunks on the stride move.
+            ("stride 8", &stride8, 1024, 16, 13, 128),
+            // Short ones read their span: few faults, the skipped chunks move too.
+            ("stride 2", &stride2, 256, 16, 18, 256),
+            // Each thread reads a quarter of its part: its last window overshoots.
+            ("4 threads", &threads, 1024, 16, 32, 256 + 4 * 16),
+            // The pass's last window overshoots once; the random phase moves what it reads.
+            ("phase change", &phases, 4096, 16, 12 + 128, 128 + 16 + 128),
+            ("read-ahead off", &seq, 64, 0, 64, 64),
+        ] {
+            let (f, m) = run(touches, chunks, max);
+            assert!(f <= faults, "{name}: {f} faults (at most {faults})");
+            assert!(m <= moved, "{name}: {m} chunks moved (at most {moved})");
+        }
+    }
+
+    #[test]
+    fn scattered_faults_move_next_to_nothing_extra() {
+        // Random faults over a 16 MiB region of 4 KiB chunks: at most 1% more moved.
+        let mut x = 88172645463325252u64;
+        let touches: Vec<usize> = (0..20000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % 4096) as usize
+            })
+            .collect();
+        let mut resident = vec![false; 4096];
+        let mut slots = [0u64; STREAMS];
+        let (mut faults, mut extra) = (0usize, 0usize);
+        for &c in &touches {
+            // A budget of a quarter: the region's pages come and go.
+            if resident[c] && (c as u64 ^ x) % 4 == 0 {
+                continue;
+            }
+            let d = on_fault(&slots, c, 4096, 255, faults);
+            slots[d.slot] = d.record(c, d.ahead);
+            faults += 1;
+            extra += d.ahead;
+            resident[c] = true;
+        }
+        assert!(
+            extra * 100 <= faults,
+            "{extra} extra chunks for {faults} faults"
+        );
+    }
+
+    #[test]
+    fn scattered_faults_do_not_push_out_a_run() {
+        // A run confirmed, then seven scattered faults, then the run goes on.
+        let mut cs = vec![100, 101];
+        cs.extend([5000, 9000, 13, 7777, 3333, 2222, 4444]);
+        cs.push(104);
+        let r = replay(&cs, 10000, 16);
+        assert_eq!(r[1], (1, 1));
+        assert!(r[2..9].iter().all(|&(a, _)| a == 0));
+        assert_eq!(r[9], (2, 1), "the run survived: its window doubled");
+    }
+
+    #[test]
+    fn the_region_ends_bound_the_window() {
+        assert_eq!(replay(&[5, 6, 8], 10, 16), vec![(0, 1), (1, 1), (1, 1)]);
+        assert_eq!(replay(&[4, 3, 1], 10, 16), vec![(0, 1), (1, -1), (1, -1)]);
+        // Along a stride: only the chunks on it that lie inside the region.
+        assert_eq!(
+            replay(&[0, 8, 16, 32], 38, 16),
+            vec![(0, 1), (0, 1), (1, 8), (0, 8)]
+        );
+    }
+}
