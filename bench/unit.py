@@ -4,6 +4,7 @@ a fixed 64 KiB unit and the adaptive read-ahead over 4 KiB chunks (the default),
 64 KiB with read-ahead (the default before). Variants are interleaved run by run, so all
 see the same machine load; medians printed. Amplification is bytes fetched over the 4 KiB
 pages the pattern read (once per pass; once per read for random reads): above 1 is waste.
+"read-ahead shown used": the report's readahead_used_bytes over readahead_bytes.
 
 Usage: python3 bench/unit.py [--mib 256] [--reps 3] [--patterns seq,random,strided,threads]
 """
@@ -33,7 +34,8 @@ def once(attune, exe, pattern, mib, dram, args, env):
             sys.exit(f"{' '.join(cmd)} failed: {out.stderr}")
         f = dict(kv.split("=") for kv in out.stdout.split()[1:])
         tot = json.load(open(rep.name))["totals"]
-        return float(f["secs"]), int(f["touched"]), tot["fetched_bytes"], tot["faults"], f["sum"]
+        used = tot["readahead_used_bytes"] / tot["readahead_bytes"] if tot["readahead_bytes"] else None
+        return float(f["secs"]), int(f["touched"]), tot["fetched_bytes"], tot["faults"], f["sum"], used
 
 
 def main():
@@ -45,8 +47,8 @@ def main():
     a = ap.parse_args()
     exe = os.path.join(tempfile.mkdtemp(prefix="attune-unit-"), "unit_patterns")
     subprocess.run(["gcc", "-O2", "-pthread", os.path.join(HERE, "unit_patterns.c"), "-o", exe], check=True)
-    print("| pattern | budget | variant | time (s) | faults | fetched (MiB) | amplification |")
-    print("|---|---|---|---|---|---|---|")
+    print("| pattern | budget | variant | time (s) | faults | fetched (MiB) | amplification | read-ahead shown used |")
+    print("|---|---|---|---|---|---|---|---|")
     for pattern in a.patterns.split(","):
         for share in (25, 50):
             dram = a.mib * share // 100
@@ -62,7 +64,9 @@ def main():
                 faults = statistics.median(r[3] for r in rs)
                 fetched = statistics.median(r[2] for r in rs)
                 amp = fetched / rs[0][1]
-                print(f"| {pattern} | {share}% | {name} | {t:.2f} | {faults:.0f} | {fetched / 2**20:.0f} | {amp:.2f} |", flush=True)
+                used = rs[0][5]
+                shown = "-" if used is None else f"{used:.0%}"
+                print(f"| {pattern} | {share}% | {name} | {t:.2f} | {faults:.0f} | {fetched / 2**20:.0f} | {amp:.2f} | {shown} |", flush=True)
 
 
 main()

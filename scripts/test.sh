@@ -431,7 +431,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/n
   UP=$(mktemp -d /tmp/attune-unpriv.XXXXXX); chmod 755 "$UP"
   mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
   cp "$PREFIX/bin/attune" "$PREFIX/bin/attune-lab" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
-  for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain; do cp "$OUT/$t" "$UP/bin/"; done
+  for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain readahead; do cp "$OUT/$t" "$UP/bin/"; done
   cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$UP/bin/" 2>/dev/null
   gcc -O2 -Wno-stringop-overflow tests/run/syscalls_io.c -o "$UP/bin/syscalls_io" -lpthread || { fail=$((fail+1)); failed+=(build-syscalls-io); }
   chmod -R a+rX "$UP/bin" "$UP/lib"
@@ -446,6 +446,7 @@ EOS
   run unpriv-integrity "$nobody" "$UP/bin/integrity" 48
   ATTUNE_FAULT_MODE=signal run unpriv-integrity-signal "$nobody" "$UP/bin/integrity" 48
   run unpriv-stress "$nobody" "$UP/bin/stress" 64
+  run unpriv-readahead "$nobody" "$UP/bin/readahead"
   run unpriv-fork-exec "$nobody" "$UP/bin/fork_exec"
   run unpriv-fork-inherit "$nobody" "$UP/bin/fork_inherit"
   run unpriv-fork-discard "$nobody" "$UP/bin/fork_discard"

@@ -9,12 +9,15 @@
  *                       the pages on the stride fetched (the pages between stay out);
  *   random              8-byte reads: fetched at most 1.5x the 4 KiB pages that faulted
  *                       (a page each, nothing read ahead).
+ * The engine's readahead_used_bytes: at least 90% of the forward pass's read-ahead shown
+ * used by the run going on past it.
  * Run under both fault deliveries (ATTUNE_FAULT_MODE). */
 #define _GNU_SOURCE
 #include <attune.h>
 #include <pthread.h>
 #include <string.h>
 #include "check.h"
+#include "engine_stats.h"
 
 #define PAGE 4096
 #define WPP (PAGE / 8) /* words per page */
@@ -73,8 +76,13 @@ int main(void) {
     memset(other, 1, len);
 
     start();
+    uint64_t ra0 = engine_counter("readahead_bytes"), used0 = engine_counter("readahead_used_bytes");
     for (size_t p = 0; p < pages; p++) check_page(p);
     attune_region_stats_t s = delta();
+    uint64_t ra = engine_counter("readahead_bytes") - ra0, used = engine_counter("readahead_used_bytes") - used0;
+    printf("readahead: forward: %.1f of %.1f MiB read ahead shown used\n", used / 1048576.0, ra / 1048576.0);
+    CHECK(ra > 0 && used * 10 >= ra * 9, "forward: %llu of %llu bytes read ahead shown used",
+          (unsigned long long)used, (unsigned long long)ra);
     printf("readahead: forward: %llu faults, %llu chunks read ahead for %zu pages\n",
            (unsigned long long)s.faults, (unsigned long long)s.readahead_chunks, pages);
     CHECK(s.faults * 16 <= pages, "forward: %llu faults for %zu pages", (unsigned long long)s.faults, pages);

@@ -52,39 +52,48 @@ pub const SPAN_STRIDE: usize = 4;
 pub const AGE_OUT: usize = 4;
 
 /// One slot: `pos` where the run's next fault is due (a fault not in a run: its own
-/// chunk), `window` the chunks its last read-ahead asked for (0: not in a run, or a
-/// tentative stride), `stride` its step in chunks (0: a lone fault).
+/// chunk), `window` the window its last read-ahead asked for (0: not in a run, or a
+/// tentative stride), `got` the chunks that read-ahead claimed, `stride` its step in
+/// chunks (0: a lone fault).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stream {
     pub pos: usize,
     pub window: usize,
+    pub got: usize,
     pub stride: i64,
 }
 
-const POS_BITS: u32 = 40;
-const WIN_BITS: u32 = 12;
-const STRIDE_BITS: u32 = 12;
+const POS_BITS: u32 = 36;
+const WIN_BITS: u32 = 10;
+const GOT_BITS: u32 = 10;
+const STRIDE_BITS: u32 = 8;
 
 impl Stream {
-    /// Packed: bits 0..40 `pos + 1` (0: empty slot), 40..52 `window`, 52..64 `stride`
-    /// (two's complement).
+    /// Packed: bits 0..36 `pos + 1` (0: empty slot; 2^36 chunks is 256 TiB of 4 KiB
+    /// chunks), 36..46 `window`, 46..56 `got` (a read-ahead is at most 2 MiB, 512 chunks),
+    /// 56..64 `stride` (two's complement; `MAX_STRIDE` is 64).
     pub fn pack(self) -> u64 {
-        let pos = (self.pos as u64 + 1) & ((1 << POS_BITS) - 1);
-        let win = (self.window as u64).min((1 << WIN_BITS) - 1);
-        let stride = (self.stride as u64) & ((1 << STRIDE_BITS) - 1);
-        pos | win << POS_BITS | stride << (POS_BITS + WIN_BITS)
+        let mask = |bits: u32| (1u64 << bits) - 1;
+        let pos = (self.pos as u64 + 1) & mask(POS_BITS);
+        let win = (self.window as u64).min(mask(WIN_BITS));
+        let got = (self.got as u64).min(mask(GOT_BITS));
+        let stride = (self.stride as u64) & mask(STRIDE_BITS);
+        pos | win << POS_BITS
+            | got << (POS_BITS + WIN_BITS)
+            | stride << (POS_BITS + WIN_BITS + GOT_BITS)
     }
     pub fn unpack(v: u64) -> Option<Stream> {
-        let pos = v & ((1 << POS_BITS) - 1);
+        let mask = |bits: u32| (1u64 << bits) - 1;
+        let pos = v & mask(POS_BITS);
         if pos == 0 {
             return None;
         }
-        let raw = (v >> (POS_BITS + WIN_BITS)) as i64;
-        // Sign-extend the 12-bit stride.
-        let stride = (raw << (64 - STRIDE_BITS)) >> (64 - STRIDE_BITS);
+        // Sign-extend the stride (the top bits).
+        let stride = (v as i64) >> (64 - STRIDE_BITS);
         Some(Stream {
             pos: pos as usize - 1,
-            window: ((v >> POS_BITS) & ((1 << WIN_BITS) - 1)) as usize,
+            window: ((v >> POS_BITS) & mask(WIN_BITS)) as usize,
+            got: ((v >> (POS_BITS + WIN_BITS)) & mask(GOT_BITS)) as usize,
             stride,
         })
     }
@@ -111,6 +120,9 @@ pub struct Decision {
     pub step: i64,
     pub stride: i64,
     pub sequential: bool,
+    /// Chunks of the run's previous read-ahead that this fault shows were gone past (the
+    /// run went on beyond them): the read-ahead that was of use.
+    pub used: usize,
     pub slot: usize,
     window: usize,
 }
@@ -128,17 +140,20 @@ impl Decision {
             (true, w, stride) => Stream {
                 pos: at(covered + 1),
                 window: w,
+                got,
                 stride,
             },
             // A tentative stride: due one stride on, no window yet.
             (false, 0, stride) if stride.abs() > 1 => Stream {
                 pos: at(1),
                 window: 0,
+                got: 0,
                 stride,
             },
             _ => Stream {
                 pos: c,
                 window: 0,
+                got: 0,
                 stride: 0,
             },
         };
@@ -153,7 +168,7 @@ pub fn on_fault(slots: &[u64], c: usize, chunks: usize, max: usize, hint: usize)
     let streams: Vec<Option<Stream>> = slots.iter().map(|&v| Stream::unpack(v)).collect();
     let run = streams.iter().enumerate().find_map(|(i, s)| {
         s.filter(|s| s.continued_by(c))
-            .map(|s| (i, s.stride, s.window))
+            .map(|s| (i, s.stride, s.window, s.got))
     });
     // Else the nearest lone fault within the longest stride.
     let paired = || {
@@ -164,21 +179,22 @@ pub fn on_fault(slots: &[u64], c: usize, chunks: usize, max: usize, hint: usize)
                 let s = (*s)?;
                 let d = c as i64 - s.pos as i64;
                 (s.stride == 0 && d != 0 && d.unsigned_abs() as usize <= MAX_STRIDE)
-                    .then_some((i, d, 0))
+                    .then_some((i, d, 0, 0))
             })
             .min_by_key(|x| x.1.unsigned_abs())
     };
     match run.or_else(paired) {
         // Two lone faults a stride apart: a tentative run, no read-ahead yet.
-        Some((slot, stride, 0)) if stride.abs() > 1 && run.is_none() => Decision {
+        Some((slot, stride, 0, _)) if stride.abs() > 1 && run.is_none() => Decision {
             ahead: 0,
             step: 1,
             stride,
             sequential: false,
+            used: 0,
             slot,
             window: 0,
         },
-        Some((slot, stride, window)) => {
+        Some((slot, stride, window, used)) => {
             let s = stride.unsigned_abs() as usize;
             // A short stride reads the span (contiguous, `s` chunks per stride point).
             let (step, per, limit) = if s <= SPAN_STRIDE {
@@ -202,6 +218,7 @@ pub fn on_fault(slots: &[u64], c: usize, chunks: usize, max: usize, hint: usize)
                 step,
                 stride,
                 sequential: true,
+                used,
                 slot,
                 window,
             }
@@ -225,6 +242,7 @@ pub fn on_fault(slots: &[u64], c: usize, chunks: usize, max: usize, hint: usize)
                 step: 1,
                 stride: 1,
                 sequential: false,
+                used: 0,
                 slot,
                 window: 0,
             }
@@ -283,15 +301,17 @@ mod tests {
 
     #[test]
     fn pack_round_trips() {
-        for (pos, window, stride) in [
-            (0, 0, 0),
-            ((1 << 40) - 2, 512, -1),
-            (12345, 1, 64),
-            (7, 4095, -2047),
+        for (pos, window, got, stride) in [
+            (0, 0, 0, 0),
+            ((1 << 36) - 2, 512, 512, -1),
+            (12345, 1, 0, 64),
+            (7, 1023, 1023, -128),
+            (9, 3, 2, 127),
         ] {
             let s = Stream {
                 pos,
                 window,
+                got,
                 stride,
             };
             assert_eq!(Stream::unpack(s.pack()), Some(s));
@@ -381,6 +401,23 @@ mod tests {
             extra * 100 <= faults,
             "{extra} extra chunks for {faults} faults"
         );
+    }
+
+    #[test]
+    fn a_continued_run_reports_its_last_read_ahead_as_used() {
+        let mut slots = [0u64; STREAMS];
+        let mut used = Vec::new();
+        let mut c = 0;
+        for _ in 0..5 {
+            let d = on_fault(&slots, c, 1 << 20, 16, 0);
+            // The read-ahead claims one chunk less than asked (one was resident).
+            let got = d.ahead.saturating_sub(1);
+            slots[d.slot] = d.record(c, got);
+            used.push(d.used);
+            c += got + 1;
+        }
+        // Faults at 0 (lone), 1 (asks 1, gets 0), 2 (asks 2, gets 1), 4 (asks 4, gets 3), 8.
+        assert_eq!(used, vec![0, 0, 0, 1, 3]);
     }
 
     #[test]

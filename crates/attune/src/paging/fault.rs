@@ -180,6 +180,14 @@ fn claim_readahead(e: &Pager, r: &Region, c: usize, src: Where, tier: usize) -> 
     r.streams[d.slot].store(d.record(c, got), Relaxed);
     if got > 0 {
         r.counters.readahead_chunks.fetch_add(got as u64, Relaxed);
+        e.counters
+            .readahead_bytes
+            .fetch_add((got * r.chunk) as u64, Relaxed);
+    }
+    if d.used > 0 {
+        e.counters
+            .readahead_used_bytes
+            .fetch_add((d.used * r.chunk) as u64, Relaxed);
     }
     ReadAhead {
         got,

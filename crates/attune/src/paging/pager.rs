@@ -42,6 +42,11 @@ pub struct Counters {
     pub direct_reclaims: AtomicU64,
     /// Bytes evicted from behind streams (`super::behind::DropBehind`).
     pub dropped_behind_bytes: AtomicU64,
+    /// Bytes read ahead, and the part of them a later fault of the same run showed was
+    /// gone past (`attune_policy::readahead`, `Decision::used`): the rest is an upper
+    /// bound of what read-ahead moved for nothing (a run's last window never shows).
+    pub readahead_bytes: AtomicU64,
+    pub readahead_used_bytes: AtomicU64,
     /// Bytes the background evictor evicted (the rest of `evicted_bytes` was evicted by
     /// faulting threads or handler threads reclaiming for themselves).
     pub evictor_evicted_bytes: AtomicU64,
@@ -77,7 +82,7 @@ impl Counters {
     /// The counters the statistics report, by their names there (`attune_stats_json`'s
     /// `engine` object, each process snapshot of the `attune run` report and its totals):
     /// one list, so they cannot drift apart. Page movement, then the online prediction.
-    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 12] {
+    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 14] {
         [
             ("faults", &self.faults),
             ("evictions", &self.evictions),
@@ -87,6 +92,8 @@ impl Counters {
             ("direct_reclaims", &self.direct_reclaims),
             ("evictor_evicted_bytes", &self.evictor_evicted_bytes),
             ("dropped_behind_bytes", &self.dropped_behind_bytes),
+            ("readahead_bytes", &self.readahead_bytes),
+            ("readahead_used_bytes", &self.readahead_used_bytes),
             ("online_split_regions", &self.online_split_regions),
             ("online_kept_regions", &self.online_kept_regions),
             ("online_pinned_bytes", &self.online_pinned_bytes),
@@ -485,6 +492,8 @@ impl Pager {
             &c.fetched_bytes,
             &c.direct_reclaims,
             &c.dropped_behind_bytes,
+            &c.readahead_bytes,
+            &c.readahead_used_bytes,
             &c.evictor_evicted_bytes,
             &c.budget_overruns,
             &c.protected_skips,
