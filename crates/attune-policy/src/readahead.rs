@@ -164,8 +164,16 @@ impl Decision {
 /// The read-ahead of a fault at chunk `c` of a region of `chunks` chunks, given its stream
 /// slots (packed), the most chunks one read-ahead may claim (`max`, 0: off) and a slot to
 /// replace first (`hint`, any number: a rotating counter spreads new runs over the slots).
-pub fn on_fault(slots: &[u64], c: usize, chunks: usize, max: usize, hint: usize) -> Decision {
-    let streams: Vec<Option<Stream>> = slots.iter().map(|&v| Stream::unpack(v)).collect();
+///
+/// Runs on the fault path, in a signal handler under signal delivery: no allocation.
+pub fn on_fault(
+    slots: &[u64; STREAMS],
+    c: usize,
+    chunks: usize,
+    max: usize,
+    hint: usize,
+) -> Decision {
+    let streams: [Option<Stream>; STREAMS] = std::array::from_fn(|i| Stream::unpack(slots[i]));
     let run = streams.iter().enumerate().find_map(|(i, s)| {
         s.filter(|s| s.continued_by(c))
             .map(|s| (i, s.stride, s.window, s.got))
