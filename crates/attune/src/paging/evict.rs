@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 /// The most chunks of `r` one eviction move takes: `evict_batch` bytes, at most
 /// `MAX_RUN`. In bytes, not chunks: counted in chunks, 4 KiB chunks moved 16 times fewer
-/// bytes per move than 64 KiB ones, and a streamed pass ran 16% slower for it
-/// (`bench/unit.py`, docs/benchmarks.md "Transfer units").
+/// bytes per move than 64 KiB ones, and streams ran 11-51% slower than 64 KiB chunks for it
+/// where now they run within 10-20% (`bench/unit.py`, docs/benchmarks.md "Transfer units").
 fn max_run(e: &Pager, r: &Region) -> usize {
     (e.cfg.evict_batch.min(MAX_RUN) / r.chunk).max(1)
 }
