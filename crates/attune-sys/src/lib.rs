@@ -15,17 +15,20 @@
 //! * **Every fd is `O_CLOEXEC`**, so `exec` never leaks a userfaultfd, a tier file or an
 //!   eventfd into a child program.
 //!
-//! Modules: [`uffd`] (userfaultfd ioctls), [`mem`] (mmap/madvise/files, raw mmap for the
+//! Modules: [`kernel`] (the newer kernel features used, and the mask that turns them
+//! off; [`probe`] asks the kernel which it has), [`uffd`] (userfaultfd ioctls), [`mem`] (mmap/madvise/files, raw mmap for the
 //! interposer), [`numa`] (memory policy, page migration, mlock), [`pagemap`] (written-page tracking), [`libc_alloc`] (the program's allocator behind the interposer, and glibc's heap for the runtime's own data),
 //! [`signal`] (SIGBUS hook), [`os`] (small helpers: eventfd, time, thread ids, /proc),
 //! [`perf`] (software perf counters: page faults), [`unix`] (peer credentials, descriptor passing, memfd for shared regions).
 
+pub mod kernel;
 pub mod libc_alloc;
 pub mod mem;
 pub mod numa;
 pub mod os;
 pub mod pagemap;
 pub mod perf;
+pub mod probe;
 pub mod signal;
 pub mod uffd;
 pub mod unix;

@@ -209,6 +209,75 @@ pub fn page_present(addr: usize) -> bool {
     r == 0 && v & 1 == 1
 }
 
+/// Bits of a `/proc/self/pagemap` entry.
+pub const PM_PRESENT: u64 = 1 << 63;
+pub const PM_SWAPPED: u64 = 1 << 62;
+
+/// `/proc/self/pagemap` opened by this process: (pid << 32) | fd, 0 when not open. A
+/// forked child inherits the descriptor, which still reads its parent's page tables, so
+/// every use checks the pid first and the child opens its own (the inherited one is left
+/// open: another thread may be reading it; it is close-on-exec).
+static PAGEMAP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn pagemap_fd() -> SysResult<i32> {
+    use std::sync::atomic::Ordering::*;
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32 as u64;
+    let cur = PAGEMAP.load(Acquire);
+    if cur != 0 && cur >> 32 == pid {
+        return Ok(cur as u32 as i32);
+    }
+    let path = b"/proc/self/pagemap\0";
+    // SAFETY: path is NUL-terminated.
+    let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    let new = pid << 32 | fd as u32 as u64;
+    match PAGEMAP.compare_exchange(cur, new, AcqRel, Acquire) {
+        Ok(_) => Ok(fd),
+        Err(won) => {
+            // SAFETY: fd is ours and unused.
+            unsafe { libc::close(fd) };
+            if won >> 32 == pid {
+                Ok(won as u32 as i32)
+            } else {
+                Err(Errno(libc::EAGAIN))
+            }
+        }
+    }
+}
+
+/// Reads the pagemap entries of the `out.len()` pages from `addr` (page-aligned):
+/// [`PM_PRESENT`], [`PM_SWAPPED`]. Unlike mincore(2) it tells a page swapped out by the
+/// kernel (data) from a page never placed or discarded (a hole). Signal-safe.
+pub fn page_states(addr: usize, out: &mut [u64]) -> SysResult<()> {
+    let fd = pagemap_fd()?;
+    let ps = crate::page_size();
+    let bytes = out.len() * 8;
+    let mut done = 0usize;
+    while done < bytes {
+        // SAFETY: out is a writable buffer of `bytes` bytes.
+        let n = unsafe {
+            libc::pread(
+                fd,
+                out.as_mut_ptr().cast::<u8>().add(done).cast(),
+                bytes - done,
+                ((addr / ps) * 8 + done) as libc::off_t,
+            )
+        };
+        if n <= 0 {
+            return Err(if n == 0 {
+                Errno(libc::EIO)
+            } else {
+                Errno::last()
+            });
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
 /// Copies `len` bytes between two runtime-owned, resident ranges (staging buffers, far
 /// tier slots). Never call it on application-visible managed memory.
 ///

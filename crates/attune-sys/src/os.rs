@@ -20,6 +20,15 @@ pub fn gettid() -> i32 {
     unsafe { libc::syscall(libc::SYS_gettid) as i32 }
 }
 
+/// Sends SIGBUS to thread `tid` of this process (a thread whose page could not be read
+/// back, where the kernel cannot poison it). Nothing for tid 0. Signal-safe.
+pub fn send_sigbus(tid: i32) {
+    if tid > 0 {
+        // SAFETY: tgkill takes plain integers.
+        unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGBUS) };
+    }
+}
+
 /// Yields the CPU. Signal-safe.
 pub fn yield_now() {
     // SAFETY: no arguments.

@@ -69,6 +69,10 @@ impl WriteTracker {
     /// None when the kernel has no asynchronous write-protection (before 6.7) or
     /// userfaultfd cannot be opened; the caller goes on without write heat.
     pub fn open() -> Result<WriteTracker, Errno> {
+        // Masked (`crate::kernel`): as on a kernel without it.
+        if crate::kernel::masked(crate::kernel::PAGEMAP_SCAN) {
+            return Err(Errno(libc::ENOTSUP));
+        }
         let uffd =
             Uffd::open_exact(feature::WP_ASYNC | feature::WP_UNPOPULATED).map_err(|e| e.errno)?;
         if uffd.features() & feature::WP_ASYNC == 0 {

@@ -69,8 +69,13 @@ fn set_program(act: libc::sigaction) {
 extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
     let addr = unsafe { (*info).si_addr() } as usize;
+    // A SIGBUS sent by a process or thread (`si_code` <= 0: kill, tgkill) is no fault and
+    // carries no address: never resolved. The runtime sends one itself to a thread whose
+    // page could not be read back where the kernel has no `UFFDIO_POISON`.
+    // SAFETY: as above.
+    let sent = unsafe { (*info).si_code } <= 0;
     let r = RESOLVER.load(Ordering::Acquire);
-    if r != 0 {
+    if r != 0 && !sent {
         // SAFETY: RESOLVER only ever holds a `Resolver` function pointer.
         let f: Resolver = unsafe { std::mem::transmute::<usize, Resolver>(r) };
         if f(addr) {
@@ -86,7 +91,11 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
             dfl.sa_sigaction = libc::SIG_DFL;
             real_sigaction(sig, &dfl, std::ptr::null_mut());
             // Returning re-executes the access, which raises SIGBUS again with the
-            // default action (a synchronous SIGBUS cannot be ignored).
+            // default action (a synchronous SIGBUS cannot be ignored). A sent one is sent
+            // again: blocked in this handler, it is taken with the default action on return.
+            if sent {
+                libc::syscall(libc::SYS_tgkill, libc::getpid(), crate::os::gettid(), sig);
+            }
             return;
         }
         if prev.sa_flags & libc::SA_SIGINFO != 0 {

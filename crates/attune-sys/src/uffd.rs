@@ -91,6 +91,8 @@ const USERFAULTFD_IOC_NEW: u64 = 0xAA00;
 
 /// Feature bits (`UFFD_FEATURE_*`).
 pub mod feature {
+    /// Write-protect faults on anonymous memory are reported (Linux 5.7).
+    pub const PAGEFAULT_FLAG_WP: u64 = 1 << 0;
     pub const EVENT_REMAP: u64 = 1 << 2;
     pub const SIGBUS: u64 = 1 << 7;
     pub const THREAD_ID: u64 = 1 << 8;
@@ -130,6 +132,13 @@ pub struct Msg {
     pub arg: [u64; 3],
 }
 
+impl Msg {
+    /// The faulting thread of a page fault (`UFFD_FEATURE_THREAD_ID`; 0 without it).
+    pub fn thread_id(&self) -> i32 {
+        self.arg[2] as u32 as i32
+    }
+}
+
 /// How faults on a userfaultfd are delivered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Delivery {
@@ -162,8 +171,14 @@ impl Uffd {
     /// Opens a userfaultfd with `wanted` features, trying in turn the system call, the
     /// system call restricted to user-mode faults (allowed to unprivileged users when
     /// `vm.unprivileged_userfaultfd=0`), and `/dev/userfaultfd`.
+    ///
+    /// `wanted` are features that change behaviour and must be there. Features that only
+    /// announce an ioctl (`MOVE`, `POISON`) are not asked for: the kernel reports all it
+    /// has, and a kernel older than one of them would refuse the whole request. Ask
+    /// [`Uffd::has`] instead. `THREAD_ID` (4.14) is always asked for: a fault's message then
+    /// names its thread, which gets SIGBUS where `POISON` is missing.
     pub fn open(delivery: Delivery, wanted: u64) -> Result<Uffd, OpenError> {
-        let mut wanted = wanted | feature::MOVE;
+        let mut wanted = wanted | feature::THREAD_ID;
         if delivery == Delivery::Signal {
             wanted |= feature::SIGBUS;
         }
@@ -214,9 +229,11 @@ impl Uffd {
     }
 
     fn negotiate(fd: OwnedFd, wanted: u64, user_mode_only: bool) -> Result<Uffd, OpenError> {
+        // A masked feature is neither asked for nor reported (`crate::kernel`).
+        let masked = masked_bits();
         let mut api = UffdioApi {
             api: UFFD_API,
-            features: wanted,
+            features: wanted & !masked,
             ioctls: 0,
         };
         // SAFETY: UFFDIO_API reads and writes a UffdioApi.
@@ -232,7 +249,7 @@ impl Uffd {
         }
         Ok(Uffd {
             fd,
-            features: api.features,
+            features: api.features & !masked,
             wanted,
             user_mode_only,
         })
@@ -246,9 +263,20 @@ impl Uffd {
     }
 
     /// The feature bits the running kernel offers (0 when userfaultfd cannot be opened).
+    /// Masked features (`crate::kernel`) are left out.
     pub fn probe_features() -> SysResult<u64> {
+        Self::probe_features_unmasked().map(|f| f & !masked_bits())
+    }
+
+    /// [`Uffd::probe_features`] with the masked ones.
+    pub fn probe_features_unmasked() -> SysResult<u64> {
+        // Unrestricted first: before 5.11 the user-mode-only flag is unknown (EINVAL).
         // SAFETY: as in `open`.
-        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | 1) };
+        let mut fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC) };
+        if fd < 0 {
+            // SAFETY: as above.
+            fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | 1) };
+        }
         if fd < 0 {
             return Err(Errno::last());
         }
@@ -282,8 +310,21 @@ impl Uffd {
         })
     }
 
+    /// The features the kernel offers on this descriptor, less the masked ones.
     pub fn features(&self) -> u64 {
         self.features
+    }
+
+    /// Whether the kernel offers `feature` (a `feature::*` bit) and the mask leaves it.
+    /// Signal-safe.
+    pub fn has(&self, feature: u64) -> bool {
+        self.features & feature != 0
+    }
+
+    /// Whether anonymous memory can be write-protected (Linux 5.7): the fallback for a
+    /// move needs it.
+    pub fn has_write_protect(&self) -> bool {
+        self.features & feature::PAGEFAULT_FLAG_WP != 0
     }
 
     pub fn raw_fd(&self) -> RawFd {
@@ -333,6 +374,23 @@ impl Uffd {
     /// Copies `len` bytes from `src` into the missing range at `dst` (signal-safe).
     /// Returns the bytes placed; `EEXIST` when a page was already present.
     pub fn copy(&self, dst: usize, src: usize, len: usize, wake: bool) -> SysResult<usize> {
+        match self.copy_progress(dst, src, len, wake) {
+            (n, Ok(())) => Ok(n),
+            (_, Err(e)) => Err(e),
+        }
+    }
+
+    /// [`Uffd::copy`] that also says how far it got before an error: the bytes from `dst`
+    /// placed by this call (the kernel stops at the first page it cannot place and
+    /// reports what went before as partial progress). Signal-safe.
+    pub fn copy_progress(
+        &self,
+        dst: usize,
+        src: usize,
+        len: usize,
+        wake: bool,
+    ) -> (usize, SysResult<()>) {
+        let mut placed = 0usize;
         let mut c = UffdioCopy {
             dst: dst as u64,
             src: src as u64,
@@ -343,11 +401,12 @@ impl Uffd {
         let mut retries = 0;
         loop {
             match self.ioctl(UFFDIO_COPY, &mut c) {
-                Ok(()) => return Ok(c.copy.max(0) as usize),
+                Ok(()) => return (len, Ok(())),
                 Err(Errno(libc::EAGAIN)) if retries < 1000 => {
                     // Partial progress: continue after what was copied.
                     retries += 1;
                     let done = c.copy.max(0) as u64;
+                    placed += done as usize;
                     c = UffdioCopy {
                         dst: c.dst + done,
                         src: c.src + done,
@@ -356,11 +415,11 @@ impl Uffd {
                         copy: 0,
                     };
                     if c.len == 0 {
-                        return Ok(len);
+                        return (len, Ok(()));
                     }
                     crate::os::yield_now();
                 }
-                Err(e) => return Err(e),
+                Err(e) => return (placed, Err(e)),
             }
         }
     }
@@ -403,6 +462,9 @@ impl Uffd {
         // published resident (it then read as zero), or made the fetch fail. So after any
         // early stop the progress is read from the pages themselves (`settled`), and an
         // EEXIST that `settled` explains is progress.
+        if !self.has(feature::MOVE) {
+            return self.copy_and_drop(dst, src, len, allow_holes, wake);
+        }
         let ps = crate::page_size();
         let mut done = 0usize;
         let mut retries = 0;
@@ -449,6 +511,102 @@ impl Uffd {
         Ok(len)
     }
 
+    /// [`Uffd::move_pages`] where the kernel has no `UFFDIO_MOVE` (before 6.8, or masked):
+    /// the present and swapped-out source pages are copied into `dst` (missing, registered
+    /// with this fd) with `UFFDIO_COPY`, then dropped from `src`. The same contract, one
+    /// copy of every byte more (docs/benchmarks.md, "Kernel feature fallbacks").
+    ///
+    /// Unlike a move this is not atomic against writers of `src`: a caller whose source
+    /// the program can write must write-protect it first (`crate::uffd` callers in the
+    /// tiers do). Holes (pages neither present nor swapped) are never read: a copy from
+    /// one would fault on a userfaultfd range from inside the kernel. The states come from
+    /// `/proc/self/pagemap` (mincore cannot tell a swapped page from a hole). Stops at the
+    /// first hole when `!allow_holes`, or at a page already present at `dst` (EEXIST), and
+    /// returns what was done as a short count. Signal-safe.
+    fn copy_and_drop(
+        &self,
+        dst: usize,
+        src: usize,
+        len: usize,
+        allow_holes: bool,
+        wake: bool,
+    ) -> SysResult<usize> {
+        use crate::mem::{PM_PRESENT, PM_SWAPPED};
+        const BATCH: usize = 512;
+        let ps = crate::page_size();
+        let pages = len / ps;
+        let mut states = [0u64; BATCH];
+        let mut done = 0usize; // pages accounted (copied or skipped holes)
+        let mut dropped = 0usize; // pages of `src` up to which the copies were dropped
+        let result = 'outer: loop {
+            if done >= pages {
+                break Ok(());
+            }
+            let n = (pages - done).min(BATCH);
+            if let Err(e) = crate::mem::page_states(src + done * ps, &mut states[..n]) {
+                break Err(e);
+            }
+            let mut i = 0;
+            while i < n {
+                let data = |s: u64| s & (PM_PRESENT | PM_SWAPPED) != 0;
+                if !data(states[i]) {
+                    if !allow_holes {
+                        break 'outer Err(Errno(libc::ENOENT));
+                    }
+                    i += 1;
+                    done += 1;
+                    continue;
+                }
+                let mut j = i + 1;
+                while j < n && data(states[j]) {
+                    j += 1;
+                }
+                let at = done * ps;
+                let run = (j - i) * ps;
+                if let (placed, Err(e)) = self.copy_progress(dst + at, src + at, run, wake) {
+                    // One copy fills one VMA: a run across a protection change (a guard
+                    // page the program made) fails with ENOENT there. Then page by page,
+                    // up to the first page that cannot be placed (EEXIST: one already
+                    // there, a conflict left to the caller).
+                    let mut k = placed & !(ps - 1);
+                    let mut err = (e.0 != libc::ENOENT).then_some(e);
+                    while err.is_none() && k < run {
+                        match self.copy(dst + at + k, src + at + k, ps, wake) {
+                            Ok(_) => k += ps,
+                            Err(pe) => err = Some(pe),
+                        }
+                    }
+                    if let Some(e) = err {
+                        done += k / ps;
+                        break 'outer Err(e);
+                    }
+                }
+                done += j - i;
+                i = j;
+            }
+            if done > dropped {
+                let _ = crate::mem::advise(
+                    src + dropped * ps,
+                    (done - dropped) * ps,
+                    libc::MADV_DONTNEED,
+                );
+                dropped = done;
+            }
+        };
+        if done > dropped {
+            let _ = crate::mem::advise(
+                src + dropped * ps,
+                (done - dropped) * ps,
+                libc::MADV_DONTNEED,
+            );
+        }
+        match result {
+            Ok(()) => Ok(len),
+            Err(_) if done > 0 => Ok(done * ps),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Sets (`protect`) or clears write protection on a registered range.
     pub fn writeprotect(&self, start: usize, len: usize, protect: bool) -> SysResult<()> {
         let mut w = UffdioWriteprotect {
@@ -463,7 +621,11 @@ impl Uffd {
 
     /// Marks a missing range as poisoned: any access raises SIGBUS in the accessing thread.
     /// Used when a page's only copy cannot be read back (the failure is made loud).
+    /// `ENOTSUP` where the kernel has no `UFFDIO_POISON` (before 6.6, or masked).
     pub fn poison(&self, start: usize, len: usize) -> SysResult<()> {
+        if !self.has(feature::POISON) {
+            return Err(Errno(libc::ENOTSUP));
+        }
         let mut p = UffdioPoison {
             range: UffdioRange {
                 start: start as u64,
@@ -489,6 +651,23 @@ impl Uffd {
         }
         Ok(n as usize / std::mem::size_of::<Msg>())
     }
+}
+
+/// The `feature::*` bits the process's kernel mask turns off.
+fn masked_bits() -> u64 {
+    use crate::kernel;
+    let m = kernel::mask();
+    let mut bits = 0;
+    for (k, f) in [
+        (kernel::MOVE, feature::MOVE),
+        (kernel::POISON, feature::POISON),
+        (kernel::WP_ASYNC, feature::WP_ASYNC),
+    ] {
+        if m & k != 0 {
+            bits |= f;
+        }
+    }
+    bits
 }
 
 /// How far a move from `src` to `dst` really got, starting from `done` bytes the kernel

@@ -47,6 +47,8 @@ impl Engine {
     pub fn new(cfg: Config) -> Result<Engine, InitError> {
         // Small-object arenas reserve tier offsets like regions (`crate::small`).
         let arenas = (crate::small::CLASSES as u64).saturating_mul(cfg.small_arena as u64);
+        // Before anything asks the kernel what it has: masked features are not used.
+        attune_sys::kernel::set_mask(cfg.kernel_features);
         let numa = NumaPlacer::new(&cfg, std::path::Path::new("/"));
         let pager = Pager::new(cfg, arenas)?;
         if pager.user_mode_only() {

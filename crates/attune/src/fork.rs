@@ -164,7 +164,7 @@ fn take_over(e: &'static Engine) -> Result<(), String> {
                 }
             }
             p.uffd_for(r.delivery)
-                .register(r.base, r.len, miss)
+                .register(r.base, r.len, p.region_mode())
                 .map_err(|x| format!("region at {:#x}: {x}", r.base))?;
             // A mark from before the fork means nothing to the child's own copies.
             for c in 0..r.chunks() {

@@ -198,7 +198,8 @@ pub fn discover(root: &Path) -> Topology {
     }
     let weighted_interleave = root
         .join("sys/kernel/mm/mempolicy/weighted_interleave")
-        .is_dir();
+        .is_dir()
+        && !attune_sys::kernel::masked(attune_sys::kernel::WEIGHTED_INTERLEAVE);
     let demotion_enabled = read_trim(&root.join("sys/kernel/mm/numa/demotion_enabled"))
         .map(|s| s == "1" || s == "true" || s == "Y");
     Topology {

@@ -109,6 +109,8 @@ pub struct Config {
     pub fault_mode: FaultMode,
     /// Microseconds the handler thread polls before sleeping (`fault::handler_loop`).
     pub handler_spin_us: u64,
+    /// Kernel features masked off (`attune_sys::kernel` bits), so their fallbacks run.
+    pub kernel_features: u64,
     pub chunk_size: usize,
     pub readahead: usize,
     pub headroom: u64,
@@ -488,6 +490,7 @@ pub fn load_text(
         dram,
         fault_mode: g.choice("fault_mode")?,
         handler_spin_us: g.u64("handler_spin_us"),
+        kernel_features: g.u64("kernel_features"),
         chunk_size: g.u64("chunk_size") as usize,
         readahead: g.u64("readahead") as usize,
         headroom,
@@ -862,6 +865,7 @@ mod tests {
             table::Kind::OrWord { words, .. } => words[0].into(),
             table::Kind::Percent { max, .. } => max.to_string(),
             table::Kind::Loopback => "127.0.0.1:1".into(),
+            table::Kind::KernelMask => "-move".into(),
         }
     }
 

@@ -86,6 +86,8 @@ pub enum Kind {
     Percent { min: u64, max: u64 },
     /// `ADDRESS:PORT` on a loopback address.
     Loopback,
+    /// Kernel features turned off: `-move,-poison` (`attune_sys::kernel`).
+    KernelMask,
 }
 
 /// A checked value.
@@ -270,6 +272,7 @@ fn parse_kind(kind: &Kind, raw: &str, base: u64) -> Result<Value, String> {
                 }
                 Ok(Value::Text(raw.trim().to_string()))
             }
+            Kind::KernelMask => Ok(Value::U64(attune_sys::kernel::parse_mask(raw)?)),
         }
     }
 }
@@ -315,6 +318,7 @@ const fn int(min: u64, max: u64) -> Kind {
 pub const OPTIONS: &[Opt] = &[
     Opt { key: "dram", kind: Kind::SizeOrPercent { of: Base::Memory, min: 1 << 20 }, default: Unset::Value("25%"), suggested: "what the job may keep resident, e.g. its cgroup limit minus 10%", doc: "DRAM budget for managed memory: a size (K/M/G) or a percentage of the machine's memory" },
     Opt { key: "fault_mode", kind: Kind::Choice { what: "fault mode", values: &["thread", "signal"], aliases: &[] }, default: Unset::Value("thread"), suggested: "thread; signal for compute kernels whose managed buffers never reach system calls", doc: "How faults are resolved: thread (handler thread) or signal (the faulting thread, SIGBUS)" },
+    Opt { key: "kernel_features", kind: Kind::KernelMask, default: Unset::Value(""), suggested: "empty; -move,-poison to run as on a kernel before 6.6, -all as on 5.10", doc: "Kernel features not to use even where the kernel has them, so their fallbacks run (`attune doctor` lists them and what each costs)" },
     Opt { key: "handler_spin_us", kind: int(0, 10_000), default: Unset::Value("100"), suggested: "100; 0 where every core is busy with the application's own threads", doc: "How long the fault-handler thread (thread delivery) polls for the next fault before it sleeps, when the previous fault came sooner than that (microseconds; 0 = always sleep)" },
     Opt { key: "chunk_size", kind: Kind::Chunk, default: Unset::Value("4K"), suggested: "4K (read-ahead grows what moves on runs of faults); 64K or more only for a tier whose every move costs much", doc: "Default unit of placement and movement, a power of two from 4K to 2M" },
     Opt { key: "readahead", kind: size(0), default: Unset::Value("1M"), suggested: "1M; 0 disables", doc: "Largest read-ahead of one fault on a run of faults (sequential, backward or strided)" },
@@ -411,6 +415,9 @@ fn doc_of(kind: &Kind) -> String {
         Kind::OrWord { words, kind } => format!("{} or {}", doc_of(kind), words.join(", ")),
         Kind::Percent { min, max } => format!("percent {min}-{max}"),
         Kind::Loopback => "loopback ADDRESS:PORT".into(),
+        Kind::KernelMask => {
+            "-feature,... (move, poison, wp_async, pagemap_scan, weighted_interleave, all)".into()
+        }
     }
 }
 

@@ -879,6 +879,10 @@ pub fn node_pages(addr: usize, len: usize) -> Result<BTreeMap<Option<u32>, u64>,
 /// nor where all nodes share one memory tier). Probed with `mbind` on a scratch page, so
 /// the calling thread's own policy (e.g. from `numactl`) is left alone.
 pub fn probe_weighted_interleave(nodes: u64) -> bool {
+    use attune_sys::kernel;
+    if kernel::masked(kernel::WEIGHTED_INTERLEAVE) {
+        return false;
+    }
     let Ok(p) = mem::map_anon(PAGE as usize, false) else {
         return false;
     };

@@ -403,8 +403,9 @@ fn publish_run(e: &Pager, r: &Region, run: &Run, fault_ns: u64, result: Result<(
             // The only copy cannot be read back. Never hand the application wrong data and
             // never replay the access forever: it fails loudly with SIGBUS, and we say why.
             // Thread delivery: the range is poisoned, so the woken thread's access raises
-            // SIGBUS. Signal delivery: the caller declines the fault, and the replayed
-            // access takes the process's own SIGBUS disposition.
+            // SIGBUS (without UFFDIO_POISON the handler sends it, `handler_loop`). Signal
+            // delivery: the caller declines the fault, and the replayed access takes the
+            // process's own SIGBUS disposition.
             e.counters.load_errors.fetch_add(1, Relaxed);
             let _ = e
                 .resident
@@ -508,7 +509,13 @@ pub fn handler_loop(e: &'static Pager) {
             match e.find(addr) {
                 Some(r) => {
                     // A failed fetch poisoned the range: the woken thread gets SIGBUS.
-                    let _ = resolve(e, &r, addr);
+                    // Without UFFDIO_POISON (before 6.6, or masked) it is sent the
+                    // signal, then woken: it takes the signal before it retries.
+                    if !resolve(e, &r, addr) && !e.poisons() {
+                        os::send_sigbus(m.thread_id());
+                        let ps = attune_sys::page_size();
+                        let _ = e.uffd_thread.wake(addr & !(ps - 1), ps);
+                    }
                 }
                 None => {
                     // The region went away while the fault was queued (freed by another

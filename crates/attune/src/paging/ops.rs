@@ -6,7 +6,7 @@ use super::pager::{chunk_span, AllocOptions, Pager, KERNEL_ACCESS_MAY_FAIL};
 use crate::config::{FaultMode, Mode};
 use crate::region::{Region, RegionKind, Where, ACTIVE, CREDIT_MASK, PIN};
 use attune_policy::place;
-use attune_sys::uffd::{mode, Delivery};
+use attune_sys::uffd::Delivery;
 use attune_sys::{mem, os, Errno};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -97,7 +97,10 @@ impl Pager {
         if delivery == Delivery::Signal {
             KERNEL_ACCESS_MAY_FAIL.store(true, Relaxed);
         }
-        if let Err(e) = self.uffd_for(delivery).register(base, len, mode::MISSING) {
+        if let Err(e) = self
+            .uffd_for(delivery)
+            .register(base, len, self.region_mode())
+        {
             let _ = mem::unmap(base, len);
             undo_commit();
             return Err(e);

@@ -177,20 +177,31 @@ impl Pager {
     /// Its threads are started by the composition root (`crate::engine`).
     pub fn new(cfg: Config, arena_space: u64) -> Result<Pager, InitError> {
         let open = |d: Delivery| {
-            Uffd::open(d, feature::POISON).map_err(|e| {
+            Uffd::open(d, 0).map_err(|e| {
                 InitError(format!(
                     "userfaultfd is not available ({}{}). Attune needs it to move pages between tiers. \
                      Enable it with `sysctl vm.unprivileged_userfaultfd=1`, or grant access to /dev/userfaultfd, \
                      or allow the userfaultfd system call in the container's seccomp profile. \
                      Without it, set ATTUNE_DISABLE_UFFD=1 to run with plain DRAM (no tiering, no budget).",
                     e.errno,
-                    if e.missing_features != 0 { format!("; missing kernel features {:#x}, Linux 6.8 or newer is needed", e.missing_features) } else { String::new() }
+                    if e.missing_features != 0 { format!("; missing kernel features {:#x}, Linux 5.10 or newer is needed", e.missing_features) } else { String::new() }
                 ))
             })
         };
         let uffd_thread = open(Delivery::Thread)?;
         let uffd_signal = open(Delivery::Signal)?;
         let uffd_internal = open(Delivery::Signal)?;
+        // Without UFFDIO_MOVE (before 6.8, or masked) a page leaves a region by copy under
+        // write protection (`crate::tier::take_out`): anonymous write-protect (5.7) is the
+        // one thing that fallback cannot do without (docs/design/kernels.md).
+        if !uffd_thread.has(feature::MOVE) && !uffd_thread.has_write_protect() {
+            return Err(InitError(
+                "this kernel has neither UFFDIO_MOVE (Linux 6.8) nor userfaultfd write-protection of \
+                 anonymous memory (Linux 5.7): Attune cannot take pages out of a region safely. Linux 5.10 \
+                 or newer is needed; set ATTUNE_DISABLE_UFFD=1 to run with plain DRAM."
+                    .into(),
+            ));
+        }
         if uffd_thread.user_mode_only {
             KERNEL_ACCESS_MAY_FAIL.store(true, Relaxed);
         }
@@ -277,6 +288,43 @@ impl Pager {
             forks: AtomicU64::new(0),
             unshare_pending: AtomicU64::new(0),
         })
+    }
+
+    /// How regions are registered: missing faults, and write-protect faults where pages
+    /// leave by copy (no `UFFDIO_MOVE`): a write during the copy waits for the chunk.
+    pub(crate) fn region_mode(&self) -> u64 {
+        if self.moves_pages() {
+            mode::MISSING
+        } else {
+            mode::MISSING | mode::WP
+        }
+    }
+
+    /// Whether pages leave and return by `UFFDIO_MOVE` (else by copy, `crate::tier::take_out`).
+    pub fn moves_pages(&self) -> bool {
+        self.uffd_thread.has(feature::MOVE)
+    }
+
+    /// The kernel features whose fallback this engine runs (absent or masked), by name
+    /// (`attune_sys::kernel::FEATURES`): what the run report and `attune doctor` show.
+    pub fn kernel_fallbacks(&self) -> Vec<&'static str> {
+        use attune_sys::kernel;
+        let mut in_use = attune_sys::probe::in_use();
+        // What the engine's own descriptors found decides for the paging features.
+        for (bit, has) in [
+            (kernel::MOVE, self.moves_pages()),
+            (kernel::POISON, self.poisons()),
+        ] {
+            if !has {
+                in_use &= !bit;
+            }
+        }
+        kernel::fallbacks(in_use)
+    }
+
+    /// Whether an unreadable page is poisoned (else its thread gets SIGBUS sent).
+    pub fn poisons(&self) -> bool {
+        self.uffd_thread.has(feature::POISON)
     }
 
     pub(crate) fn uffd_for(&self, d: Delivery) -> &Uffd {

@@ -122,7 +122,7 @@ impl super::Medium for FileTier {
     ) -> SysResult<()> {
         let slot = io.staging.claim(len).ok_or(Errno(libc::EAGAIN))?;
         let st = slot.addr();
-        let moved = match io.internal.move_pages(st, src, len, true, false) {
+        let moved = match super::take_out(io.internal, region_uffd, st, src, len) {
             Ok(m) => m,
             Err(e) => return Err(e),
         };

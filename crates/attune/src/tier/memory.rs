@@ -206,9 +206,7 @@ impl super::Medium for MemoryTier {
         // a freed region's ranges are in the queue until released too, so an overlap test
         // finds whatever could still be mapped in this slot.
         self.release_if_overlapping(self.base + off as usize, len);
-        let moved = io
-            .internal
-            .move_pages(self.base + off as usize, src, len, true, false)?;
+        let moved = super::take_out(io.internal, region_uffd, self.base + off as usize, src, len)?;
         if moved < len {
             // A page could not move (EBUSY: shared since a fork, or pinned by the kernel
             // for I/O). Put back what moved so the caller sees all-or-nothing, and report

@@ -355,6 +355,41 @@ impl FarTier {
     }
 }
 
+/// Takes the pages of `[src, src+len)` (region memory, which the program may be writing)
+/// into `dst`, a missing slot registered with `internal`. Same contract as
+/// [`Uffd::move_pages`] with holes allowed and no wake: the bytes accounted; a short
+/// count when a page could not be taken.
+///
+/// With `UFFDIO_MOVE` the move is atomic against the program's writers. Without it (before
+/// Linux 6.8, or masked) the pages are copied, then dropped, and a write between the copy
+/// and the drop would be lost: so the range is write-protected first (the regions are
+/// registered for write-protect faults then, `Pager::region_mode`). A writer waits in the
+/// kernel (thread delivery) or in its SIGBUS handler until the chunk, claimed Evicting,
+/// settles; then its write faults the page back. The protection is cleared on every path
+/// before returning (with a wake): pages not taken keep their data and stay writable.
+/// Signal-safe.
+pub(crate) fn take_out(
+    internal: &Uffd,
+    region_uffd: &Uffd,
+    dst: usize,
+    src: usize,
+    len: usize,
+) -> attune_sys::SysResult<usize> {
+    if internal.has(attune_sys::uffd::feature::MOVE) {
+        return internal.move_pages(dst, src, len, true, false);
+    }
+    // EINVAL here: the program made the range read-only or inaccessible (mprotect), which
+    // the caller treats as it treats a move's EINVAL: the chunk stays resident.
+    region_uffd.writeprotect(src, len, true)?;
+    let r = internal.move_pages(dst, src, len, true, false);
+    let _ = region_uffd.writeprotect(src, len, false);
+    match r {
+        // A page the copy could not read: the program removed read access (PROT_NONE).
+        Err(Errno(libc::EFAULT)) => Err(Errno(libc::EINVAL)),
+        r => r,
+    }
+}
+
 /// Puts pages a store had moved out of the region (`[st, st+len)`, a staging slot or a
 /// far-memory slot) back at `src`: one move of the range (which already retries and
 /// accounts for what it moved), then the pages it could not move copied one by one.
