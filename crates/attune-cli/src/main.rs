@@ -33,6 +33,8 @@ enum Command {
     Config(cmd::config::Args),
     /// Show the memory nodes and tiers of this machine (or of a captured /sys tree).
     Topology(cmd::topology::Args),
+    /// What this kernel offers Attune: features, the paths in use, what each missing one costs.
+    Doctor(cmd::doctor::Args),
     /// Placement on NUMA tiers: interleave weights, and where a region's pages land.
     Numa(cmd::numa::Args),
     /// Profile a program's memory: access curve, tiers over time, faults, suggested flags.
@@ -87,6 +89,7 @@ fn main() {
         Command::KernelSwap(a) => lab("kernel-swap", a),
         Command::Config(a) => cmd::config::run(a),
         Command::Topology(a) => cmd::topology::run(a),
+        Command::Doctor(a) => cmd::doctor::run(a),
         Command::Numa(a) => cmd::numa::run(a),
         Command::Usage(a) => cmd::usage::run(a),
         Command::Lbench(a) => lab("lbench", a),

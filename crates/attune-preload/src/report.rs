@@ -122,6 +122,7 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "allocator": attune_sys::libc_alloc::program_allocator(),
         "fault_mode": settings().fault_mode,
         "uffd_user_mode_only": attune::runtime::engine_if_started().map(|e| e.pager.user_mode_only()),
+        "kernel_fallbacks": e.map(|e| e.pager.kernel_fallbacks()),
         "io_retried_calls": capi::io::RETRIED.load(Relaxed),
         "io_held_bytes": capi::io::HELD_BYTES.load(Relaxed),
         "io_unretried_calls": capi::io::UNRETRIED.load(Relaxed),

@@ -1,4 +1,5 @@
 pub mod config;
+pub mod doctor;
 pub mod numa;
 pub mod profile;
 pub mod run;

@@ -650,6 +650,31 @@ pub fn text_report(r: &Value) -> String {
             if left > 0 { format!(", {left} too large to hold (EFAULT)") } else { String::new() }
         );
     }
+    // Kernel features the runtime did without (older kernel, or kernel_features masked).
+    let mut fallbacks: Vec<String> = procs
+        .iter()
+        .flat_map(|p| {
+            p["kernel_fallbacks"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|f| f.as_str().map(String::from))
+        .collect();
+    fallbacks.dedup();
+    let order = |n: &String| {
+        attune_sys::kernel::FEATURES
+            .iter()
+            .position(|f| f.name == n)
+    };
+    fallbacks.sort_by_key(order);
+    fallbacks.dedup();
+    if !fallbacks.is_empty() {
+        s += &format!(
+            "  kernel: without {} (their fallbacks ran; `attune doctor` says what each costs)\n",
+            fallbacks.join(", ")
+        );
+    }
     if t["predicted_requests"].as_u64().unwrap_or(0) > 0 {
         s += &format!(
             "  flags from the history: {} request(s), {} pinned as their hot part\n",
