@@ -32,7 +32,10 @@ if ! python3 -c 'import numpy, pandas, sklearn, zstandard, igraph, matplotlib, t
 fi
 command -v cargo >/dev/null || { echo "setup: cargo (Rust) is required: https://rustup.rs" >&2; exit 1; }
 # The NUMA guest of the placement tests: QEMU 10 and a 6.12 kernel (bookworm-backports,
-# through a private apt sources list; /etc/apt is not touched).
+# through a private apt sources list; /etc/apt is not touched), and the 6.1 and 5.10
+# kernels of the compatibility run (tests/numa/test_old_kernels.py).
 if [ "$(id -u)" = 0 ]; then
-  "$(dirname "$0")/numa-guest/fetch.sh" >/dev/null || echo "setup: warning: the NUMA guest could not be fetched; its tests will fail" >&2
+  for k in "" 6.1 5.10; do
+    "$(dirname "$0")/numa-guest/fetch.sh" $k >/dev/null || echo "setup: warning: the NUMA guest (kernel ${k:-6.12}) could not be fetched; its tests will fail" >&2
+  done
 fi

@@ -6,8 +6,36 @@
 # Both come from bookworm-backports through a private sources list (see
 # ../shared/notes/numa-vm.md: 6.1 has no memory tiers, QEMU 7.2 double-faults under TCG).
 # Needs root for the install. Idempotent: prints the kernel path and exits when done.
+#
+# `fetch.sh 6.1` or `fetch.sh 5.10` also fetches an older kernel for the compatibility run
+# (docs/design/kernels.md): bookworm's 6.1 and bullseye's 5.10 cloud kernels, from their
+# own private sources list (bullseye's packages must not mix into the QEMU install).
 set -euo pipefail
 CACHE=${ATTUNE_GUEST_CACHE:-/var/cache/attune-guest}
+OLD=${1:-}
+if [ -n "$OLD" ]; then
+  case "$OLD" in 6.1|5.10) ;; *) echo "fetch.sh: kernel '$OLD' is not offered (6.1 or 5.10)" >&2; exit 2;; esac
+  # QEMU and busybox first (the default fetch), quietly.
+  "$0" >/dev/null
+  K=$(ls "$CACHE/kernel-$OLD"/boot/vmlinuz-"$OLD".* 2>/dev/null | head -1 || true)
+  if [ -z "$K" ]; then
+    [ "$(id -u)" = 0 ] || { echo "fetch.sh: fetching a kernel the first time needs root" >&2; exit 1; }
+    O="$CACHE/old/apt"
+    mkdir -p "$O/lists/partial" "$O/cache/archives/partial" "$CACHE/kernel-$OLD"
+    printf 'deb http://deb.debian.org/debian bookworm main\ndeb http://deb.debian.org/debian bullseye main\n' >"$O/sources.list"
+    OD=(-o "Dir::Etc::SourceList=$O/sources.list" -o Dir::Etc::SourceParts=/dev/null
+        -o "Dir::State::Lists=$O/lists" -o "Dir::Cache=$O/cache")
+    apt-get "${OD[@]}" -q update >&2
+    PKG=$(apt-cache "${OD[@]}" search --names-only "linux-image-${OLD//./\\.}[.-]" 2>/dev/null |
+          awk '{print $1}' | grep -E -- '-cloud-amd64(-unsigned)?$' | sort -V | tail -1)
+    [ -n "$PKG" ] || { echo "fetch.sh: no $OLD cloud kernel in bookworm or bullseye" >&2; exit 1; }
+    (cd "$CACHE/kernel-$OLD" && apt-get "${OD[@]}" -q -y download "$PKG" >&2 &&
+       dpkg-deb -x "$PKG"_*.deb . && rm -rf "$PKG"_*.deb lib usr)
+    K=$(ls "$CACHE/kernel-$OLD"/boot/vmlinuz-* | head -1)
+  fi
+  echo "$K"
+  exit 0
+fi
 mkdir -p "$CACHE/apt/lists/partial" "$CACHE/apt/cache/archives/partial" "$CACHE/kernel"
 SRC="$CACHE/apt/sources.list"
 if [ ! -s "$SRC" ]; then

@@ -3,12 +3,18 @@
 # TCG with Attune inside, runs scenarios.sh, and writes the serial log to $1 (default
 # target/numa-guest.log). Needs root the first time (fetch.sh installs QEMU 10).
 # Recipe and pitfalls: ../shared/notes/numa-vm.md.
+#
+# GUEST_KERNEL=6.1|5.10 boots an older Debian kernel instead (fetch.sh fetches it),
+# GUEST_SCENARIOS names the script run inside (default scenarios.sh), and GUEST_EXTRA a
+# directory copied to /opt/attune in the guest with the shared libraries of every program
+# in it (the compatibility run's test programs, libattune and the interposer).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 LOG=${1:-$ROOT/target/numa-guest.log}
 ATTUNE=${ATTUNE_BIN:-$ROOT/target/release/attune}
-KERNEL=$("$HERE/fetch.sh" | tail -1)
+KERNEL=$("$HERE/fetch.sh" ${GUEST_KERNEL:-} | tail -1)
+SCENARIOS=${GUEST_SCENARIOS:-$HERE/scenarios.sh}
 [ -x "$ATTUNE" ] || { echo "run.sh: $ATTUNE not built (cargo build --release)" >&2; exit 1; }
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -16,14 +22,24 @@ R=$WORK/root
 mkdir -p "$R"/{bin,sbin,etc,proc,sys,dev,tmp,lib64,usr/bin}
 cp "$(command -v busybox)" "$R/bin/busybox"
 cp "$ATTUNE" "$R/bin/attune"
-# Shared libraries of the attune binary, at the paths the loader looks for them.
-for lib in $(ldd "$ATTUNE" | grep -o '/[^ ]*'); do
-  mkdir -p "$R$(dirname "$lib")"
-  cp -L "$lib" "$R$lib"
+ELFS=("$ATTUNE")
+if [ -n "${GUEST_EXTRA:-}" ]; then
+  mkdir -p "$R/opt/attune"
+  cp -a "$GUEST_EXTRA"/. "$R/opt/attune/"
+  while IFS= read -r f; do ELFS+=("$f"); done < <(find "$GUEST_EXTRA" -type f -perm -u+x -o -type f -name '*.so')
+fi
+# Shared libraries of the programs, at the paths the loader looks for them.
+for elf in "${ELFS[@]}"; do
+  for lib in $(LD_LIBRARY_PATH="${GUEST_EXTRA:+$GUEST_EXTRA/lib}" ldd "$elf" 2>/dev/null | grep -o '/[^ ]*'); do
+    case "$lib" in "${GUEST_EXTRA:-/nonexistent}"/*) continue;; esac
+    [ -e "$R$lib" ] && continue
+    mkdir -p "$R$(dirname "$lib")"
+    cp -L "$lib" "$R$lib"
+  done
 done
 cp "$HERE/init" "$R/init"
 chmod +x "$R/init"
-cp "$HERE/scenarios.sh" "$R/scenarios.sh"
+cp "$SCENARIOS" "$R/scenarios.sh"
 cp "$HERE/attune.toml" "$R/etc/attune.toml"
 (cd "$R" && find . | cpio -o -H newc --quiet | gzip -1) >"$WORK/initrd.gz"
 mkdir -p "$(dirname "$LOG")"
