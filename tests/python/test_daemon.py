@@ -219,7 +219,11 @@ def test_far_memory_divided_among_workflows(workdir, daemon):
         st = d.status()
         assert st["far_pool"] == 48 * MIB, st
         assert st["far_granted"] <= 48 * MIB, st
-        if len(st["workflows"]) == 2 and time.time() - t0 > 2.0:
+        # Both holding their data: at its end a workflow frees its region before its
+        # process exits, and its want (and so its share) falls while poll() still sees
+        # it running (seen: a grant of 14.4 MiB in a sample taken then).
+        if (len(st["workflows"]) == 2 and time.time() - t0 > 2.0
+                and all(w["far_want"] >= 24 * MIB for w in st["workflows"])):
             late.append(st)
         time.sleep(0.1)
     assert len(late) >= 3, "the two never ran together long enough"
