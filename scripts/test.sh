@@ -237,6 +237,22 @@ run no6x-signal-mode "$OUT/signal_mode"
 ATTUNE_KERNEL_FEATURES=-move ATTUNE_FAULT_MODE=signal run no-move-stress-signal "$OUT/stress" 64
 ATTUNE_KERNEL_FEATURES=-poison ATTUNE_CONFIG="$OUT/file.toml" TIER_DIR="$OUT" run no-poison-lost-tier-thread "$OUT/lost_tier"
 unset ATTUNE_KERNEL_FEATURES
+# A feature the kernel offers but refuses when used (a seccomp profile that refuses the
+# UFFDIO_MOVE and UFFDIO_POISON ioctls): masked once at start with a warning, the
+# fallbacks run, nothing is lost; doctor shows them refused.
+run move-poison-refused-by-seccomp "$OUT/deny_syscalls" uffdio-move,uffdio-poison -- "$OUT/integrity" 48
+if grep -q "the kernel offers move but refuses it" "$OUT/move-poison-refused-by-seccomp.log" \
+   && grep -q "the kernel offers poison but refuses it" "$OUT/move-poison-refused-by-seccomp.log"; then
+  pass=$((pass+1)); echo "ok   move-poison-refused-said"
+else fail=$((fail+1)); failed+=(move-poison-refused-said); echo "FAIL move-poison-refused-said"; head -5 "$OUT/move-poison-refused-by-seccomp.log"; fi
+ATTUNE_CONFIG="$OUT/file.toml" TIER_DIR="$OUT" run poison-refused-lost-tier-thread "$OUT/deny_syscalls" uffdio-poison -- "$OUT/lost_tier"
+if "$OUT/deny_syscalls" uffdio-move -- "$PREFIX/bin/attune" doctor --json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+f = {r["feature"]: r["state"] for r in d["features"]}
+assert f["move"] == "refused" and f["poison"] == "used" and d["refused"][0]["feature"] == "move", d
+'; then pass=$((pass+1)); echo "ok   doctor-reports-refused-move"
+else fail=$((fail+1)); failed+=(doctor-reports-refused-move); echo "FAIL doctor-reports-refused-move"; fi
 # A mask that names no feature is a configuration error that names the list.
 if ATTUNE_KERNEL_FEATURES=-mvoe "$PREFIX/bin/attune" doctor 2>&1 | grep -q "'mvoe' is not a kernel feature Attune uses (expected all, move, poison"; then
   pass=$((pass+1)); echo "ok   kernel-mask-unknown-feature"

@@ -5,7 +5,8 @@
  *   deny_syscalls NAME[,NAME...] -- PROGRAM [ARGS...]
  *
  * NAME: userfaultfd (the system call), uffd-dev (the USERFAULTFD_IOC_NEW ioctl of
- * /dev/userfaultfd), process_madvise, pidfd_open. Before it executes PROGRAM it checks
+ * /dev/userfaultfd), uffdio-move and uffdio-poison (those userfaultfd ioctls: a feature
+ * the kernel offers but refuses), process_madvise, pidfd_open. Before it executes PROGRAM it checks
  * that each refusal is in force (a filter that silently did nothing would make the test
  * that uses it pass for the wrong reason). x86-64 only; exits 77 elsewhere. */
 #define _GNU_SOURCE
@@ -24,6 +25,8 @@
 #include <fcntl.h>
 
 #define USERFAULTFD_IOC_NEW 0xAA00
+#define UFFDIO_MOVE_CMD 0xC028AA05u   /* _IOWR(0xAA, 0x05, struct uffdio_move) */
+#define UFFDIO_POISON_CMD 0xC020AA08u /* _IOWR(0xAA, 0x08, struct uffdio_poison) */
 
 #ifndef SYS_process_madvise
 #define SYS_process_madvise 440
@@ -33,7 +36,7 @@
 #endif
 
 static int usage(void) {
-    fprintf(stderr, "usage: deny_syscalls userfaultfd|uffd-dev|process_madvise|pidfd_open[,...] -- PROGRAM [ARGS...]\n");
+    fprintf(stderr, "usage: deny_syscalls userfaultfd|uffd-dev|uffdio-move|uffdio-poison|process_madvise|pidfd_open[,...] -- PROGRAM [ARGS...]\n");
     return 2;
 }
 
@@ -43,11 +46,16 @@ int main(int argc, char **argv) {
     return 77;
 #else
     if (argc < 4 || strcmp(argv[2], "--") != 0) return usage();
-    int deny_uffd = 0, deny_dev = 0, deny_pm = 0, deny_pidfd = 0;
+    int deny_uffd = 0, deny_pm = 0, deny_pidfd = 0;
+    unsigned cmds[8];
+    int ncmd = 0;
     char *names = strdup(argv[1]), *save = NULL;
     for (char *n = strtok_r(names, ",", &save); n; n = strtok_r(NULL, ",", &save)) {
         if (!strcmp(n, "userfaultfd")) deny_uffd = 1;
-        else if (!strcmp(n, "uffd-dev")) deny_dev = 1;
+        else if (ncmd == 8) return usage();
+        else if (!strcmp(n, "uffd-dev")) cmds[ncmd++] = USERFAULTFD_IOC_NEW;
+        else if (!strcmp(n, "uffdio-move")) cmds[ncmd++] = UFFDIO_MOVE_CMD;
+        else if (!strcmp(n, "uffdio-poison")) cmds[ncmd++] = UFFDIO_POISON_CMD;
         else if (!strcmp(n, "process_madvise")) deny_pm = 1;
         else if (!strcmp(n, "pidfd_open")) deny_pidfd = 1;
         else { fprintf(stderr, "deny_syscalls: unknown name %s\n", n); return usage(); }
@@ -64,12 +72,15 @@ int main(int argc, char **argv) {
     if (deny_uffd) DENY_IF(SYS_userfaultfd);
     if (deny_pm) DENY_IF(SYS_process_madvise);
     if (deny_pidfd) DENY_IF(SYS_pidfd_open);
-    if (deny_dev) {
-        /* ioctl(fd, USERFAULTFD_IOC_NEW, ...): the low word of the second argument. */
-        f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, 3);
+    if (ncmd) {
+        /* ioctl(fd, CMD, ...): the low word of the second argument. Not an ioctl: skip the
+         * load and the tests, to ALLOW. */
+        f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, 1 + 2 * ncmd);
         LD(offsetof(struct seccomp_data, args[1]));
-        f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, USERFAULTFD_IOC_NEW, 0, 1);
-        f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+        for (int i = 0; i < ncmd; i++) {
+            f[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, cmds[i], 0, 1);
+            f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+        }
     }
     f[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
     struct sock_fprog prog = {.len = (unsigned short)k, .filter = f};
@@ -83,7 +94,7 @@ int main(int argc, char **argv) {
     if (deny_uffd) { errno = 0; bad |= syscall(SYS_userfaultfd, O_CLOEXEC) != -1 || errno != EPERM; }
     if (deny_pm) { errno = 0; bad |= syscall(SYS_process_madvise, -1, NULL, 0, 4, 0) != -1 || errno != EPERM; }
     if (deny_pidfd) { errno = 0; bad |= syscall(SYS_pidfd_open, getpid(), 0) != -1 || errno != EPERM; }
-    if (deny_dev) { errno = 0; bad |= ioctl(-1, USERFAULTFD_IOC_NEW, O_CLOEXEC) != -1 || errno != EPERM; }
+    for (int i = 0; i < ncmd; i++) { errno = 0; bad |= ioctl(-1, cmds[i], 0) != -1 || errno != EPERM; }
     if (bad) { fprintf(stderr, "deny_syscalls: a refusal is not in force\n"); return 1; }
     execvp(argv[3], argv + 3);
     perror("deny_syscalls: exec");

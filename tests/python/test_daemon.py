@@ -44,8 +44,9 @@ def workdir():
 
 
 class Daemon:
-    def __init__(self, d: Path, *args, sock=None, metrics="off"):
+    def __init__(self, d: Path, *args, sock=None, metrics="off", wrap=()):
         self.dir = d
+        self.wrap = list(wrap)
         self.sock = sock or str(d / f"s{random.randrange(1 << 30)}.sock")
         self.args = list(args)
         self.metrics = metrics
@@ -54,7 +55,7 @@ class Daemon:
 
     def start(self):
         self.proc = subprocess.Popen(
-            [str(ATTUNED), "--socket", self.sock, "--metrics", self.metrics, *self.args],
+            [*self.wrap, str(ATTUNED), "--socket", self.sock, "--metrics", self.metrics, *self.args],
             stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
         for _ in range(200):
             if os.path.exists(self.sock):
@@ -844,3 +845,19 @@ def test_socket_path_that_is_not_a_socket_is_kept_and_sigterm_removes_the_socket
     d.proc.send_signal(signal.SIGTERM)
     assert d.proc.wait(timeout=10) == 0
     assert not os.path.exists(d.sock), "the socket is removed when the daemon is stopped"
+
+
+def test_status_names_the_kernel_features_the_node_lacks(workdir, daemon):
+    """attuned says which kernel features the runtimes on its node do without: here a
+    seccomp filter (as a container's profile would) refuses UFFDIO_MOVE to the daemon."""
+    deny = workdir / "deny_syscalls"
+    subprocess.run(["gcc", "-O2", str(ROOT / "tests/c/deny_syscalls.c"), "-o", str(deny)], check=True)
+    plain = daemon().status()["kernel_fallbacks"]
+    if "move" in plain:
+        pytest.skip("this kernel has no UFFDIO_MOVE to refuse")
+    d = daemon(wrap=[str(deny), "uffdio-move", "--"])
+    s = d.status()
+    assert "move" in s["kernel_fallbacks"] and "move" not in plain, (plain, s["kernel_fallbacks"])
+    assert set(plain) <= set(s["kernel_fallbacks"])
+    text = subprocess.run([str(ATTUNE), "status", "--socket", d.sock], capture_output=True, text=True).stdout
+    assert "kernel: without move" in text, text

@@ -211,6 +211,10 @@ pub struct Status {
     pub rebalances: u64,
     /// Time from the last shrinking rebalance to every shrunk client's acknowledgement.
     pub last_reclaim_ms: Option<f64>,
+    /// Kernel features this node's kernel lacks or refuses, whose fallbacks the runtimes
+    /// here run (`attune_sys::kernel::FEATURES` names; docs/design/kernels.md).
+    #[serde(default)]
+    pub kernel_fallbacks: Vec<String>,
     /// Other users' workflows and shared regions, summed, for a caller who may not see
     /// them one by one (a user other than root).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -29,3 +29,47 @@ pub fn offered() -> u64 {
 pub fn in_use() -> u64 {
     offered() & !crate::kernel::mask()
 }
+
+/// The features the kernel offers that fail when used (a seccomp profile that refuses
+/// their ioctl, a kernel whose feature bit promises more than it does), as
+/// `(bit, errno)`: the engine masks them once at start and says so, rather than failing
+/// every eviction. Tries `UFFDIO_MOVE` of one page into a registered scratch range and
+/// `UFFDIO_POISON` of another; nothing when userfaultfd cannot be opened.
+pub fn broken() -> Vec<(u64, crate::Errno)> {
+    use crate::kernel::{masked, MOVE, POISON};
+    use crate::uffd::{feature, mode, Uffd};
+    let mut out = Vec::new();
+    let Ok(u) = Uffd::open_exact(0) else {
+        return out;
+    };
+    let want_move = u.has(feature::MOVE) && !masked(MOVE);
+    let want_poison = u.has(feature::POISON) && !masked(POISON);
+    if !want_move && !want_poison {
+        return out;
+    }
+    let ps = crate::page_size();
+    let Ok(src) = crate::mem::map_anon(ps, false) else {
+        return out;
+    };
+    let Ok(dst) = crate::mem::map_anon(2 * ps, false) else {
+        let _ = crate::mem::unmap(src, ps);
+        return out;
+    };
+    // SAFETY: src is our own fresh private page, not managed memory.
+    unsafe { crate::mem::zero_raw(src, ps) };
+    if u.register(dst, 2 * ps, mode::MISSING).is_ok() {
+        if want_move {
+            if let Err(e) = u.move_pages(dst, src, ps, false, false) {
+                out.push((MOVE, e));
+            }
+        }
+        if want_poison {
+            if let Err(e) = u.poison(dst + ps, ps) {
+                out.push((POISON, e));
+            }
+        }
+    }
+    let _ = crate::mem::unmap(src, ps);
+    let _ = crate::mem::unmap(dst, 2 * ps);
+    out
+}

@@ -47,8 +47,22 @@ impl Engine {
     pub fn new(cfg: Config) -> Result<Engine, InitError> {
         // Small-object arenas reserve tier offsets like regions (`crate::small`).
         let arenas = (crate::small::CLASSES as u64).saturating_mul(cfg.small_arena as u64);
-        // Before anything asks the kernel what it has: masked features are not used.
+        // Before anything asks the kernel what it has: masked features are not used. A
+        // feature the kernel offers but refuses when used (a seccomp profile) is masked
+        // too, once, with a warning: its fallback runs instead of every use failing.
         attune_sys::kernel::set_mask(cfg.kernel_features);
+        let broken = attune_sys::probe::broken();
+        for (bit, errno) in &broken {
+            let name = attune_sys::kernel::FEATURES
+                .iter()
+                .find(|f| f.bit == *bit)
+                .map_or("?", |f| f.name);
+            crate::warn!(
+                "the kernel offers {name} but refuses it ({errno}); its fallback runs instead (`attune doctor`)"
+            );
+        }
+        let extra = broken.iter().fold(0, |m, (bit, _)| m | bit);
+        attune_sys::kernel::set_mask(cfg.kernel_features | extra);
         let numa = NumaPlacer::new(&cfg, std::path::Path::new("/"));
         let pager = Pager::new(cfg, arenas)?;
         if pager.user_mode_only() {

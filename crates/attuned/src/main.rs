@@ -90,7 +90,16 @@ fn main() {
             .map(|m| format!(", metrics on http://{m}/metrics"))
             .unwrap_or_default()
     ));
-    let state = Arc::new(Mutex::new(state::State::new(cfg, tiers)));
+    let mut st = state::State::new(cfg, tiers);
+    // What the runtimes on this node will do without (the node's kernel, not a mask).
+    let refused = attune_sys::probe::broken()
+        .iter()
+        .fold(0, |m, (b, _)| m | b);
+    st.kernel_fallbacks = attune_sys::kernel::fallbacks(attune_sys::probe::offered() & !refused)
+        .into_iter()
+        .map(String::from)
+        .collect();
+    let state = Arc::new(Mutex::new(st));
     {
         let st = state.clone();
         if let Err(e) = std::thread::Builder::new()

@@ -68,6 +68,8 @@ pub struct State {
     reclaim: Option<Reclaim>,
     pub last_reclaim_ms: Option<f64>,
     pub tiers: Vec<attune_proto::TierStatus>,
+    /// What `attune_sys::probe` found this node's kernel lacks or refuses (set at start).
+    pub kernel_fallbacks: Vec<String>,
 }
 
 impl State {
@@ -83,6 +85,7 @@ impl State {
             rebalances: 0,
             reclaim: None,
             last_reclaim_ms: None,
+            kernel_fallbacks: Vec::new(),
             tiers,
         }
     }
@@ -374,6 +377,7 @@ impl State {
             rejected: self.rejected,
             rebalances: self.rebalances,
             last_reclaim_ms: self.last_reclaim_ms,
+            kernel_fallbacks: self.kernel_fallbacks.clone(),
             others: None,
             next: None,
         }

@@ -32,13 +32,18 @@ pub fn run(a: Args) -> i32 {
     let raw = Uffd::probe_features_unmasked().unwrap_or(0);
     let write_protect = raw & feature::PAGEFAULT_FLAG_WP != 0;
     let offered = attune_sys::probe::offered();
-    let in_use = offered & !mask;
+    // Offered but refused when used (a seccomp profile): the runtime masks them at start.
+    let refused = attune_sys::probe::broken();
+    let refused_bits = refused.iter().fold(0, |m, (b, _)| m | b);
+    let in_use = offered & !mask & !refused_bits;
     let engine = uffd_ok && (in_use & kernel::MOVE != 0 || write_protect);
     let rows: Vec<_> = FEATURES
         .iter()
         .map(|f| {
             let state = if in_use & f.bit != 0 {
                 "used"
+            } else if refused_bits & f.bit != 0 {
+                "refused"
             } else if offered & f.bit != 0 {
                 "masked"
             } else {
@@ -59,6 +64,10 @@ pub fn run(a: Args) -> i32 {
             "user_mode_only": user_mode_only,
             "write_protect": write_protect,
             "mask": kernel::mask_string(mask),
+            "refused": refused.iter().map(|(b, e)| json!({
+                "feature": FEATURES.iter().find(|f| f.bit == *b).map_or("?", |f| f.name),
+                "error": e.to_string(),
+            })).collect::<Vec<_>>(),
             "fault_engine": engine,
             "features": rows,
             "fallbacks": kernel::fallbacks(in_use),
@@ -83,6 +92,15 @@ pub fn run(a: Args) -> i32 {
     );
     if mask != 0 {
         println!("mask (kernel_features): {}", kernel::mask_string(mask));
+    }
+    for (bit, errno) in &refused {
+        let name = FEATURES
+            .iter()
+            .find(|f| f.bit == *bit)
+            .map_or("?", |f| f.name);
+        println!(
+            "{name}: offered by the kernel but refused when used ({errno}); its fallback runs"
+        );
     }
     println!();
     println!(

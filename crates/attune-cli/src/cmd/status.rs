@@ -70,6 +70,12 @@ pub fn render(s: &Status) -> String {
     if let Some(ms) = s.last_reclaim_ms {
         o += &format!("; last reclaim {ms:.1} ms");
     }
+    if !s.kernel_fallbacks.is_empty() {
+        o += &format!(
+            "\nkernel: without {} (the runtimes here run their fallbacks; `attune doctor`)",
+            s.kernel_fallbacks.join(", ")
+        );
+    }
     if s.far_pool > 0 {
         o += &format!(
             "\nfar memory (the runtimes' memory tiers): pool {} MiB, granted {} MiB",
