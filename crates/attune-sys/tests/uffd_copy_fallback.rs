@@ -6,66 +6,23 @@
 //! not a hole: mincore cannot tell them apart, pagemap can), a run across a protection
 //! change (one UFFDIO_COPY fills one VMA), and a destination page already there.
 
-use attune_sys::uffd::{feature, mode, Delivery, Uffd};
+mod common;
+
+use attune_sys::uffd::{feature, Delivery, Uffd};
 use attune_sys::{kernel, mem, Errno};
-
-const PAGES: usize = 16;
-
-struct Pair {
-    uffd: Uffd,
-    src: usize,
-    dst: usize,
-    len: usize,
-}
-
-impl Drop for Pair {
-    fn drop(&mut self) {
-        let _ = mem::unmap(self.src, self.len);
-        let _ = mem::unmap(self.dst, self.len);
-    }
-}
+use common::{read, Pair, PAGES};
 
 fn word(page: usize) -> u64 {
-    0xC0FF_0000_0000_0000 | page as u64
+    common::word(0xC0FF, page)
 }
 
+/// As `common::pair`, the source not registered (a region the program writes), with
+/// `UFFDIO_MOVE` masked for this process.
 fn pair(holes: &[usize], dst_filled: &[usize]) -> Option<Pair> {
     kernel::set_mask(kernel::MOVE | kernel::POISON);
-    let ps = attune_sys::page_size();
-    let len = PAGES * ps;
-    let uffd = match Uffd::open(Delivery::Thread, 0) {
-        Ok(u) => u,
-        Err(e) => {
-            eprintln!("skipped: userfaultfd not available ({:?})", e.errno);
-            return None;
-        }
-    };
-    assert!(!uffd.has(feature::MOVE), "the mask hides UFFDIO_MOVE");
-    let src = mem::map_anon(len, false).expect("map src");
-    let dst = mem::map_anon(len, false).expect("map dst");
-    for p in 0..PAGES {
-        if !holes.contains(&p) {
-            // SAFETY: src is a fresh private mapping of PAGES pages, not yet registered.
-            unsafe { *((src + p * ps) as *mut u64) = word(p) };
-        }
-    }
-    for &p in dst_filled {
-        // SAFETY: as above, for dst.
-        unsafe { *((dst + p * ps) as *mut u64) = 1 };
-    }
-    uffd.register(dst, len, mode::MISSING)
-        .expect("register dst");
-    Some(Pair {
-        uffd,
-        src,
-        dst,
-        len,
-    })
-}
-
-fn read(a: usize) -> Option<u64> {
-    // SAFETY: read only when mincore says the page is mapped (no fault is raised).
-    mem::page_present(a).then(|| unsafe { *(a as *const u64) })
+    let p = common::pair(0xC0FF, holes, dst_filled, false)?;
+    assert!(!p.uffd.has(feature::MOVE), "the mask hides UFFDIO_MOVE");
+    Some(p)
 }
 
 #[test]

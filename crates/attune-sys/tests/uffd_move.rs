@@ -7,73 +7,24 @@
 //! page tables; no page of a registered range is touched unless mincore says it is there
 //! (no handler thread serves faults here).
 
+mod common;
+
 use attune_sys::mem;
-use attune_sys::uffd::{mode, Delivery, Uffd};
 use attune_sys::Errno;
-
-const PAGES: usize = 16;
-
-struct Pair {
-    uffd: Uffd,
-    src: usize,
-    dst: usize,
-    len: usize,
-}
-
-impl Drop for Pair {
-    fn drop(&mut self) {
-        let _ = mem::unmap(self.src, self.len);
-        let _ = mem::unmap(self.dst, self.len);
-    }
-}
+use common::{Pair, PAGES};
 
 fn word(page: usize) -> u64 {
-    0x5EED_0000_0000_0000 | page as u64
+    common::word(0x5EED, page)
 }
 
 /// Source pages filled except `holes`; `dst_filled` destination pages written before
-/// registration (a real conflict). None when userfaultfd with MOVE is not available.
+/// registration (a real conflict). Both ranges registered.
 fn pair(holes: &[usize], dst_filled: &[usize]) -> Option<Pair> {
-    let ps = attune_sys::page_size();
-    let len = PAGES * ps;
-    let uffd = match Uffd::open(Delivery::Thread, 0) {
-        Ok(u) => u,
-        Err(e) => {
-            eprintln!(
-                "skipped: userfaultfd with UFFDIO_MOVE not available ({:?})",
-                e.errno
-            );
-            return None;
-        }
-    };
-    let src = mem::map_anon(len, false).expect("map src");
-    let dst = mem::map_anon(len, false).expect("map dst");
-    for p in 0..PAGES {
-        if !holes.contains(&p) {
-            // SAFETY: src is a fresh private mapping of PAGES pages, not yet registered.
-            unsafe { *((src + p * ps) as *mut u64) = word(p) };
-        }
-    }
-    for &p in dst_filled {
-        // SAFETY: as above, for dst.
-        unsafe { *((dst + p * ps) as *mut u64) = 1 };
-    }
-    uffd.register(src, len, mode::MISSING)
-        .expect("register src");
-    uffd.register(dst, len, mode::MISSING)
-        .expect("register dst");
-    Some(Pair {
-        uffd,
-        src,
-        dst,
-        len,
-    })
+    common::pair(0x5EED, holes, dst_filled, true)
 }
 
 fn read_dst(p: &Pair, page: usize) -> Option<u64> {
-    let a = p.dst + page * attune_sys::page_size();
-    // SAFETY: read only when mincore says the page is mapped (no fault is raised).
-    mem::page_present(a).then(|| unsafe { *(a as *const u64) })
+    common::read(p.dst + page * attune_sys::page_size())
 }
 
 #[test]
