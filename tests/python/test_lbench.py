@@ -23,13 +23,25 @@ def att(*args, timeout=300):
     return subprocess.run([ATT, "lbench", *args], capture_output=True, text=True, timeout=timeout)
 
 
-def test_slowdown_rises_with_level():
+def sweep():
     r = att("sweep", "--reps", "9", "--levels", "0,20,50,100", "--json")
     assert r.returncode == 0, r.stderr
     rows = {x["level"]: x for x in json.loads(r.stdout)["rows"]}
     perf = {k: v["relative_performance"] for k, v in rows.items()}
     gen = {k: v["generated_level"] for k, v in rows.items()}
     print("relative performance", perf, "generated", gen)
+    return perf, gen
+
+
+def test_slowdown_rises_with_level():
+    # A sweep in which even the full level did not slow the probe at all is measured
+    # again, twice at most: on this shared VM the generator's vCPU can be held off by the
+    # host for a whole sweep (a CI run on 2026-11-26 read 1.00/1.00/1.01/0.99 at levels
+    # 0/20/50/100, where other runs read 0.68-0.84 at 100).
+    for _ in range(3):
+        perf, gen = sweep()
+        if perf[100] < 0.97:
+            break
     assert gen[0] == 0 and gen[20] < gen[50] < gen[100]
     assert perf[0] == 1.0
     # What a test can hold on a shared 2-core host: the full level slows the probe
