@@ -3,19 +3,24 @@
 //! which `uffd` reads, does not depend on `uffd`.
 
 /// The features this kernel offers, mask or not (0 for the userfaultfd ones when
-/// userfaultfd cannot be opened). Asks the kernel: not for the fault path.
+/// userfaultfd cannot be opened). Opens a userfaultfd to ask: not for the fault path.
 pub fn offered() -> u64 {
+    offered_from(crate::uffd::Uffd::probe_features_unmasked().unwrap_or(0))
+}
+
+/// [`offered`] from feature bits already read from a userfaultfd (`Uffd::features`, which
+/// leaves the masked ones out), without opening another one.
+pub fn offered_from(uffd_features: u64) -> u64 {
     use crate::kernel::*;
-    use crate::uffd::{feature, Uffd};
-    let uffd = Uffd::probe_features_unmasked().unwrap_or(0);
+    use crate::uffd::feature;
     let mut bits = 0;
-    if uffd & feature::MOVE != 0 {
+    if uffd_features & feature::MOVE != 0 {
         bits |= MOVE;
     }
-    if uffd & feature::POISON != 0 {
+    if uffd_features & feature::POISON != 0 {
         bits |= POISON;
     }
-    if uffd & feature::WP_ASYNC != 0 {
+    if uffd_features & feature::WP_ASYNC != 0 {
         // PAGEMAP_SCAN came with asynchronous write-protect (6.7), for it.
         bits |= WP_ASYNC | PAGEMAP_SCAN;
     }
@@ -23,11 +28,6 @@ pub fn offered() -> u64 {
         bits |= WEIGHTED_INTERLEAVE;
     }
     bits
-}
-
-/// The features in use: offered by the kernel and not masked.
-pub fn in_use() -> u64 {
-    offered() & !crate::kernel::mask()
 }
 
 /// The features the kernel offers that fail when used (a seccomp profile that refuses

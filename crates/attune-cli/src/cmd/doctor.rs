@@ -31,7 +31,7 @@ pub fn run(a: Args) -> i32 {
     };
     let raw = Uffd::probe_features_unmasked().unwrap_or(0);
     let write_protect = raw & feature::PAGEFAULT_FLAG_WP != 0;
-    let offered = attune_sys::probe::offered();
+    let offered = attune_sys::probe::offered_from(raw);
     // Offered but refused when used (a seccomp profile): the runtime masks them at start.
     let refused = attune_sys::probe::broken();
     let refused_bits = refused.iter().fold(0, |m, (b, _)| m | b);

@@ -305,20 +305,13 @@ impl Pager {
         self.uffd_thread.has(feature::MOVE)
     }
 
-    /// The kernel features whose fallback this engine runs (absent or masked), by name
-    /// (`attune_sys::kernel::FEATURES`): what the run report and `attune doctor` show.
+    /// The kernel features whose fallback this engine runs (absent, masked, or refused at
+    /// start and so masked), by name (`attune_sys::kernel::FEATURES`): what the run report
+    /// shows. Read from the engine's own descriptor, which leaves masked features out:
+    /// the report refreshes every `report_interval_ms` and opens no userfaultfd for it.
     pub fn kernel_fallbacks(&self) -> Vec<&'static str> {
-        use attune_sys::kernel;
-        let mut in_use = attune_sys::probe::in_use();
-        // What the engine's own descriptors found decides for the paging features.
-        for (bit, has) in [
-            (kernel::MOVE, self.moves_pages()),
-            (kernel::POISON, self.poisons()),
-        ] {
-            if !has {
-                in_use &= !bit;
-            }
-        }
+        use attune_sys::{kernel, probe};
+        let in_use = probe::offered_from(self.uffd_thread.features()) & !kernel::mask();
         kernel::fallbacks(in_use)
     }
 
