@@ -492,7 +492,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/n
   UP=$(mktemp -d /tmp/attune-unpriv.XXXXXX); chmod 755 "$UP"
   mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
   cp "$PREFIX/bin/attune" "$PREFIX/bin/attune-lab" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
-  for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain readahead; do cp "$OUT/$t" "$UP/bin/"; done
+  for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain readahead deny_syscalls; do cp "$OUT/$t" "$UP/bin/"; done
   cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$UP/bin/" 2>/dev/null
   gcc -O2 -Wno-stringop-overflow tests/run/syscalls_io.c -o "$UP/bin/syscalls_io" -lpthread || { fail=$((fail+1)); failed+=(build-syscalls-io); }
   chmod -R a+rX "$UP/bin" "$UP/lib"
@@ -512,6 +512,22 @@ EOS
   # retried like missing ones.
   ATTUNE_KERNEL_FEATURES=-all run unpriv-no6x-integrity "$nobody" "$UP/bin/integrity" 48
   ATTUNE_KERNEL_FEATURES=-all ATTUNE_FAULT_MODE=signal run unpriv-no6x-stress-signal "$nobody" "$UP/bin/stress" 64
+  # A feature refused by a seccomp profile, as an unprivileged user: masked at start with
+  # a warning, nothing lost; attune doctor as that user names the userfaultfd it gets.
+  run unpriv-move-poison-refused "$nobody" "$UP/bin/deny_syscalls" uffdio-move,uffdio-poison -- "$UP/bin/integrity" 48
+  if grep -q "the kernel offers move but refuses it" "$OUT/unpriv-move-poison-refused.log"; then pass=$((pass+1)); echo "ok   unpriv-move-refused-said"
+  else fail=$((fail+1)); failed+=(unpriv-move-refused-said); echo "FAIL unpriv-move-refused-said"; head -5 "$OUT/unpriv-move-poison-refused.log"; fi
+  if "$nobody" "$UP/bin/attune" doctor --json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+import os, stat
+# nobody gets kernel-mode faults only where the sysctl allows them or the device is open to all.
+full = open("/proc/sys/vm/unprivileged_userfaultfd").read().strip() == "1"
+dev = os.path.exists("/dev/userfaultfd") and os.stat("/dev/userfaultfd").st_mode & 0o006 == 0o006
+assert d["userfaultfd"] and d["fault_engine"] and d["write_protect"], d
+assert d["user_mode_only"] == (not full and not dev), d
+'; then pass=$((pass+1)); echo "ok   unpriv-doctor"
+  else fail=$((fail+1)); failed+=(unpriv-doctor); echo "FAIL unpriv-doctor"; fi
   run unpriv-readahead "$nobody" "$UP/bin/readahead"
   run unpriv-fork-exec "$nobody" "$UP/bin/fork_exec"
   run unpriv-fork-inherit "$nobody" "$UP/bin/fork_inherit"
