@@ -245,6 +245,13 @@ if grep -q "the kernel offers move but refuses it" "$OUT/move-poison-refused-by-
    && grep -q "the kernel offers poison but refuses it" "$OUT/move-poison-refused-by-seccomp.log"; then
   pass=$((pass+1)); echo "ok   move-poison-refused-said"
 else fail=$((fail+1)); failed+=(move-poison-refused-said); echo "FAIL move-poison-refused-said"; head -5 "$OUT/move-poison-refused-by-seccomp.log"; fi
+# Neither UFFDIO_MOVE nor write-protect usable (both refused): nothing could take pages out
+# of a region safely, so the runtime says why and runs on plain DRAM; the program works.
+run move-and-wp-refused-plain-dram "$OUT/deny_syscalls" uffdio-move,uffdio-writeprotect -- "$OUT/fallback"
+if grep -q "write-protect: Operation not permitted" "$OUT/move-and-wp-refused-plain-dram.log" \
+   && grep -q "continuing with plain DRAM" "$OUT/move-and-wp-refused-plain-dram.log"; then
+  pass=$((pass+1)); echo "ok   move-and-wp-refused-said"
+else fail=$((fail+1)); failed+=(move-and-wp-refused-said); echo "FAIL move-and-wp-refused-said"; cat "$OUT/move-and-wp-refused-plain-dram.log"; fi
 ATTUNE_CONFIG="$OUT/file.toml" TIER_DIR="$OUT" run poison-refused-lost-tier-thread "$OUT/deny_syscalls" uffdio-poison -- "$OUT/lost_tier"
 if "$OUT/deny_syscalls" uffdio-move -- "$PREFIX/bin/attune" doctor --json | python3 -c '
 import json, sys

@@ -5,8 +5,8 @@
  *   deny_syscalls NAME[,NAME...] -- PROGRAM [ARGS...]
  *
  * NAME: userfaultfd (the system call), uffd-dev (the USERFAULTFD_IOC_NEW ioctl of
- * /dev/userfaultfd), uffdio-move and uffdio-poison (those userfaultfd ioctls: a feature
- * the kernel offers but refuses), process_madvise, pidfd_open. Before it executes PROGRAM it checks
+ * /dev/userfaultfd), uffdio-move, uffdio-poison and uffdio-writeprotect (those
+ * userfaultfd ioctls: a feature the kernel offers but refuses), process_madvise, pidfd_open. Before it executes PROGRAM it checks
  * that each refusal is in force (a filter that silently did nothing would make the test
  * that uses it pass for the wrong reason). x86-64 only; exits 77 elsewhere. */
 #define _GNU_SOURCE
@@ -27,6 +27,7 @@
 #define USERFAULTFD_IOC_NEW 0xAA00
 #define UFFDIO_MOVE_CMD 0xC028AA05u   /* _IOWR(0xAA, 0x05, struct uffdio_move) */
 #define UFFDIO_POISON_CMD 0xC020AA08u /* _IOWR(0xAA, 0x08, struct uffdio_poison) */
+#define UFFDIO_WP_CMD 0xC018AA06u     /* _IOWR(0xAA, 0x06, struct uffdio_writeprotect) */
 
 #ifndef SYS_process_madvise
 #define SYS_process_madvise 440
@@ -36,7 +37,7 @@
 #endif
 
 static int usage(void) {
-    fprintf(stderr, "usage: deny_syscalls userfaultfd|uffd-dev|uffdio-move|uffdio-poison|process_madvise|pidfd_open[,...] -- PROGRAM [ARGS...]\n");
+    fprintf(stderr, "usage: deny_syscalls userfaultfd|uffd-dev|uffdio-move|uffdio-poison|uffdio-writeprotect|process_madvise|pidfd_open[,...] -- PROGRAM [ARGS...]\n");
     return 2;
 }
 
@@ -56,6 +57,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(n, "uffd-dev")) cmds[ncmd++] = USERFAULTFD_IOC_NEW;
         else if (!strcmp(n, "uffdio-move")) cmds[ncmd++] = UFFDIO_MOVE_CMD;
         else if (!strcmp(n, "uffdio-poison")) cmds[ncmd++] = UFFDIO_POISON_CMD;
+        else if (!strcmp(n, "uffdio-writeprotect")) cmds[ncmd++] = UFFDIO_WP_CMD;
         else if (!strcmp(n, "process_madvise")) deny_pm = 1;
         else if (!strcmp(n, "pidfd_open")) deny_pidfd = 1;
         else { fprintf(stderr, "deny_syscalls: unknown name %s\n", n); return usage(); }

@@ -73,3 +73,24 @@ pub fn broken() -> Vec<(u64, crate::Errno)> {
     let _ = crate::mem::unmap(dst, 2 * ps);
     out
 }
+
+/// Whether `uffd` can write-protect anonymous memory when asked (the fallback for a
+/// missing `UFFDIO_MOVE` depends on it): a scratch page registered for write-protect
+/// faults, placed, protected and released. The feature bit says the kernel has it; a
+/// seccomp profile can still refuse the ioctl. Not for the fault path.
+pub fn write_protect_works(uffd: &crate::uffd::Uffd) -> crate::SysResult<()> {
+    use crate::uffd::mode;
+    if !uffd.has_write_protect() {
+        return Err(crate::Errno(libc::ENOTSUP));
+    }
+    let ps = crate::page_size();
+    let page = crate::mem::map_anon(ps, false)?;
+    let r = (|| {
+        uffd.register(page, ps, mode::MISSING | mode::WP)?;
+        uffd.zeropage(page, ps)?;
+        uffd.writeprotect(page, ps, true)?;
+        uffd.writeprotect(page, ps, false)
+    })();
+    let _ = crate::mem::unmap(page, ps);
+    r
+}

@@ -2,7 +2,7 @@
 //! missing feature costs (docs/design/kernels.md; figures in docs/benchmarks.md).
 
 use attune_sys::kernel::{self, FEATURES};
-use attune_sys::uffd::{feature, Uffd};
+use attune_sys::uffd::Uffd;
 use serde_json::json;
 
 #[derive(clap::Args)]
@@ -30,7 +30,10 @@ pub fn run(a: Args) -> i32 {
         Err(e) => (false, false, e.errno.to_string()),
     };
     let raw = Uffd::probe_features_unmasked().unwrap_or(0);
-    let write_protect = raw & feature::PAGEFAULT_FLAG_WP != 0;
+    // Tried as the engine tries it (a seccomp profile can refuse what the kernel has).
+    let write_protect = uffd
+        .as_ref()
+        .is_ok_and(|u| attune_sys::probe::write_protect_works(u).is_ok());
     let offered = attune_sys::probe::offered_from(raw);
     // Offered but refused when used (a seccomp profile): the runtime masks them at start.
     let refused = attune_sys::probe::broken();

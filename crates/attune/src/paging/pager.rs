@@ -194,13 +194,17 @@ impl Pager {
         // Without UFFDIO_MOVE (before 6.8, or masked) a page leaves a region by copy under
         // write protection (`crate::tier::take_out`): anonymous write-protect (5.7) is the
         // one thing that fallback cannot do without (docs/design/kernels.md).
-        if !uffd_thread.has(feature::MOVE) && !uffd_thread.has_write_protect() {
-            return Err(InitError(
-                "this kernel has neither UFFDIO_MOVE (Linux 6.8) nor userfaultfd write-protection of \
-                 anonymous memory (Linux 5.7): Attune cannot take pages out of a region safely. Linux 5.10 \
-                 or newer is needed; set ATTUNE_DISABLE_UFFD=1 to run with plain DRAM."
-                    .into(),
-            ));
+        // Tried, not only read from the feature bit: a seccomp profile can refuse the
+        // ioctl, and every eviction would then fail without a word.
+        if !uffd_thread.has(feature::MOVE) {
+            if let Err(e) = attune_sys::probe::write_protect_works(&uffd_thread) {
+                return Err(InitError(format!(
+                    "neither UFFDIO_MOVE (Linux 6.8) nor userfaultfd write-protection of anonymous \
+                     memory (Linux 5.7) is usable here (write-protect: {e}): Attune cannot take pages \
+                     out of a region safely. Linux 5.10 or newer is needed, with both ioctls allowed \
+                     by the container's seccomp profile; set ATTUNE_DISABLE_UFFD=1 to run with plain DRAM."
+                )));
+            }
         }
         if uffd_thread.user_mode_only {
             KERNEL_ACCESS_MAY_FAIL.store(true, Relaxed);
