@@ -219,7 +219,9 @@ pub const PM_SWAPPED: u64 = 1 << 62;
 /// open: another thread may be reading it; it is close-on-exec).
 static PAGEMAP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-fn pagemap_fd() -> SysResult<i32> {
+/// This process's `/proc/self/pagemap`, opened once per process (a forked child opens its
+/// own). Signal-safe after the first call in a process.
+pub(crate) fn pagemap_fd() -> SysResult<i32> {
     use std::sync::atomic::Ordering::*;
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32 as u64;

@@ -23,7 +23,6 @@
 
 use crate::uffd::{feature, mode, Uffd};
 use crate::{Errno, SysResult};
-use std::os::fd::AsRawFd;
 
 #[repr(C)]
 #[derive(Default)]
@@ -116,15 +115,9 @@ impl WriteTracker {
         out: &mut Vec<(usize, usize)>,
     ) -> SysResult<()> {
         self.in_owner()?;
-        let path = b"/proc/self/pagemap\0";
-        // SAFETY: NUL-terminated path. Opened per scan: a pagemap descriptor is bound to
-        // the address space of the process that opened it, which a forked child is not.
-        let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return Err(Errno::last());
-        }
-        // SAFETY: fd is a freshly opened, owned descriptor.
-        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        // A pagemap descriptor is bound to the address space of the process that opened
+        // it, which a forked child is not: `pagemap_fd` opens one per process.
+        let fd = crate::mem::pagemap_fd()?;
         let mut vec = [PageRegion::default(); VEC];
         let end = (start + len) as u64;
         let mut at = start as u64;
@@ -142,7 +135,7 @@ impl WriteTracker {
             };
             // SAFETY: PAGEMAP_SCAN reads `arg` and writes at most vec_len regions to vec
             // and walk_end to arg; both live for the call.
-            let n = unsafe { libc::ioctl(fd.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
+            let n = unsafe { libc::ioctl(fd, PAGEMAP_SCAN as _, &mut arg) };
             if n < 0 {
                 return Err(Errno::last());
             }
