@@ -4,7 +4,7 @@
 //! uids 0, 1000, 1001, 65534); the frame is a length byte then that many bytes of JSON,
 //! decoded with the daemon's own reader and handled as its connection thread would.
 //! Checked after each request: no panic; shared regions within `shared_max`; grants
-//! within the pool; every reply (the status reply above all, which any user may ask for)
+//! within the pool; pool segments within the far pool; every reply (the status reply above all, which any user may ask for)
 //! fits in one frame; a client's departure releases what it held.
 #![no_main]
 
@@ -24,7 +24,7 @@ fn config() -> attuned::config::DaemonConfig {
             o("dram", "1G"),
             o("min_grant", "16M"),
             o("shared_max", "64M"),
-            o("far_pool", "256M"),
+            o("far_pool", "8M"),
             o("socket", "/nonexistent/attuned.sock"),
             o("metrics", "off"),
         ],
@@ -112,6 +112,13 @@ fn check(st: &State) {
         .map(|r| r.grant)
         .sum();
     assert!(granted <= pool, "{granted} granted of a pool of {pool}");
+    // The pool segments (allocated memory) never hold more than the far pool.
+    let far_pool = st.cfg.far_pool.unwrap_or(0);
+    assert!(
+        st.pool_bytes() <= far_pool,
+        "{} bytes of pool segments in a far pool of {far_pool}",
+        st.pool_bytes()
+    );
     // Every user's status, page by page: each page fits, pages advance, and a user
     // other than root sees no other user's workflow.
     for uid in UIDS {

@@ -54,6 +54,13 @@ pub enum Request {
         protected: u64,
         #[serde(default)]
         shared: Vec<SharedHeld>,
+        /// The process has a `pool` far tier and asks for a segment of the node's pool.
+        #[serde(default, skip_serializing_if = "is_false")]
+        pool: bool,
+        /// It still maps a pool segment (the daemon restarted): its memory file comes
+        /// attached after the shared regions' files.
+        #[serde(default, skip_serializing_if = "is_false")]
+        pool_held: bool,
         #[serde(default)]
         fds: usize,
     },
@@ -128,6 +135,14 @@ pub struct Usage {
     /// Bytes per far tier, `[name, bytes]` (status: resident bytes per tier).
     #[serde(default)]
     pub tiers: Vec<(String, u64)>,
+    /// The end of the part of its pool segment the process may still touch: the daemon
+    /// shrinks the segment no lower (the units in use, or the size it was granted last).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pool_top: u64,
+    /// Sequence number of the last grant applied, met or not: the daemon trusts
+    /// `pool_top` only from a report made after the process saw its latest pool size.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub applied: u64,
     pub ack: u64,
 }
 
@@ -145,6 +160,12 @@ pub enum Reply {
         /// (None: no limit from the daemon).
         #[serde(default)]
         far_grant: Option<u64>,
+        /// The size of its segment of the node's far pool (None: no segment). A new
+        /// segment's memory file is attached (`fds` = 1).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pool: Option<u64>,
+        #[serde(default, skip_serializing_if = "is_zero_usize")]
+        fds: usize,
     },
     /// A new DRAM budget for this process (pushed, no id), and the limit on its page
     /// movement in bytes/s (0: none).
@@ -155,6 +176,9 @@ pub enum Reply {
         move_limit: u64,
         #[serde(default)]
         far_grant: Option<u64>,
+        /// The size of its pool segment now: grown before this grant is sent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pool: Option<u64>,
     },
     /// A shared region: its memory file is attached (`fds` = 1).
     Shared {
@@ -203,6 +227,10 @@ pub struct Status {
     pub far_pool: u64,
     #[serde(default)]
     pub far_granted: u64,
+    /// Bytes of the node's far pool allocated in the daemon (the runtimes' segments):
+    /// charged to the daemon's memory cgroup, not to the jobs'.
+    #[serde(default)]
+    pub pool_bytes: u64,
     pub tiers: Vec<TierStatus>,
     pub workflows: Vec<WorkflowStatus>,
     pub shared: Vec<SharedStatus>,
@@ -238,6 +266,14 @@ pub struct OthersStatus {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+fn is_zero_usize(n: &usize) -> bool {
+    *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
@@ -277,6 +313,9 @@ pub struct WorkflowStatus {
     pub far_want: u64,
     #[serde(default)]
     pub far_grant: u64,
+    /// Bytes of its segments of the node's far pool.
+    #[serde(default)]
+    pub pool: u64,
     /// Bytes per tier: `dram` first (resident), then each far tier by name.
     #[serde(default)]
     pub tiers: Vec<(String, u64)>,
@@ -297,6 +336,10 @@ pub struct SharedStatus {
     #[serde(default)]
     pub granted_count: u64,
 }
+
+/// The pool unit: a runtime takes its pool segment in units of this size, and the
+/// daemon sizes segments in multiples of it.
+pub const POOL_UNIT: u64 = 64 << 10;
 
 /// Processes listed per workflow in a status reply.
 pub const STATUS_PIDS_SHOWN: usize = 256;
@@ -447,7 +490,7 @@ impl Request {
 impl Reply {
     pub fn fds(&self) -> usize {
         match self {
-            Reply::Shared { fds, .. } => *fds,
+            Reply::Shared { fds, .. } | Reply::Welcome { fds, .. } => *fds,
             _ => 0,
         }
     }

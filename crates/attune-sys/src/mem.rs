@@ -64,6 +64,86 @@ pub fn raw_mremap(
     }
 }
 
+/// A private anonymous copy of `[src, src+len)` (runtime-owned, readable, never
+/// registered with a userfaultfd): a forked child's own copy of a segment of the node's
+/// far pool, which it must not share with its parent. Returns the copy's address.
+pub fn private_copy(src: usize, len: usize) -> SysResult<usize> {
+    let dst = map_anon(len, true)?;
+    // SAFETY: dst is a fresh mapping of len bytes; src..src+len is readable (caller).
+    unsafe { copy_raw(dst, src, len) };
+    Ok(dst)
+}
+
+/// Moves the mapping `[from, from+len)` to `to`, replacing whatever was mapped there
+/// (`mremap` with `MREMAP_FIXED`): the caller owns both ranges.
+pub fn move_mapping(from: usize, len: usize, to: usize) -> SysResult<()> {
+    raw_mremap(
+        from,
+        len,
+        len,
+        libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+        to,
+    )
+    .map(|_| ())
+}
+
+/// Replaces `[addr, addr+len)` (owned by the caller) with inaccessible anonymous memory.
+pub fn map_none_at(addr: usize, len: usize) -> SysResult<()> {
+    raw_mmap(
+        addr,
+        len,
+        libc::PROT_NONE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+        -1,
+        0,
+    )
+    .map(|_| ())
+}
+
+/// A table of atomic words in a private anonymous mapping reserved without commit: a
+/// page of it costs memory only once a word in it is written, so a table with an entry
+/// per 64 KiB of a tier's (mostly unused) offset space stays small. Inherited by a
+/// forked child as a copy.
+pub struct AtomicTable {
+    base: usize,
+    n: usize,
+}
+
+impl AtomicTable {
+    /// `n` words, all zero.
+    pub fn new(n: usize) -> SysResult<AtomicTable> {
+        let bytes = (n.max(1) * 8).div_ceil(crate::page_size()) * crate::page_size();
+        Ok(AtomicTable {
+            base: map_anon(bytes, true)?,
+            n,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Word `i`. Signal-safe. Panics (a runtime bug) when `i` is out of the table.
+    pub fn get(&self, i: usize) -> &std::sync::atomic::AtomicU64 {
+        assert!(i < self.n, "AtomicTable index {i} of {}", self.n);
+        // SAFETY: base..base+n*8 is a private read-write mapping owned by this table,
+        // 8-aligned (page-aligned base), and lives as long as &self; zero-filled pages
+        // are valid AtomicU64 values, and every access goes through atomics.
+        unsafe { &*((self.base + i * 8) as *const std::sync::atomic::AtomicU64) }
+    }
+}
+
+impl Drop for AtomicTable {
+    fn drop(&mut self) {
+        let bytes = (self.n.max(1) * 8).div_ceil(crate::page_size()) * crate::page_size();
+        let _ = raw_munmap(self.base, bytes);
+    }
+}
+
 /// Maps anonymous memory aligned to `align` (a power of two), trimming the excess.
 pub fn map_anon_aligned(len: usize, align: usize, noreserve: bool) -> SysResult<usize> {
     let ps = crate::page_size();

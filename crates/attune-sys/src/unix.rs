@@ -182,6 +182,51 @@ pub fn memfd_sized(name: &str, size: u64) -> SysResult<OwnedFd> {
     Ok(fd)
 }
 
+/// An empty, unsealed anonymous memory file for one runtime's segment of the node's far
+/// pool (`attuned` grows and shrinks it with [`resize_allocated`]). Close-on-exec.
+pub fn pool_memfd(name: &str) -> SysResult<OwnedFd> {
+    let cname = std::ffi::CString::new(name.replace('\0', "_")).map_err(|_| Errno(libc::EINVAL))?;
+    // SAFETY: cname is a valid C string.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: fd was just returned by the kernel and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Sets a memory file's size to `new` bytes with every page below it allocated now, by
+/// the calling process: a shmem page is charged to the memory cgroup of the process that
+/// allocates it, so pages `attuned` allocates stay out of the job's cgroup however the
+/// job then writes them. Growing allocates `[old, new)` (on ENOMEM or ENOSPC the size
+/// stays `old`); shrinking frees what lies above `new`.
+pub fn resize_allocated(fd: &impl AsRawFd, old: u64, new: u64) -> SysResult<()> {
+    let raw = fd.as_raw_fd();
+    // SAFETY: plain syscalls on a descriptor the caller holds.
+    unsafe {
+        if new > old {
+            if libc::ftruncate(raw, new as libc::off_t) != 0 {
+                return Err(Errno::last());
+            }
+            if libc::fallocate(raw, 0, old as libc::off_t, (new - old) as libc::off_t) != 0 {
+                let e = Errno::last();
+                libc::ftruncate(raw, old as libc::off_t);
+                return Err(e);
+            }
+        } else if new < old && libc::ftruncate(raw, new as libc::off_t) != 0 {
+            return Err(Errno::last());
+        }
+    }
+    Ok(())
+}
+
+/// Whether a descriptor is a memory file (`memfd_create`; only shmem files answer
+/// `F_GET_SEALS`).
+pub fn is_memfd(fd: &impl AsRawFd) -> bool {
+    // SAFETY: F_GET_SEALS on a descriptor the caller holds.
+    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) >= 0 }
+}
+
 /// Whether a descriptor is a memory file sealed the way [`memfd_sized`] seals it (cannot
 /// shrink or grow): safe to map without a truncation turning into SIGBUS.
 pub fn is_sealed_memfd(fd: &impl AsRawFd) -> bool {
@@ -261,6 +306,28 @@ pub fn dup(fd: &impl AsRawFd) -> SysResult<OwnedFd> {
 mod tests {
     use super::*;
     use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn a_pool_file_is_allocated_by_its_resizer_and_freed_when_shrunk() {
+        let f = pool_memfd("attune-pool-test").unwrap();
+        assert!(is_memfd(&f));
+        assert_eq!((fd_size(&f).unwrap(), fd_allocated(&f).unwrap()), (0, 0));
+        resize_allocated(&f, 0, 4 << 20).unwrap();
+        assert_eq!(fd_size(&f).unwrap(), 4 << 20);
+        assert_eq!(
+            fd_allocated(&f).unwrap(),
+            4 << 20,
+            "every page allocated now"
+        );
+        resize_allocated(&f, 4 << 20, 1 << 20).unwrap();
+        assert_eq!(
+            (fd_size(&f).unwrap(), fd_allocated(&f).unwrap()),
+            (1 << 20, 1 << 20)
+        );
+        // A file that is not a memory file.
+        let t = std::fs::File::open("/proc/self/stat").unwrap();
+        assert!(!is_memfd(&t));
+    }
 
     #[test]
     fn passes_a_memfd_and_reads_credentials() {

@@ -220,7 +220,7 @@ impl Client {
     /// Sends `Hello` on a fresh connection and waits for `Welcome`; None if refused.
     /// Registers this process; the session, or why the daemon did not take it.
     fn hello(&self, sock: UnixStream) -> Result<(UnixStream, FrameReader), String> {
-        let (held, fds): (Vec<SharedHeld>, Vec<i32>) = {
+        let (held, mut fds): (Vec<SharedHeld>, Vec<i32>) = {
             let h = self.held.lock().unwrap_or_else(|p| p.into_inner());
             h.iter()
                 .map(|(n, x)| {
@@ -235,6 +235,15 @@ impl Client {
                 })
                 .unzip()
         };
+        // A pool segment this process still maps (the daemon restarted) goes back with it.
+        // A forked child's pool tier reads its private copy and takes no segment (its
+        // stores go to the next tier; docs/design/pool.md).
+        let pool = self
+            .engine
+            .and_then(|e| e.pool_tier())
+            .filter(|p| !p.detached());
+        let pool_held = pool.and_then(|p| p.segment()).map(|f| f.as_raw_fd());
+        fds.extend(pool_held);
         let req = Request::Hello {
             version: attune_proto::VERSION,
             workflow: self.workflow.clone(),
@@ -243,6 +252,8 @@ impl Client {
             protected: self.protected_now(),
             fds: fds.len(),
             shared: held,
+            pool: pool.is_some(),
+            pool_held: pool_held.is_some(),
         };
         attune_proto::write_frame(&sock, &req, &fds)
             .map_err(|e| format!("the registration could not be sent ({e})"))?;
@@ -256,20 +267,25 @@ impl Client {
                         seq,
                         move_limit,
                         far_grant,
+                        pool,
                     },
                     _,
-                )) => self.apply(grant, seq, move_limit, far_grant),
+                )) => self.apply(grant, seq, move_limit, far_grant, pool),
                 Ok((
                     Reply::Welcome {
                         grant,
                         seq,
                         move_limit,
                         far_grant,
+                        pool: segment,
                         ..
                     },
-                    _,
+                    mut got,
                 )) => {
-                    self.apply(grant, seq, move_limit, far_grant);
+                    if let Some(p) = pool {
+                        self.take_segment(p, segment, got.pop());
+                    }
+                    self.apply(grant, seq, move_limit, far_grant, segment);
                     CONN_FD.store(sock.as_raw_fd(), Relaxed);
                     *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = sock.try_clone().ok();
                     self.connected.store(true, Release);
@@ -298,10 +314,52 @@ impl Client {
         }
     }
 
+    /// The pool segment of the welcome: a new one is mapped; a held one the daemon took
+    /// back keeps its mapping; without one (no far pool on the node, or a held segment
+    /// refused) stores go to the next tier while what is stored stays readable.
+    fn take_segment(
+        &self,
+        p: &crate::tier::pool::PoolTier,
+        size: Option<u64>,
+        fd: Option<OwnedFd>,
+    ) {
+        match (size, fd) {
+            (Some(size), Some(fd)) => match p.attach(fd, size) {
+                Ok(()) => crate::info!(
+                    "tier '{}': {} MiB segment of the node's far pool attached",
+                    p.name(),
+                    size >> 20
+                ),
+                Err(e) => crate::warn!("{e}"),
+            },
+            (Some(_), None) => {}
+            (None, _) => {
+                p.set_size(0);
+                crate::warn!(
+                    "tier '{}': attuned on {} gives this process no segment of a far pool \
+                     (its far_pool is off, or a held segment was refused); the next tier takes \
+                     what leaves DRAM",
+                    p.name(),
+                    self.socket.display()
+                );
+            }
+        }
+    }
+
     /// Applies a grant unless a later one was applied already (pushes may overtake).
-    fn apply(&self, grant: u64, seq: u64, move_limit: u64, far_grant: Option<u64>) {
+    fn apply(
+        &self,
+        grant: u64,
+        seq: u64,
+        move_limit: u64,
+        far_grant: Option<u64>,
+        pool: Option<u64>,
+    ) {
         if seq < self.seq.load(Relaxed) {
             return;
+        }
+        if let (Some(size), Some(p)) = (pool, self.engine.and_then(|e| e.pool_tier())) {
+            p.set_size(size);
         }
         self.grant.store(grant, Relaxed);
         self.seq.store(seq, Relaxed);
@@ -350,6 +408,11 @@ impl Client {
                 .iter()
                 .map(|t| (t.name().to_string(), t.used()))
                 .collect();
+            u.pool_top = e
+                .pool_tier()
+                .filter(|p| p.attached())
+                .map_or(0, |p| p.top());
+            u.applied = self.seq.load(Relaxed);
         }
         if self.within_grant() {
             u.ack = self.seq.load(Relaxed);
@@ -414,9 +477,10 @@ impl Client {
                         seq,
                         move_limit,
                         far_grant,
+                        pool,
                     },
                     _,
-                )) => self.apply(grant, seq, move_limit, far_grant),
+                )) => self.apply(grant, seq, move_limit, far_grant, pool),
                 Ok((r, fds)) => {
                     let id = match &r {
                         Reply::Shared { id, .. }

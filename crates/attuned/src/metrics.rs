@@ -62,6 +62,12 @@ pub fn render(s: &Status) -> String {
     );
     node(
         &mut reg,
+        "pool_bytes",
+        "Far pool memory allocated in this daemon for the runtimes' pool tiers (charged to its cgroup)",
+        s.pool_bytes as f64,
+    );
+    node(
+        &mut reg,
         "shared_bytes",
         "Bytes held by shared regions",
         s.shared_bytes as f64,

@@ -242,6 +242,8 @@ pub fn handle(
             want,
             protected,
             shared,
+            pool,
+            pool_held,
             fds: _,
         } => {
             let refuse = |st: &mut State, m: String| {
@@ -270,13 +272,20 @@ pub fn handle(
             if st.clients[&id].reg.is_some() {
                 return refuse(st, "hello twice on one connection".into());
             }
-            if shared.len() != fds.len() {
+            if shared.len() + pool_held as usize != fds.len() || (pool_held && !pool) {
                 return refuse(st, "shared regions and descriptors do not match".into());
             }
+            let mut fds = fds;
+            let held = if pool_held { fds.pop() } else { None };
             // Re-registration after a daemon restart: the client still maps these regions.
             for (h, fd) in shared.into_iter().zip(fds) {
                 readopt(st, id, uid, h, fd);
             }
+            let (segment, new_segment) = match (pool, held) {
+                (false, _) => (None, false),
+                (true, Some(fd)) => (readopt_pool(st, id, uid, fd), false),
+                (true, None) => (new_pool_segment(st, id, uid), true),
+            };
             let want = want.min(st.cfg.dram);
             let c = st.clients.get_mut(&id).unwrap();
             c.reg = Some(crate::state::Registration {
@@ -292,10 +301,25 @@ pub fn handle(
                 far_want: st.cfg.min_grant,
                 far_grant: None,
                 welcomed: false,
+                pool: segment,
             });
             st.rebalance();
             let r = st.clients.get_mut(&id).unwrap().reg.as_mut().unwrap();
             r.welcomed = true;
+            let size = r.pool.as_ref().map(|p| p.target);
+            // A new segment's file goes with the welcome (the client maps it).
+            let fd = match r.pool.as_ref().filter(|_| new_segment) {
+                Some(p) => match attune_sys::unix::dup(&p.file) {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        crate::log(&format!("client {id}: cannot pass its pool segment: {e}"));
+                        r.pool = None;
+                        None
+                    }
+                },
+                None => None,
+            };
+            let size = size.filter(|_| r.pool.is_some());
             Some((
                 Reply::Welcome {
                     client: id,
@@ -303,8 +327,10 @@ pub fn handle(
                     seq: r.seq,
                     move_limit: r.move_limit,
                     far_grant: r.far_grant,
+                    pool: size,
+                    fds: fd.is_some() as usize,
                 },
-                None,
+                fd,
             ))
         }
         Request::Usage(u) => {
@@ -486,6 +512,70 @@ fn shared_open(
         },
         Some(fd),
     ))
+}
+
+/// A new, empty segment of the node's far pool for client `cid` (None: the node has no
+/// far pool, or no memory file could be made). Its size follows the client's far grant
+/// from the next rebalance on.
+fn new_pool_segment(st: &mut State, cid: u64, uid: u32) -> Option<crate::state::PoolSegment> {
+    st.cfg.far_pool?;
+    match attune_sys::unix::pool_memfd(&format!("attune-pool:{uid}:{cid}")) {
+        Ok(file) => Some(crate::state::PoolSegment {
+            file,
+            size: 0,
+            target: 0,
+            target_seq: 0,
+            top: 0,
+        }),
+        Err(e) => {
+            crate::log(&format!("client {cid} uid {uid}: no pool segment: {e}"));
+            None
+        }
+    }
+}
+
+/// A pool segment a client still maps, brought back after a daemon restart: its pages
+/// hold the client's data, so it is kept whole (never shrunk below what the client
+/// reports it uses). It is a claim on the far pool like a new grant, and any local user
+/// can make one: it must be a memory file, and its real size must fit what is left of
+/// the far pool; otherwise it is not adopted (the client keeps its mapping and its data,
+/// and stores to the next tier).
+fn readopt_pool(
+    st: &mut State,
+    cid: u64,
+    uid: u32,
+    fd: OwnedFd,
+) -> Option<crate::state::PoolSegment> {
+    let far_pool = st.cfg.far_pool?;
+    let refuse = |st: &mut State, why: String| {
+        st.rejected += 1;
+        crate::log_user(
+            uid,
+            &format!("client {cid} uid {uid}: re-registered pool segment not adopted: {why}"),
+        );
+        None
+    };
+    if !attune_sys::unix::is_memfd(&fd) {
+        return refuse(st, "not a memory file".into());
+    }
+    let Ok(size) = attune_sys::unix::fd_size(&fd) else {
+        return refuse(st, "its size cannot be read".into());
+    };
+    let room = far_pool.saturating_sub(st.pool_bytes());
+    if size > room || size % attune_proto::POOL_UNIT != 0 {
+        return refuse(st, format!("{size} bytes, {room} bytes left of far_pool"));
+    }
+    crate::log_user(
+        uid,
+        &format!("client {cid} uid {uid}: pool segment re-adopted ({size} bytes)"),
+    );
+    Some(crate::state::PoolSegment {
+        file: fd,
+        size,
+        target: size,
+        target_seq: 0,
+        top: size,
+    })
 }
 
 /// Most references one process may declare for a re-registered region (its opens of it).

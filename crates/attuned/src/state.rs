@@ -40,6 +40,57 @@ pub struct Registration {
     pub far_grant: Option<u64>,
     /// The welcome (with the first grant) is produced: later changes are pushed.
     pub welcomed: bool,
+    /// Its segment of the node's far pool, if it has a `pool` tier and the node a pool.
+    pub pool: Option<PoolSegment>,
+}
+
+/// One runtime's segment of the node's far pool (docs/design/pool.md): a memory file
+/// whose pages this daemon allocates, so they are charged to its cgroup, not the job's.
+pub struct PoolSegment {
+    pub file: OwnedFd,
+    /// Bytes allocated (the file's size).
+    pub size: u64,
+    /// The size granted last: the runtime takes units below it.
+    pub target: u64,
+    /// The grant sequence number that set `target`.
+    pub target_seq: u64,
+    /// What the runtime may still touch, by its last report made after it saw `target`.
+    pub top: u64,
+}
+
+impl PoolSegment {
+    /// Grows the file to `target` (allocating now) or shrinks it as far as the runtime
+    /// allows; returns the size the runtime is told (less than `target` when the node
+    /// could not allocate more).
+    fn resize(&mut self, target: u64, seq: u64, who: &str) -> u64 {
+        let target = target / attune_proto::POOL_UNIT * attune_proto::POOL_UNIT;
+        if target > self.size {
+            match attune_sys::unix::resize_allocated(&self.file, self.size, target) {
+                Ok(()) => self.size = target,
+                Err(e) => crate::log(&format!(
+                    "{who}: pool segment not grown from {} to {} bytes: {e}",
+                    self.size, target
+                )),
+            }
+        }
+        if target != self.target {
+            self.target_seq = seq;
+        }
+        self.target = target.min(self.size);
+        self.shrink();
+        self.target
+    }
+
+    /// Frees what lies above both the granted size and the runtime's last promise.
+    fn shrink(&mut self) {
+        let keep =
+            self.target.max(self.top).div_ceil(attune_proto::POOL_UNIT) * attune_proto::POOL_UNIT;
+        if keep < self.size
+            && attune_sys::unix::resize_allocated(&self.file, self.size, keep).is_ok()
+        {
+            self.size = keep;
+        }
+    }
 }
 
 pub struct SharedRegion {
@@ -110,6 +161,17 @@ impl State {
     /// its budget return to the pool.
     pub fn remove_client(&mut self, id: u64) {
         if let Some(c) = self.clients.remove(&id) {
+            if let Some(p) = c.reg.as_ref().and_then(|r| r.pool.as_ref()) {
+                // The daemon's reference goes now; the pages go with the process's mapping.
+                crate::log_user(
+                    c.uid,
+                    &format!(
+                        "client {id} uid {}: pool segment of {} MiB released",
+                        c.uid,
+                        p.size >> 20
+                    ),
+                );
+            }
             for (name, _) in c.shared_refs {
                 self.release_if_unused(&name);
             }
@@ -135,6 +197,15 @@ impl State {
                 ));
             }
         }
+    }
+
+    /// Bytes of the far pool allocated in runtimes' segments.
+    pub fn pool_bytes(&self) -> u64 {
+        self.clients
+            .values()
+            .filter_map(|c| c.reg.as_ref()?.pool.as_ref())
+            .map(|p| p.size)
+            .sum()
     }
 
     /// Bytes the shared regions hold back from the workflows' pool.
@@ -197,6 +268,7 @@ impl State {
             None => vec![None; far_demands.len()],
         };
         let mut shrunk = HashMap::new();
+        let mut changed = Vec::new();
         for ((((demand, ids), wf_grant), limit), (wf_far, far_want)) in wfs
             .values()
             .zip(grants)
@@ -224,18 +296,25 @@ impl State {
                     r.grant = g;
                     r.move_limit = limit;
                     r.far_grant = fg;
-                    if r.welcomed {
-                        push(
-                            &c.writer,
-                            &Reply::Grant {
-                                grant: g,
-                                seq: r.seq,
-                                move_limit: limit,
-                                far_grant: fg,
-                            },
-                        );
-                    }
+                    changed.push(*id);
                 }
+            }
+        }
+        self.resize_pool_segments(&mut changed);
+        for id in changed {
+            let c = &self.clients[&id];
+            let r = c.reg.as_ref().unwrap();
+            if r.welcomed {
+                push(
+                    &c.writer,
+                    &Reply::Grant {
+                        grant: r.grant,
+                        seq: r.seq,
+                        move_limit: r.move_limit,
+                        far_grant: r.far_grant,
+                        pool: r.pool.as_ref().map(|p| p.target),
+                    },
+                );
             }
         }
         if !shrunk.is_empty() {
@@ -243,6 +322,54 @@ impl State {
                 started: Instant::now(),
                 waiting: shrunk,
             });
+        }
+    }
+
+    /// Sizes every pool segment to its far grant before the grants go out: shrinking
+    /// ones first (down to what their runtime still uses), then growing ones within what
+    /// is left of `far_pool`, so the segments never hold more than the pool however
+    /// slowly a runtime gives units back. A segment whose size changes gets a new grant
+    /// (`changed`) even if nothing else did.
+    fn resize_pool_segments(&mut self, changed: &mut Vec<u64>) {
+        let Some(far_pool) = self.cfg.far_pool else {
+            return;
+        };
+        let mut ids: Vec<(i128, u64)> = self
+            .clients
+            .iter()
+            .filter_map(|(&id, c)| {
+                let r = c.reg.as_ref()?;
+                let p = r.pool.as_ref()?;
+                Some((r.far_grant.unwrap_or(0) as i128 - p.size as i128, id))
+            })
+            .collect();
+        ids.sort();
+        for (_, id) in ids {
+            let others = self.pool_bytes()
+                - self.clients[&id]
+                    .reg
+                    .as_ref()
+                    .unwrap()
+                    .pool
+                    .as_ref()
+                    .unwrap()
+                    .size;
+            let c = self.clients.get_mut(&id).unwrap();
+            let who = format!("client {id} uid {}", c.uid);
+            let r = c.reg.as_mut().unwrap();
+            let fresh = changed.contains(&id);
+            let seq = if fresh { r.seq } else { r.seq + 1 };
+            let want = r
+                .far_grant
+                .unwrap_or(0)
+                .min(far_pool.saturating_sub(others));
+            let p = r.pool.as_mut().unwrap();
+            let before = p.target;
+            // The segment grows before the runtime hears of it.
+            if p.resize(want, seq, &who) != before && !fresh {
+                r.seq = seq;
+                changed.push(id);
+            }
         }
     }
 
@@ -272,6 +399,16 @@ impl State {
         }
         // Tier names are shown by `attune status` and label metrics: a few short names
         // of the region-name alphabet, else a report could outgrow a status frame.
+        let mut freed = false;
+        if let Some(p) = r.pool.as_mut() {
+            if u.applied >= p.target_seq {
+                let before = p.size;
+                p.top = u.pool_top.min(p.size);
+                p.shrink();
+                // Room for a segment that was held below its grant.
+                freed = p.size < before;
+            }
+        }
         let mut u = u;
         u.tiers
             .retain(|(name, _)| name.len() <= 32 && valid_name(name));
@@ -287,7 +424,7 @@ impl State {
                 self.reclaim = None;
             }
         }
-        if want_changed {
+        if want_changed || freed {
             request_rebalance();
         }
     }
@@ -319,6 +456,7 @@ impl State {
             w.far_used += r.usage.far_used;
             w.far_want += r.far_want;
             w.far_grant += r.far_grant.unwrap_or(0);
+            w.pool += r.pool.as_ref().map_or(0, |p| p.size);
             add_tier(&mut w.tiers, "dram", r.usage.resident);
             for (name, b) in &r.usage.tiers {
                 add_tier(&mut w.tiers, name, *b);
@@ -370,6 +508,7 @@ impl State {
             granted: workflows.iter().map(|w| w.grant).sum(),
             far_pool: self.cfg.far_pool.unwrap_or(0),
             far_granted: workflows.iter().map(|w| w.far_grant).sum(),
+            pool_bytes: self.pool_bytes(),
             tiers: self.tiers.clone(),
             workflows,
             shared,

@@ -65,6 +65,8 @@ fn client(
         want: 64 << 20,
         protected: 0,
         shared: vec![],
+        pool: false,
+        pool_held: false,
         fds: 0,
     };
     attune_proto::write_frame(&s, &hello, &[]).map_err(|e| e.to_string())?;

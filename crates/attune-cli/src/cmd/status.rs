@@ -78,9 +78,10 @@ pub fn render(s: &Status) -> String {
     }
     if s.far_pool > 0 {
         o += &format!(
-            "\nfar memory (the runtimes' memory tiers): pool {} MiB, granted {} MiB",
+            "\nfar memory (the runtimes' memory and pool tiers): pool {} MiB, granted {} MiB, held here {} MiB",
             mib(s.far_pool),
-            mib(s.far_granted)
+            mib(s.far_granted),
+            mib(s.pool_bytes)
         );
     }
     o += "\n\ntiers\n";

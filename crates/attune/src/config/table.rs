@@ -16,6 +16,8 @@ pub enum TierKind {
     Memory,
     File,
     Numa,
+    /// The node's far pool, held by `attuned` (docs/design/pool.md).
+    Pool,
 }
 
 impl std::str::FromStr for TierKind {
@@ -25,9 +27,10 @@ impl std::str::FromStr for TierKind {
             "memory" => Ok(TierKind::Memory),
             "file" => Ok(TierKind::File),
             "numa" => Ok(TierKind::Numa),
+            "pool" => Ok(TierKind::Pool),
             "dram" => Err("the DRAM tier is implicit: set its size with 'dram'".into()),
             o => Err(format!(
-                "'{o}' is not a tier kind (expected memory, file or numa)"
+                "'{o}' is not a tier kind (expected memory, file, numa or pool)"
             )),
         }
     }
@@ -344,7 +347,7 @@ pub const OPTIONS: &[Opt] = &[
 #[rustfmt::skip]
 pub const TIER_OPTIONS: &[Opt] = &[
     Opt { key: "name", kind: Kind::Name { max: 64 }, default: Unset::Required, suggested: "-", doc: "Unique name (letters, digits, _)" },
-    Opt { key: "kind", kind: Kind::Choice { what: "tier kind", values: &["memory", "file", "numa"], aliases: &[] }, default: Unset::Required, suggested: "-", doc: "memory, file, numa (the DRAM tier is implicit)" },
+    Opt { key: "kind", kind: Kind::Choice { what: "tier kind", values: &["memory", "file", "numa", "pool"], aliases: &[] }, default: Unset::Required, suggested: "-", doc: "memory, file, numa, pool (the node's far pool in attuned); the DRAM tier is implicit" },
     Opt { key: "capacity", kind: Kind::SizeOrPercent { of: Base::Medium, min: 0 }, default: Unset::Value("50%"), suggested: "what the medium can spare", doc: "Size, or percentage of machine memory (memory) or of free space (file)" },
     Opt { key: "path", kind: Kind::Path, default: Unset::Found("$TMPDIR or /tmp", "$TMPDIR"), suggested: "a local NVMe or Lustre directory", doc: "Directory of a file tier (files are private and unnamed)" },
     Opt { key: "direct", kind: Kind::Bool, default: Unset::Value("false"), suggested: "true on NVMe/Lustre with chunks of 64K or more", doc: "Use O_DIRECT for a file tier" },
@@ -384,6 +387,7 @@ fn kind_name(k: TierKind) -> &'static str {
         TierKind::Memory => "memory",
         TierKind::File => "file",
         TierKind::Numa => "numa",
+        TierKind::Pool => "pool",
     }
 }
 

@@ -424,6 +424,11 @@ impl Pager {
         }
     }
 
+    /// The `pool` tier's medium (the node's far pool), if one is configured.
+    pub fn pool_tier(&self) -> Option<&crate::tier::pool::PoolTier> {
+        self.tiers.iter().find_map(|t| t.as_pool())
+    }
+
     /// Bytes in the `memory` tiers now, and what this process wants there: the managed
     /// bytes that do not fit its DRAM budget, within the tiers' configured capacity.
     pub fn far_memory(&self) -> (u64, u64) {

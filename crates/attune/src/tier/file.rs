@@ -99,7 +99,7 @@ impl FileTier {
     }
 }
 
-fn fill_holes(internal: &Uffd, st: usize, len: usize) {
+pub(super) fn fill_holes(internal: &Uffd, st: usize, len: usize) {
     let ps = attune_sys::page_size();
     let mut a = st;
     while a < st + len {

@@ -13,6 +13,7 @@
 mod fake;
 pub mod file;
 pub mod memory;
+pub mod pool;
 pub mod slots;
 
 use crate::config::{TierConfig, TierKind};
@@ -69,6 +70,11 @@ pub trait Medium: Send + Sync {
     fn keeps_copy(&self) -> bool;
     /// Whether it is node memory, which the node daemon divides among workflows.
     fn is_node_memory(&self) -> bool;
+    /// Whether its ENOSPC costs nothing (no system call), so the tier need not be left
+    /// alone for a back-off after one (the pool's units, which a grant refills).
+    fn refuses_cheaply(&self) -> bool {
+        false
+    }
     /// Finishes deferred work on slots loads copied out (a memory tier's batched release).
     fn release_pending(&self) {}
     /// Before a fork, the runtime quiesced: makes what the child will use. `has_data`:
@@ -84,6 +90,10 @@ pub trait Medium: Send + Sync {
     fn after_fork_in_parent(&self) {}
     /// In a forked child: takes over what `prepare_fork` made.
     fn reopen_in_child(&self, internal: &Uffd) -> Result<(), String>;
+    /// The node-pool medium, which the daemon client attaches its segment to.
+    fn as_pool(&self) -> Option<&pool::PoolTier> {
+        None
+    }
 }
 
 /// A far tier with its offset space and counters.
@@ -126,6 +136,7 @@ impl FarTier {
         let medium: Box<dyn Medium> = match cfg.kind {
             TierKind::Memory => Box::new(memory::MemoryTier::new(&cfg, space, internal)?),
             TierKind::File => Box::new(file::FileTier::new(&cfg)?),
+            TierKind::Pool => Box::new(pool::PoolTier::new(&cfg, space)?),
             TierKind::Numa => {
                 return Err(format!(
                     "tier '{}': NUMA tiers keep pages mapped and are placed by crate::numa",
@@ -202,6 +213,11 @@ impl FarTier {
         self.medium.is_node_memory()
     }
 
+    /// The node-pool medium of a `pool` tier.
+    pub fn as_pool(&self) -> Option<&pool::PoolTier> {
+        self.medium.as_pool()
+    }
+
     /// Bytes stored now.
     pub fn used(&self) -> u64 {
         self.counters.stored.load(Relaxed)
@@ -266,8 +282,10 @@ impl FarTier {
             Err(e) => {
                 if e.0 == libc::ENOSPC {
                     self.counters.full.fetch_add(1, Relaxed);
-                    self.full_until
-                        .store((self.now)() + FULL_BACKOFF_NS, Relaxed);
+                    if !self.medium.refuses_cheaply() {
+                        self.full_until
+                            .store((self.now)() + FULL_BACKOFF_NS, Relaxed);
+                    }
                 } else if e.0 != libc::EINVAL {
                     // EINVAL is the region's protection (see `crate::paging::evict`, `store_run`), not
                     // the tier's failure.

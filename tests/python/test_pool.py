@@ -1,0 +1,268 @@
+"""The node's far pool in attuned, for real (docs/design/pool.md): runtimes with a `pool`
+tier store what leaves DRAM in a segment the daemon allocates, so it is charged to the
+daemon's memory cgroup and not to the job's. Co-located jobs in their own cgroups stay
+within their limits (the in-process memory tier does not), every word verifies; a dead
+runtime's segment is released; a daemon restart keeps the data; a forked child keeps
+its copy; forged segments are refused.
+
+Needs the staged build (make build)."""
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from test_daemon import (ATTUNED, BUILD, MIB, ROOT, as_nobody, client, connect, daemon,  # noqa: F401
+                         finish, frame, recv_frame, workdir)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+
+
+def pool_config(workdir, capacity="512M"):
+    p = workdir / f"pool-{capacity}.toml"
+    p.write_text(f"""
+[[tier]]
+name = "pool"
+kind = "pool"
+capacity = "{capacity}"
+
+[[tier]]
+name = "file"
+kind = "file"
+path = "{workdir}"
+capacity = "1G"
+direct = true
+""")
+    return p
+
+
+def build(workdir, name):
+    out = workdir / name
+    if not out.exists():
+        subprocess.run(["gcc", "-O2", f"-I{BUILD}/include", f"-I{ROOT}/tests/c", str(ROOT / f"tests/c/{name}.c"),
+                        "-o", str(out), f"-L{BUILD}/lib", "-lattune", f"-Wl,-rpath,{BUILD}/lib", "-lpthread"],
+                       check=True)
+    return out
+
+
+def workflow_of(st, pid):
+    for w in st["workflows"]:
+        if pid in w["pids"]:
+            return w
+    return None
+
+
+def pool_fds(pid):
+    d = Path(f"/proc/{pid}/fd")
+    n = 0
+    for f in d.iterdir():
+        try:
+            n += os.readlink(f).startswith("/memfd:attune-pool:")
+        except OSError:
+            pass
+    return n
+
+
+class Cgroup:
+    """A cgroup v1 memory group of this test, with a limit; removed at the end."""
+
+    def __init__(self, name, limit):
+        self.path = CGROUP_ROOT / f"attune-pooltest-{os.getpid()}-{name}"
+        self.path.mkdir()
+        (self.path / "memory.limit_in_bytes").write_text(str(limit))
+
+    def wrap(self, argv):
+        return ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "sh", *map(str, argv)]
+
+    def peak(self):
+        return int((self.path / "memory.max_usage_in_bytes").read_text())
+
+    def remove(self):
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+needs_cgroup = pytest.mark.skipif(
+    os.geteuid() != 0 or not (CGROUP_ROOT / "memory.limit_in_bytes").exists(),
+    reason="needs root and the cgroup v1 memory controller")
+
+
+@needs_cgroup
+def test_colocated_jobs_stay_within_their_cgroups_with_the_pool(workdir, daemon):
+    """Three jobs of 160 MiB each on 24 MiB of DRAM, each in a cgroup of 96 MiB: with the
+    pool tier they finish, verified, within their limits, while the daemon holds their
+    far pages; the same job with the in-process memory tier is killed by its limit."""
+    d = daemon("--dram", "128M", "--far-pool", "640M", "--move-limit", "off")
+    cfg = pool_config(workdir)
+    groups = [Cgroup(f"job{i}", 96 * MIB) for i in range(3)]
+    control = Cgroup("control", 96 * MIB)
+    try:
+        jobs = [subprocess.Popen(g.wrap([workdir / "client", "workflow", "CAP", 160, 5]),
+                                 env=d.env(ATTUNE_CONFIG=cfg, ATTUNE_DRAM="24M"),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for g in groups]
+        held = 0
+        while any(j.poll() is None for j in jobs):
+            st = d.status()
+            held = max(held, st["pool_bytes"])
+            assert st["pool_bytes"] <= 640 * MIB, st
+            time.sleep(0.2)
+        for j, g in zip(jobs, groups):
+            out, err = j.communicate()
+            assert j.returncode == 0 and "workflow: OK" in out, out + err
+            assert g.peak() < 96 * MIB, f"{g.path.name}: peak {g.peak() >> 20} MiB"
+        # 3 x (160 - 24) MiB left DRAM; nearly all of it was in the daemon's segments.
+        assert held >= 300 * MIB, held
+        # The same job with the in-process emulation of far memory, alone: over its limit.
+        p = subprocess.run(control.wrap([workdir / "client", "workflow", "CAP", 160, 5]),
+                           env=dict(os.environ, ATTUNE_DAEMON="off", ATTUNE_DRAM="24M"),
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode != 0 and "workflow: OK" not in p.stdout, p
+        assert control.peak() >= 95 * MIB, control.peak()
+    finally:
+        for g in groups + [control]:
+            g.remove()
+    time.sleep(0.3)
+    assert d.status()["pool_bytes"] == 0
+
+
+@pytest.mark.parametrize("chunk", ["4K", "64K", "2M"])
+def test_integrity_through_the_pool(workdir, daemon, chunk):
+    d = daemon("--dram", "128M", "--far-pool", "256M", "--move-limit", "off")
+    p = subprocess.run([build(workdir, "integrity"), "48"], capture_output=True, text=True, timeout=300,
+                       env=d.env(ATTUNE_CONFIG=pool_config(workdir), ATTUNE_DRAM="16M",
+                                 TEST_BUDGET=16 * MIB, ATTUNE_CHUNK_SIZE=chunk, ATTUNE_LOG="info"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "segment of the node's far pool attached" in p.stderr, p.stderr
+
+
+def test_stress_and_signal_delivery_through_the_pool(workdir, daemon):
+    d = daemon("--dram", "128M", "--far-pool", "256M", "--move-limit", "off")
+    env = d.env(ATTUNE_CONFIG=pool_config(workdir), ATTUNE_DRAM="16M", TEST_BUDGET=16 * MIB)
+    p = subprocess.run([build(workdir, "stress"), "64"], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    env["ATTUNE_FAULT_MODE"] = "signal"
+    p = subprocess.run([build(workdir, "integrity"), "48"], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_a_forked_child_keeps_its_copy(workdir, daemon):
+    d = daemon("--dram", "128M", "--far-pool", "256M", "--move-limit", "off")
+    p = subprocess.run([build(workdir, "fork_inherit")], capture_output=True, text=True, timeout=300,
+                       env=d.env(ATTUNE_CONFIG=pool_config(workdir), ATTUNE_DRAM="16M", TEST_BUDGET=16 * MIB))
+    assert p.returncode == 0 and "fork_inherit: ok" in p.stdout, p.stdout + p.stderr
+    assert "segment already" not in p.stderr, p.stderr
+
+
+def test_a_dead_runtimes_segment_is_released(workdir, daemon):
+    d = daemon("--dram", "128M", "--far-pool", "256M", "--move-limit", "off")
+    c = client(workdir, d, "workflow", "CAP", 96, 30, ATTUNE_CONFIG=pool_config(workdir), ATTUNE_DRAM="24M")
+    for _ in range(100):
+        w = workflow_of(d.status(), c.pid)
+        if w and w["pool"] >= 32 * MIB and dict(w["tiers"]).get("pool", 0) >= 32 * MIB:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the pool never held the workflow's pages: {d.status()}")
+    assert pool_fds(d.proc.pid) == 1
+    c.kill()
+    c.wait()
+    time.sleep(0.3)
+    st = d.status()
+    assert st["pool_bytes"] == 0 and st["workflows"] == [], st
+    assert pool_fds(d.proc.pid) == 0, "the daemon still holds the dead runtime's segment"
+
+
+def test_the_data_survives_a_daemon_restart(workdir, daemon):
+    """The runtime keeps its mapping while the daemon is gone and hands the segment back
+    to the new daemon, which adopts it: every word verifies at the end."""
+    d = daemon("--dram", "128M", "--far-pool", "256M", "--move-limit", "off")
+    c = client(workdir, d, "workflow", "CAP", 96, 6, ATTUNE_CONFIG=pool_config(workdir), ATTUNE_DRAM="24M")
+    for _ in range(100):
+        w = workflow_of(d.status(), c.pid)
+        if w and dict(w["tiers"]).get("pool", 0) >= 32 * MIB:
+            break
+        time.sleep(0.1)
+    d.kill()
+    time.sleep(0.7)
+    d.start()
+    for _ in range(50):
+        w = workflow_of(d.status(), c.pid)
+        if w and w["pool"] > 0:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"segment not re-adopted: {d.status()}")
+    assert "pool segment re-adopted" in d.log.read_text()
+    rc, out = finish(c)
+    assert rc == 0 and "workflow: OK" in out, out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another uid")
+def test_a_user_who_is_not_root_gets_a_segment(workdir, daemon):
+    d = daemon("--dram", "128M", "--far-pool", "256M", "--move-limit", "off")
+    os.chmod(pool_config(workdir), 0o644)
+    c = subprocess.Popen([str(workdir / "client"), "workflow", "CAP", "64", "3"],
+                         env=d.env(ATTUNE_CONFIG=pool_config(workdir), ATTUNE_DRAM="16M"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_nobody)
+    seen = 0
+    while c.poll() is None:
+        w = workflow_of(d.status(), c.pid)
+        if w:
+            assert w["uid"] == 65534
+            seen = max(seen, dict(w["tiers"]).get("pool", 0))
+        time.sleep(0.1)
+    out, err = c.communicate()
+    assert c.returncode == 0 and "workflow: OK" in out, out + err
+    assert seen >= 16 * MIB, seen
+
+
+def test_without_a_far_pool_the_next_tier_serves(workdir, daemon):
+    d = daemon("--dram", "128M", "--far-pool", "off")
+    rc, out = finish(client(workdir, d, "workflow", "CAP", 64, 2, ATTUNE_CONFIG=pool_config(workdir),
+                            ATTUNE_DRAM="16M"))
+    assert rc == 0 and "workflow: OK" in out, out
+    assert "gives this process no segment" in out, out
+
+
+def hello_with(d, fd, want_pool=True):
+    s = connect(d)
+    body = frame({"op": "hello", "version": 1, "workflow": "forger", "flags": "CAP", "want": 64 * MIB,
+                  "protected": 0, "pool": want_pool, "pool_held": True, "fds": 1})
+    socket.send_fds(s, [body[:1]], [fd])
+    s.sendall(body[1:])
+    while True:
+        r = recv_frame(s)
+        if r is None or r["op"] != "grant":
+            return s, r
+
+
+def test_forged_segments_are_not_adopted(workdir, daemon):
+    """A re-registered segment is a claim on the far pool: a descriptor that is not a
+    memory file, or one larger than what is left of the pool, is refused (and counted),
+    and the client is welcomed without a segment."""
+    d = daemon("--dram", "128M", "--far-pool", "64M")
+    with open("/proc/self/stat") as f:
+        s, r = hello_with(d, f.fileno())
+    assert r["op"] == "welcome" and "pool" not in r, r
+    s.close()
+    big = os.memfd_create("attune-pool:forged")
+    os.ftruncate(big, 256 * MIB)
+    s, r = hello_with(d, big)
+    assert r["op"] == "welcome" and "pool" not in r, r
+    assert d.status()["pool_bytes"] == 0
+    s.close()
+    # Announcing a held segment without asking for a pool tier is malformed.
+    s, r = hello_with(d, big, want_pool=False)
+    assert r["op"] == "error", r
+    os.close(big)
+    log = d.log.read_text()
+    assert "not a memory file" in log and "bytes left of far_pool" in log, log
+    assert d.status()["rejected"] >= 3
