@@ -6,17 +6,20 @@
 //! pages) and allocates every page of it itself: a shmem page is charged to the cgroup
 //! of the process that allocates it, so the pool never counts against the job. The
 //! runtime maps the segment shared and must never write where the daemon has not
-//! allocated, or the page would be charged to the job after all: it writes only into
-//! *units* (64 KiB) below the size the daemon granted, allocated lowest first so that a
-//! shrunk grant drains from the top.
+//! allocated, or the page would be charged to the job after all: it writes only below
+//! the size the daemon granted, taking pages lowest first so that a shrunk grant drains
+//! from the top.
 //!
-//! A region reserves offsets in the tier as in every tier; a table maps each 64 KiB of
-//! that offset space to a pool unit and the pages of it stored there, in one atomic word,
-//! so a unit is taken by the first store into it and freed by the load or discard that
-//! empties it (no lock; signal-safe). A store moves the pages into a staging buffer and
-//! writes them with `pwrite` (a kernel copy, so holes the program discarded fail with
-//! EFAULT instead of faulting into our own userfaultfd); a load places them with one
-//! `UFFDIO_COPY` per unit straight from the mapping.
+//! A region reserves offsets in the tier as in every tier; a table maps each page of that
+//! offset space to the pool page holding it (one atomic word; 0: none), so any chunk size
+//! packs the pool densely (64 KiB units shared by scattered 4 KiB chunks had filled
+//! a 260 MiB segment with 110 MiB of pages and sent the rest to the file tier). A store
+//! takes a contiguous run of pool pages where it can (one `pwrite` per run), moving the
+//! pages into a staging buffer first and writing them with `pwrite` (a kernel copy, so
+//! holes the program discarded fail with EFAULT instead of faulting into our own
+//! userfaultfd); a load places each run with one `UFFDIO_COPY` straight from the
+//! mapping. No lock: each page's word and each bitmap word change by compare-and-swap;
+//! signal-safe.
 
 use crate::config::TierConfig;
 use attune_sys::mem::AtomicTable;
@@ -25,13 +28,6 @@ use attune_sys::{mem, Errno, SysResult};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
-
-/// Bytes of one pool unit: the default transfer unit of `attune run` (one unit per chunk
-/// there), and at most 16 pages a unit so its page mask fits the table word's low half.
-/// Smaller chunks share a unit with their neighbours of the same region; a unit is
-/// freed once all its stored pages are gone.
-pub const UNIT: usize = attune_proto::POOL_UNIT as usize;
-const MASK: u64 = 0xffff_ffff;
 
 pub struct PoolTier {
     name: String,
@@ -43,11 +39,11 @@ pub struct PoolTier {
     /// The segment's memory file, set once (in a forked child the number is kept but
     /// names an empty file: the parent's segment is not the child's).
     fd: OnceLock<OwnedFd>,
-    /// Units below this may be taken (the daemon's segment size, within `reach`).
+    /// Pool pages below this may be taken (the daemon's segment size, within `reach`).
     limit: AtomicUsize,
-    /// Per 64 KiB of offset space: `(pool unit + 1) << 32 | pages stored` (0: none).
+    /// Per page of offset space: the pool page holding it, plus one (0: none).
     map: AtomicTable,
-    /// Pool units in use, a bit each.
+    /// Pool pages in use, a bit each.
     used: AtomicTable,
     /// The lowest word of `used` that may have a free bit.
     hint: AtomicUsize,
@@ -60,10 +56,14 @@ pub struct PoolTier {
     detached: AtomicBool,
 }
 
+fn page() -> usize {
+    attune_sys::page_size()
+}
+
 impl PoolTier {
     pub fn new(cfg: &TierConfig, space: u64) -> Result<PoolTier, String> {
-        let reach = (cfg.capacity as usize).div_ceil(UNIT) * UNIT;
-        let units = reach / UNIT;
+        let unit = attune_proto::POOL_UNIT as usize;
+        let reach = (cfg.capacity as usize).div_ceil(unit) * unit;
         let table = |n| {
             AtomicTable::new(n)
                 .map_err(|e| format!("tier '{}': cannot reserve its tables: {e}", cfg.name))
@@ -74,8 +74,8 @@ impl PoolTier {
             base: AtomicUsize::new(0),
             fd: OnceLock::new(),
             limit: AtomicUsize::new(0),
-            map: table((space as usize).div_ceil(UNIT))?,
-            used: table(units.div_ceil(64))?,
+            map: table((space as usize).div_ceil(page()))?,
+            used: table((reach / page()).div_ceil(64))?,
             hint: AtomicUsize::new(0),
             in_use: AtomicUsize::new(0),
             child_copy: AtomicUsize::new(0),
@@ -104,13 +104,13 @@ impl PoolTier {
         Ok(())
     }
 
-    /// The segment's size now (a grant): stores may use units below it.
+    /// The segment's size now (a grant): stores may use pages below it.
     pub fn set_size(&self, size: u64) {
         if self.detached.load(Relaxed) {
             return;
         }
-        let units = (size.min(self.reach as u64) as usize) / UNIT;
-        self.limit.store(units, Release);
+        let pages = (size.min(self.reach as u64) as usize) / page();
+        self.limit.store(pages, Release);
     }
 
     /// The segment's file, to hand back to a restarted daemon.
@@ -134,45 +134,69 @@ impl PoolTier {
         self.base.load(Acquire) != 0
     }
 
-    /// Bytes the process may still touch in its segment: the daemon shrinks it no lower.
-    pub fn top(&self) -> u64 {
-        let limit = self.limit.load(Acquire);
-        let mut top = 0;
+    /// The end of the pages in use, in bytes (0: none).
+    fn used_top(&self) -> usize {
         for w in (0..self.used.len()).rev() {
             let bits = self.used.get(w).load(Acquire);
             if bits != 0 {
-                top = w * 64 + 64 - bits.leading_zeros() as usize;
-                break;
+                return (w * 64 + 64 - bits.leading_zeros() as usize) * page();
             }
         }
-        (top.max(limit) * UNIT) as u64
+        0
     }
 
-    /// Bytes of units in use (stored pages and the rest of their units).
-    pub fn units_bytes(&self) -> u64 {
-        (self.in_use.load(Relaxed) * UNIT) as u64
+    /// Bytes the process may still touch in its segment, in whole pool units: the daemon
+    /// shrinks it no lower.
+    pub fn top(&self) -> u64 {
+        let unit = attune_proto::POOL_UNIT as usize;
+        let top = self.used_top().max(self.limit.load(Acquire) * page());
+        (top.div_ceil(unit) * unit) as u64
     }
 
-    /// A free unit below the limit, lowest first. Signal-safe.
-    fn alloc_unit(&self) -> Option<usize> {
+    /// Bytes of pool pages in use.
+    pub fn used_bytes(&self) -> u64 {
+        (self.in_use.load(Relaxed) * page()) as u64
+    }
+
+    /// A free run of `n` (1-64) contiguous pages below the limit, lowest first; its first
+    /// page. Signal-safe.
+    fn alloc_run(&self, n: usize) -> Option<usize> {
+        debug_assert!((1..=64).contains(&n));
         let limit = self.limit.load(Acquire);
         let words = limit.div_ceil(64).min(self.used.len());
         let start = self.hint.load(Relaxed).min(words);
         for w in (start..words).chain(0..start) {
             let word = self.used.get(w);
             let mut cur = word.load(Acquire);
-            while cur != u64::MAX {
-                let bit = (!cur).trailing_zeros() as usize;
-                if w * 64 + bit >= limit {
+            loop {
+                // Bits of the pages in this word that are free and below the limit.
+                let free = !cur
+                    & if limit >= (w + 1) * 64 {
+                        u64::MAX
+                    } else {
+                        (1u64 << (limit - w * 64)) - 1
+                    };
+                // Bit i set: pages i..i+n are all free.
+                let mut runs = free;
+                for k in 1..n {
+                    runs &= free >> k;
+                }
+                if runs == 0 {
                     break;
                 }
-                match word.compare_exchange(cur, cur | 1 << bit, AcqRel, Acquire) {
+                let i = runs.trailing_zeros() as usize;
+                let bits = if n == 64 {
+                    u64::MAX
+                } else {
+                    ((1u64 << n) - 1) << i
+                };
+                match word.compare_exchange(cur, cur | bits, AcqRel, Acquire) {
                     Ok(_) => {
-                        if w != start {
+                        if w != start && free.count_ones() as usize == n {
                             let _ = self.hint.compare_exchange(start, w, Relaxed, Relaxed);
                         }
-                        self.in_use.fetch_add(1, Relaxed);
-                        return Some(w * 64 + bit);
+                        self.in_use.fetch_add(n, Relaxed);
+                        return Some(w * 64 + i);
                     }
                     Err(now) => cur = now,
                 }
@@ -181,88 +205,81 @@ impl PoolTier {
         None
     }
 
-    fn free_unit(&self, u: usize) {
-        self.used.get(u / 64).fetch_and(!(1 << (u % 64)), AcqRel);
-        self.hint.fetch_min(u / 64, Relaxed);
+    fn free_page(&self, p: usize) {
+        self.used.get(p / 64).fetch_and(!(1 << (p % 64)), AcqRel);
+        self.hint.fetch_min(p / 64, Relaxed);
         self.in_use.fetch_sub(1, Relaxed);
     }
 
-    /// Marks `bits` of table entry `e` stored, taking a unit if the entry has none.
-    fn claim(&self, e: usize, bits: u64) -> SysResult<usize> {
-        let word = self.map.get(e);
-        loop {
-            let cur = word.load(Acquire);
-            if cur == 0 {
-                let u = self.alloc_unit().ok_or(Errno(libc::ENOSPC))?;
-                if word
-                    .compare_exchange(0, ((u as u64 + 1) << 32) | bits, AcqRel, Acquire)
-                    .is_ok()
-                {
-                    return Ok(u);
+    /// Gives pool pages to the `pages` pages of offset space from page `first`, in runs as
+    /// long as the free space allows; on ENOSPC nothing is kept.
+    fn claim(&self, first: usize, pages: usize) -> SysResult<()> {
+        let mut i = 0;
+        while i < pages {
+            let mut n = (pages - i).min(64);
+            let start = loop {
+                if let Some(s) = self.alloc_run(n) {
+                    break s;
                 }
-                self.free_unit(u);
-                continue;
+                if n == 1 {
+                    self.unclaim(first, i);
+                    return Err(Errno(libc::ENOSPC));
+                }
+                n /= 2;
+            };
+            for k in 0..n {
+                let old = self
+                    .map
+                    .get(first + i + k)
+                    .swap(start as u64 + k as u64 + 1, AcqRel);
+                if old != 0 {
+                    // A stale page (never expected): freed, not leaked.
+                    self.free_page(old as usize - 1);
+                }
             }
-            if word
-                .compare_exchange(cur, cur | bits, AcqRel, Acquire)
-                .is_ok()
+            i += n;
+        }
+        Ok(())
+    }
+
+    /// Frees the pool pages of `pages` pages of offset space from page `first`.
+    fn unclaim(&self, first: usize, pages: usize) {
+        for k in 0..pages {
+            let old = self.map.get(first + k).swap(0, AcqRel);
+            if old != 0 {
+                self.free_page(old as usize - 1);
+            }
+        }
+    }
+
+    /// The runs of `[first, first+pages)`: (offset in the range, pool page, pages), each
+    /// contiguous in the pool; None for a page that is not stored.
+    fn runs(
+        &self,
+        first: usize,
+        pages: usize,
+    ) -> impl Iterator<Item = Option<(usize, usize, usize)>> + '_ {
+        let mut i = 0;
+        std::iter::from_fn(move || {
+            if i >= pages {
+                return None;
+            }
+            let at = self.map.get(first + i).load(Acquire);
+            if at == 0 {
+                i = pages;
+                return Some(None);
+            }
+            let start = at as usize - 1;
+            let mut n = 1;
+            while i + n < pages
+                && self.map.get(first + i + n).load(Acquire) == (start + n + 1) as u64
             {
-                return Ok((cur >> 32) as usize - 1);
+                n += 1;
             }
-        }
-    }
-
-    /// Clears `bits` of entry `e`; the last pages gone free the unit.
-    fn unclaim(&self, e: usize, bits: u64) {
-        let word = self.map.get(e);
-        let mut cur = word.load(Acquire);
-        while cur != 0 {
-            let rest = cur & MASK & !bits;
-            let new = if rest == 0 { 0 } else { (cur & !MASK) | rest };
-            match word.compare_exchange(cur, new, AcqRel, Acquire) {
-                Ok(_) => {
-                    if new == 0 {
-                        self.free_unit((cur >> 32) as usize - 1);
-                    }
-                    return;
-                }
-                Err(now) => cur = now,
-            }
-        }
-    }
-
-    /// The unit of entry `e` if every page of `bits` is stored there.
-    fn stored(&self, e: usize, bits: u64) -> Option<usize> {
-        let cur = self.map.get(e).load(Acquire);
-        (cur != 0 && cur & bits == bits).then(|| (cur >> 32) as usize - 1)
-    }
-}
-
-/// The pieces of `[off, off+len)` by table entry: (entry, offset in the unit, length,
-/// page bits, offset from `off`).
-fn pieces(off: u64, len: usize) -> impl Iterator<Item = (usize, usize, usize, u64, usize)> {
-    let ps = attune_sys::page_size();
-    let end = off as usize + len;
-    let mut p = off as usize;
-    std::iter::from_fn(move || {
-        if p >= end {
-            return None;
-        }
-        let (e, intra) = (p / UNIT, p % UNIT);
-        let plen = (UNIT - intra).min(end - p);
-        let bits = ((1u64 << (plen / ps)) - 1) << (intra / ps);
-        let r = (e, intra, plen, bits, p - off as usize);
-        p += plen;
-        Some(r)
-    })
-}
-
-impl Drop for PoolTier {
-    fn drop(&mut self) {
-        let base = self.base.load(Acquire);
-        if base != 0 {
-            let _ = mem::unmap(base, self.reach);
-        }
+            let r = (i, start, n);
+            i += n;
+            Some(Some(r))
+        })
     }
 }
 
@@ -283,52 +300,43 @@ impl super::Medium for PoolTier {
         if base == 0 || self.detached.load(Relaxed) {
             return Err(Errno(libc::ENOSPC));
         }
-        // Units first: with no room, nothing leaves the region.
-        let mut claimed = 0;
-        for (e, _, _, bits, rel) in pieces(off, len) {
-            if let Err(err) = self.claim(e, bits) {
-                for (e, _, _, bits, _) in pieces(off, rel) {
-                    self.unclaim(e, bits);
-                }
-                return Err(err);
-            }
-            claimed += 1;
-        }
-        let undo = || {
-            for (e, _, _, bits, _) in pieces(off, len).take(claimed) {
-                self.unclaim(e, bits);
-            }
-        };
+        let ps = page();
+        let (first, pages) = (off as usize / ps, len / ps);
+        // Pool pages first: with no room, nothing leaves the region.
+        self.claim(first, pages)?;
         let Some(slot) = io.staging.claim(len) else {
-            undo();
+            self.unclaim(first, pages);
             return Err(Errno(libc::EAGAIN));
         };
         let st = slot.addr();
         let moved = match super::take_out(io.internal, region_uffd, st, src, len) {
             Ok(m) => m,
             Err(e) => {
-                undo();
+                self.unclaim(first, pages);
                 return Err(e);
             }
         };
         if moved < len {
             let back = super::give_back(region_uffd, src, st, moved);
             let _ = mem::advise(st, len, mem::MADV_DONTNEED);
-            undo();
+            self.unclaim(first, pages);
             return Err(Errno(if back { libc::EBUSY } else { libc::EIO }));
         }
         let mut filled = false;
         let mut result = Ok(());
-        for (e, intra, plen, bits, rel) in pieces(off, len) {
-            let u = self.stored(e, bits).ok_or(Errno(libc::EIO));
-            let mut r =
-                u.and_then(|u| mem::pwrite_raw(fd, st + rel, plen, (u * UNIT + intra) as u64));
+        for run in self.runs(first, pages) {
+            let Some((i, at, n)) = run else {
+                result = Err(Errno(libc::EIO));
+                break;
+            };
+            let write = || mem::pwrite_raw(fd, st + i * ps, n * ps, (at * ps) as u64);
+            let mut r = write();
             if matches!(r, Err(Errno(libc::EFAULT))) && !filled {
                 // Holes in the staged run (pages the program discarded): zeros, as it
                 // would read them.
                 super::file::fill_holes(io.internal, st, len);
                 filled = true;
-                r = u.and_then(|u| mem::pwrite_raw(fd, st + rel, plen, (u * UNIT + intra) as u64));
+                r = write();
             }
             if r.is_err() {
                 result = r;
@@ -338,7 +346,7 @@ impl super::Medium for PoolTier {
         if let Err(e) = result {
             let back = super::give_back(region_uffd, src, st, len);
             let _ = mem::advise(st, len, mem::MADV_DONTNEED);
-            undo();
+            self.unclaim(first, pages);
             return Err(if back { e } else { Errno(libc::EIO) });
         }
         let _ = mem::advise(st, len, mem::MADV_DONTNEED);
@@ -358,32 +366,31 @@ impl super::Medium for PoolTier {
         if base == 0 {
             return Err(Errno(libc::EIO));
         }
-        for (e, intra, plen, bits, rel) in pieces(off, len) {
-            // Every chunk loaded from here was stored here: pages missing from the table
-            // are a runtime bug, reported, never read as zeros.
-            let u = self.stored(e, bits).ok_or(Errno(libc::EIO))?;
-            match region_uffd.copy(dst + rel, base + u * UNIT + intra, plen, true) {
+        let ps = page();
+        let (first, pages) = (off as usize / ps, len / ps);
+        for run in self.runs(first, pages) {
+            // Every chunk loaded from here was stored here: a page missing from the table
+            // is a runtime bug, reported, never read as zeros.
+            let (i, at, n) = run.ok_or(Errno(libc::EIO))?;
+            match region_uffd.copy(dst + i * ps, base + at * ps, n * ps, true) {
                 Ok(_) => {}
                 Err(Errno(libc::EEXIST)) => {
-                    let _ = region_uffd.wake(dst + rel, plen);
+                    let _ = region_uffd.wake(dst + i * ps, n * ps);
                 }
                 // Nothing released: the chunk stays far, and a later fetch copies again
                 // (pages placed already answer EEXIST).
                 Err(err) => return Err(err),
             }
         }
-        for (e, _, _, bits, _) in pieces(off, len) {
-            self.unclaim(e, bits);
-        }
+        self.unclaim(first, pages);
         Ok(())
     }
 
     fn discard(&self, off: u64, len: usize) {
-        for (e, _, _, bits, _) in pieces(off, len) {
-            if e < self.map.len() {
-                self.unclaim(e, bits);
-            }
-        }
+        let ps = page();
+        let first = off as usize / ps;
+        let pages = (len / ps).min(self.map.len().saturating_sub(first));
+        self.unclaim(first, pages);
     }
 
     fn keeps_copy(&self) -> bool {
@@ -419,18 +426,7 @@ impl super::Medium for PoolTier {
         if base == 0 || !has_data || self.detached.load(Relaxed) {
             return Ok(true);
         }
-        let top = (self.top() as usize).min(self.reach);
-        let used_top = {
-            let mut t = 0;
-            for w in (0..self.used.len()).rev() {
-                let bits = self.used.get(w).load(Acquire);
-                if bits != 0 {
-                    t = (w * 64 + 64 - bits.leading_zeros() as usize) * UNIT;
-                    break;
-                }
-            }
-            t.min(top)
-        };
+        let used_top = self.used_top().min(self.reach);
         if used_top == 0 {
             return Ok(true);
         }
@@ -511,76 +507,110 @@ mod tests {
         PoolTier::new(&cfg, space).unwrap()
     }
 
-    #[test]
-    fn pieces_split_runs_at_unit_boundaries() {
-        let v: Vec<_> = pieces(60 << 10, 72 << 10).collect();
-        assert_eq!(
-            v,
-            vec![
-                (0, 60 << 10, 4 << 10, 1 << 15, 0),
-                (1, 0, 64 << 10, 0xffff, 4 << 10),
-                (2, 0, 4 << 10, 1, 68 << 10),
-            ]
-        );
+    fn runs(t: &PoolTier, first: usize, pages: usize) -> Vec<Option<(usize, usize, usize)>> {
+        t.runs(first, pages).collect()
     }
 
     #[test]
-    fn units_are_taken_lowest_first_within_the_limit_and_freed_by_the_last_page() {
-        let t = tier(1 << 20, 1 << 30); // 16 units
+    fn pages_are_taken_in_runs_lowest_first_within_the_limit() {
+        let t = tier(1 << 20, 1 << 30); // 256 pages
         assert_eq!(
             t.claim(5, 1),
             Err(Errno(libc::ENOSPC)),
-            "no segment: no unit"
+            "no segment: no page"
         );
-        t.set_size(2 * UNIT as u64);
-        assert_eq!(t.claim(100, 0b11), Ok(0));
-        assert_eq!(t.claim(100, 0b100), Ok(0), "same entry, same unit");
-        assert_eq!(t.claim(7, 1), Ok(1));
-        assert_eq!(t.claim(8, 1), Err(Errno(libc::ENOSPC)), "limit reached");
-        assert_eq!(t.top(), 2 * UNIT as u64);
-        t.unclaim(100, 0b1);
-        assert_eq!(t.stored(100, 0b110), Some(0));
-        assert_eq!(t.stored(100, 0b1), None, "that page is gone");
-        t.unclaim(100, 0b110);
-        assert_eq!(t.map.get(100).load(Relaxed), 0);
-        assert_eq!(t.claim(8, 1), Ok(0), "the freed unit is taken again");
-        // A shrunk grant: no new unit above it, units in use still count in `top`.
-        t.set_size(UNIT as u64);
-        t.unclaim(8, 1);
-        assert_eq!(t.top(), 2 * UNIT as u64, "unit 1 still holds entry 7");
-        assert_eq!(t.claim(9, 1), Ok(0));
-        assert_eq!(t.claim(10, 1), Err(Errno(libc::ENOSPC)));
+        t.set_size(8 * 4096);
+        t.claim(100, 4).unwrap();
+        assert_eq!(runs(&t, 100, 4), vec![Some((0, 0, 4))]);
+        t.claim(7, 1).unwrap();
+        assert_eq!(runs(&t, 7, 1), vec![Some((0, 4, 1))]);
+        assert_eq!(t.claim(200, 4), Err(Errno(libc::ENOSPC)), "3 pages left");
+        assert_eq!(t.used_bytes(), 5 * 4096, "a refused claim keeps nothing");
+        assert_eq!(runs(&t, 200, 4), vec![None]);
+        // A hole in the free space: a run is split where it must be.
+        t.unclaim(101, 1);
+        t.claim(300, 4).unwrap();
+        // Free: 1, 5, 6, 7. Four pages: no run of 4, a run of 2 (5-6), then single pages.
+        assert_eq!(
+            runs(&t, 300, 4),
+            vec![Some((0, 5, 2)), Some((2, 1, 1)), Some((3, 7, 1))]
+        );
+        assert_eq!(
+            t.top(),
+            64 << 10,
+            "pages in use and the limit, in whole units"
+        );
+        // A shrunk grant: no page above it, pages in use still count in `top`.
+        t.set_size(4 * 4096);
+        t.unclaim(300, 4);
+        t.claim(400, 1).unwrap();
+        assert_eq!(runs(&t, 400, 1), vec![Some((0, 1, 1))], "below the limit");
+        assert_eq!(
+            t.claim(401, 1),
+            Err(Errno(libc::ENOSPC)),
+            "0-3 taken, limit 4"
+        );
+        assert_eq!(t.top(), 64 << 10, "page 4 is still in use above the limit");
+        t.unclaim(400, 1);
+        t.unclaim(100, 4);
         t.unclaim(7, 1);
-        t.unclaim(9, 1);
-        assert_eq!((t.top(), t.units_bytes()), (UNIT as u64, 0));
+        assert_eq!((t.used_bytes(), t.used_top()), (0, 0));
     }
 
     #[test]
-    fn concurrent_claims_of_one_entry_share_one_unit() {
+    fn scattered_small_chunks_pack_the_pool_densely() {
+        // Every 16th page of the offset space stored: 64 KiB units had needed a unit each.
+        let t = tier(1 << 20, 1 << 30);
+        t.set_size(1 << 20);
+        for i in 0..256 {
+            t.claim(i * 16, 1).unwrap();
+        }
+        assert_eq!(t.used_bytes(), 1 << 20);
+        assert_eq!(t.claim(5000, 1), Err(Errno(libc::ENOSPC)));
+        for i in 0..256 {
+            t.unclaim(i * 16, 1);
+        }
+        assert_eq!(t.used_bytes(), 0);
+    }
+
+    #[test]
+    fn a_chunk_longer_than_a_word_takes_several_runs() {
+        let t = tier(4 << 20, 1 << 30);
+        t.set_size(4 << 20);
+        t.claim(0, 512).unwrap(); // 2 MiB
+        let r = runs(&t, 0, 512);
+        assert_eq!(r, vec![Some((0, 0, 512))], "consecutive runs coalesce");
+        t.unclaim(0, 512);
+        assert_eq!(t.used_bytes(), 0);
+    }
+
+    #[test]
+    fn concurrent_claims_never_share_a_page() {
         let t = std::sync::Arc::new(tier(4 << 20, 1 << 30));
         t.set_size(4 << 20);
         let hs: Vec<_> = (0..8)
             .map(|i| {
                 let t = t.clone();
                 std::thread::spawn(move || {
-                    let mut units = Vec::new();
                     for round in 0..2000 {
-                        let e = round % 3;
-                        let bit = 1u64 << i;
-                        units.push(t.claim(e, bit).unwrap());
-                        assert!(t.stored(e, bit).is_some());
-                        t.unclaim(e, bit);
+                        let first = i * 1000 + (round % 7) * 16;
+                        t.claim(first, 1 + round % 16).unwrap();
+                        t.unclaim(first, 1 + round % 16);
                     }
-                    units
+                    let first = i * 1000;
+                    t.claim(first, 16).unwrap();
+                    first
                 })
             })
             .collect();
+        let mut seen = std::collections::HashSet::new();
         for h in hs {
-            assert!(h.join().unwrap().iter().all(|&u| u < 64));
+            let first = h.join().unwrap();
+            for k in 0..16 {
+                let p = t.map.get(first + k).load(Relaxed);
+                assert!(p != 0 && seen.insert(p), "page {p} given twice");
+            }
         }
-        assert_eq!(t.units_bytes(), 0, "every unit freed");
-        for e in 0..3 {
-            assert_eq!(t.map.get(e).load(Relaxed), 0);
-        }
+        assert_eq!(t.used_bytes(), 8 * 16 * 4096);
     }
 }
