@@ -266,3 +266,60 @@ def test_forged_segments_are_not_adopted(workdir, daemon):
     log = d.log.read_text()
     assert "not a memory file" in log and "bytes left of far_pool" in log, log
     assert d.status()["rejected"] >= 3
+
+
+def build_plain(workdir, name, *flags):
+    """A test program of tests/run (no Attune API), for `attune run`."""
+    out = workdir / name
+    if not out.exists():
+        subprocess.run(["gcc", "-O2", *flags, str(ROOT / f"tests/run/{name}.c"), "-o", str(out)], check=True)
+    return out
+
+
+ATTUNE = BUILD / "bin" / "attune"
+
+
+@needs_cgroup
+def test_attune_run_of_an_unmodified_program_within_its_cgroup(workdir, daemon):
+    """`attune run` of a plain C program of 128 MiB on 32 MiB of DRAM, in a cgroup of
+    80 MiB: every buffer verifies, the cgroup's peak stays below the limit, the run
+    report names the pool tier. A fork+exec'd child gets a segment of its own."""
+    d = daemon("--dram", "256M", "--far-pool", "512M", "--move-limit", "off")
+    cfg = pool_config(workdir)
+    g = Cgroup("run", 80 * MIB)
+    try:
+        rep = workdir / "run.json"
+        p = subprocess.run(g.wrap([ATTUNE, "run", "--dram", "32M", "--config", cfg, "--report", rep, "--",
+                                   build_plain(workdir, "c_matrix"), "128"]),
+                           env=d.env(), capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0 and "c_matrix: OK" in p.stdout, p.stdout + p.stderr
+        assert g.peak() < 80 * MIB, f"peak {g.peak() >> 20} MiB"
+        report = rep.read_text()
+        assert '"pool"' in report, report
+    finally:
+        g.remove()
+    c = build_plain(workdir, "c_matrix")
+    p = subprocess.run([ATTUNE, "run", "--dram", "32M", "--config", cfg, "--",
+                        build_plain(workdir, "fork_exec"), "48", c, "32"],
+                       env=d.env(ATTUNE_LOG="info"), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "c_matrix: OK" in p.stdout, p.stdout + p.stderr
+    assert p.stderr.count("segment of the node's far pool attached") >= 2, p.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another uid")
+def test_attune_run_system_calls_into_pool_pages_as_nobody(workdir, daemon):
+    """read(2), write(2) and friends into buffers whose pages are in the pool, for a user
+    who is not root (user-mode-only userfaultfd: the interposer retries what the kernel
+    cannot fault in)."""
+    d = daemon("--dram", "256M", "--far-pool", "512M", "--move-limit", "off")
+    cfg = pool_config(workdir)
+    os.chmod(cfg, 0o644)
+    io = build_plain(workdir, "syscalls_io", "-Wno-stringop-overflow", "-lpthread")
+    scratch = workdir / "io-scratch"
+    scratch.mkdir(exist_ok=True)
+    os.chmod(scratch, 0o777)
+    p = subprocess.run([ATTUNE, "run", "--dram", "16M", "--config", cfg, "--", io, scratch, "64"],
+                       env=d.env(ATTUNE_LOG="info"), capture_output=True, text=True, timeout=300,
+                       preexec_fn=as_nobody)
+    assert p.returncode == 0 and "syscalls_io: OK" in p.stdout, p.stdout + p.stderr
+    assert "segment of the node's far pool attached" in p.stderr, p.stderr
