@@ -143,10 +143,13 @@ def test_integrity_through_the_pool(workdir, daemon, chunk):
     assert "segment of the node's far pool attached" in p.stderr, p.stderr
 
 
-def test_stress_and_signal_delivery_through_the_pool(workdir, daemon):
+def test_stress_discard_and_signal_delivery_through_the_pool(workdir, daemon):
     d = daemon("--dram", "128M", "--far-pool", "256M", "--move-limit", "off")
     env = d.env(ATTUNE_CONFIG=pool_config(workdir), ATTUNE_DRAM="16M", TEST_BUDGET=16 * MIB)
     p = subprocess.run([build(workdir, "stress"), "64"], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    # Pages the program discards (MADV_DONTNEED, attune_discard) inside far chunks.
+    p = subprocess.run([build(workdir, "discard")], capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     env["ATTUNE_FAULT_MODE"] = "signal"
     p = subprocess.run([build(workdir, "integrity"), "48"], capture_output=True, text=True, timeout=300, env=env)

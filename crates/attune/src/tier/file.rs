@@ -120,39 +120,14 @@ impl super::Medium for FileTier {
         len: usize,
         already_there: &mut dyn FnMut(usize) -> bool,
     ) -> SysResult<()> {
-        let slot = io.staging.claim(len).ok_or(Errno(libc::EAGAIN))?;
-        let st = slot.addr();
-        let moved = match super::take_out(io.internal, region_uffd, st, src, len) {
-            Ok(m) => m,
-            Err(e) => return Err(e),
-        };
-        if moved < len {
-            // A page could not move (EBUSY: shared since a fork, or pinned by the kernel
-            // for I/O): put back what moved so the caller sees all-or-nothing.
-            let back = super::give_back(region_uffd, src, st, moved);
-            let _ = mem::advise(st, len, mem::MADV_DONTNEED);
-            return Err(Errno(if back { libc::EBUSY } else { libc::EIO }));
-        }
-        let result = if already_there(st) {
-            Ok(())
-        } else {
-            let mut r = mem::pwrite_raw(&self.fd, st, len, off);
-            if matches!(r, Err(Errno(libc::EFAULT))) {
-                // Holes in the staged run (the application discarded pages with
-                // MADV_DONTNEED): fill them with zeros, as the application would read them.
-                fill_holes(io.internal, st, len);
-                r = mem::pwrite_raw(&self.fd, st, len, off);
+        // Clean content the file holds already is not written again.
+        super::store_staged(io, region_uffd, src, len, &mut |st| {
+            if already_there(st) {
+                Ok(())
+            } else {
+                mem::pwrite_raw(&self.fd, st, len, off)
             }
-            r
-        };
-        if let Err(e) = result {
-            // Full disk or I/O error: give the pages back to the region. Nothing is lost.
-            let back = super::give_back(region_uffd, src, st, len);
-            let _ = mem::advise(st, len, mem::MADV_DONTNEED);
-            return Err(if back { e } else { Errno(libc::EIO) });
-        }
-        let _ = mem::advise(st, len, mem::MADV_DONTNEED);
-        Ok(())
+        })
     }
     /// Reads `len` bytes at `off` into the missing region range `dst`. `seen(bounce)` is
     /// called with the data before it is placed (to check and record content hashes);

@@ -408,6 +408,45 @@ pub(crate) fn take_out(
     }
 }
 
+/// A store through a staging buffer (the file and pool media): moves `[src, src+len)`
+/// into a staging slot (`take_out`), hands the slot's address to `write`, and empties the
+/// slot. All or nothing: when a page cannot move, or `write` fails, the pages go back to
+/// the region and the error is returned (EIO if even that failed: a lost write). `write`
+/// gets `true` as its second argument on a retry after EFAULT, which means holes in the
+/// staged run (pages the program discarded): they are filled with zeros first, as the
+/// program would read them. Signal-safe.
+pub(crate) fn store_staged(
+    io: &IoContext,
+    region_uffd: &Uffd,
+    src: usize,
+    len: usize,
+    write: &mut dyn FnMut(usize) -> SysResult<()>,
+) -> SysResult<()> {
+    let slot = io.staging.claim(len).ok_or(Errno(libc::EAGAIN))?;
+    let st = slot.addr();
+    let moved = take_out(io.internal, region_uffd, st, src, len)?;
+    if moved < len {
+        // A page could not move (EBUSY: shared since a fork, or pinned by the kernel
+        // for I/O): put back what moved so the caller sees all-or-nothing.
+        let back = give_back(region_uffd, src, st, moved);
+        let _ = attune_sys::mem::advise(st, len, attune_sys::mem::MADV_DONTNEED);
+        return Err(Errno(if back { libc::EBUSY } else { libc::EIO }));
+    }
+    let mut r = write(st);
+    if matches!(r, Err(Errno(libc::EFAULT))) {
+        file::fill_holes(io.internal, st, len);
+        r = write(st);
+    }
+    if let Err(e) = r {
+        // Full disk or I/O error: the pages go back to the region. Nothing is lost.
+        let back = give_back(region_uffd, src, st, len);
+        let _ = attune_sys::mem::advise(st, len, attune_sys::mem::MADV_DONTNEED);
+        return Err(if back { e } else { Errno(libc::EIO) });
+    }
+    let _ = attune_sys::mem::advise(st, len, attune_sys::mem::MADV_DONTNEED);
+    Ok(())
+}
+
 /// Puts pages a store had moved out of the region (`[st, st+len)`, a staging slot or a
 /// far-memory slot) back at `src`: one move of the range (which already retries and
 /// accounts for what it moved), then the pages it could not move copied one by one.

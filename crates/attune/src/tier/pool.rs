@@ -304,53 +304,17 @@ impl super::Medium for PoolTier {
         let (first, pages) = (off as usize / ps, len / ps);
         // Pool pages first: with no room, nothing leaves the region.
         self.claim(first, pages)?;
-        let Some(slot) = io.staging.claim(len) else {
-            self.unclaim(first, pages);
-            return Err(Errno(libc::EAGAIN));
-        };
-        let st = slot.addr();
-        let moved = match super::take_out(io.internal, region_uffd, st, src, len) {
-            Ok(m) => m,
-            Err(e) => {
-                self.unclaim(first, pages);
-                return Err(e);
+        let r = super::store_staged(io, region_uffd, src, len, &mut |st| {
+            for run in self.runs(first, pages) {
+                let (i, at, n) = run.ok_or(Errno(libc::EIO))?;
+                mem::pwrite_raw(fd, st + i * ps, n * ps, (at * ps) as u64)?;
             }
-        };
-        if moved < len {
-            let back = super::give_back(region_uffd, src, st, moved);
-            let _ = mem::advise(st, len, mem::MADV_DONTNEED);
+            Ok(())
+        });
+        if r.is_err() {
             self.unclaim(first, pages);
-            return Err(Errno(if back { libc::EBUSY } else { libc::EIO }));
         }
-        let mut filled = false;
-        let mut result = Ok(());
-        for run in self.runs(first, pages) {
-            let Some((i, at, n)) = run else {
-                result = Err(Errno(libc::EIO));
-                break;
-            };
-            let write = || mem::pwrite_raw(fd, st + i * ps, n * ps, (at * ps) as u64);
-            let mut r = write();
-            if matches!(r, Err(Errno(libc::EFAULT))) && !filled {
-                // Holes in the staged run (pages the program discarded): zeros, as it
-                // would read them.
-                super::file::fill_holes(io.internal, st, len);
-                filled = true;
-                r = write();
-            }
-            if r.is_err() {
-                result = r;
-                break;
-            }
-        }
-        if let Err(e) = result {
-            let back = super::give_back(region_uffd, src, st, len);
-            let _ = mem::advise(st, len, mem::MADV_DONTNEED);
-            self.unclaim(first, pages);
-            return Err(if back { e } else { Errno(libc::EIO) });
-        }
-        let _ = mem::advise(st, len, mem::MADV_DONTNEED);
-        Ok(())
+        r
     }
 
     fn load(
