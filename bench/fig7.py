@@ -17,7 +17,11 @@ is its peak RSS alone, as in bench/imme.py); all workflows start at once and sha
   attuned  attuned with each workflow's flags (IMME Table I classes): LAT/SHL protected
            bytes first, weighted water-filling, attuned placement and replacement;
   kernel   (reference; root) plain memory, all workflows in one cgroup limited to the
-           node's DRAM with kernel swap on a memory medium (`attune kernel-swap`).
+           node's DRAM with kernel swap on a memory medium (`attune kernel-swap`);
+  pool     (root) attuned with flags as `attuned`, the far tier the node's pool held by
+           attuned (`kind = "pool"`), and every workflow inside the same cgroup and
+           limit as `kernel`: the far memory outside the jobs for both (the kernel's
+           swap device, attuned's pool), so the two are measured alike.
 Attune's budgets cover the memory it manages; each workflow's unmanaged part (interpreter,
 small objects, measured alone) is subtracted from the node's DRAM, as bench/imme.py does
 per workflow, so every policy holds the same total.
@@ -43,7 +47,7 @@ sys.path.insert(0, HERE)
 import imme  # noqa: E402  (workloads, footprint measurement, runner)
 
 ATTUNED = os.path.join(os.path.dirname(imme.ATT), "attuned")
-POLICIES = ["default", "uniform", "attuned", "kernel"]
+POLICIES = ["default", "uniform", "attuned", "kernel", "pool"]
 DEFAULT_MIX = "dm,sc,stream,dc"
 
 
@@ -85,11 +89,12 @@ class Daemon:
     0.1 s: the DRAM each workflow was granted (median and peak over the samples that
     listed it) says what the policy did."""
 
-    def __init__(self, tmp, pool, bw_dram_share, move_limit):
+    def __init__(self, tmp, pool, bw_dram_share, move_limit, far_pool=None):
         self.sock = os.path.join(tmp, f"fig7-{random.randrange(1 << 30)}.sock")
+        far = ["--far-pool", imme.mb(far_pool)] if far_pool else []
         self.p = subprocess.Popen([ATTUNED, "--socket", self.sock, "--dram", imme.mb(pool), "--metrics", "off",
                                    "--min-grant", "8M", "--bw-dram-share", str(bw_dram_share),
-                                   "--move-limit", move_limit],
+                                   "--move-limit", move_limit, *far],
                                   stderr=subprocess.DEVNULL)
         for _ in range(250):
             if os.path.exists(self.sock):
@@ -123,10 +128,22 @@ class Daemon:
         return {n: {"median": statistics.median(g), "peak": max(g)} for n, g in self.grants.items()}
 
 
+def pool_config(tmp):
+    """The `pool` policy's tiers: the node's pool, and a file tier (O_DIRECT: no page
+    cache charged to the jobs) for what the pool cannot take."""
+    p = os.path.join(tmp, "pool.toml")
+    with open(p, "w") as f:
+        f.write('[[tier]]\nname = "pool"\nkind = "pool"\ncapacity = "8G"\n\n'
+                f'[[tier]]\nname = "file"\nkind = "file"\npath = "{tmp}"\ncapacity = "8G"\ndirect = true\n')
+    return p
+
+
 def policy_run(policy, sel, tmp, node, pool, bw_dram_share, move_limit):
     """One co-located run of the selected workflows under `policy`."""
     cmds, envs = [], []
-    daemon = Daemon(tmp, pool, bw_dram_share, move_limit) if policy in ("default", "attuned") else None
+    far_pool = sum(w["footprint"] for w in sel) if policy == "pool" else None
+    daemon = (Daemon(tmp, pool, bw_dram_share, move_limit, far_pool)
+              if policy in ("default", "attuned", "pool") else None)
     grants = {}
     try:
         for w in sel:
@@ -141,20 +158,22 @@ def policy_run(policy, sel, tmp, node, pool, bw_dram_share, move_limit):
                     # The runtime's own ceiling is the whole pool; the daemon's grant rules.
                     dram = pool
                     env.update(ATTUNE_SOCKET=daemon.sock, ATTUNE_DAEMON="require")
+                if policy == "pool":
+                    env["ATTUNE_CONFIG"] = pool_config(tmp)
                 cmd = [imme.ATT, "run", "-q", "--dram", imme.mb(dram)]
-                if policy == "attuned":
+                if policy in ("attuned", "pool"):
                     cmd += ["--flags", w["flags"]]
                 else:
                     env["ATTUNE_MODE"] = "temperature"
                 cmds.append(cmd + ["--"] + w["prog"])
             envs.append(env)
-        if policy == "kernel":
+        if policy in ("kernel", "pool"):
             spec = os.path.join(tmp, "group.json")
             res = os.path.join(tmp, "group-out.json")
             if os.path.exists(res):
                 os.unlink(res)      # an earlier round's; never read it as this one's
             with open(spec, "w") as f:
-                json.dump({"cmds": cmds}, f)
+                json.dump({"cmds": cmds, "envs": envs if policy == "pool" else None}, f)
             r = subprocess.run([imme.ATT, "kernel-swap", "--limit", imme.mb(node), "--swap", "memory",
                                 "--swap-size", "4G", "--", sys.executable, os.path.abspath(__file__),
                                 "--group", spec, res], capture_output=True, text=True)
@@ -162,8 +181,9 @@ def policy_run(policy, sel, tmp, node, pool, bw_dram_share, move_limit):
                 return [{"wall": float("nan"), "ok": False, "exit": r.returncode, "result": "",
                          "stderr": r.stderr[-1500:]} for _ in sel]
             with open(res) as f:
-                return json.load(f)
-        out = group(cmds, envs)
+                out = json.load(f)
+        else:
+            out = group(cmds, envs)
     finally:
         if daemon:
             grants = daemon.stop()
@@ -248,9 +268,10 @@ def main():
     if len(sys.argv) == 4 and sys.argv[1] == "--group":
         # Inside `attune kernel-swap`: run the commands together in its cgroup.
         with open(sys.argv[2]) as f:
-            cmds = json.load(f)["cmds"]
+            spec = json.load(f)
+        cmds = spec["cmds"]
         with open(sys.argv[3], "w") as f:
-            json.dump(group(cmds, [None] * len(cmds)), f)
+            json.dump(group(cmds, spec.get("envs") or [None] * len(cmds)), f)
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=2)
@@ -280,11 +301,14 @@ def main():
     bad = [p for p in pols if p not in POLICIES]
     if bad:
         sys.exit(f"unknown policy {','.join(bad)} (one of {','.join(POLICIES)})")
-    if "kernel" in pols:
+    if "kernel" in pols or "pool" in pols:
         chk = subprocess.run([imme.ATT, "kernel-swap", "--check"], capture_output=True, text=True)
         if chk.returncode != 0:
-            print(f"kernel policy skipped: {chk.stdout.strip() or chk.stderr.strip()}", file=sys.stderr)
-            pols.remove("kernel")
+            why = chk.stdout.strip() or chk.stderr.strip()
+            for p in ("kernel", "pool"):
+                if p in pols:
+                    print(f"{p} policy skipped (it runs in kernel-swap's cgroup): {why}", file=sys.stderr)
+                    pols.remove(p)
     names = [n for n in a.workloads.split(",") if n]
     known = {w[0]: w for w in imme.WORKLOADS}
     unknown = [n for n in names if n not in known]

@@ -7,10 +7,11 @@ its copy; forged segments are refused.
 
 Needs the staged build (make build)."""
 import os
-import signal
+import random
 import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -165,7 +166,8 @@ def test_a_forked_child_keeps_its_copy(workdir, daemon):
 
 
 def test_a_dead_runtimes_segment_is_released(workdir, daemon):
-    d = daemon("--dram", "128M", "--far-pool", "256M", "--move-limit", "off")
+    port = random.randrange(20000, 40000)
+    d = daemon("--dram", "128M", "--far-pool", "256M", "--move-limit", "off", metrics=f"127.0.0.1:{port}")
     c = client(workdir, d, "workflow", "CAP", 96, 30, ATTUNE_CONFIG=pool_config(workdir), ATTUNE_DRAM="24M")
     for _ in range(100):
         w = workflow_of(d.status(), c.pid)
@@ -175,6 +177,10 @@ def test_a_dead_runtimes_segment_is_released(workdir, daemon):
     else:
         raise AssertionError(f"the pool never held the workflow's pages: {d.status()}")
     assert pool_fds(d.proc.pid) == 1
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    held = [float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("attune_pool_bytes ")]
+    assert held and held[0] >= 32 * MIB, metrics
+    assert "attune_workflow_pool_bytes{" in metrics, metrics
     c.kill()
     c.wait()
     time.sleep(0.3)

@@ -104,7 +104,7 @@ pub fn render(s: &Status) -> String {
             ms / 1e3,
         );
     }
-    let per_wf: [(&str, &str, fn(&attune_proto::WorkflowStatus) -> f64); 9] = [
+    let per_wf: [(&str, &str, fn(&attune_proto::WorkflowStatus) -> f64); 10] = [
         (
             "workflow_far_bytes",
             "Bytes in the workflow's memory far tiers",
@@ -114,6 +114,11 @@ pub fn render(s: &Status) -> String {
             "workflow_far_grant_bytes",
             "Far memory granted to the workflow",
             |w| w.far_grant as f64,
+        ),
+        (
+            "workflow_pool_bytes",
+            "Far pool memory allocated in the daemon for the workflow's pool segments",
+            |w| w.pool as f64,
         ),
         (
             "workflow_grant_bytes",
