@@ -220,7 +220,7 @@ def markdown(res, cmdline):
     lines.append("| **all (sum of times / sum of IE times)** | | | | " + " | ".join(tot) + " |")
     dram_pols = [p for p in pols if p != "kernel"]
     if dram_pols:
-        lines += ["", "DRAM each workflow's managed memory was given (MiB; default and attuned: median of the "
+        lines += ["", "DRAM each workflow's managed memory was given (MiB; default, attuned and pool: median of the "
                   "daemon's grants sampled every 0.1 s; uniform: its fixed budget):", "",
                   "| workflow | " + " | ".join(dram_pols) + " |", "|---|" + "---|" * len(dram_pols)]
         for w in res["workflows"]:
