@@ -4,20 +4,23 @@
 #   2. the file tier (NVMe/Lustre-like), 16 MiB budget;
 #   3. under attuned (48 MiB pool), whose grant changes every 2 s as a neighbour workflow
 #      of 40 MiB comes and goes;
-#   4. as an unprivileged user where this script runs as root (a user-mode-only
+#   4. the node's far pool held by attuned (32 MiB far pool), whose far grant and pool
+#      segment grow and shrink every 2 s as a neighbour with a pool tier comes and goes,
+#      the rest spilling to a file tier;
+#   5. as an unprivileged user where this script runs as root (a user-mode-only
 #      userfaultfd where vm.unprivileged_userfaultfd=0).
 # Each region the soak allocates takes a random chunk size and fault delivery.
 #
-#   tests/stress/soak.sh [--time SECONDS]   total time, split over the four (default 120)
+#   tests/stress/soak.sh [--time SECONDS]   total time, split over the five (default 120)
 #
 # Needs the staged build (make build). Prints each run's "soak:" line and a total;
-# exits 1 on any wrong byte. docs/reliability.md has the long run's figures.
+# exits 1 on any wrong byte or any runtime error line. docs/reliability.md has the long run's figures.
 set -u
 cd "$(dirname "$0")/../.."
 ROOT=$PWD; PREFIX=$ROOT/build
 total=120
 [ "${1:-}" = --time ] && total=$2
-part=$(( total / 4 )); [ $part -lt 5 ] && part=5
+part=$(( total / 5 )); [ $part -lt 5 ] && part=5
 OUT=$(mktemp -d /tmp/attune-soak.XXXXXX); chmod 755 "$OUT"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$OUT"; }
@@ -33,6 +36,8 @@ soak() { # soak NAME [env...]: one run of $part seconds
   local line; line=$(grep -E '^soak: [0-9]+ threads' "$OUT/$name.log" || true)
   echo "$name: ${line:-no result}"
   [ -z "$line" ] && status=1
+  # A page the runtime could not read back is a failure even when no thread saw it.
+  grep -q '^attune: error:' "$OUT/$name.log" && status=1
   grep -vE '^soak: [0-9]+ threads' "$OUT/$name.log" | head -5 | sed 's/^/    /'
   moved=$(( moved + $(sed -n 's/.* \([0-9]*\) pages moved.*/\1/p' <<<"$line" | head -1 || echo 0) ))
   checks=$(( checks + $(sed -n 's/.*: \([0-9]*\) page checks.*/\1/p' <<<"$line" | head -1 || echo 0) ))
@@ -56,6 +61,26 @@ for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
     ATTUNE_SOCKET=$sock ATTUNE_DRAM=40M "$OUT/client" workflow CAP 40 2 >/dev/null 2>&1; sleep 2; done ) &
 pids+=($!)
 soak varying-budget ATTUNE_SOCKET="$sock" ATTUNE_DAEMON=require ATTUNE_DRAM=48M "$OUT/soak"
+kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; pids=()
+cat >"$OUT/pool.toml" <<TOML
+[[tier]]
+name = "pool"
+kind = "pool"
+capacity = "1G"
+[[tier]]
+name = "ssd"
+kind = "file"
+path = "$OUT"
+capacity = "4G"
+TOML
+psock=$OUT/attuned-pool.sock
+"$PREFIX/bin/attuned" --socket "$psock" --dram 256M --far-pool 32M --min-grant 4M --metrics off >"$OUT/attuned-pool.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do [ -S "$psock" ] && break; sleep 0.05; done
+( end=$((SECONDS + part)); while [ $SECONDS -lt $end ]; do
+    ATTUNE_SOCKET=$psock ATTUNE_CONFIG=$OUT/pool.toml ATTUNE_DRAM=8M "$OUT/client" workflow CAP 40 2 >/dev/null 2>&1; sleep 2; done ) &
+pids+=($!)
+soak node-pool ATTUNE_SOCKET="$psock" ATTUNE_DAEMON=require ATTUNE_CONFIG="$OUT/pool.toml" ATTUNE_DRAM=16M "$OUT/soak"
 if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
   soak unprivileged runuser -u nobody -- env ATTUNE_DRAM=16M ATTUNE_DAEMON=off "$OUT/soak"
 else

@@ -182,6 +182,31 @@ pub fn advise(addr: usize, len: usize, advice: i32) -> SysResult<()> {
 
 pub use libc::{MADV_DONTFORK, MADV_DONTNEED, MADV_HUGEPAGE, MADV_NOHUGEPAGE, MADV_POPULATE_WRITE};
 
+/// Maps the pages of `[addr, addr+len)`, a shared file mapping whose pages all exist
+/// (a pool segment below its allocated size), into this process's page tables:
+/// `MADV_POPULATE_READ` (Linux 5.14), else one read per page. A `UFFDIO_COPY` from a page
+/// not mapped yet takes the kernel's slow path, which drops the address-space lock in
+/// the middle of the copy (docs/design/pool.md, "Segments are mapped before use").
+/// Not for memory registered with a userfaultfd.
+pub fn populate_read(addr: usize, len: usize) -> SysResult<()> {
+    const MADV_POPULATE_READ: i32 = 22;
+    match advise(addr, len, MADV_POPULATE_READ) {
+        Err(Errno(libc::EINVAL)) => {
+            let ps = crate::page_size();
+            let mut a = addr;
+            while a < addr + len {
+                // SAFETY: the caller guarantees every page of the range is mapped and
+                // backed (a shared file mapping below the file's size), so the read
+                // cannot fault into a userfaultfd or raise SIGBUS.
+                unsafe { std::ptr::read_volatile(a as *const u8) };
+                a += ps;
+            }
+            Ok(())
+        }
+        r => r,
+    }
+}
+
 /// This process's pidfd for `process_madvise`, and the pid it was opened for: a forked
 /// child inherits the descriptor, which still names its parent, so every use checks the
 /// pid first (a child advising its parent's memory would drop the parent's pages).

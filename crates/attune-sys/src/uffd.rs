@@ -111,6 +111,7 @@ pub mod mode {
 
 const COPY_MODE_DONTWAKE: u64 = 1;
 const MOVE_MODE_DONTWAKE: u64 = 1;
+const ZEROPAGE_MODE_DONTWAKE: u64 = 1;
 const MOVE_MODE_ALLOW_SRC_HOLES: u64 = 2;
 
 /// `uffd_msg.event` for a page fault.
@@ -424,14 +425,71 @@ impl Uffd {
         }
     }
 
-    /// Maps zero pages over a missing range (signal-safe).
+    /// Places `[src, src+len)` (readable memory) into the missing range `dst`, as a far
+    /// tier's load must: one copy, and where that stops, page by page: one `UFFDIO_COPY`
+    /// fills one VMA, so a range the program split (`mprotect`, `mlock` of a part)
+    /// answers ENOENT at the first boundary; a page already there (EEXIST) is kept. Any
+    /// other error is returned. With `wake`, the range's waiters are woken as pages are
+    /// placed; a load placing a run in several pieces wakes once at its end instead, or
+    /// the faulting thread could run on and free the region while the read-ahead part of
+    /// its run is still being placed. Signal-safe.
+    pub fn place_copy(&self, dst: usize, src: usize, len: usize, wake: bool) -> SysResult<()> {
+        let (placed, r) = self.copy_progress(dst, src, len, wake);
+        match r {
+            Err(Errno(libc::EEXIST | libc::ENOENT)) => {}
+            r => return r,
+        }
+        let ps = crate::page_size();
+        let mut k = placed & !(ps - 1);
+        while k < len {
+            match self.copy(dst + k, src + k, ps, wake) {
+                Ok(_) => {}
+                Err(Errno(libc::EEXIST)) if wake => {
+                    let _ = self.wake(dst + k, ps);
+                }
+                Err(Errno(libc::EEXIST)) => {}
+                Err(e) => return Err(e),
+            }
+            k += ps;
+        }
+        Ok(())
+    }
+
+    /// [`Uffd::place_copy`] for zeros (pages discarded while they were far).
+    pub fn place_zeros(&self, dst: usize, len: usize, wake: bool) -> SysResult<()> {
+        match self.zeropage_mode(dst, len, wake) {
+            Err(Errno(libc::EEXIST | libc::ENOENT)) => {}
+            r => return r,
+        }
+        let ps = crate::page_size();
+        let mut k = 0;
+        while k < len {
+            match self.zeropage_mode(dst + k, ps, wake) {
+                Ok(()) => {}
+                Err(Errno(libc::EEXIST)) if wake => {
+                    let _ = self.wake(dst + k, ps);
+                }
+                Err(Errno(libc::EEXIST)) => {}
+                Err(e) => return Err(e),
+            }
+            k += ps;
+        }
+        Ok(())
+    }
+
+    /// Maps zero pages over a missing range and wakes its waiters (signal-safe).
     pub fn zeropage(&self, dst: usize, len: usize) -> SysResult<()> {
+        self.zeropage_mode(dst, len, true)
+    }
+
+    /// [`Uffd::zeropage`], waking the range's waiters or not.
+    pub fn zeropage_mode(&self, dst: usize, len: usize, wake: bool) -> SysResult<()> {
         let mut z = UffdioZeropage {
             range: UffdioRange {
                 start: dst as u64,
                 len: len as u64,
             },
-            mode: 0,
+            mode: if wake { 0 } else { ZEROPAGE_MODE_DONTWAKE },
             zeropage: 0,
         };
         self.ioctl(UFFDIO_ZEROPAGE, &mut z)

@@ -4,7 +4,8 @@
 //!
 //! Covered: a full move, holes skipped or refused, a page swapped out by the kernel (data,
 //! not a hole: mincore cannot tell them apart, pagemap can), a run across a protection
-//! change (one UFFDIO_COPY fills one VMA), and a destination page already there.
+//! change (one UFFDIO_COPY fills one VMA), and a destination page already there; the
+//! loads' `place_copy` and `place_zeros` across such a change.
 
 mod common;
 
@@ -133,4 +134,33 @@ fn poison_is_refused_where_masked() {
     };
     assert!(!u.has(feature::POISON));
     assert_eq!(u.poison(0x10000, 4096), Err(Errno(libc::ENOTSUP)));
+}
+
+/// A far tier's load into a region the program split (mprotect): every page placed, a
+/// page already there kept, zeros too.
+#[test]
+fn place_copy_and_place_zeros_cross_vma_boundaries() {
+    let Some(p) = pair(&[], &[3]) else { return };
+    let ps = attune_sys::page_size();
+    // SAFETY: mprotect on our own mapping.
+    assert_eq!(
+        unsafe { libc::mprotect((p.dst + 7 * ps) as *mut libc::c_void, ps, libc::PROT_READ) },
+        0
+    );
+    // The first half from the source (page 3 is already there: kept), the second zeros.
+    let half = p.len / 2;
+    assert_eq!(p.uffd.place_copy(p.dst, p.src, half, true), Ok(()));
+    assert_eq!(p.uffd.place_zeros(p.dst + half, half, false), Ok(()));
+    for page in 0..PAGES {
+        let want = match page {
+            3 => 1,
+            p if p < PAGES / 2 => word(p),
+            _ => 0,
+        };
+        assert_eq!(read(p.dst + page * ps), Some(want), "page {page}");
+    }
+    // A range that is not registered at all is still an error.
+    let other = attune_sys::mem::map_anon(ps, false).unwrap();
+    assert!(p.uffd.place_copy(other, p.src, ps, true).is_err());
+    let _ = attune_sys::mem::unmap(other, ps);
 }

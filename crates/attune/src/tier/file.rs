@@ -149,14 +149,7 @@ impl super::Medium for FileTier {
         if !seen(b) {
             return Err(Errno(libc::EBADMSG));
         }
-        match region_uffd.copy(dst, b, len, true) {
-            Ok(_) => Ok(()),
-            Err(Errno(libc::EEXIST)) => {
-                let _ = region_uffd.wake(dst, len);
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
+        region_uffd.place_copy(dst, b, len, true)
     }
     fn discard(&self, off: u64, len: usize) {
         let _ = mem::punch_hole(&self.fd, off, len as u64);

@@ -110,7 +110,13 @@ impl PoolTier {
             return;
         }
         let pages = (size.min(self.reach as u64) as usize) / page();
-        self.limit.store(pages, Release);
+        let before = self.limit.swap(pages, AcqRel);
+        let base = self.base.load(Acquire);
+        if base != 0 && pages > before {
+            // The daemon allocated these pages before telling us: map them now, off the
+            // fault path, so a load's copy never faults on its source.
+            let _ = mem::populate_read(base + before * page(), (pages - before) * page());
+        }
     }
 
     /// The segment's file, to hand back to a restarted daemon.
@@ -252,33 +258,34 @@ impl PoolTier {
         }
     }
 
-    /// The runs of `[first, first+pages)`: (offset in the range, pool page, pages), each
-    /// contiguous in the pool; None for a page that is not stored.
+    /// The runs of `[first, first+pages)`: (offset in the range, the pool page it starts
+    /// at, pages), each contiguous in the pool; a run of pages that are not stored
+    /// (discarded while far) has no pool page.
     fn runs(
         &self,
         first: usize,
         pages: usize,
-    ) -> impl Iterator<Item = Option<(usize, usize, usize)>> + '_ {
+    ) -> impl Iterator<Item = (usize, Option<usize>, usize)> + '_ {
         let mut i = 0;
         std::iter::from_fn(move || {
             if i >= pages {
                 return None;
             }
             let at = self.map.get(first + i).load(Acquire);
+            let start = i;
             if at == 0 {
-                i = pages;
-                return Some(None);
+                while i < pages && self.map.get(first + i).load(Acquire) == 0 {
+                    i += 1;
+                }
+                return Some((start, None, i - start));
             }
-            let start = at as usize - 1;
+            let p = at as usize - 1;
             let mut n = 1;
-            while i + n < pages
-                && self.map.get(first + i + n).load(Acquire) == (start + n + 1) as u64
-            {
+            while i + n < pages && self.map.get(first + i + n).load(Acquire) == (p + n + 1) as u64 {
                 n += 1;
             }
-            let r = (i, start, n);
             i += n;
-            Some(Some(r))
+            Some((start, Some(p), n))
         })
     }
 }
@@ -305,8 +312,9 @@ impl super::Medium for PoolTier {
         // Pool pages first: with no room, nothing leaves the region.
         self.claim(first, pages)?;
         let r = super::store_staged(io, region_uffd, src, len, &mut |st| {
-            for run in self.runs(first, pages) {
-                let (i, at, n) = run.ok_or(Errno(libc::EIO))?;
+            for (i, at, n) in self.runs(first, pages) {
+                // Every page was claimed above.
+                let at = at.ok_or(Errno(libc::EIO))?;
                 mem::pwrite_raw(fd, st + i * ps, n * ps, (at * ps) as u64)?;
             }
             Ok(())
@@ -332,20 +340,20 @@ impl super::Medium for PoolTier {
         }
         let ps = page();
         let (first, pages) = (off as usize / ps, len / ps);
-        for run in self.runs(first, pages) {
-            // Every chunk loaded from here was stored here: a page missing from the table
-            // is a runtime bug, reported, never read as zeros.
-            let (i, at, n) = run.ok_or(Errno(libc::EIO))?;
-            match region_uffd.copy(dst + i * ps, base + at * ps, n * ps, true) {
-                Ok(_) => {}
-                Err(Errno(libc::EEXIST)) => {
-                    let _ = region_uffd.wake(dst + i * ps, n * ps);
-                }
-                // Nothing released: the chunk stays far, and a later fetch copies again
-                // (pages placed already answer EEXIST).
-                Err(err) => return Err(err),
+        for (i, at, n) in self.runs(first, pages) {
+            // A run the program split (mprotect, mlock of a part) is placed page by page
+            // past the boundary (`place_copy`). No wake until the whole run is placed: a
+            // thread woken early could free the region while its read-ahead part is still
+            // being placed (seen in the soak: ENOENT from a region just freed). On an
+            // error nothing is released: the chunk stays far, a later fetch copies again.
+            match at {
+                Some(at) => region_uffd.place_copy(dst + i * ps, base + at * ps, n * ps, false)?,
+                // Pages the program discarded while they were far (`discard`): they read
+                // as zeros, as a discarded page does in every tier.
+                None => region_uffd.place_zeros(dst + i * ps, n * ps, false)?,
             }
         }
+        let _ = region_uffd.wake(dst, len);
         self.unclaim(first, pages);
         Ok(())
     }
@@ -471,7 +479,7 @@ mod tests {
         PoolTier::new(&cfg, space).unwrap()
     }
 
-    fn runs(t: &PoolTier, first: usize, pages: usize) -> Vec<Option<(usize, usize, usize)>> {
+    fn runs(t: &PoolTier, first: usize, pages: usize) -> Vec<(usize, Option<usize>, usize)> {
         t.runs(first, pages).collect()
     }
 
@@ -485,19 +493,19 @@ mod tests {
         );
         t.set_size(8 * 4096);
         t.claim(100, 4).unwrap();
-        assert_eq!(runs(&t, 100, 4), vec![Some((0, 0, 4))]);
+        assert_eq!(runs(&t, 100, 4), vec![(0, Some(0), 4)]);
         t.claim(7, 1).unwrap();
-        assert_eq!(runs(&t, 7, 1), vec![Some((0, 4, 1))]);
+        assert_eq!(runs(&t, 7, 1), vec![(0, Some(4), 1)]);
         assert_eq!(t.claim(200, 4), Err(Errno(libc::ENOSPC)), "3 pages left");
         assert_eq!(t.used_bytes(), 5 * 4096, "a refused claim keeps nothing");
-        assert_eq!(runs(&t, 200, 4), vec![None]);
+        assert_eq!(runs(&t, 200, 4), vec![(0, None, 4)]);
         // A hole in the free space: a run is split where it must be.
         t.unclaim(101, 1);
         t.claim(300, 4).unwrap();
         // Free: 1, 5, 6, 7. Four pages: no run of 4, a run of 2 (5-6), then single pages.
         assert_eq!(
             runs(&t, 300, 4),
-            vec![Some((0, 5, 2)), Some((2, 1, 1)), Some((3, 7, 1))]
+            vec![(0, Some(5), 2), (2, Some(1), 1), (3, Some(7), 1)]
         );
         assert_eq!(
             t.top(),
@@ -508,7 +516,7 @@ mod tests {
         t.set_size(4 * 4096);
         t.unclaim(300, 4);
         t.claim(400, 1).unwrap();
-        assert_eq!(runs(&t, 400, 1), vec![Some((0, 1, 1))], "below the limit");
+        assert_eq!(runs(&t, 400, 1), vec![(0, Some(1), 1)], "below the limit");
         assert_eq!(
             t.claim(401, 1),
             Err(Errno(libc::ENOSPC)),
@@ -538,12 +546,24 @@ mod tests {
     }
 
     #[test]
+    fn pages_discarded_while_far_are_holes_in_the_runs() {
+        let t = tier(1 << 20, 1 << 30);
+        t.set_size(1 << 20);
+        t.claim(10, 8).unwrap();
+        t.unclaim(12, 3);
+        assert_eq!(
+            runs(&t, 10, 8),
+            vec![(0, Some(0), 2), (2, None, 3), (5, Some(5), 3)]
+        );
+    }
+
+    #[test]
     fn a_chunk_longer_than_a_word_takes_several_runs() {
         let t = tier(4 << 20, 1 << 30);
         t.set_size(4 << 20);
         t.claim(0, 512).unwrap(); // 2 MiB
         let r = runs(&t, 0, 512);
-        assert_eq!(r, vec![Some((0, 0, 512))], "consecutive runs coalesce");
+        assert_eq!(r, vec![(0, Some(0), 512)], "consecutive runs coalesce");
         t.unclaim(0, 512);
         assert_eq!(t.used_bytes(), 0);
     }
