@@ -435,41 +435,48 @@ impl Uffd {
     /// its run is still being placed. Signal-safe.
     pub fn place_copy(&self, dst: usize, src: usize, len: usize, wake: bool) -> SysResult<()> {
         let (placed, r) = self.copy_progress(dst, src, len, wake);
-        match r {
-            Err(Errno(libc::EEXIST | libc::ENOENT)) => {}
-            r => return r,
-        }
         let ps = crate::page_size();
-        let mut k = placed & !(ps - 1);
-        while k < len {
-            match self.copy(dst + k, src + k, ps, wake) {
-                Ok(_) => {}
-                Err(Errno(libc::EEXIST)) if wake => {
-                    let _ = self.wake(dst + k, ps);
-                }
-                Err(Errno(libc::EEXIST)) => {}
-                Err(e) => return Err(e),
-            }
-            k += ps;
-        }
-        Ok(())
+        self.place_rest(dst, len, placed, r, wake, |k| {
+            self.copy(dst + k, src + k, ps, wake).map(|_| ())
+        })
     }
 
     /// [`Uffd::place_copy`] for zeros (pages discarded while they were far).
     pub fn place_zeros(&self, dst: usize, len: usize, wake: bool) -> SysResult<()> {
-        match self.zeropage_mode(dst, len, wake) {
+        let r = self.zeropage_mode(dst, len, wake);
+        let ps = crate::page_size();
+        self.place_rest(dst, len, 0, r, wake, |k| {
+            self.zeropage_mode(dst + k, ps, wake)
+        })
+    }
+
+    /// The rest of a placement of `[dst, dst+len)` whose first call placed `done` bytes
+    /// and returned `first`: after ENOENT (a VMA boundary) or EEXIST (a page already
+    /// there), page by page with `one(offset)`, pages already there kept (woken with
+    /// `wake`). Signal-safe.
+    fn place_rest(
+        &self,
+        dst: usize,
+        len: usize,
+        done: usize,
+        first: SysResult<()>,
+        wake: bool,
+        one: impl Fn(usize) -> SysResult<()>,
+    ) -> SysResult<()> {
+        match first {
             Err(Errno(libc::EEXIST | libc::ENOENT)) => {}
             r => return r,
         }
         let ps = crate::page_size();
-        let mut k = 0;
+        let mut k = done & !(ps - 1);
         while k < len {
-            match self.zeropage_mode(dst + k, ps, wake) {
+            match one(k) {
                 Ok(()) => {}
-                Err(Errno(libc::EEXIST)) if wake => {
-                    let _ = self.wake(dst + k, ps);
+                Err(Errno(libc::EEXIST)) => {
+                    if wake {
+                        let _ = self.wake(dst + k, ps);
+                    }
                 }
-                Err(Errno(libc::EEXIST)) => {}
                 Err(e) => return Err(e),
             }
             k += ps;

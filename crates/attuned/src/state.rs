@@ -344,29 +344,25 @@ impl State {
             })
             .collect();
         ids.sort();
+        // One running total: each resize changes it by its own difference.
+        let mut total = self.pool_bytes();
         for (_, id) in ids {
-            let others = self.pool_bytes()
-                - self.clients[&id]
-                    .reg
-                    .as_ref()
-                    .unwrap()
-                    .pool
-                    .as_ref()
-                    .unwrap()
-                    .size;
             let c = self.clients.get_mut(&id).unwrap();
             let who = format!("client {id} uid {}", c.uid);
             let r = c.reg.as_mut().unwrap();
             let fresh = changed.contains(&id);
             let seq = if fresh { r.seq } else { r.seq + 1 };
+            let p = r.pool.as_mut().unwrap();
+            let others = total - p.size;
             let want = r
                 .far_grant
                 .unwrap_or(0)
                 .min(far_pool.saturating_sub(others));
-            let p = r.pool.as_mut().unwrap();
             let before = p.target;
             // The segment grows before the runtime hears of it.
-            if p.resize(want, seq, &who) != before && !fresh {
+            let told = p.resize(want, seq, &who);
+            total = others + p.size;
+            if told != before && !fresh {
                 r.seq = seq;
                 changed.push(id);
             }
