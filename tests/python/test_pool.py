@@ -8,6 +8,7 @@ its copy; forged segments are refused.
 Needs the staged build (make build)."""
 import os
 import random
+import signal
 import socket
 import subprocess
 import time
@@ -337,3 +338,22 @@ def test_attune_run_system_calls_into_pool_pages_as_nobody(workdir, daemon):
                        preexec_fn=as_nobody)
     assert p.returncode == 0 and "syscalls_io: OK" in p.stdout, p.stdout + p.stderr
     assert "segment of the node's far pool attached" in p.stderr, p.stderr
+
+
+@needs_cgroup
+def test_a_daemon_killed_by_its_cgroup_while_growing_loses_no_data(workdir, daemon):
+    """attuned in a memory cgroup of 64 MiB with a far pool of 256 MiB. In a memory
+    cgroup `fallocate` does not fail: the kernel's OOM killer kills the daemon as the
+    segment grows past the limit (found writing this test; docs/design/pool.md). The
+    runtime keeps its mapping and its data, runs on alone, and every word verifies."""
+    g = Cgroup("daemon", 64 * MIB)
+    try:
+        d = daemon("--dram", "128M", "--far-pool", "256M", "--move-limit", "off",
+                   wrap=["sh", "-c", f'echo $$ > {g.path}/cgroup.procs && exec "$@"', "sh"])
+        rc, out = finish(client(workdir, d, "workflow", "CAP", 160, 4, ATTUNE_CONFIG=pool_config(workdir),
+                                ATTUNE_DRAM="16M"), timeout=120)
+        assert rc == 0 and "workflow: OK" in out, out
+        assert d.proc.wait(timeout=10) == -signal.SIGKILL, "the daemon outlived its limit"
+        assert "lost attuned" in out, out
+    finally:
+        g.remove()
