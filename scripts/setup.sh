@@ -12,6 +12,10 @@ command -v mpicc >/dev/null || need+=(openmpi-bin libopenmpi-dev)
 [ -e /usr/include/jemalloc/jemalloc.h ] || need+=(libjemalloc-dev)
 [ -e /usr/include/gperftools/tcmalloc.h ] || need+=(libgoogle-perftools-dev)
 [ -e /usr/include/mimalloc.h ] || need+=(libmimalloc-dev)
+# The remote tier: libfabric's headers for the build (the library itself is opened at
+# run time, only by a process with a remote tier), and ip(8) for the test hosts.
+[ -e /usr/include/rdma/fabric.h ] || need+=(libfabric-dev)
+command -v ip >/dev/null || need+=(iproute2)
 # The unprivileged numpy test runs the system's Python as nobody (a per-user Python under
 # /root cannot be read by another user).
 [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c 'import numpy' 2>/dev/null && need+=(python3-numpy)

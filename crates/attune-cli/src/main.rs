@@ -46,6 +46,8 @@ enum Command {
     Usage(cmd::usage::Args),
     /// What the node daemon (attuned) knows: tiers, workflows, budgets, shared regions.
     Status(cmd::status::Args),
+    /// Serve memory to the remote tiers of a job's runtimes on other hosts (libfabric).
+    Memserver(cmd::memserver::Args),
     /// Load the node daemon's control plane and report requests per second.
     #[command(disable_help_flag = true)]
     DaemonBench(LabArgs),
@@ -95,6 +97,7 @@ fn main() {
         Command::Lbench(a) => lab("lbench", a),
         Command::Profile(a) => cmd::profile::run(a),
         Command::Status(a) => cmd::status::run(a),
+        Command::Memserver(a) => cmd::memserver::run(a),
         Command::DaemonBench(a) => lab("daemon-bench", a),
     };
     std::process::exit(code);

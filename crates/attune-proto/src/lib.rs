@@ -23,6 +23,8 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 /// Protocol version in `Hello`; the daemon refuses others.
+pub mod remote;
+
 pub const VERSION: u32 = 1;
 /// Largest frame accepted (bytes of JSON).
 pub const MAX_FRAME: usize = 64 << 10;

@@ -21,6 +21,7 @@
 //! [`signal`] (SIGBUS hook), [`os`] (small helpers: eventfd, time, thread ids, /proc),
 //! [`perf`] (software perf counters: page faults), [`unix`] (peer credentials, descriptor passing, memory files for shared regions and the far pool).
 
+pub mod fabric;
 pub mod kernel;
 pub mod libc_alloc;
 pub mod mem;

@@ -563,3 +563,59 @@ pub fn secure_execution() -> bool {
     // SAFETY: getauxval has no preconditions; 0 when the entry is absent.
     unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
 }
+
+/// Sleeps while `*word == expected`, up to `timeout_ns` (0: no limit), or until
+/// [`futex_wake`]. Returns early on a signal or a spurious wake-up: callers re-check the
+/// word. Signal-safe. The address must be a live `AtomicU32` of this process.
+pub fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, timeout_ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+    };
+    let tp: *const libc::timespec = if timeout_ns == 0 {
+        std::ptr::null()
+    } else {
+        &ts
+    };
+    // SAFETY: word is a valid u32 for the call; FUTEX_PRIVATE: this process only.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            tp,
+        );
+    }
+}
+
+/// Wakes up to `n` threads sleeping in [`futex_wait`] on `word`. Signal-safe.
+pub fn futex_wake(word: &std::sync::atomic::AtomicU32, n: i32) {
+    // SAFETY: as above.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            n,
+        );
+    }
+}
+
+/// Fills `buf` with bytes from the kernel's random source (session tokens, secrets).
+pub fn random_bytes(buf: &mut [u8]) -> crate::SysResult<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the pointer and length describe the rest of buf.
+        let n = unsafe { libc::getrandom(buf[done..].as_mut_ptr().cast(), buf.len() - done, 0) };
+        if n < 0 {
+            let e = crate::Errno::last();
+            if e.0 == libc::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        done += n as usize;
+    }
+    Ok(())
+}

@@ -1,5 +1,6 @@
 pub mod config;
 pub mod doctor;
+pub mod memserver;
 pub mod numa;
 pub mod profile;
 pub mod run;

@@ -100,6 +100,23 @@ pub struct TierConfig {
     /// Least chunk size of regions whose home is this tier.
     pub min_chunk: usize,
     pub node: Option<u32>,
+    /// A remote tier's servers (`HOST:PORT,...`: [`TierConfig::server_list`]), its
+    /// secret file, provider and timeout.
+    pub servers: String,
+    pub secret_file: Option<PathBuf>,
+    pub provider: String,
+    pub timeout_ms: u64,
+}
+
+impl TierConfig {
+    fn split_servers(s: &str) -> Vec<&str> {
+        s.split(',').filter(|x| !x.is_empty()).collect()
+    }
+
+    /// A remote tier's servers, `HOST:PORT` each.
+    pub fn server_list(&self) -> Vec<&str> {
+        TierConfig::split_servers(&self.servers)
+    }
 }
 
 /// The resolved configuration.
@@ -471,6 +488,41 @@ pub fn load_text(
                 "a numa tier needs a node".into(),
             ));
         }
+        let servers = t
+            .get("servers")
+            .map_or(String::new(), |_| t.text("servers").to_string());
+        let secret_file = t
+            .get("secret_file")
+            .map(|_| PathBuf::from(t.text("secret_file")));
+        if kind == TierKind::Remote {
+            let need = |key: &str, what: &str| {
+                err(
+                    key,
+                    &row(TIER_OPTIONS, key).unwrap().tier_env(&name),
+                    Some(&name),
+                    what.into(),
+                )
+            };
+            let list = TierConfig::split_servers(&servers);
+            if list.is_empty() {
+                return Err(need(
+                    "servers",
+                    "a remote tier needs its servers (HOST:PORT,...)",
+                ));
+            }
+            if let Some(s) = list.iter().find(|s| {
+                s.rsplit_once(':')
+                    .map_or(true, |(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+            }) {
+                return Err(need("servers", &format!("'{s}' is not HOST:PORT")));
+            }
+            if secret_file.is_none() {
+                return Err(need(
+                    "secret_file",
+                    "a remote tier needs the job's secret file",
+                ));
+            }
+        }
         tiers.push(TierConfig {
             name,
             kind,
@@ -483,6 +535,10 @@ pub fn load_text(
             emulate_bandwidth: t.u64("emulate_bandwidth"),
             min_chunk: t.u64("min_chunk") as usize,
             node,
+            servers,
+            secret_file,
+            provider: t.text("provider").to_string(),
+            timeout_ms: t.u64("timeout_ms"),
         });
     }
     tiers.sort_by_key(|t| t.latency_ns);
@@ -650,6 +706,49 @@ mod tests {
         v.iter()
             .map(|(a, b)| (a.to_string(), b.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn a_remote_tier_needs_well_formed_servers_and_a_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.toml");
+        let cases = [
+            ("", "needs its servers"),
+            (
+                "servers = \"host\"\nsecret_file = \"/s\"",
+                "'host' is not HOST:PORT",
+            ),
+            (
+                "servers = \"a:1,:2\"\nsecret_file = \"/s\"",
+                "':2' is not HOST:PORT",
+            ),
+            (
+                "servers = \"a:99999\"\nsecret_file = \"/s\"",
+                "'a:99999' is not HOST:PORT",
+            ),
+            ("servers = \"a:1\"", "secret file"),
+        ];
+        for (extra, want) in cases {
+            std::fs::write(
+                &p,
+                format!("[[tier]]\nname = \"r\"\nkind = \"remote\"\n{extra}\n"),
+            )
+            .unwrap();
+            let e = load(Some(&p), &[], &machine()).unwrap_err().0;
+            assert!(e.contains(want) && e.contains("'r'"), "{extra}: {e}");
+        }
+        std::fs::write(
+            &p,
+            "[[tier]]\nname = \"r\"\nkind = \"remote\"\nservers = \"n1:7700,n2:7700\"\nsecret_file = \"/s\"\n",
+        )
+        .unwrap();
+        let c = load(Some(&p), &[], &machine()).unwrap();
+        let t = &c.tiers[0];
+        assert_eq!(t.server_list(), ["n1:7700", "n2:7700"]);
+        assert_eq!(
+            (t.provider.as_str(), t.timeout_ms, t.latency_ns),
+            ("tcp", 5000, 15000)
+        );
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub enum TierKind {
     Numa,
     /// The node's far pool, held by `attuned` (docs/design/pool.md).
     Pool,
+    /// Memory servers on other hosts over libfabric (docs/design/remote.md).
+    Remote,
 }
 
 impl std::str::FromStr for TierKind {
@@ -28,9 +30,10 @@ impl std::str::FromStr for TierKind {
             "file" => Ok(TierKind::File),
             "numa" => Ok(TierKind::Numa),
             "pool" => Ok(TierKind::Pool),
+            "remote" => Ok(TierKind::Remote),
             "dram" => Err("the DRAM tier is implicit: set its size with 'dram'".into()),
             o => Err(format!(
-                "'{o}' is not a tier kind (expected memory, file, numa or pool)"
+                "'{o}' is not a tier kind (expected memory, file, numa, pool or remote)"
             )),
         }
     }
@@ -347,16 +350,20 @@ pub const OPTIONS: &[Opt] = &[
 #[rustfmt::skip]
 pub const TIER_OPTIONS: &[Opt] = &[
     Opt { key: "name", kind: Kind::Name { max: 64 }, default: Unset::Required, suggested: "-", doc: "Unique name (letters, digits, _)" },
-    Opt { key: "kind", kind: Kind::Choice { what: "tier kind", values: &["memory", "file", "numa", "pool"], aliases: &[] }, default: Unset::Required, suggested: "-", doc: "memory, file, numa, pool (the node's far pool in attuned); the DRAM tier is implicit" },
+    Opt { key: "kind", kind: Kind::Choice { what: "tier kind", values: &["memory", "file", "numa", "pool", "remote"], aliases: &[] }, default: Unset::Required, suggested: "-", doc: "memory, file, numa, pool (the node's far pool in attuned), remote (attune memserver on other hosts); the DRAM tier is implicit" },
     Opt { key: "capacity", kind: Kind::SizeOrPercent { of: Base::Medium, min: 0 }, default: Unset::Value("50%"), suggested: "what the medium can spare", doc: "Size, or percentage of machine memory (memory) or of free space (file)" },
     Opt { key: "path", kind: Kind::Path, default: Unset::Found("$TMPDIR or /tmp", "$TMPDIR"), suggested: "a local NVMe or Lustre directory", doc: "Directory of a file tier (files are private and unnamed)" },
     Opt { key: "direct", kind: Kind::Bool, default: Unset::Value("false"), suggested: "true on NVMe/Lustre with chunks of 64K or more", doc: "Use O_DIRECT for a file tier" },
-    Opt { key: "latency_ns", kind: int(0, u64::MAX), default: Unset::ByKind(&[(TierKind::File, "25000"), (TierKind::Numa, "250")], "300"), suggested: "measured", doc: "Declared access latency (orders tiers)" },
-    Opt { key: "bandwidth", kind: size(0), default: Unset::ByKind(&[(TierKind::File, "1G"), (TierKind::Numa, "30G")], "10G"), suggested: "measured, bytes/s", doc: "Declared bandwidth in bytes per second (BW plans)" },
+    Opt { key: "latency_ns", kind: int(0, u64::MAX), default: Unset::ByKind(&[(TierKind::File, "25000"), (TierKind::Numa, "250"), (TierKind::Remote, "15000")], "300"), suggested: "measured", doc: "Declared access latency (orders tiers)" },
+    Opt { key: "bandwidth", kind: size(0), default: Unset::ByKind(&[(TierKind::File, "1G"), (TierKind::Numa, "30G"), (TierKind::Remote, "1G")], "10G"), suggested: "measured, bytes/s", doc: "Declared bandwidth in bytes per second (BW plans)" },
     Opt { key: "emulate_delay_ns", kind: int(0, u64::MAX), default: Unset::Value("0"), suggested: "0; 2000-5000 to model a remote pool", doc: "Extra delay added to every fetch from a memory tier" },
     Opt { key: "emulate_bandwidth", kind: size(0), default: Unset::Value("0"), suggested: "0 (off); e.g. 2G to model a slower link", doc: "Bandwidth cap of fetches from a memory tier, bytes/s" },
     Opt { key: "min_chunk", kind: Kind::Chunk, default: Unset::ByKind(&[(TierKind::File, "16K")], "4K"), suggested: "16K for a file tier; 64K if the tier is only streamed", doc: "Least chunk size of regions whose home is this tier (one I/O costs about as much for 16K as for 4K)" },
     Opt { key: "node", kind: int(0, 4095), default: Unset::Required, suggested: "the CPU-less node of the CXL device", doc: "NUMA node of a numa tier" },
+    Opt { key: "servers", kind: Kind::Name { max: 4096 }, default: Unset::Required, suggested: "the job's memory servers", doc: "Memory servers of a remote tier: HOST:PORT,HOST:PORT,... (pages are spread over them by 64 KiB unit)" },
+    Opt { key: "secret_file", kind: Kind::Path, default: Unset::Required, suggested: "a 0600 file the job made (attune memserver --new-secret)", doc: "The job's secret for a remote tier: a file only its owner can read" },
+    Opt { key: "provider", kind: Kind::Name { max: 64 }, default: Unset::Value("tcp"), suggested: "verbs, efa or cxi on a cluster; tcp elsewhere", doc: "libfabric provider of a remote tier" },
+    Opt { key: "timeout_ms", kind: int(10, 3_600_000), default: Unset::Value("5000"), suggested: "5000", doc: "A remote request not answered in this time fails (a dead server or a cut link)" },
 ];
 
 /// The row of `key` in `table`.
@@ -388,6 +395,7 @@ fn kind_name(k: TierKind) -> &'static str {
         TierKind::File => "file",
         TierKind::Numa => "numa",
         TierKind::Pool => "pool",
+        TierKind::Remote => "remote",
     }
 }
 

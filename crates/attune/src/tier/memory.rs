@@ -309,6 +309,10 @@ mod tests {
             emulate_bandwidth: 0,
             min_chunk: 4096,
             node: None,
+            servers: String::new(),
+            secret_file: None,
+            provider: "tcp".into(),
+            timeout_ms: 5000,
         };
         let t = MemoryTier::new(&cfg, 4 << 20, &uffd).expect("tier");
         (t, uffd)

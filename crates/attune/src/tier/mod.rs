@@ -14,6 +14,7 @@ mod fake;
 pub mod file;
 pub mod memory;
 pub mod pool;
+pub mod remote;
 pub mod slots;
 
 use crate::config::{TierConfig, TierKind};
@@ -137,6 +138,7 @@ impl FarTier {
             TierKind::Memory => Box::new(memory::MemoryTier::new(&cfg, space, internal)?),
             TierKind::File => Box::new(file::FileTier::new(&cfg)?),
             TierKind::Pool => Box::new(pool::PoolTier::new(&cfg, space)?),
+            TierKind::Remote => Box::new(remote::RemoteTier::new(&cfg)?),
             TierKind::Numa => {
                 return Err(format!(
                     "tier '{}': NUMA tiers keep pages mapped and are placed by crate::numa",
@@ -509,6 +511,10 @@ mod tests {
             emulate_bandwidth: 0,
             min_chunk: K4,
             node: None,
+            servers: String::new(),
+            secret_file: None,
+            provider: "tcp".into(),
+            timeout_ms: 5000,
         };
         let mut t = FarTier::with_medium(cfg, 0, 1 << 30, Box::new(fake.clone()));
         t.now = now;

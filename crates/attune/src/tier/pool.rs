@@ -475,6 +475,10 @@ mod tests {
             emulate_bandwidth: 0,
             min_chunk: 4096,
             node: None,
+            servers: String::new(),
+            secret_file: None,
+            provider: "tcp".into(),
+            timeout_ms: 5000,
         };
         PoolTier::new(&cfg, space).unwrap()
     }

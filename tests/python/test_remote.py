@@ -1,0 +1,255 @@
+"""The remote tier for real (docs/design/remote.md): `attune memserver` on other hosts,
+which are network namespaces joined to the client's by veth pairs on 127.77.0.x addresses through a bridge
+(../shared/notes/multi-host.md), over libfabric's tcp provider. Pages at 3x the DRAM
+budget verify over 1, 2 and 4 servers; a wrong secret is refused; a killed server or a
+cut link makes the program fail with SIGBUS and a message naming the server, never read
+other data; a dead runtime's session is dropped at the end of its lease; a user who is
+not root runs through it; `attune run` serves an unmodified program from it.
+
+Needs root (namespaces) and the staged build (make build)."""
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from test_daemon import BUILD, MIB, ROOT, workdir  # noqa: F401
+from test_pool import build, build_plain
+
+ATTUNE = BUILD / "bin" / "attune"
+PORT = 7700
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces"),
+    pytest.mark.skipif(not ATTUNE.exists(), reason="make build first"),
+]
+
+
+def sh(*argv):
+    subprocess.run([str(a) for a in argv], check=True, capture_output=True, text=True)
+
+
+class Hosts:
+    """One client host and n server hosts on one Ethernet segment: each host's veth is
+    plugged into a bridge in a switch namespace. Client 127.77.0.1, server i at
+    127.77.0.<i+2> (one interface per host, as on a cluster's fabric)."""
+
+    def __init__(self, n):
+        tag = f"{os.getpid() % 100000}"
+        self.switch = f"atrw{tag}"
+        self.client = f"atrc{tag}"
+        self.servers = [f"atrs{tag}x{i}" for i in range(1, n + 1)]
+        self.procs = []
+        self.links = {}
+        sh("ip", "netns", "add", self.switch)
+        sh("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", self.switch, "link", "set", "br0", "up")
+        for i, ns in enumerate([self.client, *self.servers], 1):
+            a, b = f"atr{tag}h{i}", f"atr{tag}p{i}"
+            sh("ip", "netns", "add", ns)
+            sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
+            sh("ip", "link", "set", a, "netns", ns)
+            sh("ip", "link", "set", b, "netns", self.switch)
+            sh("ip", "-n", self.switch, "link", "set", b, "master", "br0")
+            sh("ip", "-n", self.switch, "link", "set", b, "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            sh("ip", "-n", ns, "link", "set", a, "up")
+            sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.conf.all.route_localnet=1",
+               f"net.ipv4.conf.{a}.route_localnet=1")
+            sh("ip", "-n", ns, "addr", "add", f"127.77.0.{i}/32", "dev", a)
+            sh("ip", "-n", ns, "route", "add", "127.77.0.0/24", "dev", a)
+            self.links[ns] = a
+
+    def cut(self, i):
+        """Cuts server i's link (a partition)."""
+        s = self.servers[i]
+        sh("ip", "-n", s, "link", "set", self.links[s], "down")
+
+    def addr(self, i):
+        return f"127.77.0.{i + 2}:{PORT}"
+
+    def serve(self, i, workdir, secret, *extra):
+        """Starts `attune memserver` on server host i; returns (process, log path)."""
+        log = workdir / f"memserver-{self.servers[i]}.log"
+        p = subprocess.Popen(["ip", "netns", "exec", self.servers[i], ATTUNE, "memserver", "--listen",
+                              self.addr(i), "--secret-file", secret, *map(str, extra)],
+                             stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+        self.procs.append(p)
+        deadline = time.time() + 20
+        while "serving" not in log.read_text():
+            assert p.poll() is None and time.time() < deadline, log.read_text()
+            time.sleep(0.05)
+        return p, log
+
+    def on_client(self, argv):
+        return ["ip", "netns", "exec", self.client, *map(str, argv)]
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for ns in [self.client, *self.servers, self.switch]:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@pytest.fixture
+def hosts():
+    made = []
+
+    def make(n):
+        h = Hosts(n)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.close()
+
+
+def secret(workdir, name="secret"):
+    p = workdir / name
+    if not p.exists():
+        sh(ATTUNE, "memserver", "--new-secret", p)
+    return p
+
+
+def config(workdir, h, n, secret_file, timeout_ms=3000, name="remote", file_dir=None):
+    p = workdir / f"{name}-{n}.toml"
+    p.write_text(f"""
+[[tier]]
+name = "remote"
+kind = "remote"
+capacity = "512M"
+servers = "{','.join(h.addr(i) for i in range(n))}"
+secret_file = "{secret_file}"
+timeout_ms = {timeout_ms}
+
+[[tier]]
+name = "file"
+kind = "file"
+path = "{file_dir or workdir}"
+capacity = "256M"
+""")
+    os.chmod(p, 0o644)
+    return p
+
+
+def stored_mib(log):
+    """MiB a server received in stores, from its session lines."""
+    return sum(int(m) for m in re.findall(r"(\d+) MiB stored", log.read_text()))
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_integrity_at_three_times_the_budget_over_servers(workdir, hosts, n):
+    """48 MiB through 16 MiB of DRAM: every word verifies in every pass, and every
+    server received pages (units are spread by hash)."""
+    h = hosts(n)
+    s = secret(workdir)
+    logs = [h.serve(i, workdir, s, "--size", "256M", "--lease", "2")[1] for i in range(n)]
+    p = subprocess.run(h.on_client([build(workdir, "integrity"), "48"]), capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "ATTUNE_CONFIG": str(config(workdir, h, n, s)),
+                                         "ATTUNE_DRAM": "16M", "TEST_BUDGET": str(16 * MIB)})
+    assert p.returncode == 0 and "FAIL" not in p.stdout + p.stderr, p.stdout + p.stderr
+    assert "left out" not in p.stderr, p.stderr
+    m = re.search(r"fetched (\d+) MiB", p.stdout)
+    assert m and int(m.group(1)) >= 48, p.stdout
+    # The runtime is gone: each session ends at its lease and says what it received.
+    for log in logs:
+        deadline = time.time() + 15
+        while "expired" not in log.read_text() and time.time() < deadline:
+            time.sleep(0.2)
+        assert stored_mib(log) > 0, log.read_text()
+
+
+def test_a_wrong_secret_is_refused_and_the_job_runs_on_its_other_tiers(workdir, hosts):
+    h = hosts(1)
+    _, log = h.serve(0, workdir, secret(workdir), "--size", "64M")
+    other = secret(workdir, "other-job")
+    p = subprocess.run(h.on_client([build(workdir, "integrity"), "24"]), capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "ATTUNE_CONFIG": str(config(workdir, h, 1, other, name="o")),
+                                         "ATTUNE_DRAM": "8M", "TEST_BUDGET": str(8 * MIB)})
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "refused the job's secret" in p.stderr and h.addr(0) in p.stderr, p.stderr
+    assert "refused a client: wrong secret" in log.read_text()
+    assert "session" not in log.read_text()
+
+
+def test_a_secret_file_others_can_read_is_refused(workdir, hosts):
+    loose = workdir / "loose-secret"
+    loose.write_text("0123456789abcdef0123456789abcdef\n")
+    os.chmod(loose, 0o644)
+    p = subprocess.run([ATTUNE, "memserver", "--listen", "127.0.0.1:7799", "--secret-file", loose],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode != 0 and "chmod 600" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("how", ["kill", "link-down"])
+def test_a_lost_server_fails_the_program_loudly(workdir, hosts, how):
+    """With the pages' only server killed (or its link cut), the program's next read of
+    one of them ends it with SIGBUS and a message naming the server; it never reads
+    other data."""
+    h = hosts(1)
+    srv, _ = h.serve(0, workdir, secret(workdir), "--size", "256M")
+    prog = build(workdir, "remote_lost")
+    p = subprocess.Popen(h.on_client([prog, "48"]), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "ATTUNE_CONFIG": str(config(workdir, h, 1, secret(workdir),
+                                                                         timeout_ms=1000)),
+                              "ATTUNE_DRAM": "16M"})
+    assert p.stdout.readline().strip() == "remote_lost: ready", p.stderr.read()
+    if how == "kill":
+        srv.kill()
+        srv.wait()
+    else:
+        h.cut(0)
+    out, err = p.communicate("go\n", timeout=120)
+    assert "WRONG DATA" not in out, out
+    assert p.returncode == -signal.SIGBUS, (p.returncode, out, err)
+    assert h.addr(0) in err and "no answer" in err, err
+
+
+def test_a_dead_runtime_loses_its_session_at_the_end_of_its_lease(workdir, hosts):
+    h = hosts(1)
+    _, log = h.serve(0, workdir, secret(workdir), "--size", "256M", "--lease", "2")
+    p = subprocess.Popen(h.on_client([build(workdir, "remote_lost"), "48"]), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "ATTUNE_CONFIG": str(config(workdir, h, 1, secret(workdir))),
+                              "ATTUNE_DRAM": "16M"})
+    assert p.stdout.readline().strip() == "remote_lost: ready"
+    held = re.compile(r"session \d+ expired .*: (\d+) MiB freed")
+    time.sleep(3)
+    assert not held.search(log.read_text()), "a live runtime's pings keep its lease"
+    p.kill()
+    p.wait()
+    deadline = time.time() + 15
+    while not held.search(log.read_text()) and time.time() < deadline:
+        time.sleep(0.2)
+    m = held.search(log.read_text())
+    assert m and int(m.group(1)) >= 24, log.read_text()
+
+
+def test_a_user_who_is_not_root_runs_through_a_remote_tier(workdir, hosts):
+    """The job's secret belongs to the user (mode 0600); the runtime runs unprivileged
+    (user-mode userfaultfd), and `attune run` of an unmodified program verifies."""
+    h = hosts(2)
+    s = workdir / "nobody-secret"
+    if not s.exists():
+        sh(ATTUNE, "memserver", "--new-secret", s)
+        os.chown(s, 65534, 65534)
+    for i in range(2):
+        h.serve(i, workdir, s, "--size", "256M")
+    scratch = workdir / "nobody-scratch"
+    scratch.mkdir(exist_ok=True)
+    os.chmod(scratch, 0o777)
+    cfg = config(workdir, h, 2, s, name="nobody", file_dir=scratch)
+    prog = build_plain(workdir, "c_matrix")
+    p = subprocess.run(h.on_client(["runuser", "-u", "nobody", "--", ATTUNE, "run", "--dram", "32M",
+                                    "--config", cfg, "--", prog, "128"]),
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "ATTUNE_LOG": "info"})
+    assert p.returncode == 0 and "c_matrix: OK" in p.stdout, p.stdout + p.stderr
+    assert "2 memory server(s)" in p.stderr, p.stderr
