@@ -392,6 +392,25 @@ impl Endpoint {
     }
 }
 
+impl Endpoint {
+    /// Reads one completion: polls without sleeping for up to `spin_ns` (a reply to a
+    /// request in flight comes within tens of microseconds, and sleeping on the queue's
+    /// wait object costs as much again), then sleeps up to `timeout_ms`.
+    pub fn wait(&mut self, spin_ns: u64, timeout_ms: i32) -> Result<Option<Completion>, Errno> {
+        let end = crate::os::now_ns() + spin_ns;
+        loop {
+            if let Some(c) = self.poll(0)? {
+                return Ok(Some(c));
+            }
+            if crate::os::now_ns() >= end {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        self.poll(timeout_ms)
+    }
+}
+
 impl Drop for Endpoint {
     fn drop(&mut self) {
         #[cfg(not(attune_no_fabric))]

@@ -257,7 +257,7 @@ impl Server {
             }
         }
         loop {
-            match self.ep.poll(10) {
+            match self.ep.wait(50_000, 10) {
                 Ok(Some(c)) if c.ctx == self.send_ctx.id() => {
                     if c.status != 0 {
                         return Err(format!(
@@ -493,7 +493,9 @@ fn serve(a: Args) -> Result<(), String> {
     loop {
         let next = match s.ready.pop_front() {
             Some(x) => Some(x),
-            None => match s.ep.poll(100) {
+            // Requests come in bursts (a fault's read-ahead, an eviction batch): poll a
+            // little before sleeping.
+            None => match s.ep.wait(200_000, 100) {
                 Ok(Some(c)) => s.slot_of(&c).map(|i| (i, c)),
                 Ok(None) => None,
                 Err(e) => return Err(format!("completion queue: {e}")),

@@ -25,6 +25,8 @@ use std::sync::Arc;
 
 /// Pages are spread over the servers by units of this size.
 pub const UNIT: u64 = 64 << 10;
+/// How long the I/O thread polls for a reply before it sleeps (`Endpoint::wait`).
+const SPIN_NS: u64 = 100_000;
 /// Jobs posted at once (callers beyond wait for a free one).
 const JOBS: usize = 8;
 
@@ -52,6 +54,21 @@ struct Shared {
     doorbell: AtomicU32,
     /// Bumped when a job is freed; callers waiting for a job sleep on it.
     freed: AtomicU32,
+}
+
+/// An error and its message (naming the server).
+type Failure = (Errno, String);
+
+/// One request of an exchange.
+struct Req {
+    /// The job it serves.
+    job: usize,
+    server: usize,
+    head: Header,
+    /// Its payload: sent from (`incoming` false) or received into this buffer.
+    addr: usize,
+    len: usize,
+    incoming: bool,
 }
 
 /// One server of the tier.
@@ -131,151 +148,150 @@ pub fn pieces(off: u64, len: u64, n: usize) -> Vec<(usize, u64, u64)> {
 }
 
 impl Client {
-    /// Sends one request per server in `reqs` and waits for every reply. `data`: for each
-    /// request, the buffer its payload goes out of (store, hello) or comes back into
-    /// (load). Returns the replies' headers, or the first error.
-    fn exchange(
-        &mut self,
-        reqs: &mut [(usize, Header, usize, usize, bool)],
-    ) -> Result<Vec<Header>, (Errno, String)> {
+    /// Sends every request of `reqs` at once and waits for their replies, up to the
+    /// timeout. Each request's payload goes out of (store, hello) or comes back into
+    /// (load) its buffer. Returns each request's reply header or error.
+    fn exchange(&mut self, reqs: &mut [Req]) -> Vec<Result<Header, Failure>> {
         let n = reqs.len();
         let mut send_ctx: Vec<OpContext> = (0..n).map(|_| OpContext::default()).collect();
         let mut recv_ctx: Vec<OpContext> = (0..n).map(|_| OpContext::default()).collect();
         let mut out_hdr: Vec<[u8; proto::HEADER]> = Vec::with_capacity(n);
         let mut in_hdr: Vec<[u8; proto::HEADER]> = vec![[0u8; proto::HEADER]; n];
-        for (_, h, _, _, _) in reqs.iter_mut() {
+        for r in reqs.iter_mut() {
             self.seq += 1;
-            h.seq = self.seq;
-            out_hdr.push(h.encode());
+            r.head.seq = self.seq;
+            out_hdr.push(r.head.encode());
         }
-        let mut pending = 0usize;
-        let mut err: Option<(Errno, String)> = None;
+        // Per request: operations still posted (receive and send), and its error.
+        let mut posted = vec![0u8; n];
+        let mut errs: Vec<Option<Failure>> = (0..n).map(|_| None).collect();
         let deadline = attune_sys::os::now_ns() + self.timeout_ns;
+        let fabric_err =
+            |e: Errno, what: &str| (e, format!("{what}: {}", attune_sys::fabric::strerror(e.0)));
         for i in 0..n {
-            let (s, h, addr, len, incoming) = reqs[i];
-            let fi = self.servers[s].fi;
+            let r = &reqs[i];
+            let fi = self.servers[r.server].fi;
             let mut riov = vec![(in_hdr[i].as_mut_ptr() as usize, proto::HEADER)];
             let mut siov = vec![(out_hdr[i].as_ptr() as usize, proto::HEADER)];
-            if len > 0 {
-                if incoming {
-                    riov.push((addr, len));
+            if r.len > 0 {
+                if r.incoming {
+                    riov.push((r.addr, r.len));
                 } else {
-                    siov.push((addr, len));
+                    siov.push((r.addr, r.len));
                 }
             }
-            if let Err(e) = self.ep.recvv(&riov, Some(h.seq), &mut recv_ctx[i]) {
-                err = Some((
-                    e,
-                    format!(
-                        "cannot post a receive: {}",
-                        attune_sys::fabric::strerror(e.0)
-                    ),
-                ));
-                break;
+            if let Err(e) = self.ep.recvv(&riov, Some(r.head.seq), &mut recv_ctx[i]) {
+                errs[i] = Some(fabric_err(e, "cannot post a receive"));
+                continue;
             }
-            pending += 1;
+            posted[i] += 1;
             loop {
                 match self.ep.sendv(&siov, fi, None, &mut send_ctx[i]) {
                     Ok(()) => {
-                        pending += 1;
+                        posted[i] += 1;
                         break;
                     }
                     Err(Errno(libc::EAGAIN)) if attune_sys::os::now_ns() < deadline => {
                         if let Ok(Some(c)) = self.ep.poll(0) {
-                            Self::complete(c, &recv_ctx, &send_ctx, &mut pending, &mut err);
+                            Self::complete(c, &recv_ctx, &send_ctx, &mut posted, &mut errs);
                         }
                     }
                     Err(e) => {
-                        err = Some((
-                            e,
-                            format!(
-                                "cannot send to {}: {}",
-                                self.servers[s].name,
-                                attune_sys::fabric::strerror(e.0)
-                            ),
-                        ));
+                        let name = &self.servers[r.server].name;
+                        errs[i] = Some(fabric_err(e, &format!("cannot send to {name}")));
+                        // The receive stays posted: cancelled below with the others.
                         break;
                     }
                 }
             }
-            if err.is_some() {
+        }
+        let waiting = |posted: &[u8], errs: &[Option<Failure>]| {
+            posted.iter().zip(errs).any(|(&p, e)| p > 0 && e.is_none())
+        };
+        while waiting(&posted, &errs) {
+            if attune_sys::os::now_ns() >= deadline {
+                for (i, r) in reqs.iter().enumerate() {
+                    if posted[i] > 0 && errs[i].is_none() {
+                        let name = &self.servers[r.server].name;
+                        errs[i] = Some((
+                            Errno(libc::ETIMEDOUT),
+                            format!(
+                                "no answer in {} ms from {name}",
+                                self.timeout_ns / 1_000_000
+                            ),
+                        ));
+                    }
+                }
                 break;
             }
-        }
-        while pending > 0 {
-            let now = attune_sys::os::now_ns();
-            if now >= deadline {
-                // Nothing more will be read into these buffers: cancel what is still
-                // posted, and leak the contexts and headers, which the provider may still
-                // name in a late completion.
-                for c in recv_ctx.iter_mut() {
-                    self.ep.cancel(c);
-                }
-                let who: Vec<&str> = reqs
-                    .iter()
-                    .map(|r| self.servers[r.0].name.as_str())
-                    .collect();
-                std::mem::forget(recv_ctx);
-                std::mem::forget(send_ctx);
-                std::mem::forget(in_hdr);
-                std::mem::forget(out_hdr);
-                return Err((
-                    Errno(libc::ETIMEDOUT),
-                    format!(
-                        "no answer in {} ms from {}",
-                        self.timeout_ns / 1_000_000,
-                        who.join(", ")
-                    ),
-                ));
-            }
-            match self.ep.poll(1) {
-                Ok(Some(c)) => Self::complete(c, &recv_ctx, &send_ctx, &mut pending, &mut err),
+            match self.ep.wait(SPIN_NS, 1) {
+                Ok(Some(c)) => Self::complete(c, &recv_ctx, &send_ctx, &mut posted, &mut errs),
                 Ok(None) => {}
                 Err(e) => {
-                    err.get_or_insert((
-                        e,
-                        format!("completion queue: {}", attune_sys::fabric::strerror(e.0)),
-                    ));
+                    for x in errs.iter_mut().filter(|x| x.is_none()) {
+                        *x = Some(fabric_err(e, "completion queue"));
+                    }
                 }
             }
         }
-        if let Some(e) = err {
-            return Err(e);
+        if posted.iter().any(|&p| p > 0) {
+            // Operations still posted (a failed or timed-out request): cancel them and
+            // leak their contexts and buffers, which the provider may still name in a
+            // late completion or write into.
+            for (i, c) in recv_ctx.iter_mut().enumerate() {
+                if posted[i] > 0 {
+                    self.ep.cancel(c);
+                }
+            }
+            std::mem::forget(recv_ctx);
+            std::mem::forget(send_ctx);
+            std::mem::forget(in_hdr);
+            std::mem::forget(out_hdr);
+            return errs
+                .into_iter()
+                .map(|e| Err(e.unwrap_or((Errno(libc::EIO), "cancelled".into()))))
+                .collect();
         }
-        let mut replies = Vec::with_capacity(n);
-        for (i, b) in in_hdr.iter().enumerate() {
-            let name = &self.servers[reqs[i].0].name;
-            let h = Header::decode(b, proto::HEADER)
-                .map_err(|e| (Errno(libc::EPROTO), format!("{name}: bad reply: {e}")))?;
-            if h.seq != reqs[i].1.seq {
-                return Err((
+        let mut out = Vec::with_capacity(n);
+        for (i, e) in errs.into_iter().enumerate() {
+            if let Some(e) = e {
+                out.push(Err(e));
+                continue;
+            }
+            let name = &self.servers[reqs[i].server].name;
+            out.push(match Header::decode(&in_hdr[i], proto::HEADER) {
+                Err(e) => Err((Errno(libc::EPROTO), format!("{name}: bad reply: {e}"))),
+                Ok(h) if h.seq != reqs[i].head.seq => Err((
                     Errno(libc::EPROTO),
                     format!("{name}: reply to another request"),
-                ));
-            }
-            if h.status != 0 {
-                return Err((Errno(h.status), format!("{name}: {}", Errno(h.status))));
-            }
-            replies.push(h);
+                )),
+                Ok(h) if h.status != 0 => {
+                    Err((Errno(h.status), format!("{name}: {}", Errno(h.status))))
+                }
+                Ok(h) => Ok(h),
+            });
         }
-        Ok(replies)
+        out
     }
 
     fn complete(
         c: attune_sys::fabric::Completion,
         recv_ctx: &[OpContext],
         send_ctx: &[OpContext],
-        pending: &mut usize,
-        err: &mut Option<(Errno, String)>,
+        posted: &mut [u8],
+        errs: &mut [Option<Failure>],
     ) {
-        let ours = recv_ctx.iter().chain(send_ctx).any(|x| x.id() == c.ctx);
-        if !ours {
-            // A late completion of an operation a timed-out job cancelled.
+        let Some(i) = recv_ctx
+            .iter()
+            .position(|x| x.id() == c.ctx)
+            .or_else(|| send_ctx.iter().position(|x| x.id() == c.ctx))
+        else {
+            // A late completion of an operation a timed-out exchange cancelled.
             return;
-        }
-        *pending = pending.saturating_sub(1);
-        if c.status != 0 && err.is_none() {
-            *err = Some((
+        };
+        posted[i] = posted[i].saturating_sub(1);
+        if c.status != 0 && errs[i].is_none() {
+            errs[i] = Some((
                 Errno(if c.status < 256 { c.status } else { libc::EIO }),
                 format!(
                     "transfer failed: {}",
@@ -296,35 +312,38 @@ impl Client {
         }
     }
 
-    /// Stores or loads `[off, off+len)` at `addr`, over the owners of its units.
-    fn transfer(
-        &mut self,
-        op: Op,
-        addr: usize,
-        off: u64,
-        len: usize,
-    ) -> Result<(), (Errno, String)> {
-        let n = self.servers.len();
-        let mut reqs: Vec<(usize, Header, usize, usize, bool)> = pieces(off, len as u64, n)
-            .into_iter()
-            .map(|(s, o, l)| {
-                let a = addr + (o - off) as usize;
-                match op {
-                    Op::Store => (s, self.header(s, op, o, l as usize), a, l as usize, false),
-                    Op::Load => (s, self.header(s, op, o, l as usize), a, l as usize, true),
-                    _ => (s, self.header(s, op, o, l as usize), 0, 0, false),
-                }
-            })
-            .collect();
-        self.exchange(&mut reqs).map(|_| ())
+    /// The requests that store or load `[off, off+len)` at `addr` (or discard it), one
+    /// per piece, tagged with `job`.
+    fn requests(&self, job: usize, op: Op, addr: usize, off: u64, len: usize, out: &mut Vec<Req>) {
+        for (s, o, l) in pieces(off, len as u64, self.servers.len()) {
+            let moves = matches!(op, Op::Store | Op::Load);
+            out.push(Req {
+                job,
+                server: s,
+                head: self.header(s, op, o, l as usize),
+                addr: if moves { addr + (o - off) as usize } else { 0 },
+                len: if moves { l as usize } else { 0 },
+                incoming: op == Op::Load,
+            });
+        }
     }
 
     /// Keeps every session's lease.
-    fn ping(&mut self) -> Result<(), (Errno, String)> {
-        let mut reqs: Vec<_> = (0..self.servers.len())
-            .map(|s| (s, self.header(s, Op::Ping, 0, 0), 0, 0, false))
+    fn ping(&mut self) -> Result<(), Failure> {
+        let mut reqs: Vec<Req> = (0..self.servers.len())
+            .map(|s| Req {
+                job: 0,
+                server: s,
+                head: self.header(s, Op::Ping, 0, 0),
+                addr: 0,
+                len: 0,
+                incoming: false,
+            })
             .collect();
-        self.exchange(&mut reqs).map(|_| ())
+        self.exchange(&mut reqs)
+            .into_iter()
+            .find_map(Result::err)
+            .map_or(Ok(()), Err)
     }
 
     fn hello(&mut self, secret: &[u8], ask: u64) -> Result<(), String> {
@@ -333,25 +352,30 @@ impl Client {
             .name()
             .map_err(|e| format!("the endpoint has no address: {e}"))?;
         let payload = proto::encode_hello(secret, &me);
-        let mut reqs: Vec<_> = (0..self.servers.len())
-            .map(|s| {
-                let h = Header {
+        let mut reqs: Vec<Req> = (0..self.servers.len())
+            .map(|s| Req {
+                job: 0,
+                server: s,
+                head: Header {
                     op: Op::Hello as u16,
                     off: ask,
                     len: payload.len() as u32,
                     ..Default::default()
-                };
-                (s, h, payload.as_ptr() as usize, payload.len(), false)
+                },
+                addr: payload.as_ptr() as usize,
+                len: payload.len(),
+                incoming: false,
             })
             .collect();
-        let replies = self.exchange(&mut reqs).map_err(|(e, m)| {
-            if e.0 == libc::EACCES {
-                format!("{m}: the server refused the job's secret")
-            } else {
-                m
-            }
-        })?;
-        for (s, h) in replies.iter().enumerate() {
+        let replies = self.exchange(&mut reqs);
+        for (s, r) in replies.into_iter().enumerate() {
+            let h = r.map_err(|(e, m)| {
+                if e.0 == libc::EACCES {
+                    format!("{m}: the server refused the job's secret")
+                } else {
+                    m
+                }
+            })?;
             self.servers[s].session = h.session;
             self.servers[s].token = h.token;
             // The server's lease, in the reply's offset field (ms).
@@ -360,45 +384,70 @@ impl Client {
         Ok(())
     }
 
+    /// Serves the jobs: every job posted is sent at once (a fault's load does not wait
+    /// behind the evictor's stores), then each is answered with its own result.
     fn run(mut self, shared: Arc<Shared>) {
         let mut last_ping = attune_sys::os::now_ns();
+        let mut reqs: Vec<Req> = Vec::new();
         loop {
             let bell = shared.doorbell.load(Acquire);
-            let mut did = false;
-            for j in &shared.jobs {
+            reqs.clear();
+            let mut ops = [None; JOBS];
+            for (k, j) in shared.jobs.iter().enumerate() {
                 if j.state.load(Acquire) != POSTED {
                     continue;
                 }
-                did = true;
                 let op = match j.op.load(Relaxed) {
                     2 => Op::Store,
                     3 => Op::Load,
                     _ => Op::Discard,
                 };
-                let r = self.transfer(
+                ops[k] = Some(op);
+                self.requests(
+                    k,
                     op,
                     j.addr.load(Relaxed),
                     j.off.load(Relaxed),
                     j.len.load(Relaxed),
+                    &mut reqs,
                 );
-                let code = match r {
-                    Ok(()) => 0,
-                    Err((e, m)) => {
+            }
+            // Every server is pinged at a quarter of the lease, busy or not (a server
+            // whose units are not in use would lose the session otherwise).
+            let now = attune_sys::os::now_ns();
+            if now.saturating_sub(last_ping) >= self.lease_ns / 4 {
+                if let Err((_, m)) = self.ping() {
+                    crate::warn!("remote tier: keeping the lease failed: {m}");
+                }
+                last_ping = now;
+            }
+            if ops.iter().all(Option::is_none) {
+                attune_sys::os::futex_wait(&shared.doorbell, bell, self.lease_ns / 4);
+                continue;
+            }
+            let results = self.exchange(&mut reqs);
+            let mut codes = [0i32; JOBS];
+            for (r, res) in reqs.iter().zip(results) {
+                if let Err((e, m)) = res {
+                    if codes[r.job] == 0 {
+                        codes[r.job] = e.0;
                         if e.0 != libc::ENOSPC {
-                            let what = match op {
-                                Op::Store => "a store",
-                                Op::Load => "a load",
+                            let what = match ops[r.job] {
+                                Some(Op::Store) => "a store",
+                                Some(Op::Load) => "a load",
                                 _ => "a discard",
                             };
-                            crate::warn!(
-                                "remote tier: {what} of {} bytes failed: {m}",
-                                j.len.load(Relaxed)
-                            );
+                            let len = shared.jobs[r.job].len.load(Relaxed);
+                            crate::warn!("remote tier: {what} of {len} bytes failed: {m}");
                         }
-                        e.0
                     }
-                };
-                j.result.store(code, Relaxed);
+                }
+            }
+            for (k, j) in shared.jobs.iter().enumerate() {
+                if ops[k].is_none() {
+                    continue;
+                }
+                j.result.store(codes[k], Relaxed);
                 if j.detached.load(Relaxed) {
                     j.state.store(FREE, Release);
                     shared.freed.fetch_add(1, Release);
@@ -407,16 +456,6 @@ impl Client {
                     j.state.store(DONE, Release);
                     attune_sys::os::futex_wake(&j.state, 1);
                 }
-            }
-            let now = attune_sys::os::now_ns();
-            if now.saturating_sub(last_ping) >= self.lease_ns / 4 {
-                if let Err((_, m)) = self.ping() {
-                    crate::warn!("remote tier: keeping the lease failed: {m}");
-                }
-                last_ping = now;
-            }
-            if !did {
-                attune_sys::os::futex_wait(&shared.doorbell, bell, self.lease_ns / 4);
             }
         }
     }
