@@ -2,7 +2,9 @@
  * holds them: writes a pattern over argv[1] MiB (several times the DRAM budget, so most
  * of it is on the servers), says "ready", waits for a line on stdin (the test kills the
  * server), then reads everything back. A read of a lost page must end the program with
- * SIGBUS, never return other data: "WRONG DATA" and exit 3 if it does. */
+ * SIGBUS, never return other data: "WRONG DATA" and exit 3 if it does.
+ * argv[2] = "free-exit": free everything and exit at once instead (the discards of the
+ * far pages are still in flight when the process ends). */
 #define _GNU_SOURCE
 #include <attune.h>
 #include <string.h>
@@ -16,6 +18,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     for (size_t i = 0; i < words; i++) a[i] = mix64(i);
+    if (argc > 2 && strcmp(argv[2], "free-exit") == 0) {
+        free_TM(a);
+        return 0;
+    }
     printf("remote_lost: ready\n");
     fflush(stdout);
     char line[16];

@@ -253,3 +253,46 @@ def test_a_user_who_is_not_root_runs_through_a_remote_tier(workdir, hosts):
                        env={**os.environ, "ATTUNE_LOG": "info"})
     assert p.returncode == 0 and "c_matrix: OK" in p.stdout, p.stdout + p.stderr
     assert "2 memory server(s)" in p.stderr, p.stderr
+
+
+def test_runtimes_that_end_with_requests_in_flight_do_not_stop_the_server(workdir, hosts):
+    """A runtime that frees its far pages and exits at once (its discards still in
+    flight), or is SIGKILLed while its pages move, leaves the server replies to a peer
+    that is gone. The server goes on serving the next runtime at once. (Seen once, not
+    reproduced at will: after the benchmark's fault scenario the server died of the
+    provider's error, "completion queue: No such file or directory" from the blocking
+    read's wait set, and the next runtime's hello went unanswered; such errors are now
+    logged and the loop goes on.)"""
+    h = hosts(1)
+    _, log = h.serve(0, workdir, secret(workdir), "--size", "1G")
+    env = {**os.environ, "ATTUNE_CONFIG": str(config(workdir, h, 1, secret(workdir))), "ATTUNE_DRAM": "8M",
+           "TEST_BUDGET": str(8 * MIB)}
+    quick = {**env, "ATTUNE_CONFIG": str(config(workdir, h, 1, secret(workdir), timeout_ms=2000, name="quick")),
+             "ATTUNE_DRAM": "4M", "TEST_BUDGET": str(4 * MIB)}
+    for how in ("lab", "free-exit", "kill"):
+        if how == "lab":
+            # The benchmark's random-fault scenario: 256 MiB on 64 MiB of DRAM, freed at
+            # the end; the one that made the server die.
+            only = workdir / "remote-only.toml"
+            only.write_text(f'[[tier]]\nname = "remote"\nkind = "remote"\ncapacity = "2G"\n'
+                            f'servers = "{h.addr(0)}"\nsecret_file = "{secret(workdir)}"\n')
+            p = subprocess.run(h.on_client(["env", "ATTUNE_DRAM=64M", "ATTUNE_READAHEAD=0", f"ATTUNE_CONFIG={only}",
+                                            BUILD / "bin" / "attune-lab", "__worker", "fault-attune-thread"]),
+                               capture_output=True, text=True, timeout=300, env=env)
+            assert p.returncode == 0 and '"ok":true' in p.stdout, p.stdout + p.stderr
+        elif how == "kill":
+            p = subprocess.Popen(h.on_client([build(workdir, "integrity"), "64"]), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, env=env)
+            time.sleep(1.0)
+            p.kill()
+            p.wait()
+        else:
+            p = subprocess.run(h.on_client([build(workdir, "remote_lost"), "48", "free-exit"]), capture_output=True,
+                               text=True, timeout=120, env=env)
+            assert p.returncode == 0, p.stdout + p.stderr
+        # The provider notices the dead peer while the server sleeps on its queue.
+        time.sleep(1)
+        q = subprocess.run(h.on_client([build(workdir, "integrity"), "16"]), capture_output=True, text=True,
+                           timeout=120, env=quick)
+        assert q.returncode == 0 and "warning" not in q.stderr, how + q.stdout + q.stderr + log.read_text()
+    assert "error" not in log.read_text(), log.read_text()

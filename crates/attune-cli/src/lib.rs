@@ -5,4 +5,5 @@
 #![forbid(unsafe_code)]
 
 pub mod history;
+pub mod memstore;
 pub mod python;

@@ -9,6 +9,9 @@
 //! its [`OpContext`] alive and unmoved until the operation's completion is read, or until
 //! the endpoint is closed.
 
+// Without libfabric's headers the shim is not built and most of this module is unused.
+#![cfg_attr(attune_no_fabric, allow(unused_imports, dead_code))]
+
 use crate::Errno;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
@@ -285,41 +288,24 @@ impl Endpoint {
         tag: Option<u64>,
         ctx: &mut OpContext,
     ) -> Result<(), Errno> {
-        let mut v: [libc::iovec; 4] = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; 4];
-        let n = iovecs(iov, &mut v)?;
-        #[cfg(not(attune_no_fabric))]
-        {
-            // SAFETY: the caller keeps the buffers and ctx alive until the completion.
-            let rc = unsafe {
-                ffi::atf_sendv(
-                    self.raw,
-                    v.as_ptr(),
-                    n,
-                    dest,
-                    tag.unwrap_or(0),
-                    tag.is_some() as c_int,
-                    (ctx as *mut OpContext).cast(),
-                )
-            };
-            if rc != 0 {
-                return Err(Errno((-rc) as i32));
-            }
-            Ok(())
-        }
-        #[cfg(attune_no_fabric)]
-        {
-            let _ = (n, dest, tag, ctx);
-            Err(Errno(libc::ENOSYS))
-        }
+        self.post(true, iov, dest, tag, ctx)
     }
 
     /// Posts a receive into `iov`: of the reply tagged `tag`, or (None) of any request.
     pub fn recvv(
         &mut self,
         iov: &[(usize, usize)],
+        tag: Option<u64>,
+        ctx: &mut OpContext,
+    ) -> Result<(), Errno> {
+        self.post(false, iov, 0, tag, ctx)
+    }
+
+    fn post(
+        &mut self,
+        send: bool,
+        iov: &[(usize, usize)],
+        dest: u64,
         tag: Option<u64>,
         ctx: &mut OpContext,
     ) -> Result<(), Errno> {
@@ -330,16 +316,18 @@ impl Endpoint {
         let n = iovecs(iov, &mut v)?;
         #[cfg(not(attune_no_fabric))]
         {
-            // SAFETY: as for sendv.
+            let (t, tagged, c) = (
+                tag.unwrap_or(0),
+                tag.is_some() as c_int,
+                (ctx as *mut OpContext).cast(),
+            );
+            // SAFETY: the caller keeps the buffers and ctx alive until the completion.
             let rc = unsafe {
-                ffi::atf_recvv(
-                    self.raw,
-                    v.as_ptr(),
-                    n,
-                    tag.unwrap_or(0),
-                    tag.is_some() as c_int,
-                    (ctx as *mut OpContext).cast(),
-                )
+                if send {
+                    ffi::atf_sendv(self.raw, v.as_ptr(), n, dest, t, tagged, c)
+                } else {
+                    ffi::atf_recvv(self.raw, v.as_ptr(), n, t, tagged, c)
+                }
             };
             if rc != 0 {
                 return Err(Errno((-rc) as i32));
@@ -348,7 +336,7 @@ impl Endpoint {
         }
         #[cfg(attune_no_fabric)]
         {
-            let _ = (n, tag, ctx);
+            let _ = (send, n, dest, tag, ctx);
             Err(Errno(libc::ENOSYS))
         }
     }

@@ -237,6 +237,11 @@ int atf_cancel(struct atf_ep *e, void *ctx) { return (int)fi_cancel(&e->ep->fid,
 int atf_poll(struct atf_ep *e, int timeout_ms, void **ctx, size_t *len, int *status) {
   struct fi_cq_tagged_entry c;
   ssize_t rc = timeout_ms > 0 ? fi_cq_sread(e->cq, &c, 1, NULL, timeout_ms) : fi_cq_read(e->cq, &c, 1);
+  /* The rxm provider's blocking read reports its wait set's own errors (-FI_ENOENT when
+   * a peer's connection went away while the queue slept, seen when a client exits with
+   * replies in flight): they say nothing about the queue, which is read again. */
+  if (timeout_ms > 0 && rc < 0 && rc != -FI_EAGAIN && rc != -FI_EAVAIL && rc != -FI_ETIMEDOUT)
+    rc = fi_cq_read(e->cq, &c, 1);
   if (rc == 1) {
     *ctx = c.op_context;
     *len = c.len;

@@ -1,14 +1,18 @@
 //! `attune memserver`: serves memory to the remote tiers of one job's runtimes on other
 //! hosts, over libfabric (docs/design/remote.md; protocol in attune_proto::remote).
 //!
-//! [`Store`] is the server's state and rules (sessions, leases, bounds), kept apart from
-//! the fabric loop so that it is tested without a network. The loop serves one request
-//! at a time: receives stay posted meanwhile, so clients pipeline.
+//! The server's state and rules are `attune_cli::memstore::Store`, kept apart from the
+//! fabric loop so that they are tested and fuzzed without a network. The loop serves one
+//! request at a time; receives stay posted meanwhile (clients pipeline), and replies go
+//! out without waiting for their completion (8 buffers), so a client that died with a
+//! reply in flight holds one buffer, never the server (seen: a dead client's reply
+//! stalled every other client for 10 s).
 
+use attune_cli::memstore::Store;
 use attune_proto::remote::{self as proto, Header, Op};
 use attune_sys::fabric::{Completion, Endpoint, OpContext};
 use clap::Parser;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -39,155 +43,6 @@ pub struct Args {
 
 fn parse_size(s: &str) -> Result<u64, String> {
     attune::size::parse_size(s).map_err(|e| e.to_string())
-}
-
-const PAGE: usize = proto::PAGE as usize;
-
-/// One runtime's pages.
-struct Session {
-    token: [u8; 16],
-    fi: u64,
-    pages: HashMap<u64, Box<[u8]>>,
-    limit: u64,
-    last: u64,
-    /// Bytes received in stores (logs).
-    stored: u64,
-}
-
-/// The server's state: sessions and their pages, within the bounds.
-pub struct Store {
-    capacity: u64,
-    per_session: u64,
-    lease_ns: u64,
-    used: u64,
-    next: u64,
-    sessions: HashMap<u64, Session>,
-}
-
-impl Store {
-    pub fn new(capacity: u64, per_session: u64, lease_ns: u64) -> Store {
-        Store {
-            capacity: capacity / proto::PAGE,
-            per_session: per_session / proto::PAGE,
-            lease_ns,
-            used: 0,
-            next: 1,
-            sessions: HashMap::new(),
-        }
-    }
-
-    /// Opens a session for a client at `fi` asking `ask` bytes: (id, token, bytes granted).
-    pub fn open(&mut self, ask: u64, fi: u64, token: [u8; 16], now: u64) -> (u64, u64) {
-        let id = self.next;
-        self.next += 1;
-        let limit = (ask.div_ceil(proto::PAGE)).min(self.per_session);
-        self.sessions.insert(
-            id,
-            Session {
-                token,
-                fi,
-                pages: HashMap::new(),
-                limit,
-                last: now,
-                stored: 0,
-            },
-        );
-        (id, limit * proto::PAGE)
-    }
-
-    /// The session a request names, if its token matches; renews its lease.
-    fn session(&mut self, h: &Header, now: u64) -> Option<&mut Session> {
-        let s = self.sessions.get_mut(&h.session)?;
-        if !proto::same_secret(&s.token, &h.token) {
-            return None;
-        }
-        s.last = now;
-        Some(s)
-    }
-
-    /// Whether the request's session and token are known (renews its lease), and where
-    /// its replies go.
-    pub fn check(&mut self, h: &Header, now: u64) -> Option<u64> {
-        self.session(h, now).map(|s| s.fi)
-    }
-
-    /// Keeps the pages of `data` at `off`: all or nothing (ENOSPC when the server or the
-    /// session is full).
-    pub fn store(&mut self, h: &Header, data: &[u8], now: u64) -> Result<(), i32> {
-        let (cap, used) = (self.capacity, self.used);
-        let s = self.session(h, now).ok_or(libc::EACCES)?;
-        let first = h.off / proto::PAGE;
-        let n = data.len() / PAGE;
-        let new = (0..n as u64)
-            .filter(|p| !s.pages.contains_key(&(first + p)))
-            .count() as u64;
-        if used + new > cap || s.pages.len() as u64 + new > s.limit {
-            return Err(libc::ENOSPC);
-        }
-        for (i, d) in data.chunks_exact(PAGE).enumerate() {
-            let p = s
-                .pages
-                .entry(first + i as u64)
-                .or_insert_with(|| vec![0u8; PAGE].into_boxed_slice());
-            p.copy_from_slice(d);
-        }
-        s.stored += data.len() as u64;
-        self.used += new;
-        Ok(())
-    }
-
-    /// Copies the pages at `off` into `out` (pages never stored read as zeros).
-    pub fn load(&mut self, h: &Header, out: &mut [u8], now: u64) -> Result<(), i32> {
-        let s = self.session(h, now).ok_or(libc::EACCES)?;
-        let first = h.off / proto::PAGE;
-        for (i, o) in out.chunks_exact_mut(PAGE).enumerate() {
-            match s.pages.get(&(first + i as u64)) {
-                Some(p) => o.copy_from_slice(p),
-                None => o.fill(0),
-            }
-        }
-        Ok(())
-    }
-
-    pub fn discard(&mut self, h: &Header, now: u64) -> Result<(), i32> {
-        let s = self.session(h, now).ok_or(libc::EACCES)?;
-        let first = h.off / proto::PAGE;
-        let mut freed = 0;
-        for p in first..first + h.len as u64 / proto::PAGE {
-            freed += s.pages.remove(&p).is_some() as u64;
-        }
-        self.used -= freed;
-        Ok(())
-    }
-
-    /// Ends a session: the bytes it held, its address, the bytes it stored in all.
-    pub fn close(&mut self, id: u64) -> Option<(u64, u64, u64)> {
-        let s = self.sessions.remove(&id)?;
-        let n = s.pages.len() as u64;
-        self.used -= n;
-        Some((n * proto::PAGE, s.fi, s.stored))
-    }
-
-    /// Ends the sessions whose lease ran out: (id, (held, address, stored)) of each.
-    pub fn expire(&mut self, now: u64) -> Vec<(u64, (u64, u64, u64))> {
-        let old: Vec<u64> = self
-            .sessions
-            .iter()
-            .filter(|(_, s)| now.saturating_sub(s.last) > self.lease_ns)
-            .map(|(&id, _)| id)
-            .collect();
-        old.into_iter()
-            .filter_map(|id| self.close(id).map(|c| (id, c)))
-            .collect()
-    }
-
-    pub fn used_bytes(&self) -> u64 {
-        self.used * proto::PAGE
-    }
-
-    pub fn sessions(&self) -> usize {
-        self.sessions.len()
-    }
 }
 
 fn log(msg: &str) {
@@ -221,9 +76,32 @@ struct Server {
     secrets: Vec<Vec<u8>>,
     slots: Vec<Box<RecvSlot>>,
     ready: VecDeque<(usize, Completion)>,
-    reply: Vec<u8>,
-    send_ctx: Box<OpContext>,
+    replies: Vec<Box<ReplySlot>>,
+    /// The reply being made (`take_reply`).
+    cur: usize,
     refused: u64,
+}
+
+/// A reply buffer: in flight (`busy`) from its send until its completion.
+struct ReplySlot {
+    ctx: OpContext,
+    buf: Vec<u8>,
+    busy: bool,
+    since: u64,
+    /// The peer to forget once this reply is out (a refused client, a closed session).
+    remove: Option<u64>,
+}
+
+impl ReplySlot {
+    fn new() -> Box<ReplySlot> {
+        Box::new(ReplySlot {
+            ctx: OpContext::default(),
+            buf: vec![0u8; proto::HEADER + proto::MAX_PAYLOAD],
+            busy: false,
+            since: 0,
+            remove: None,
+        })
+    }
 }
 
 impl Server {
@@ -242,68 +120,98 @@ impl Server {
         self.slots.iter().position(|s| s.ctx.id() == c.ctx)
     }
 
-    /// Sends the reply in `self.reply` (header and `len` payload bytes) to `fi` and waits
-    /// for its completion; receives that complete meanwhile are queued.
-    fn send(&mut self, fi: u64, tag: u64, len: usize) -> Result<(), String> {
-        let iov = [(self.reply.as_ptr() as usize, proto::HEADER + len)];
-        let deadline = attune_sys::os::now_ns() + 10_000_000_000;
+    /// A reply buffer that is not in flight, made the current one. Waits (serving
+    /// completions) while all are in flight; one in flight for 10 s (its peer is gone)
+    /// is cancelled and replaced, its buffer leaked to the provider.
+    fn take_reply(&mut self) -> Result<(), String> {
         loop {
-            match self.ep.sendv(&iov, fi, Some(tag), &mut self.send_ctx) {
-                Ok(()) => break,
-                Err(attune_sys::Errno(libc::EAGAIN)) if attune_sys::os::now_ns() < deadline => {
-                    self.progress_once()?;
-                }
-                Err(e) => return Err(format!("send: {}", attune_sys::fabric::strerror(e.0))),
+            if let Some(i) = self.replies.iter().position(|r| !r.busy) {
+                self.cur = i;
+                return Ok(());
             }
-        }
-        loop {
+            let now = attune_sys::os::now_ns();
+            if let Some(i) = self
+                .replies
+                .iter()
+                .position(|r| now - r.since > 10_000_000_000)
+            {
+                let mut old = std::mem::replace(&mut self.replies[i], ReplySlot::new());
+                self.ep.cancel(&mut old.ctx);
+                std::mem::forget(old);
+                log("a client did not take its reply in 10 s");
+                self.cur = i;
+                return Ok(());
+            }
             match self.ep.wait(50_000, 10) {
-                Ok(Some(c)) if c.ctx == self.send_ctx.id() => {
-                    if c.status != 0 {
-                        return Err(format!(
-                            "reply lost: {}",
-                            attune_sys::fabric::strerror(c.status)
-                        ));
-                    }
-                    return Ok(());
-                }
-                Ok(Some(c)) => {
-                    if let Some(i) = self.slot_of(&c) {
-                        self.ready.push_back((i, c));
-                    }
-                }
-                Ok(None) if attune_sys::os::now_ns() > deadline => {
-                    // The peer is gone: the send cannot be reused until it completes or
-                    // is cancelled; a fresh context takes its place.
-                    self.ep.cancel(&mut self.send_ctx);
-                    std::mem::forget(std::mem::take(&mut self.send_ctx));
-                    return Err("the client did not take its reply in 10 s".into());
-                }
+                Ok(Some(c)) => self.completed(c),
                 Ok(None) => {}
                 Err(e) => return Err(format!("completion queue: {e}")),
             }
         }
     }
 
-    fn progress_once(&mut self) -> Result<(), String> {
-        match self.ep.poll(0) {
-            Ok(Some(c)) => {
-                if let Some(i) = self.slot_of(&c) {
-                    self.ready.push_back((i, c));
-                }
-                Ok(())
+    /// Books a completion: a request received (queued to serve) or a reply sent.
+    fn completed(&mut self, c: Completion) {
+        if let Some(i) = self.slot_of(&c) {
+            self.ready.push_back((i, c));
+        } else if let Some(r) = self
+            .replies
+            .iter_mut()
+            .find(|r| r.busy && r.ctx.id() == c.ctx)
+        {
+            r.busy = false;
+            if c.status != 0 {
+                log(&format!(
+                    "reply lost: {}",
+                    attune_sys::fabric::strerror(c.status)
+                ));
             }
-            Ok(None) => Ok(()),
-            Err(e) => Err(format!("completion queue: {e}")),
+            if let Some(fi) = r.remove.take() {
+                self.ep.remove(fi);
+            }
+        }
+    }
+
+    /// Sends the current reply (header and `len` payload bytes) to `fi` without waiting
+    /// for it: a client that is gone holds one reply buffer, not the server. `remove`:
+    /// forget the peer once the reply is out.
+    fn send(&mut self, fi: u64, tag: u64, len: usize, remove: bool) -> Result<(), String> {
+        let deadline = attune_sys::os::now_ns() + 10_000_000_000;
+        let cur = self.cur;
+        let iov = [(self.replies[cur].buf.as_ptr() as usize, proto::HEADER + len)];
+        loop {
+            let r = &mut *self.replies[cur];
+            match self.ep.sendv(&iov, fi, Some(tag), &mut r.ctx) {
+                Ok(()) => {
+                    r.busy = true;
+                    r.since = attune_sys::os::now_ns();
+                    r.remove = remove.then_some(fi);
+                    return Ok(());
+                }
+                Err(attune_sys::Errno(libc::EAGAIN)) if attune_sys::os::now_ns() < deadline => {
+                    match self.ep.poll(0) {
+                        Ok(Some(c)) => self.completed(c),
+                        Ok(None) => {}
+                        Err(e) => return Err(format!("completion queue: {e}")),
+                    }
+                }
+                Err(e) => {
+                    if remove {
+                        self.ep.remove(fi);
+                    }
+                    return Err(format!("send: {}", attune_sys::fabric::strerror(e.0)));
+                }
+            }
         }
     }
 
     fn reply_header(&mut self, h: Header) {
-        self.reply[..proto::HEADER].copy_from_slice(&h.encode());
+        self.replies[self.cur].buf[..proto::HEADER].copy_from_slice(&h.encode());
     }
 
     /// Serves the request in slot `i` (`got` bytes arrived).
     fn serve(&mut self, i: usize, got: usize) -> Result<(), String> {
+        self.take_reply()?;
         let now = attune_sys::os::now_ns();
         let buf = std::mem::take(&mut self.slots[i].buf);
         let r = self.serve_buf(&buf, got, now);
@@ -347,9 +255,7 @@ impl Server {
                 log("refused a client: wrong secret");
                 rep.status = libc::EACCES;
                 self.reply_header(rep);
-                let r = self.send(fi, h.seq, 0);
-                self.ep.remove(fi);
-                return r;
+                return self.send(fi, h.seq, 0, true);
             }
             let mut token = [0u8; 16];
             attune_sys::os::random_bytes(&mut token).map_err(|e| format!("getrandom: {e}"))?;
@@ -365,7 +271,7 @@ impl Server {
             rep.value = granted;
             rep.off = self.store.lease_ns / 1_000_000;
             self.reply_header(rep);
-            return self.send(fi, h.seq, 0);
+            return self.send(fi, h.seq, 0, false);
         }
         // Every other request names a session and proves it with the token; one that
         // does not is dropped unanswered (its sender is not known to be who it claims).
@@ -385,12 +291,8 @@ impl Server {
             Op::Store => self.store.store(&h, payload, now).err().unwrap_or(0),
             Op::Load => {
                 len = h.len as usize;
-                let mut out = std::mem::take(&mut self.reply);
-                let r = self
-                    .store
-                    .load(&h, &mut out[proto::HEADER..proto::HEADER + len], now);
-                self.reply = out;
-                r.err().unwrap_or(0)
+                let out = &mut self.replies[self.cur].buf[proto::HEADER..proto::HEADER + len];
+                self.store.load(&h, out, now).err().unwrap_or(0)
             }
             Op::Discard => self.store.discard(&h, now).err().unwrap_or(0),
             Op::Bye => {
@@ -403,9 +305,7 @@ impl Server {
                     ));
                     rep.value = b;
                     self.reply_header(rep);
-                    let r = self.send(fi, h.seq, 0);
-                    self.ep.remove(fi);
-                    return r;
+                    return self.send(fi, h.seq, 0, true);
                 }
                 0
             }
@@ -417,7 +317,7 @@ impl Server {
         rep.status = status;
         rep.len = len as u32;
         self.reply_header(rep);
-        self.send(fi, h.seq, len)
+        self.send(fi, h.seq, len, false)
     }
 }
 
@@ -475,8 +375,8 @@ fn serve(a: Args) -> Result<(), String> {
             })
             .collect(),
         ready: VecDeque::new(),
-        reply: vec![0u8; proto::HEADER + proto::MAX_PAYLOAD],
-        send_ctx: Box::default(),
+        replies: (0..8).map(|_| ReplySlot::new()).collect(),
+        cur: 0,
         refused: 0,
     };
     for i in 0..s.slots.len() {
@@ -496,9 +396,18 @@ fn serve(a: Args) -> Result<(), String> {
             // Requests come in bursts (a fault's read-ahead, an eviction batch): poll a
             // little before sleeping.
             None => match s.ep.wait(200_000, 100) {
-                Ok(Some(c)) => s.slot_of(&c).map(|i| (i, c)),
+                Ok(Some(c)) => {
+                    s.completed(c);
+                    s.ready.pop_front()
+                }
                 Ok(None) => None,
-                Err(e) => return Err(format!("completion queue: {e}")),
+                Err(e) => {
+                    // The queue's errors are the provider's, not a request's: logged, the
+                    // loop goes on (a server must outlive any one client).
+                    log(&format!("completion queue: {e}"));
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    None
+                }
             },
         };
         if let Some((i, c)) = next {
@@ -525,75 +434,5 @@ fn serve(a: Args) -> Result<(), String> {
             }
             last_expiry = now;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn hdr(session: u64, token: [u8; 16], off: u64, len: u32) -> Header {
-        Header {
-            op: Op::Store as u16,
-            session,
-            token,
-            off,
-            len,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn pages_are_reached_through_their_session_and_token_only() {
-        let mut st = Store::new(1 << 20, 1 << 20, 1000);
-        let (a, _) = st.open(1 << 20, 1, [1; 16], 0);
-        let (b, _) = st.open(1 << 20, 2, [2; 16], 0);
-        let data = vec![7u8; 8192];
-        st.store(&hdr(a, [1; 16], 4096, 8192), &data, 0).unwrap();
-        let mut out = vec![0u8; 8192];
-        // Another session's token, a wrong token: refused, nothing read.
-        assert_eq!(
-            st.load(&hdr(a, [2; 16], 4096, 8192), &mut out, 0),
-            Err(libc::EACCES)
-        );
-        st.load(&hdr(b, [2; 16], 4096, 8192), &mut out, 0).unwrap();
-        assert!(
-            out.iter().all(|&x| x == 0),
-            "session b sees none of a's pages"
-        );
-        st.load(&hdr(a, [1; 16], 4096, 8192), &mut out, 0).unwrap();
-        assert_eq!(out, data);
-        assert_eq!(st.used_bytes(), 8192);
-    }
-
-    #[test]
-    fn bounds_refuse_whole_stores_and_leases_free_pages() {
-        let mut st = Store::new(16 << 10, 8 << 10, 1000);
-        let (a, granted) = st.open(1 << 20, 1, [1; 16], 0);
-        assert_eq!(granted, 8 << 10, "per-session bound");
-        assert_eq!(
-            st.store(&hdr(a, [1; 16], 0, 12288), &[1; 12288], 0),
-            Err(libc::ENOSPC)
-        );
-        assert_eq!(st.used_bytes(), 0, "all or nothing");
-        st.store(&hdr(a, [1; 16], 0, 8192), &[1; 8192], 0).unwrap();
-        // Rewriting held pages needs no new room.
-        st.store(&hdr(a, [1; 16], 0, 8192), &[2; 8192], 500)
-            .unwrap();
-        let (b, _) = st.open(1 << 20, 2, [2; 16], 0);
-        st.store(&hdr(b, [2; 16], 0, 8192), &[3; 8192], 0).unwrap();
-        assert_eq!(
-            st.store(&hdr(b, [2; 16], 8192, 4096), &[3; 4096], 0),
-            Err(libc::ENOSPC),
-            "server full"
-        );
-        st.discard(&hdr(b, [2; 16], 0, 4096), 0).unwrap();
-        assert_eq!(st.used_bytes(), 12288);
-        // b was last seen at 0, a at 500: at 1200 only b's lease has run out.
-        let gone = st.expire(1200);
-        assert_eq!(gone, vec![(b, (4096, 2, 8192))]);
-        assert_eq!((st.sessions(), st.used_bytes()), (1, 8192));
-        assert_eq!(st.close(a), Some((8192, 1, 16384)));
-        assert_eq!(st.used_bytes(), 0);
     }
 }

@@ -1,0 +1,138 @@
+"""The remote tier (issue 25, item 2) against the fabric's own limits, side by side in one
+run: a client host and one memory server as network namespaces on a bridge (the hosts of
+tests/python/test_remote.py), libfabric's tcp provider.
+
+For each repetition, interleaved: fi_pingpong between the two hosts (4 KiB: the raw round
+trip a remote fault can at best cost; 1 MiB: the raw streaming bandwidth), then
+`attune bench --core-only` on the client host with a remote tier on the server host:
+random fault latency (fault-attune, 64 MiB budget), a sequential pass over twice a
+256 MiB budget (seq-attune) and random updates (rand-attune), and the kernel's swap on
+a memory-backed device at the same budget (rand-kswap-memory) as the baseline of the
+random updates. Prints medians and the ratios the issue names.
+
+Usage: python3 bench/remote.py [--reps 3] [--servers 1]   (root; make build first)
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD = ROOT / "build"
+ATTUNE = BUILD / "bin" / "attune"
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+from test_remote import Hosts  # noqa: E402
+
+
+def pingpong(h, size, iters):
+    """fi_pingpong over the tcp provider between the client and server 0: (usec per
+    transfer, MB/s)."""
+    srv = subprocess.Popen(["ip", "netns", "exec", h.servers[0], "fi_pingpong", "-p", "tcp", "-e", "rdm",
+                            "-S", str(size), "-I", str(iters)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        out = subprocess.run(h.on_client(["fi_pingpong", "-p", "tcp", "-e", "rdm", "-S", str(size), "-I",
+                                          str(iters), h.addr(0).split(":")[0]]),
+                             capture_output=True, text=True, timeout=120).stdout
+    finally:
+        srv.wait(timeout=30)
+    # bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec
+    row = [line.split() for line in out.splitlines() if re.match(r"^\d+[kmg]?\s", line)]
+    if not row:
+        sys.exit(f"fi_pingpong gave no figures:\n{out}")
+    return float(row[-1][6]), float(row[-1][5])
+
+
+def attune_bench(h, env, only):
+    """One `attune bench` scenario set on the client host (h None: in the root namespace,
+    whose /sys shows the cgroups the kernel-swap baseline needs; `ip netns exec` mounts a
+    /sys of its own)."""
+    out = tempfile.mkdtemp(prefix="attune-remote-bench-")
+    argv = ["env", *[f"{k}={v}" for k, v in env.items()], ATTUNE, "bench", "--core-only", "--reps",
+            "1", "--only", only, "--out", out]
+    cmd = h.on_client(argv) if h else argv
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(map(str, cmd))} failed:\n{r.stdout}\n{r.stderr}")
+    got = {}
+    for s in json.load(open(os.path.join(out, "bench.json")))["results"]:
+        for k, v in s.get("metrics", {}).items():
+            got[(s["scenario"], k)] = v["median"]
+    subprocess.run(["rm", "-rf", out])
+    return got
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--servers", type=int, default=1)
+    a = ap.parse_args()
+    d = Path(tempfile.mkdtemp(prefix="attune-remote-"))
+    os.chmod(d, 0o755)
+    h = Hosts(a.servers)
+    try:
+        secret = d / "secret"
+        subprocess.run([ATTUNE, "memserver", "--new-secret", secret], check=True, capture_output=True)
+        cfg = d / "remote.toml"
+        cfg.write_text(f"""[[tier]]
+name = "remote"
+kind = "remote"
+capacity = "2G"
+servers = "{','.join(h.addr(i) for i in range(a.servers))}"
+secret_file = "{secret}"
+""")
+        mem = d / "memory.toml"
+        mem.write_text('[[tier]]\nname = "memory"\nkind = "memory"\ncapacity = "2G"\n')
+        rows = {k: [] for k in ("pp4k", "pp1m", "remote", "memory", "kswap")}
+        for _ in range(a.reps):
+            rows["pp4k"].append(pingpong(h, 4096, 5000))
+            rows["pp1m"].append(pingpong(h, 1 << 20, 200))
+            servers = [h.serve(i, d, secret, "--size", "3G") for i in range(a.servers)]
+            got = {}
+            for only in ("fault-attune", "seq-attune", "rand-attune"):
+                got.update(attune_bench(h, {"ATTUNE_CONFIG": cfg}, only))
+            rows["remote"].append(got)
+            for p, _ in servers:
+                p.kill()
+                p.wait()
+            got = {}
+            for only in ("fault-attune", "seq-attune", "rand-attune"):
+                got.update(attune_bench(h, {"ATTUNE_CONFIG": mem}, only))
+            rows["memory"].append(got)
+            rows["kswap"].append(attune_bench(None, {}, "rand-kswap-memory")[("rand-kswap-memory", "updates_per_s")])
+        med = statistics.median
+        rtt = med(r[0] for r in rows["pp4k"]) * 2
+        bw = med(r[1] for r in rows["pp1m"]) / 1000
+        print(f"fi_pingpong tcp rdm, client and server hosts: 4 KiB {rtt / 2:.1f} us a transfer "
+              f"(round trip {rtt:.1f} us); 1 MiB {bw:.3f} GB/s")
+        print(f"\n| scenario | metric | remote tier ({a.servers} server(s)) | in-process memory tier | remote / limit |")
+        print("|---|---|---|---|---|")
+        for scen, metric in (("fault-attune-thread", "fault_median_us"), ("fault-attune-signal", "fault_median_us"),
+                             ("fault-attune-thread", "fault_p99_us"), ("fault-attune-signal", "fault_p99_us"),
+                             ("seq-attune-thread", "seq_read_gbps"), ("seq-attune-signal", "seq_read_gbps"),
+                             ("rand-attune-thread", "updates_per_s"), ("rand-attune-signal", "updates_per_s")):
+            r = med(x[(scen, metric)] for x in rows["remote"])
+            m = med(x[(scen, metric)] for x in rows["memory"])
+            if metric == "fault_median_us":
+                lim = f"{r / rtt:.2f}x the round trip (goal <= 2)"
+            elif metric == "seq_read_gbps":
+                lim = f"{r / bw:.0%} of fi_pingpong's 1 MiB bandwidth (goal >= 70%)"
+            elif metric == "updates_per_s":
+                lim = f"{r / med(rows['kswap']):.2f}x kernel swap on memory (goal >= 1)"
+            else:
+                lim = ""
+            print(f"| {scen} | {metric} | {r:.3g} | {m:.3g} | {lim} |")
+        print(f"| rand-kswap-memory | updates_per_s | {med(rows['kswap']):.3g} (kernel swap on memory, same budget) | | |")
+    finally:
+        h.close()
+        subprocess.run(["rm", "-rf", str(d)])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+//! The memory server's requests (`attune memserver`), as its loop reads them: headers,
+//! hellos, and the store's rules behind them.
+//!
+//! Input: a sequence of messages, each a length byte (in 64-byte steps, so payloads reach
+//! whole pages), a selector byte and that many bytes. Two sessions are open; the selector
+//! may put a session's real token in the header, so requests get past the check. Checked:
+//! no panic; a message that decodes encodes to the same bytes; the server never holds
+//! more than its capacity nor a session more than its grant; a load returns only zeros or
+//! the bytes its own session stored (a session's stores are tagged with its number), never
+//! another session's.
+#![no_main]
+
+use attune_cli::memstore::Store;
+use attune_proto::remote::{self as proto, Header, Op};
+use libfuzzer_sys::fuzz_target;
+
+const CAP: u64 = 64 << 10;
+const PER: u64 = 40 << 10;
+
+fuzz_target!(|data: &[u8]| {
+    let mut st = Store::new(CAP, PER, 1000);
+    let tokens = [[0xa1u8; 16], [0xb2u8; 16]];
+    let ids = [st.open(1 << 30, 1, tokens[0], 0).0, st.open(PER / 2, 2, tokens[1], 0).0];
+    let grants = [PER, PER / 2];
+    let mut held = [0u64; 2];
+    let mut i = 0;
+    let mut now = 0;
+    while i + 2 <= data.len() {
+        let len = (data[i] as usize * 64).min(data.len() - i - 2);
+        let sel = data[i + 1];
+        let mut msg = data[i + 2..i + 2 + len].to_vec();
+        i += 2 + len;
+        now += 1;
+        let Ok(mut h) = Header::decode(&msg, msg.len()) else {
+            continue;
+        };
+        assert_eq!(&h.encode()[..], &msg[..proto::HEADER]);
+        let payload_len = msg.len() - proto::HEADER;
+        if h.op == Op::Hello as u16 {
+            if let Ok((s, a)) = proto::decode_hello(&msg[proto::HEADER..]) {
+                assert!(s.len() <= proto::SECRET_MAX && !a.is_empty() && a.len() <= proto::ADDR_MAX);
+            }
+            continue;
+        }
+        let who = (sel & 1) as usize;
+        if sel & 2 != 0 {
+            h.session = ids[who];
+            h.token = tokens[who];
+        }
+        let known = ids.iter().zip(&tokens).position(|(&id, t)| id == h.session && *t == h.token);
+        // Payloads within the header's length, page-aligned, as the loop passes them.
+        let n = (h.len as usize).min(payload_len) / 4096 * 4096;
+        match Op::from_u16(h.op).unwrap() {
+            Op::Store => {
+                let tag = known.map_or(0xee, |k| k as u8 + 1);
+                msg[proto::HEADER..proto::HEADER + n].fill(tag);
+                let r = st.store(&h, &msg[proto::HEADER..proto::HEADER + n], now);
+                assert!(known.is_some() || r == Err(libc::EACCES));
+            }
+            Op::Load => {
+                let mut out = vec![0x55u8; n];
+                let r = st.load(&h, &mut out, now);
+                match known {
+                    Some(k) => {
+                        assert_eq!(r, Ok(()));
+                        assert!(out.iter().all(|&b| b == 0 || b == k as u8 + 1), "another session's bytes");
+                    }
+                    None => assert_eq!(r, Err(libc::EACCES)),
+                }
+            }
+            Op::Discard => {
+                let r = st.discard(&h, now);
+                assert!(known.is_some() || r == Err(libc::EACCES));
+            }
+            _ => {}
+        }
+        assert!(st.used_bytes() <= CAP, "over capacity");
+        for k in 0..2 {
+            held[k] = st.held_bytes(ids[k]);
+            assert!(held[k] <= grants[k], "session {k} over its grant");
+        }
+        assert_eq!(held.iter().sum::<u64>(), st.used_bytes());
+    }
+});
