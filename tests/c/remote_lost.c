@@ -1,10 +1,11 @@
-/* Pages on a memory server that goes away (SIGKILL, or its link cut) while the program
- * holds them: writes a pattern over argv[1] MiB (several times the DRAM budget, so most
- * of it is on the servers), says "ready", waits for a line on stdin (the test kills the
- * server), then reads everything back. A read of a lost page must end the program with
- * SIGBUS, never return other data: "WRONG DATA" and exit 3 if it does.
- * argv[2] = "free-exit": free everything and exit at once instead (the discards of the
- * far pages are still in flight when the process ends). */
+/* Pages on memory servers that go away (SIGKILL, or a cut link) while the program holds
+ * them. Writes a pattern over argv[1] MiB (several times the DRAM budget, so most of it
+ * is on the servers), says "remote_lost: ready", then follows commands, one a line on
+ * stdin: "r" reads everything back ("remote_lost: read back"), "w" writes the next
+ * pattern ("remote_lost: written"), "q" exits. A read of a page no server holds any more
+ * must end the program with SIGBUS, never return other data: "WRONG DATA" and exit 3.
+ * argv[2] = "free-exit": free everything and exit at once after writing (the discards
+ * of the far pages are still in flight when the process ends). */
 #define _GNU_SOURCE
 #include <attune.h>
 #include <string.h>
@@ -17,6 +18,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "allocate_TM: %s\n", attune_last_error());
         return 2;
     }
+    uint64_t seed = 0;
     for (size_t i = 0; i < words; i++) a[i] = mix64(i);
     if (argc > 2 && strcmp(argv[2], "free-exit") == 0) {
         free_TM(a);
@@ -25,13 +27,23 @@ int main(int argc, char **argv) {
     printf("remote_lost: ready\n");
     fflush(stdout);
     char line[16];
-    if (!fgets(line, sizeof line, stdin)) return 2;
-    uint64_t bad = 0;
-    for (size_t i = 0; i < words; i++) bad += a[i] != mix64(i);
-    if (bad) {
-        printf("remote_lost: WRONG DATA (%llu words)\n", (unsigned long long)bad);
-        return 3;
+    while (fgets(line, sizeof line, stdin)) {
+        if (line[0] == 'r') {
+            uint64_t bad = 0;
+            for (size_t i = 0; i < words; i++) bad += a[i] != mix64(i + seed);
+            if (bad) {
+                printf("remote_lost: WRONG DATA (%llu words)\n", (unsigned long long)bad);
+                return 3;
+            }
+            printf("remote_lost: read back\n");
+        } else if (line[0] == 'w') {
+            seed += words;
+            for (size_t i = 0; i < words; i++) a[i] = mix64(i + seed);
+            printf("remote_lost: written\n");
+        } else if (line[0] == 'q') {
+            break;
+        }
+        fflush(stdout);
     }
-    printf("remote_lost: read back\n");
     return 0;
 }

@@ -117,7 +117,7 @@ def secret(workdir, name="secret"):
     return p
 
 
-def config(workdir, h, n, secret_file, timeout_ms=3000, name="remote", file_dir=None):
+def config(workdir, h, n, secret_file, timeout_ms=3000, name="remote", file_dir=None, replicas=1):
     p = workdir / f"{name}-{n}.toml"
     p.write_text(f"""
 [[tier]]
@@ -127,6 +127,7 @@ capacity = "512M"
 servers = "{','.join(h.addr(i) for i in range(n))}"
 secret_file = "{secret_file}"
 timeout_ms = {timeout_ms}
+replicas = {replicas}
 
 [[tier]]
 name = "file"
@@ -191,7 +192,7 @@ def test_a_secret_file_others_can_read_is_refused(workdir, hosts):
 def test_a_lost_server_fails_the_program_loudly(workdir, hosts, how):
     """With the pages' only server killed (or its link cut), the program's next read of
     one of them ends it with SIGBUS and a message naming the server; it never reads
-    other data."""
+    other data (one copy of each page: `replicas = 1`)."""
     h = hosts(1)
     srv, _ = h.serve(0, workdir, secret(workdir), "--size", "256M")
     prog = build(workdir, "remote_lost")
@@ -206,7 +207,7 @@ def test_a_lost_server_fails_the_program_loudly(workdir, hosts, how):
         srv.wait()
     else:
         h.cut(0)
-    out, err = p.communicate("go\n", timeout=120)
+    out, err = p.communicate("r\n", timeout=120)
     assert "WRONG DATA" not in out, out
     assert p.returncode == -signal.SIGBUS, (p.returncode, out, err)
     assert h.addr(0) in err and "no answer" in err, err
@@ -296,3 +297,77 @@ def test_runtimes_that_end_with_requests_in_flight_do_not_stop_the_server(workdi
                            timeout=120, env=quick)
         assert q.returncode == 0 and "warning" not in q.stderr, how + q.stdout + q.stderr + log.read_text()
     assert "error" not in log.read_text(), log.read_text()
+
+
+class Program:
+    """remote_lost.c on the client host, driven line by line."""
+
+    def __init__(self, h, workdir, cfg, mib=48, dram="16M"):
+        self.p = subprocess.Popen(h.on_client([build(workdir, "remote_lost"), mib]), stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "ATTUNE_CONFIG": str(cfg), "ATTUNE_DRAM": dram})
+        self.expect("ready")
+
+    def expect(self, what):
+        line = self.p.stdout.readline().strip()
+        assert line == f"remote_lost: {what}", (line, self.finish())
+
+    def say(self, cmd, what):
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+        self.expect(what)
+
+    def finish(self):
+        try:
+            out, err = self.p.communicate("q\n", timeout=60)
+        except (ValueError, OSError):
+            out, err = "", self.p.stderr.read()
+        return self.p.returncode, out, err
+
+
+def test_two_copies_survive_a_killed_server_and_it_rejoins(workdir, hosts):
+    """Each page on two of three servers. SIGKILL of one: every word still reads back
+    (from the other copy) and the program keeps running; the killed server, started
+    again, rejoins empty and takes copies of what is written next; then the other two
+    next is killed: every word still verifies."""
+    h = hosts(3)
+    s = secret(workdir)
+    srv = [h.serve(i, workdir, s, "--size", "256M")[0] for i in range(3)]
+    cfg = config(workdir, h, 3, s, timeout_ms=1000, name="replicated", replicas=2)
+    prog = Program(h, workdir, cfg)
+    srv[0].kill()
+    srv[0].wait()
+    prog.say("r", "read back")
+    # Started again (same address, empty): it rejoins within the tier's rejoin period.
+    logs = h.serve(0, workdir, s, "--size", "256M")[1]
+    deadline = time.time() + 20
+    while "session" not in logs.read_text() and time.time() < deadline:
+        time.sleep(0.2)
+    assert "session" in logs.read_text(), "the restarted server was not rejoined"
+    prog.say("w", "written")
+    # Every page written after the rejoin has two live copies again: losing any one
+    # more server loses nothing.
+    srv[1].kill()
+    srv[1].wait()
+    prog.say("r", "read back")
+    rc, out, err = prog.finish()
+    assert rc == 0 and "WRONG DATA" not in out, (rc, out, err)
+    assert h.addr(0) in err and "rejoined" in err and h.addr(1) in err, err
+
+
+def test_without_a_copy_left_a_region_fails_loudly(workdir, hosts):
+    """Two copies on two servers; both killed: the next read ends with SIGBUS and names
+    what was lost, never reads other data."""
+    h = hosts(2)
+    s = secret(workdir)
+    srv = [h.serve(i, workdir, s, "--size", "256M")[0] for i in range(2)]
+    prog = Program(h, workdir, config(workdir, h, 2, s, timeout_ms=1000, name="two", replicas=2))
+    for p in srv:
+        p.kill()
+        p.wait()
+    prog.p.stdin.write("r\n")
+    prog.p.stdin.flush()
+    out, err = prog.p.communicate(timeout=120)
+    assert "WRONG DATA" not in out, out
+    assert prog.p.returncode == -signal.SIGBUS, (prog.p.returncode, out, err)
+    assert "lost" in err and h.addr(0) in err and h.addr(1) in err, err

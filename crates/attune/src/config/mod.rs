@@ -106,6 +106,7 @@ pub struct TierConfig {
     pub secret_file: Option<PathBuf>,
     pub provider: String,
     pub timeout_ms: u64,
+    pub replicas: u64,
 }
 
 impl TierConfig {
@@ -539,6 +540,7 @@ pub fn load_text(
             secret_file,
             provider: t.text("provider").to_string(),
             timeout_ms: t.u64("timeout_ms"),
+            replicas: t.u64("replicas"),
         });
     }
     tiers.sort_by_key(|t| t.latency_ns);

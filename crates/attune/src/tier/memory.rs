@@ -313,6 +313,7 @@ mod tests {
             secret_file: None,
             provider: "tcp".into(),
             timeout_ms: 5000,
+            replicas: 1,
         };
         let t = MemoryTier::new(&cfg, 4 << 20, &uffd).expect("tier");
         (t, uffd)

@@ -138,7 +138,7 @@ impl FarTier {
             TierKind::Memory => Box::new(memory::MemoryTier::new(&cfg, space, internal)?),
             TierKind::File => Box::new(file::FileTier::new(&cfg)?),
             TierKind::Pool => Box::new(pool::PoolTier::new(&cfg, space)?),
-            TierKind::Remote => Box::new(remote::RemoteTier::new(&cfg)?),
+            TierKind::Remote => Box::new(remote::RemoteTier::new(&cfg, space)?),
             TierKind::Numa => {
                 return Err(format!(
                     "tier '{}': NUMA tiers keep pages mapped and are placed by crate::numa",
@@ -515,6 +515,7 @@ mod tests {
             secret_file: None,
             provider: "tcp".into(),
             timeout_ms: 5000,
+            replicas: 1,
         };
         let mut t = FarTier::with_medium(cfg, 0, 1 << 30, Box::new(fake.clone()));
         t.now = now;

@@ -479,6 +479,7 @@ mod tests {
             secret_file: None,
             provider: "tcp".into(),
             timeout_ms: 5000,
+            replicas: 1,
         };
         PoolTier::new(&cfg, space).unwrap()
     }

@@ -18,7 +18,7 @@ use attune_sys::fabric::{Endpoint, OpContext};
 use attune_sys::uffd::Uffd;
 use attune_sys::{Errno, SysResult};
 use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize,
+    AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
     Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
 use std::sync::Arc;
@@ -27,6 +27,8 @@ use std::sync::Arc;
 pub const UNIT: u64 = 64 << 10;
 /// How long the I/O thread polls for a reply before it sleeps (`Endpoint::wait`).
 const SPIN_NS: u64 = 100_000;
+/// How often lost servers are asked to rejoin (while the tier is idle).
+const REJOIN_NS: u64 = 2_000_000_000;
 /// Jobs posted at once (callers beyond wait for a free one).
 const JOBS: usize = 8;
 
@@ -47,13 +49,36 @@ struct Job {
     detached: AtomicBool,
 }
 
-#[derive(Default)]
 struct Shared {
     jobs: [Job; JOBS],
     /// Bumped at every post; the I/O thread sleeps on it.
     doorbell: AtomicU32,
     /// Bumped when a job is freed; callers waiting for a job sleep on it.
     freed: AtomicU32,
+    /// Per 64 KiB unit of the offset space: bit r set when replica r (server
+    /// `(owner + r) % n`) holds the unit's current content. Written by the I/O thread;
+    /// read by stores, which must not skip writing content no server holds any more.
+    valid: Box<[AtomicU8]>,
+}
+
+impl Shared {
+    fn new(units: usize) -> Shared {
+        Shared {
+            jobs: Default::default(),
+            doorbell: AtomicU32::new(0),
+            freed: AtomicU32::new(0),
+            valid: (0..units).map(|_| AtomicU8::new(0)).collect(),
+        }
+    }
+
+    fn bits(&self, unit: u64) -> u8 {
+        self.valid.get(unit as usize).map_or(0, |v| v.load(Acquire))
+    }
+
+    /// Whether every unit of `[off, off+len)` has a copy on some server.
+    fn held(&self, off: u64, len: usize) -> bool {
+        (off / UNIT..(off + len as u64).div_ceil(UNIT)).all(|u| self.bits(u) != 0)
+    }
 }
 
 /// An error and its message (naming the server).
@@ -69,6 +94,8 @@ struct Req {
     addr: usize,
     len: usize,
     incoming: bool,
+    /// Which copy of its units it moves.
+    replica: u8,
 }
 
 /// One server of the tier.
@@ -86,6 +113,18 @@ struct Client {
     seq: u64,
     timeout_ns: u64,
     lease_ns: u64,
+    /// Copies of each unit (at most the number of servers).
+    replicas: usize,
+    /// Servers that stopped answering: no request goes to them until they rejoin.
+    down: Vec<bool>,
+    secret: Vec<u8>,
+    /// Bytes asked of each server at hello.
+    ask: u64,
+}
+
+/// Whether an error means the server (or the way to it) is lost, not that it refused.
+fn is_loss(e: Errno) -> bool {
+    !matches!(e.0, libc::ENOSPC)
 }
 
 pub struct RemoteTier {
@@ -168,9 +207,13 @@ impl Client {
         let deadline = attune_sys::os::now_ns() + self.timeout_ns;
         let fabric_err =
             |e: Errno, what: &str| (e, format!("{what}: {}", attune_sys::fabric::strerror(e.0)));
+        // Receives first, then the sends in passes: a send the provider cannot take yet
+        // (EAGAIN: its connection to a dead server is being retried) waits for the next
+        // pass, and does not hold up the requests to the other servers.
+        let mut iovs: Vec<Vec<(usize, usize)>> = Vec::with_capacity(n);
+        let mut unsent: Vec<usize> = Vec::with_capacity(n);
         for i in 0..n {
             let r = &reqs[i];
-            let fi = self.servers[r.server].fi;
             let mut riov = vec![(in_hdr[i].as_mut_ptr() as usize, proto::HEADER)];
             let mut siov = vec![(out_hdr[i].as_ptr() as usize, proto::HEADER)];
             if r.len > 0 {
@@ -180,28 +223,35 @@ impl Client {
                     siov.push((r.addr, r.len));
                 }
             }
+            iovs.push(siov);
             if let Err(e) = self.ep.recvv(&riov, Some(r.head.seq), &mut recv_ctx[i]) {
                 errs[i] = Some(fabric_err(e, "cannot post a receive"));
                 continue;
             }
             posted[i] += 1;
-            loop {
-                match self.ep.sendv(&siov, fi, None, &mut send_ctx[i]) {
+            unsent.push(i);
+        }
+        while !unsent.is_empty() {
+            let late = attune_sys::os::now_ns() >= deadline;
+            unsent.retain(|&i| {
+                let fi = self.servers[reqs[i].server].fi;
+                match self.ep.sendv(&iovs[i], fi, None, &mut send_ctx[i]) {
                     Ok(()) => {
                         posted[i] += 1;
-                        break;
+                        false
                     }
-                    Err(Errno(libc::EAGAIN)) if attune_sys::os::now_ns() < deadline => {
-                        if let Ok(Some(c)) = self.ep.poll(0) {
-                            Self::complete(c, &recv_ctx, &send_ctx, &mut posted, &mut errs);
-                        }
-                    }
+                    Err(Errno(libc::EAGAIN)) if !late => true,
                     Err(e) => {
-                        let name = &self.servers[r.server].name;
+                        let name = &self.servers[reqs[i].server].name;
                         errs[i] = Some(fabric_err(e, &format!("cannot send to {name}")));
                         // The receive stays posted: cancelled below with the others.
-                        break;
+                        false
                     }
+                }
+            });
+            if !unsent.is_empty() {
+                if let Ok(Some(c)) = self.ep.poll(0) {
+                    Self::complete(c, &recv_ctx, &send_ctx, &mut posted, &mut errs);
                 }
             }
         }
@@ -234,24 +284,6 @@ impl Client {
                 }
             }
         }
-        if posted.iter().any(|&p| p > 0) {
-            // Operations still posted (a failed or timed-out request): cancel them and
-            // leak their contexts and buffers, which the provider may still name in a
-            // late completion or write into.
-            for (i, c) in recv_ctx.iter_mut().enumerate() {
-                if posted[i] > 0 {
-                    self.ep.cancel(c);
-                }
-            }
-            std::mem::forget(recv_ctx);
-            std::mem::forget(send_ctx);
-            std::mem::forget(in_hdr);
-            std::mem::forget(out_hdr);
-            return errs
-                .into_iter()
-                .map(|e| Err(e.unwrap_or((Errno(libc::EIO), "cancelled".into()))))
-                .collect();
-        }
         let mut out = Vec::with_capacity(n);
         for (i, e) in errs.into_iter().enumerate() {
             if let Some(e) = e {
@@ -270,6 +302,21 @@ impl Client {
                 }
                 Ok(h) => Ok(h),
             });
+        }
+        if posted.iter().any(|&p| p > 0) {
+            // Operations still posted (a failed or timed-out request): cancel them and
+            // leak their contexts and buffers, which the provider may still name in a
+            // late completion or write into. The other requests' results stand.
+            for (i, c) in recv_ctx.iter_mut().enumerate() {
+                if posted[i] > 0 {
+                    self.ep.cancel(c);
+                }
+            }
+            std::mem::forget(recv_ctx);
+            std::mem::forget(send_ctx);
+            std::mem::forget(in_hdr);
+            std::mem::forget(out_hdr);
+            std::mem::forget(iovs);
         }
         out
     }
@@ -312,25 +359,121 @@ impl Client {
         }
     }
 
-    /// The requests that store or load `[off, off+len)` at `addr` (or discard it), one
-    /// per piece, tagged with `job`.
-    fn requests(&self, job: usize, op: Op, addr: usize, off: u64, len: usize, out: &mut Vec<Req>) {
-        for (s, o, l) in pieces(off, len as u64, self.servers.len()) {
-            let moves = matches!(op, Op::Store | Op::Load);
-            out.push(Req {
-                job,
-                server: s,
-                head: self.header(s, op, o, l as usize),
-                addr: if moves { addr + (o - off) as usize } else { 0 },
-                len: if moves { l as usize } else { 0 },
-                incoming: op == Op::Load,
-            });
+    /// The server of replica `r` of the units of a piece whose owner is `s`.
+    fn slot(&self, s: usize, r: usize) -> usize {
+        (s + r) % self.servers.len()
+    }
+
+    fn request(&self, job: usize, s: usize, op: Op, addr: usize, off: u64, o: u64, l: u64) -> Req {
+        let moves = matches!(op, Op::Store | Op::Load);
+        Req {
+            job,
+            server: s,
+            head: self.header(s, op, o, l as usize),
+            addr: if moves { addr + (o - off) as usize } else { 0 },
+            len: if moves { l as usize } else { 0 },
+            incoming: op == Op::Load,
+            replica: 0,
         }
     }
 
-    /// Keeps every session's lease.
-    fn ping(&mut self) -> Result<(), Failure> {
+    /// The requests of a store or discard of `[off, off+len)`: one per piece and live
+    /// replica. The units' copies are invalid from now until a store's reply.
+    fn write_requests(
+        &self,
+        sh: &Shared,
+        job: usize,
+        op: Op,
+        addr: usize,
+        off: u64,
+        len: usize,
+        out: &mut Vec<Req>,
+    ) {
+        for u in off / UNIT..(off + len as u64).div_ceil(UNIT) {
+            if let Some(v) = sh.valid.get(u as usize) {
+                v.store(0, Release);
+            }
+        }
+        for (s, o, l) in pieces(off, len as u64, self.servers.len()) {
+            for r in 0..self.replicas {
+                let t = self.slot(s, r);
+                if !self.down[t] {
+                    let mut q = self.request(job, t, op, addr, off, o, l);
+                    q.replica = r as u8;
+                    out.push(q);
+                }
+            }
+        }
+    }
+
+    /// The requests of a load of `[o, o+l)` (within a job at `off`): from the first live
+    /// replica that holds every unit of a piece, unit by unit where none holds them all.
+    /// Err: a unit no live server holds (its copies were on lost servers).
+    fn load_requests(
+        &self,
+        sh: &Shared,
+        job: usize,
+        addr: usize,
+        off: u64,
+        o: u64,
+        l: u64,
+        out: &mut Vec<Req>,
+    ) -> Result<(), u64> {
+        for (s, po, pl) in pieces(o, l, self.servers.len()) {
+            let all = (po / UNIT..(po + pl).div_ceil(UNIT)).fold(0xffu8, |m, u| m & sh.bits(u));
+            let pick = |bits: u8| {
+                (0..self.replicas).find(|&r| bits & (1 << r) != 0 && !self.down[self.slot(s, r)])
+            };
+            if let Some(r) = pick(all) {
+                let mut q = self.request(job, self.slot(s, r), Op::Load, addr, off, po, pl);
+                q.replica = r as u8;
+                out.push(q);
+                continue;
+            }
+            let mut a = po;
+            while a < po + pl {
+                let b = ((a / UNIT + 1) * UNIT).min(po + pl);
+                let r = pick(sh.bits(a / UNIT)).ok_or(a)?;
+                let mut q = self.request(job, self.slot(s, r), Op::Load, addr, off, a, b - a);
+                q.replica = r as u8;
+                out.push(q);
+                a = b;
+            }
+        }
+        Ok(())
+    }
+
+    /// A server stopped answering: nothing more goes to it, and its copies no longer
+    /// count (it may come back empty, or with a session that expired).
+    fn lose(&mut self, sh: &Shared, t: usize, why: &str) {
+        if self.down[t] {
+            return;
+        }
+        self.down[t] = true;
+        let n = self.servers.len();
+        for (u, v) in sh.valid.iter().enumerate() {
+            let s = owner(u as u64, n);
+            for r in 0..self.replicas {
+                if (s + r) % n == t {
+                    v.fetch_and(!(1u8 << r), AcqRel);
+                }
+            }
+        }
+        let left = if self.replicas > 1 {
+            format!("the other {} cop(ies) serve", self.replicas - 1)
+        } else {
+            "pages held only there are lost".to_string()
+        };
+        crate::warn!(
+            "remote tier: server {} lost ({why}); {left}",
+            self.servers[t].name
+        );
+    }
+
+    /// Keeps every live server's session: a server that does not answer is lost.
+    fn ping(&mut self, sh: &Shared) {
         let mut reqs: Vec<Req> = (0..self.servers.len())
+            .filter(|&s| !self.down[s])
             .map(|s| Req {
                 job: 0,
                 server: s,
@@ -338,111 +481,228 @@ impl Client {
                 addr: 0,
                 len: 0,
                 incoming: false,
+                replica: 0,
             })
             .collect();
-        self.exchange(&mut reqs)
-            .into_iter()
-            .find_map(Result::err)
-            .map_or(Ok(()), Err)
+        let res = self.exchange(&mut reqs);
+        for (q, r) in reqs.iter().zip(res) {
+            if let Err((_, m)) = r {
+                self.lose(sh, q.server, &m);
+            }
+        }
     }
 
-    fn hello(&mut self, secret: &[u8], ask: u64) -> Result<(), String> {
-        let me = self
-            .ep
-            .name()
-            .map_err(|e| format!("the endpoint has no address: {e}"))?;
-        let payload = proto::encode_hello(secret, &me);
-        let mut reqs: Vec<Req> = (0..self.servers.len())
-            .map(|s| Req {
+    /// Opens a session on each server of `which`; per server, an error message.
+    fn hello(&mut self, which: &[usize]) -> Vec<Result<(), String>> {
+        let me = match self.ep.name() {
+            Ok(me) => me,
+            Err(e) => {
+                return which
+                    .iter()
+                    .map(|_| Err(format!("the endpoint has no address: {e}")))
+                    .collect()
+            }
+        };
+        let payload = proto::encode_hello(&self.secret, &me);
+        let mut reqs: Vec<Req> = which
+            .iter()
+            .map(|&s| Req {
                 job: 0,
                 server: s,
                 head: Header {
                     op: Op::Hello as u16,
-                    off: ask,
+                    off: self.ask,
                     len: payload.len() as u32,
                     ..Default::default()
                 },
                 addr: payload.as_ptr() as usize,
                 len: payload.len(),
                 incoming: false,
+                replica: 0,
             })
             .collect();
         let replies = self.exchange(&mut reqs);
-        for (s, r) in replies.into_iter().enumerate() {
-            let h = r.map_err(|(e, m)| {
-                if e.0 == libc::EACCES {
-                    format!("{m}: the server refused the job's secret")
-                } else {
-                    m
-                }
-            })?;
-            self.servers[s].session = h.session;
-            self.servers[s].token = h.token;
-            // The server's lease, in the reply's offset field (ms).
-            self.lease_ns = self.lease_ns.min(h.off.max(1000) * 1_000_000);
-        }
-        Ok(())
+        which
+            .iter()
+            .zip(replies)
+            .map(|(&s, r)| {
+                let h = r.map_err(|(e, m)| {
+                    if e.0 == libc::EACCES {
+                        format!("{m}: the server refused the job's secret")
+                    } else {
+                        m
+                    }
+                })?;
+                self.servers[s].session = h.session;
+                self.servers[s].token = h.token;
+                // The server's lease, in the reply's offset field (ms).
+                self.lease_ns = self.lease_ns.min(h.off.max(1000) * 1_000_000);
+                Ok(())
+            })
+            .collect()
     }
 
-    /// Serves the jobs: every job posted is sent at once (a fault's load does not wait
-    /// behind the evictor's stores), then each is answered with its own result.
-    fn run(mut self, shared: Arc<Shared>) {
-        let mut last_ping = attune_sys::os::now_ns();
+    /// Lost servers that answer again get a new session and take copies from now on
+    /// (they hold none of the old ones). Tried with a short deadline, while idle.
+    fn rejoin(&mut self) {
+        let lost: Vec<usize> = (0..self.servers.len()).filter(|&s| self.down[s]).collect();
+        if lost.is_empty() {
+            return;
+        }
+        let full = self.timeout_ns;
+        self.timeout_ns = full.min(500_000_000);
+        let res = self.hello(&lost);
+        self.timeout_ns = full;
+        for (s, r) in lost.into_iter().zip(res) {
+            if r.is_ok() {
+                self.down[s] = false;
+                crate::warn!("remote tier: server {} rejoined (empty: copies are made again as pages are stored)", self.servers[s].name);
+            }
+        }
+    }
+
+    /// Serves the posted jobs `ops`: every request of every job at once (a fault's load
+    /// does not wait behind the evictor's stores), loads retried on the next copy when a
+    /// server is lost. Returns each job's result (0 or an errno value).
+    fn serve(&mut self, sh: &Shared, ops: &[Option<Op>; JOBS]) -> [i32; JOBS] {
+        let mut codes = [0i32; JOBS];
         let mut reqs: Vec<Req> = Vec::new();
-        loop {
-            let bell = shared.doorbell.load(Acquire);
-            reqs.clear();
-            let mut ops = [None; JOBS];
-            for (k, j) in shared.jobs.iter().enumerate() {
-                if j.state.load(Acquire) != POSTED {
-                    continue;
+        let job = |k: usize| {
+            let j = &sh.jobs[k];
+            (
+                j.addr.load(Relaxed),
+                j.off.load(Relaxed),
+                j.len.load(Relaxed),
+            )
+        };
+        let what = |op: Op| match op {
+            Op::Store => "a store",
+            Op::Load => "a load",
+            _ => "a discard",
+        };
+        for (k, op) in ops.iter().enumerate() {
+            let Some(op) = *op else { continue };
+            let (addr, off, len) = job(k);
+            if op == Op::Load {
+                if let Err(at) = self.load_requests(sh, k, addr, off, off, len as u64, &mut reqs) {
+                    crate::warn!("remote tier: a load of {len} bytes failed: no live server holds the page at offset {at:#x}");
+                    codes[k] = libc::EIO;
                 }
-                let op = match j.op.load(Relaxed) {
-                    2 => Op::Store,
-                    3 => Op::Load,
-                    _ => Op::Discard,
-                };
-                ops[k] = Some(op);
-                self.requests(
-                    k,
-                    op,
-                    j.addr.load(Relaxed),
-                    j.off.load(Relaxed),
-                    j.len.load(Relaxed),
-                    &mut reqs,
-                );
+            } else {
+                self.write_requests(sh, k, op, addr, off, len, &mut reqs);
             }
-            // Every server is pinged at a quarter of the lease, busy or not (a server
-            // whose units are not in use would lose the session otherwise).
-            let now = attune_sys::os::now_ns();
-            if now.saturating_sub(last_ping) >= self.lease_ns / 4 {
-                if let Err((_, m)) = self.ping() {
-                    crate::warn!("remote tier: keeping the lease failed: {m}");
-                }
-                last_ping = now;
-            }
-            if ops.iter().all(Option::is_none) {
-                attune_sys::os::futex_wait(&shared.doorbell, bell, self.lease_ns / 4);
-                continue;
+        }
+        // Rounds: a load whose server is lost is asked again of the next copy.
+        for _round in 0..=self.replicas {
+            if reqs.is_empty() {
+                break;
             }
             let results = self.exchange(&mut reqs);
-            let mut codes = [0i32; JOBS];
-            for (r, res) in reqs.iter().zip(results) {
-                if let Err((e, m)) = res {
-                    if codes[r.job] == 0 {
-                        codes[r.job] = e.0;
-                        if e.0 != libc::ENOSPC {
-                            let what = match ops[r.job] {
-                                Some(Op::Store) => "a store",
-                                Some(Op::Load) => "a load",
-                                _ => "a discard",
-                            };
-                            let len = shared.jobs[r.job].len.load(Relaxed);
-                            crate::warn!("remote tier: {what} of {len} bytes failed: {m}");
+            let mut again: Vec<Req> = Vec::new();
+            let mut first_err: [Option<Failure>; JOBS] = Default::default();
+            for (q, res) in reqs.iter().zip(results) {
+                let op = Op::from_u16(q.head.op).unwrap_or(Op::Discard);
+                match res {
+                    Ok(_) if op == Op::Store => {
+                        let (o, l) = (q.head.off, q.head.len as u64);
+                        for u in o / UNIT..(o + l).div_ceil(UNIT) {
+                            if let Some(v) = sh.valid.get(u as usize) {
+                                v.fetch_or(1 << q.replica, AcqRel);
+                            }
+                        }
+                    }
+                    Ok(_) => {}
+                    Err((e, m)) => {
+                        if is_loss(e) {
+                            self.lose(sh, q.server, &m);
+                        }
+                        if op == Op::Load && codes[q.job] == 0 {
+                            let (addr, off, _) = job(q.job);
+                            if self
+                                .load_requests(
+                                    sh,
+                                    q.job,
+                                    addr,
+                                    off,
+                                    q.head.off,
+                                    q.head.len as u64,
+                                    &mut again,
+                                )
+                                .is_err()
+                            {
+                                crate::warn!(
+                                    "remote tier: a load of {} bytes failed: {m}",
+                                    q.head.len
+                                );
+                                codes[q.job] = e.0;
+                            }
+                        } else if op == Op::Store {
+                            first_err[q.job].get_or_insert((e, m));
                         }
                     }
                 }
             }
+            // A store succeeds when every unit has a copy somewhere (fewer copies than
+            // asked while a server is lost or full); otherwise its pages stay in DRAM.
+            for (k, op) in ops.iter().enumerate() {
+                if *op == Some(Op::Store) && codes[k] == 0 {
+                    let (_, off, len) = job(k);
+                    if !sh.held(off, len) {
+                        let (e, m) = first_err[k]
+                            .take()
+                            .unwrap_or((Errno(libc::EIO), "no copy made".into()));
+                        if e.0 != libc::ENOSPC {
+                            crate::warn!(
+                                "remote tier: {} of {len} bytes failed: {m}",
+                                what(Op::Store)
+                            );
+                        }
+                        codes[k] = e.0;
+                    }
+                }
+            }
+            // Only the retries of loads that have not failed go again.
+            again.retain(|q| codes[q.job] == 0);
+            reqs = again;
+        }
+        codes
+    }
+
+    fn run(mut self, shared: Arc<Shared>) {
+        let mut last_ping = attune_sys::os::now_ns();
+        let mut last_rejoin = last_ping;
+        loop {
+            let bell = shared.doorbell.load(Acquire);
+            let mut ops = [None; JOBS];
+            for (k, j) in shared.jobs.iter().enumerate() {
+                if j.state.load(Acquire) == POSTED {
+                    ops[k] = Some(match j.op.load(Relaxed) {
+                        2 => Op::Store,
+                        3 => Op::Load,
+                        _ => Op::Discard,
+                    });
+                }
+            }
+            // Every live server is pinged at a quarter of the lease, busy or not (a
+            // server whose units are not in use would lose the session otherwise).
+            let now = attune_sys::os::now_ns();
+            if now.saturating_sub(last_ping) >= self.lease_ns / 4 {
+                self.ping(&shared);
+                last_ping = now;
+            }
+            if ops.iter().all(Option::is_none) {
+                if now.saturating_sub(last_rejoin) >= REJOIN_NS {
+                    self.rejoin();
+                    last_rejoin = now;
+                }
+                attune_sys::os::futex_wait(
+                    &shared.doorbell,
+                    bell,
+                    (self.lease_ns / 4).min(REJOIN_NS),
+                );
+                continue;
+            }
+            let codes = self.serve(&shared, &ops);
             for (k, j) in shared.jobs.iter().enumerate() {
                 if ops[k].is_none() {
                     continue;
@@ -462,7 +722,7 @@ impl Client {
 }
 
 impl RemoteTier {
-    pub fn new(cfg: &TierConfig) -> Result<RemoteTier, String> {
+    pub fn new(cfg: &TierConfig, space: u64) -> Result<RemoteTier, String> {
         let path = cfg
             .secret_file
             .as_deref()
@@ -489,23 +749,32 @@ impl RemoteTier {
                 token: [0; 16],
             });
         }
+        let n = servers.len().max(1);
+        let replicas = (cfg.replicas as usize).clamp(1, n);
         let mut c = Client {
             ep,
-            servers,
             seq: 0,
             timeout_ns: cfg.timeout_ms * 1_000_000,
             lease_ns: 60_000_000_000,
+            replicas,
+            down: vec![false; servers.len()],
+            servers,
+            secret,
+            // Each server holds `replicas` shares of the capacity over n servers.
+            ask: cfg.capacity.saturating_mul(replicas as u64) / n as u64 + UNIT,
         };
-        let per_server = cfg.capacity / c.servers.len().max(1) as u64 + UNIT;
-        c.hello(&secret, per_server)
-            .map_err(|e| format!("tier '{}': {e}", cfg.name))?;
+        let all: Vec<usize> = (0..c.servers.len()).collect();
+        for r in c.hello(&all) {
+            r.map_err(|e| format!("tier '{}': {e}", cfg.name))?;
+        }
         crate::info!(
-            "tier '{}': {} memory server(s) over libfabric '{}'",
+            "tier '{}': {} memory server(s) over libfabric '{}', {} cop(ies) of each page",
             cfg.name,
             c.servers.len(),
-            c.ep.provider()
+            c.ep.provider(),
+            replicas
         );
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared::new(space.div_ceil(UNIT) as usize));
         let s2 = shared.clone();
         attune_sys::os::spawn_runtime_thread("attune-remote", move || c.run(s2))
             .map_err(|e| format!("tier '{}': cannot start its I/O thread: {e}", cfg.name))?;
@@ -574,7 +843,9 @@ impl super::Medium for RemoteTier {
             return Err(Errno(libc::ENOSPC));
         }
         super::store_staged(io, region_uffd, src, len, &mut |st| {
-            if already_there(st) {
+            // Clean content the servers hold already is not sent again, unless the
+            // copies were on servers since lost.
+            if already_there(st) && self.shared.held(off, len) {
                 return Ok(());
             }
             // The provider's send reads the staged pages in the kernel: a page the
