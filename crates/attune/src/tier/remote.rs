@@ -98,6 +98,14 @@ struct Req {
     replica: u8,
 }
 
+/// A job's place: its number, its buffer and the tier offset the buffer starts at.
+#[derive(Clone, Copy)]
+struct At {
+    job: usize,
+    addr: usize,
+    off: u64,
+}
+
 /// One server of the tier.
 struct Server {
     name: String,
@@ -364,8 +372,10 @@ impl Client {
         (s + r) % self.servers.len()
     }
 
-    fn request(&self, job: usize, s: usize, op: Op, addr: usize, off: u64, o: u64, l: u64) -> Req {
+    /// The request to server `s` that moves `[o, o+l)` of job `at` (copy `replica`).
+    fn request(&self, at: At, s: usize, replica: usize, op: Op, o: u64, l: u64) -> Req {
         let moves = matches!(op, Op::Store | Op::Load);
+        let At { job, addr, off } = at;
         Req {
             job,
             server: s,
@@ -373,22 +383,14 @@ impl Client {
             addr: if moves { addr + (o - off) as usize } else { 0 },
             len: if moves { l as usize } else { 0 },
             incoming: op == Op::Load,
-            replica: 0,
+            replica: replica as u8,
         }
     }
 
     /// The requests of a store or discard of `[off, off+len)`: one per piece and live
     /// replica. The units' copies are invalid from now until a store's reply.
-    fn write_requests(
-        &self,
-        sh: &Shared,
-        job: usize,
-        op: Op,
-        addr: usize,
-        off: u64,
-        len: usize,
-        out: &mut Vec<Req>,
-    ) {
+    fn write_requests(&self, sh: &Shared, at: At, op: Op, len: usize, out: &mut Vec<Req>) {
+        let off = at.off;
         for u in off / UNIT..(off + len as u64).div_ceil(UNIT) {
             if let Some(v) = sh.valid.get(u as usize) {
                 v.store(0, Release);
@@ -398,9 +400,7 @@ impl Client {
             for r in 0..self.replicas {
                 let t = self.slot(s, r);
                 if !self.down[t] {
-                    let mut q = self.request(job, t, op, addr, off, o, l);
-                    q.replica = r as u8;
-                    out.push(q);
+                    out.push(self.request(at, t, r, op, o, l));
                 }
             }
         }
@@ -412,9 +412,7 @@ impl Client {
     fn load_requests(
         &self,
         sh: &Shared,
-        job: usize,
-        addr: usize,
-        off: u64,
+        at: At,
         o: u64,
         l: u64,
         out: &mut Vec<Req>,
@@ -425,18 +423,14 @@ impl Client {
                 (0..self.replicas).find(|&r| bits & (1 << r) != 0 && !self.down[self.slot(s, r)])
             };
             if let Some(r) = pick(all) {
-                let mut q = self.request(job, self.slot(s, r), Op::Load, addr, off, po, pl);
-                q.replica = r as u8;
-                out.push(q);
+                out.push(self.request(at, self.slot(s, r), r, Op::Load, po, pl));
                 continue;
             }
             let mut a = po;
             while a < po + pl {
                 let b = ((a / UNIT + 1) * UNIT).min(po + pl);
                 let r = pick(sh.bits(a / UNIT)).ok_or(a)?;
-                let mut q = self.request(job, self.slot(s, r), Op::Load, addr, off, a, b - a);
-                q.replica = r as u8;
-                out.push(q);
+                out.push(self.request(at, self.slot(s, r), r, Op::Load, a, b - a));
                 a = b;
             }
         }
@@ -584,12 +578,13 @@ impl Client {
             let Some(op) = *op else { continue };
             let (addr, off, len) = job(k);
             if op == Op::Load {
-                if let Err(at) = self.load_requests(sh, k, addr, off, off, len as u64, &mut reqs) {
-                    crate::warn!("remote tier: a load of {len} bytes failed: no live server holds the page at offset {at:#x}");
+                let at = At { job: k, addr, off };
+                if let Err(bad) = self.load_requests(sh, at, off, len as u64, &mut reqs) {
+                    crate::warn!("remote tier: a load of {len} bytes failed: no live server holds the page at offset {bad:#x}");
                     codes[k] = libc::EIO;
                 }
             } else {
-                self.write_requests(sh, k, op, addr, off, len, &mut reqs);
+                self.write_requests(sh, At { job: k, addr, off }, op, len, &mut reqs);
             }
         }
         // Rounds: a load whose server is lost is asked again of the next copy.
@@ -618,18 +613,13 @@ impl Client {
                         }
                         if op == Op::Load && codes[q.job] == 0 {
                             let (addr, off, _) = job(q.job);
-                            if self
-                                .load_requests(
-                                    sh,
-                                    q.job,
-                                    addr,
-                                    off,
-                                    q.head.off,
-                                    q.head.len as u64,
-                                    &mut again,
-                                )
-                                .is_err()
-                            {
+                            let at = At {
+                                job: q.job,
+                                addr,
+                                off,
+                            };
+                            let (o, l) = (q.head.off, q.head.len as u64);
+                            if self.load_requests(sh, at, o, l, &mut again).is_err() {
                                 crate::warn!(
                                     "remote tier: a load of {} bytes failed: {m}",
                                     q.head.len
