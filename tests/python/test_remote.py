@@ -57,8 +57,9 @@ class Hosts:
             sh("ip", "-n", self.switch, "link", "set", b, "up")
             sh("ip", "-n", ns, "link", "set", "lo", "up")
             sh("ip", "-n", ns, "link", "set", a, "up")
-            sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.conf.all.route_localnet=1",
-               f"net.ipv4.conf.{a}.route_localnet=1")
+            # 127.x on a wire (a per-namespace setting, not the host's).
+            sh("ip", "netns", "exec", ns, "sh", "-c", f"echo 1 > /proc/sys/net/ipv4/conf/all/route_localnet && "
+               f"echo 1 > /proc/sys/net/ipv4/conf/{a}/route_localnet")
             sh("ip", "-n", ns, "addr", "add", f"127.77.0.{i}/32", "dev", a)
             sh("ip", "-n", ns, "route", "add", "127.77.0.0/24", "dev", a)
             self.links[ns] = a
@@ -265,7 +266,7 @@ def test_runtimes_that_end_with_requests_in_flight_do_not_stop_the_server(workdi
     read's wait set, and the next runtime's hello went unanswered; such errors are now
     logged and the loop goes on.)"""
     h = hosts(1)
-    _, log = h.serve(0, workdir, secret(workdir), "--size", "1G")
+    _, log = h.serve(0, workdir, secret(workdir), "--size", "2G")
     env = {**os.environ, "ATTUNE_CONFIG": str(config(workdir, h, 1, secret(workdir))), "ATTUNE_DRAM": "8M",
            "TEST_BUDGET": str(8 * MIB)}
     quick = {**env, "ATTUNE_CONFIG": str(config(workdir, h, 1, secret(workdir), timeout_ms=2000, name="quick")),
@@ -277,10 +278,15 @@ def test_runtimes_that_end_with_requests_in_flight_do_not_stop_the_server(workdi
             only = workdir / "remote-only.toml"
             only.write_text(f'[[tier]]\nname = "remote"\nkind = "remote"\ncapacity = "2G"\n'
                             f'servers = "{h.addr(0)}"\nsecret_file = "{secret(workdir)}"\n')
-            p = subprocess.run(h.on_client(["env", "ATTUNE_DRAM=64M", "ATTUNE_READAHEAD=0", f"ATTUNE_CONFIG={only}",
-                                            BUILD / "bin" / "attune-lab", "__worker", "fault-attune-thread"]),
-                               capture_output=True, text=True, timeout=300, env=env)
-            assert p.returncode == 0 and '"ok":true' in p.stdout, p.stdout + p.stderr
+            for scenario, dram in (("fault-attune-thread", "64M"), ("rand-attune-thread", "256M")):
+                # Random updates: 512 MiB over 256 MiB, 4 KiB pages stored and discarded
+                # apart within 64 KiB units (once lost pages: a unit's copy record
+                # cleared by one page's discard).
+                p = subprocess.run(h.on_client(["env", f"ATTUNE_DRAM={dram}", "ATTUNE_READAHEAD=0",
+                                                f"ATTUNE_CONFIG={only}", BUILD / "bin" / "attune-lab", "__worker",
+                                                scenario]),
+                                   capture_output=True, text=True, timeout=300, env=env)
+                assert p.returncode == 0 and '"ok":true' in p.stdout, scenario + p.stdout + p.stderr
         elif how == "kill":
             p = subprocess.Popen(h.on_client([build(workdir, "integrity"), "64"]), stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL, env=env)

@@ -18,7 +18,7 @@ use attune_sys::fabric::{Endpoint, OpContext};
 use attune_sys::uffd::Uffd;
 use attune_sys::{Errno, SysResult};
 use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
+    AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize,
     Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
 use std::sync::Arc;
@@ -55,29 +55,55 @@ struct Shared {
     doorbell: AtomicU32,
     /// Bumped when a job is freed; callers waiting for a job sleep on it.
     freed: AtomicU32,
-    /// Per 64 KiB unit of the offset space: bit r set when replica r (server
-    /// `(owner + r) % n`) holds the unit's current content. Written by the I/O thread;
-    /// read by stores, which must not skip writing content no server holds any more.
-    valid: Box<[AtomicU8]>,
+    /// Per page of the offset space: bit r set when copy r (server `(owner + r) % n`,
+    /// the owner of the page's unit) holds the page's current content. Per page, not per
+    /// unit: the pages of one unit are stored, discarded and refused apart, and a unit's
+    /// bit once cleared by one page's discard lost its other pages (seen in
+    /// bench/remote.py's random updates). Written by the I/O thread; read by stores, which
+    /// must not skip writing content no server holds any more. Zero pages mapped on
+    /// demand (`AtomicTable`): only the offsets in use cost memory.
+    valid: attune_sys::mem::AtomicTable,
 }
 
 impl Shared {
-    fn new(units: usize) -> Shared {
-        Shared {
+    fn new(pages: usize) -> Result<Shared, Errno> {
+        Ok(Shared {
             jobs: Default::default(),
             doorbell: AtomicU32::new(0),
             freed: AtomicU32::new(0),
-            valid: (0..units).map(|_| AtomicU8::new(0)).collect(),
-        }
+            valid: attune_sys::mem::AtomicTable::new(pages)?,
+        })
     }
 
-    fn bits(&self, unit: u64) -> u8 {
-        self.valid.get(unit as usize).map_or(0, |v| v.load(Acquire))
+    fn word(&self, page: u64) -> Option<&AtomicU64> {
+        ((page as usize) < self.valid.len()).then(|| self.valid.get(page as usize))
     }
 
-    /// Whether every unit of `[off, off+len)` has a copy on some server.
+    /// The copies of the page at byte offset `at`.
+    fn bits(&self, at: u64) -> u8 {
+        self.word(at / proto::PAGE)
+            .map_or(0, |v| v.load(Acquire) as u8)
+    }
+
+    /// The copies every page of `[off, off+len)` has.
+    fn common(&self, off: u64, len: u64) -> u8 {
+        (off / proto::PAGE..(off + len).div_ceil(proto::PAGE))
+            .fold(0xff, |m, p| m & self.bits(p * proto::PAGE))
+    }
+
+    /// Whether every page of `[off, off+len)` has a copy on some server.
     fn held(&self, off: u64, len: usize) -> bool {
-        (off / UNIT..(off + len as u64).div_ceil(UNIT)).all(|u| self.bits(u) != 0)
+        (off / proto::PAGE..(off + len as u64).div_ceil(proto::PAGE))
+            .all(|p| self.bits(p * proto::PAGE) != 0)
+    }
+
+    /// Applies `f` to the copy bits of every page of `[off, off+len)`.
+    fn update(&self, off: u64, len: u64, f: impl Fn(&AtomicU64)) {
+        for p in off / proto::PAGE..(off + len).div_ceil(proto::PAGE) {
+            if let Some(v) = self.word(p) {
+                f(v);
+            }
+        }
     }
 }
 
@@ -388,14 +414,11 @@ impl Client {
     }
 
     /// The requests of a store or discard of `[off, off+len)`: one per piece and live
-    /// replica. The units' copies are invalid from now until a store's reply.
+    /// replica. The pages' copies are stale from now until a store's reply (a discard:
+    /// for good).
     fn write_requests(&self, sh: &Shared, at: At, op: Op, len: usize, out: &mut Vec<Req>) {
         let off = at.off;
-        for u in off / UNIT..(off + len as u64).div_ceil(UNIT) {
-            if let Some(v) = sh.valid.get(u as usize) {
-                v.store(0, Release);
-            }
-        }
+        sh.update(off, len as u64, |v| v.store(0, Release));
         for (s, o, l) in pieces(off, len as u64, self.servers.len()) {
             for r in 0..self.replicas {
                 let t = self.slot(s, r);
@@ -407,8 +430,8 @@ impl Client {
     }
 
     /// The requests of a load of `[o, o+l)` (within a job at `off`): from the first live
-    /// replica that holds every unit of a piece, unit by unit where none holds them all.
-    /// Err: a unit no live server holds (its copies were on lost servers).
+    /// copy that holds every page of a piece, page by page where none holds them all.
+    /// Err: a page no live server holds (its copies were on lost servers).
     fn load_requests(
         &self,
         sh: &Shared,
@@ -418,7 +441,7 @@ impl Client {
         out: &mut Vec<Req>,
     ) -> Result<(), u64> {
         for (s, po, pl) in pieces(o, l, self.servers.len()) {
-            let all = (po / UNIT..(po + pl).div_ceil(UNIT)).fold(0xffu8, |m, u| m & sh.bits(u));
+            let all = sh.common(po, pl);
             let pick = |bits: u8| {
                 (0..self.replicas).find(|&r| bits & (1 << r) != 0 && !self.down[self.slot(s, r)])
             };
@@ -428,8 +451,12 @@ impl Client {
             }
             let mut a = po;
             while a < po + pl {
-                let b = ((a / UNIT + 1) * UNIT).min(po + pl);
-                let r = pick(sh.bits(a / UNIT)).ok_or(a)?;
+                let r = pick(sh.bits(a)).ok_or(a)?;
+                // The run of pages this copy holds, from a.
+                let mut b = a + proto::PAGE;
+                while b < po + pl && pick(sh.bits(b)) == Some(r) {
+                    b += proto::PAGE;
+                }
                 out.push(self.request(at, self.slot(s, r), r, Op::Load, a, b - a));
                 a = b;
             }
@@ -445,11 +472,15 @@ impl Client {
         }
         self.down[t] = true;
         let n = self.servers.len();
-        for (u, v) in sh.valid.iter().enumerate() {
-            let s = owner(u as u64, n);
+        for p in 0..sh.valid.len() {
+            let v = sh.valid.get(p);
+            if v.load(Relaxed) == 0 {
+                continue;
+            }
+            let s = owner(p as u64 * proto::PAGE / UNIT, n);
             for r in 0..self.replicas {
                 if (s + r) % n == t {
-                    v.fetch_and(!(1u8 << r), AcqRel);
+                    v.fetch_and(!(1u64 << r), AcqRel);
                 }
             }
         }
@@ -600,11 +631,9 @@ impl Client {
                 match res {
                     Ok(_) if op == Op::Store => {
                         let (o, l) = (q.head.off, q.head.len as u64);
-                        for u in o / UNIT..(o + l).div_ceil(UNIT) {
-                            if let Some(v) = sh.valid.get(u as usize) {
-                                v.fetch_or(1 << q.replica, AcqRel);
-                            }
-                        }
+                        sh.update(o, l, |v| {
+                            v.fetch_or(1 << q.replica, AcqRel);
+                        });
                     }
                     Ok(_) => {}
                     Err((e, m)) => {
@@ -764,7 +793,10 @@ impl RemoteTier {
             c.ep.provider(),
             replicas
         );
-        let shared = Arc::new(Shared::new(space.div_ceil(UNIT) as usize));
+        let shared = Arc::new(
+            Shared::new(space.div_ceil(proto::PAGE) as usize)
+                .map_err(|e| format!("tier '{}': its copy table: {e}", cfg.name))?,
+        );
         let s2 = shared.clone();
         attune_sys::os::spawn_runtime_thread("attune-remote", move || c.run(s2))
             .map_err(|e| format!("tier '{}': cannot start its I/O thread: {e}", cfg.name))?;
