@@ -10,7 +10,7 @@
 
 use crate::config::TierConfig;
 use attune_sys::uffd::Uffd;
-use attune_sys::{mem, Errno, SysResult};
+use attune_sys::{mem, SysResult};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicI32, Ordering::AcqRel};
 
@@ -141,15 +141,16 @@ impl super::Medium for FileTier {
         len: usize,
         seen: &mut dyn FnMut(usize) -> bool,
     ) -> SysResult<()> {
-        let slot = io.bounce.claim(len).ok_or(Errno(libc::EAGAIN))?;
-        let b = slot.addr();
         // Every chunk loaded from here was written here: a short read means the file lost
         // it (truncated by someone else), which must fail, not read as zeros.
-        mem::pread_exact_raw(&self.fd, b, len, off)?;
-        if !seen(b) {
-            return Err(Errno(libc::EBADMSG));
-        }
-        region_uffd.place_copy(dst, b, len, true)
+        super::load_bounced(
+            io,
+            region_uffd,
+            dst,
+            len,
+            &mut |b| mem::pread_exact_raw(&self.fd, b, len, off),
+            seen,
+        )
     }
     fn discard(&self, off: u64, len: usize) {
         let _ = mem::punch_hole(&self.fd, off, len as u64);

@@ -449,6 +449,26 @@ pub(crate) fn store_staged(
     Ok(())
 }
 
+/// A load through a bounce buffer (the file and remote media): `read` fills the buffer
+/// with the slot's `len` bytes, `seen` checks them (false: EBADMSG, nothing placed), and
+/// they are copied into the missing region range at `dst`. Signal-safe.
+pub(crate) fn load_bounced(
+    io: &IoContext,
+    region_uffd: &Uffd,
+    dst: usize,
+    len: usize,
+    read: &mut dyn FnMut(usize) -> SysResult<()>,
+    seen: &mut dyn FnMut(usize) -> bool,
+) -> SysResult<()> {
+    let slot = io.bounce.claim(len).ok_or(Errno(libc::EAGAIN))?;
+    let b = slot.addr();
+    read(b)?;
+    if !seen(b) {
+        return Err(Errno(libc::EBADMSG));
+    }
+    region_uffd.place_copy(dst, b, len, true)
+}
+
 /// Puts pages a store had moved out of the region (`[st, st+len)`, a staging slot or a
 /// far-memory slot) back at `src`: one move of the range (which already retries and
 /// accounts for what it moved), then the pages it could not move copied one by one.

@@ -890,13 +890,14 @@ impl super::Medium for RemoteTier {
         if self.detached.load(Relaxed) {
             return Err(Errno(libc::EIO));
         }
-        let slot = io.bounce.claim(len).ok_or(Errno(libc::EAGAIN))?;
-        let b = slot.addr();
-        self.post(Op::Load, b, off, len, false)?;
-        if !seen(b) {
-            return Err(Errno(libc::EBADMSG));
-        }
-        region_uffd.place_copy(dst, b, len, true)
+        super::load_bounced(
+            io,
+            region_uffd,
+            dst,
+            len,
+            &mut |b| self.post(Op::Load, b, off, len, false),
+            seen,
+        )
     }
 
     fn discard(&self, off: u64, len: usize) {
