@@ -305,7 +305,7 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
             }
             let mut same = true;
             for i in 0..n {
-                let h = crate::hash::chunk_hash(staged + i * r.chunk, r.chunk);
+                let h = crate::hash::chunk_hash(staged + i * r.chunk, r.chunk, t);
                 hashes[i] = h;
                 if r.file_hash[c + i].load(Relaxed) != h {
                     same = false;

@@ -323,7 +323,7 @@ fn fetch_run(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
                 e.pace(len as u64);
                 let off = r.slots[run.tier] + (run.c * r.chunk) as u64;
                 let keeps = t.keeps_copy();
-                let mut seen = |data: usize| !keeps || check_hashes(r, run.c, run.n, data);
+                let mut seen = |data: usize| !keeps || check_hashes(r, run.c, run.n, run.tier, data);
                 let res = t.load(&e.io(), uffd, dst, off, len, &mut seen);
                 if res.is_ok() {
                     e.counters.fetched_bytes.fetch_add(len as u64, Relaxed);
@@ -455,10 +455,10 @@ fn copy_pages(uffd: &attune_sys::uffd::Uffd, dst: usize, src: usize, len: usize)
 /// what was written (the file was truncated, punched or overwritten behind the runtime's
 /// back; a hole reads as zeros, which no read error reports): the page must not be given
 /// to the application.
-fn check_hashes(r: &Region, c: usize, n: usize, data: usize) -> bool {
+fn check_hashes(r: &Region, c: usize, n: usize, tier: usize, data: usize) -> bool {
     let mut hashes = [0u64; MAX_RUN / 4096];
     for (i, h) in hashes.iter_mut().enumerate().take(n) {
-        *h = crate::hash::chunk_hash(data + i * r.chunk, r.chunk);
+        *h = crate::hash::chunk_hash(data + i * r.chunk, r.chunk, tier);
         let known = r.file_hash[c + i].load(Relaxed);
         if known != 0 && known != *h {
             return false;
