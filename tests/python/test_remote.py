@@ -72,10 +72,12 @@ class Hosts:
     def addr(self, i):
         return f"127.77.0.{i + 2}:{PORT}"
 
-    def serve(self, i, workdir, secret, *extra):
-        """Starts `attune memserver` on server host i; returns (process, log path)."""
+    def serve(self, i, workdir, secret, *extra, user=None):
+        """Starts `attune memserver` on server host i (as `user` if given); returns
+        (process, log path)."""
         log = workdir / f"memserver-{self.servers[i]}.log"
-        p = subprocess.Popen(["ip", "netns", "exec", self.servers[i], ATTUNE, "memserver", "--listen",
+        who = ["runuser", "-u", user, "--"] if user else []
+        p = subprocess.Popen(["ip", "netns", "exec", self.servers[i], *who, ATTUNE, "memserver", "--listen",
                               self.addr(i), "--secret-file", secret, *map(str, extra)],
                              stdout=subprocess.DEVNULL, stderr=open(log, "w"))
         self.procs.append(p)
@@ -235,15 +237,16 @@ def test_a_dead_runtime_loses_its_session_at_the_end_of_its_lease(workdir, hosts
 
 
 def test_a_user_who_is_not_root_runs_through_a_remote_tier(workdir, hosts):
-    """The job's secret belongs to the user (mode 0600); the runtime runs unprivileged
-    (user-mode userfaultfd), and `attune run` of an unmodified program verifies."""
+    """The job's secret belongs to the user (mode 0600); the servers and the runtime run
+    as that user (user-mode userfaultfd), and `attune run` of an unmodified program
+    verifies."""
     h = hosts(2)
     s = workdir / "nobody-secret"
     if not s.exists():
         sh(ATTUNE, "memserver", "--new-secret", s)
         os.chown(s, 65534, 65534)
     for i in range(2):
-        h.serve(i, workdir, s, "--size", "256M")
+        h.serve(i, workdir, s, "--size", "256M", user="nobody")
     scratch = workdir / "nobody-scratch"
     scratch.mkdir(exist_ok=True)
     os.chmod(scratch, 0o777)
@@ -377,3 +380,51 @@ def test_without_a_copy_left_a_region_fails_loudly(workdir, hosts):
     assert "WRONG DATA" not in out, out
     assert prog.p.returncode == -signal.SIGBUS, (prog.p.returncode, out, err)
     assert "lost" in err and h.addr(0) in err and h.addr(1) in err, err
+
+
+def test_a_full_server_spills_to_the_next_tier(workdir, hosts):
+    """A server of 8 MiB under a job of 48 MiB on 16 MiB of DRAM: what it cannot take
+    (ENOSPC, refused whole) goes to the file tier behind it, and every word verifies."""
+    h = hosts(1)
+    _, log = h.serve(0, workdir, secret(workdir), "--size", "8M", "--lease", "2")
+    p = subprocess.run(h.on_client([build(workdir, "integrity"), "48"]), capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "ATTUNE_CONFIG": str(config(workdir, h, 1, secret(workdir),
+                                                                                     name="full")),
+                                         "ATTUNE_DRAM": "16M", "TEST_BUDGET": str(16 * MIB)})
+    assert p.returncode == 0 and "FAIL" not in p.stdout + p.stderr, p.stdout + p.stderr
+    assert "warning" not in p.stderr, p.stderr
+    deadline = time.time() + 15
+    while "expired" not in log.read_text() and time.time() < deadline:
+        time.sleep(0.2)
+    assert "8 MiB granted" in log.read_text() and stored_mib(log) > 0, log.read_text()
+
+
+def test_a_server_nobody_answers_leaves_the_tier_out_with_its_name(workdir, hosts):
+    """No server listening: the runtime says which server did not answer and runs on its
+    other tiers; nothing is lost."""
+    h = hosts(1)
+    p = subprocess.run(h.on_client([build(workdir, "integrity"), "24"]), capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "ATTUNE_CONFIG": str(config(workdir, h, 1, secret(workdir),
+                                                                                     timeout_ms=500, name="none")),
+                                         "ATTUNE_DRAM": "8M", "TEST_BUDGET": str(8 * MIB)})
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert h.addr(0) in p.stderr and "left out" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("args,want", [
+    (["--listen", "nohost", "--secret-file", "{s}"], "is not HOST:PORT"),
+    (["--listen", "127.0.0.1:99999", "--secret-file", "{s}"], "is not HOST:PORT"),
+    (["--listen", "127.0.0.1:7798"], "--secret-file"),
+    (["--listen", "127.0.0.1:7798", "--secret-file", "{short}"], "16 to"),
+    (["--listen", "127.0.0.1:7798", "--secret-file", "{s}", "--size", "12Q"], "--size"),
+    (["--listen", "127.0.0.1:7798", "--secret-file", "{s}", "--lease", "0"], "--lease"),
+    (["--listen", "127.0.0.1:7798", "--secret-file", "{missing}"], "missing-secret"),
+])
+def test_memserver_refuses_bad_arguments_clearly(workdir, args, want):
+    short = workdir / "short-secret"
+    short.write_text("tooshort\n")
+    os.chmod(short, 0o600)
+    names = {"s": secret(workdir), "short": short, "missing": workdir / "missing-secret"}
+    argv = [a.format(**names) for a in args]
+    p = subprocess.run([ATTUNE, "memserver", *argv], capture_output=True, text=True, timeout=30)
+    assert p.returncode != 0 and want in p.stderr, p.stderr
