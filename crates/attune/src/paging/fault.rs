@@ -323,7 +323,8 @@ fn fetch_run(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
                 e.pace(len as u64);
                 let off = r.slots[run.tier] + (run.c * r.chunk) as u64;
                 let keeps = t.keeps_copy();
-                let mut seen = |data: usize| !keeps || check_hashes(r, run.c, run.n, run.tier, data);
+                let mut seen =
+                    |data: usize| !keeps || check_hashes(r, run.c, run.n, run.tier, data);
                 let res = t.load(&e.io(), uffd, dst, off, len, &mut seen);
                 if res.is_ok() {
                     e.counters.fetched_bytes.fetch_add(len as u64, Relaxed);
