@@ -95,6 +95,15 @@ class Hosts:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        # What still runs in the hosts (a server started through runuser outlives the
+        # runuser killed above): every process of each namespace, by PID.
+        for ns in [self.client, *self.servers]:
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
         for ns in [self.client, *self.servers, self.switch]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
