@@ -34,6 +34,10 @@ stage:
 	@sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' packaging/attune.pc.in > $(PREFIX)/lib/pkgconfig/attune.pc
 	@sed -e 's|@VERSION@|$(VERSION)|' packaging/AttuneConfig.cmake.in > $(PREFIX)/lib/cmake/Attune/AttuneConfig.cmake
 	@sed -e 's|@VERSION@|$(VERSION)|' packaging/AttuneConfigVersion.cmake.in > $(PREFIX)/lib/cmake/Attune/AttuneConfigVersion.cmake
+	@# The SPANK plugin, where Slurm's header is installed (libslurm-dev; no -lslurm: slurmd provides the symbols).
+	@if [ -e /usr/include/slurm/spank.h ]; then mkdir -p $(PREFIX)/lib/slurm && \
+	  $(CC) -O2 -g -Wall -Wextra -Werror -fPIC -shared -DATTUNE_PRELOAD_DEFAULT='"$(PREFIX)/lib/libattune_preload.so"' \
+	    slurm/spank_attune.c -o $(PREFIX)/lib/slurm/spank_attune.so; fi
 
 install: build
 	@$(MAKE) --no-print-directory stage PREFIX=$(PREFIX)

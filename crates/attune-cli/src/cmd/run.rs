@@ -21,6 +21,10 @@ pub struct Args {
     /// DRAM budget per process: a size (512M, 4G) or a percentage of this machine's memory.
     #[arg(long, value_name = "SIZE|PERCENT")]
     dram: Option<String>,
+    /// Far tiers: pool (the node's pool in attuned), file (local scratch), memory (in the
+    /// program's own memory, for experiments); comma-separated, as ATTUNE_FAR.
+    #[arg(long, value_name = "KINDS")]
+    far: Option<String>,
     /// Attune configuration file (TOML), as ATTUNE_CONFIG.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -179,6 +183,9 @@ pub fn run(a: Args) -> i32 {
                 )
             }
         }
+    }
+    if let Some(f) = &a.far {
+        env.push(("ATTUNE_FAR".into(), f.clone()));
     }
     if let Some(c) = &a.config {
         let abs = std::path::absolute(c).unwrap_or_else(|_| c.clone());

@@ -147,6 +147,8 @@ pub struct Config {
     pub predict_window_ms: u64,
     pub mode: Mode,
     pub daemon: DaemonMode,
+    /// Kinds of the default far tiers (`far`), used when the file lists no tiers.
+    pub far: String,
     pub socket: std::path::PathBuf,
     /// Empty: derived at connection (`tmm::workflow_name`).
     pub workflow: String,
@@ -395,10 +397,23 @@ pub fn load_text(
         ));
     }
 
-    // Tiers: the file's list, or the embedded default (a memory tier and a file tier).
+    // Tiers: the file's list, or one of each kind `far` names (by default a memory tier and
+    // a file tier). Both at once would leave one of them ignored: refused.
+    let far_set = !matches!(origin("far", "ATTUNE_FAR", None), Origin::Default);
+    if far_set && file.contains_key("tier") {
+        return Err(err(
+            "far",
+            "ATTUNE_FAR",
+            None,
+            format!(
+                "{pname} lists [[tier]] tables: name the far tiers in one place, either there or in `far`"
+            ),
+        ));
+    }
     let file_tiers: Vec<toml::Table> = match file.get("tier") {
-        None => ["memory", "file"]
-            .iter()
+        None => g
+            .text("far")
+            .split(',')
             .map(|k| {
                 let mut t = toml::Table::new();
                 t.insert("name".into(), toml::Value::String(k.to_string()));
@@ -564,6 +579,7 @@ pub fn load_text(
         predict_window_ms: g.u64("predict_window_ms"),
         mode: g.choice("mode")?,
         daemon: g.choice("daemon")?,
+        far: g.text("far").to_string(),
         socket: g.text("socket").into(),
         workflow: g.text("workflow").to_string(),
         log: g.choice("log")?,
@@ -761,6 +777,47 @@ mod tests {
         assert_eq!(c.tiers.len(), 2);
         assert_eq!(c.tiers[0].kind, TierKind::Memory);
         assert_eq!(c.tiers[1].kind, TierKind::File);
+    }
+
+    #[test]
+    fn far_names_the_default_tiers_and_never_competes_with_a_tier_list() {
+        let m = machine();
+        let kinds = |c: &Config| c.tiers.iter().map(|t| t.kind).collect::<Vec<_>>();
+        let c = load(None, &env(&[("ATTUNE_FAR", "pool,file")]), &m).unwrap();
+        assert_eq!(kinds(&c), [TierKind::Pool, TierKind::File]);
+        assert_eq!(c.far, "pool,file");
+        // Each tier keeps its kind's variables.
+        let c = load(
+            None,
+            &env(&[("ATTUNE_FAR", "file"), ("ATTUNE_TIER_FILE_DIRECT", "true")]),
+            &m,
+        )
+        .unwrap();
+        assert_eq!(kinds(&c), [TierKind::File]);
+        assert!(c.tiers[0].direct);
+        for (bad, says) in [
+            ("remote", "other kinds need [[tier]] tables"),
+            ("numa", "other kinds need [[tier]] tables"),
+            ("file,file", "named twice"),
+            ("", "is not a far tier kind"),
+            ("pool,,file", "is not a far tier kind"),
+        ] {
+            let e = env_error(None, "ATTUNE_FAR", bad);
+            assert!(e.contains("ATTUNE_FAR") && e.contains(says), "{bad:?}: {e}");
+        }
+        // A file with tiers and `far` from the environment or the file: refused.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.toml");
+        std::fs::write(&p, "[[tier]]\nname = \"m\"\nkind = \"memory\"\n").unwrap();
+        let e = env_error(Some(&p), "ATTUNE_FAR", "file");
+        assert!(e.contains("name the far tiers in one place"), "{e}");
+        std::fs::write(
+            &p,
+            "far = \"file\"\n[[tier]]\nname = \"m\"\nkind = \"memory\"\n",
+        )
+        .unwrap();
+        let e = load(Some(&p), &[], &m).unwrap_err().0;
+        assert!(e.contains("t.toml:1") && e.contains("in one place"), "{e}");
     }
 
     #[test]
@@ -967,6 +1024,7 @@ mod tests {
             table::Kind::Percent { max, .. } => max.to_string(),
             table::Kind::Loopback => "127.0.0.1:1".into(),
             table::Kind::KernelMask => "-move".into(),
+            table::Kind::TierKinds => "file".into(),
         }
     }
 

@@ -94,6 +94,8 @@ pub enum Kind {
     Loopback,
     /// Kernel features turned off: `-move,-poison` (`attune_sys::kernel`).
     KernelMask,
+    /// Far tier kinds, comma-separated, each once: `pool,file` (the default tiers).
+    TierKinds,
 }
 
 /// A checked value.
@@ -279,6 +281,22 @@ fn parse_kind(kind: &Kind, raw: &str, base: u64) -> Result<Value, String> {
                 Ok(Value::Text(raw.trim().to_string()))
             }
             Kind::KernelMask => Ok(Value::U64(attune_sys::kernel::parse_mask(raw)?)),
+            Kind::TierKinds => {
+                let mut kinds: Vec<&str> = Vec::new();
+                for k in raw.split(',').map(str::trim) {
+                    if !DEFAULT_TIER_KINDS.contains(&k) {
+                        return Err(format!(
+                            "'{k}' is not a far tier kind here (expected {}; other kinds need [[tier]] tables)",
+                            or_list(DEFAULT_TIER_KINDS)
+                        ));
+                    }
+                    if kinds.contains(&k) {
+                        return Err(format!("'{k}' is named twice"));
+                    }
+                    kinds.push(k);
+                }
+                Ok(Value::Text(kinds.join(",")))
+            }
         }
     }
 }
@@ -319,6 +337,9 @@ const fn int(min: u64, max: u64) -> Kind {
     Kind::Int { min, max }
 }
 
+/// Tier kinds that need no settings of their own, so `far` can name them.
+pub const DEFAULT_TIER_KINDS: &[&str] = &["pool", "file", "memory"];
+
 /// Every global option.
 #[rustfmt::skip]
 pub const OPTIONS: &[Opt] = &[
@@ -342,6 +363,7 @@ pub const OPTIONS: &[Opt] = &[
     Opt { key: "daemon", kind: Kind::Choice { what: "daemon mode", values: &["auto", "require", "off"], aliases: &[] }, default: Unset::Value("auto"), suggested: "auto; require on nodes where attuned arbitrates jobs", doc: "Node daemon (attuned): auto (use it when its socket exists), require (fail without it), off" },
     Opt { key: "socket", kind: Kind::Path, default: Unset::Value("/run/attune/attuned.sock"), suggested: "the default", doc: "Unix socket of the node daemon" },
     Opt { key: "workflow", kind: Kind::Name { max: 128 }, default: Unset::Found("$SLURM_JOB_ID, else program.pid", ""), suggested: "one name per job (attune run and the Slurm plugin set it)", doc: "Workflow this process belongs to: the daemon grants DRAM per workflow" },
+    Opt { key: "far", kind: Kind::TierKinds, default: Unset::Value("memory,file"), suggested: "pool,file on nodes with attuned (memory outside the job); the Slurm plugin sets it", doc: "Far tiers when the file has no [[tier]] tables, one of each kind named (each with its defaults and its ATTUNE_TIER_<KIND>_* variables); tiers are used fastest first" },
     Opt { key: "mode", kind: Kind::Choice { what: "mode", values: &["attuned", "temperature"], aliases: &[] }, default: Unset::Value("attuned"), suggested: "attuned", doc: "attuned (flags decide) or temperature (flags ignored: IMME's TME baseline)" },
     Opt { key: "log", kind: Kind::Choice { what: "log level", values: &["error", "warn", "info", "debug"], aliases: &[("warning", "warn")] }, default: Unset::Value("warn"), suggested: "warn", doc: "Messages on stderr: error, warn, info or debug" },
 ];
@@ -431,6 +453,10 @@ fn doc_of(kind: &Kind) -> String {
         Kind::KernelMask => {
             "-feature,... (move, poison, wp_async, pagemap_scan, weighted_interleave, all)".into()
         }
+        Kind::TierKinds => format!(
+            "kinds from {}, comma-separated",
+            DEFAULT_TIER_KINDS.join(", ")
+        ),
     }
 }
 

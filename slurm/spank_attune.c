@@ -1,0 +1,538 @@
+/*
+ * spank_attune.so: Slurm jobs ask for tiered memory at submission.
+ *
+ *   sbatch --mem=4G --tm-flags=CAP --tm-far=file job.sh      (or #SBATCH --tm-flags=CAP)
+ *   srun --tm-flags=LAT,BW --tm-dram=2G ./solver
+ *
+ * A job that gives any --tm-* option has each task started with Attune's interposer
+ * (LD_PRELOAD, as `attune run` does) and its settings in the task's environment; a job that
+ * gives none is not touched (the plugin then costs one option lookup per task).
+ *
+ * Rules (docs/design/slurm.md):
+ * - Values are checked where the user typed them (srun, sbatch, salloc), with the same
+ *   grammar and wording as the runtime (`attune run --flags`, ATTUNE_DRAM): a bad value
+ *   makes the command exit with the plugin's message before anything is queued.
+ * - The DRAM budget of a task defaults to the job's memory limit on the node (the tightest
+ *   limit of its memory cgroup, else Slurm's allocation) less a headroom for what the
+ *   program keeps outside Attune, divided among the node's tasks of the step. A percentage
+ *   in --tm-dram is of that limit. A budget that cannot fit under the limit fails the task
+ *   with a message instead of being OOM-killed later.
+ * - The far tiers default to memory outside the job: the node's pool in attuned when its
+ *   socket exists, then a file tier (O_DIRECT) in the job's TMPDIR. The in-process
+ *   `memory` tier only when asked for (--tm-far=memory): it is charged to the job.
+ * - The workflow is the job: `slurm-<jobid>`, or `slurm-<arrayjob>_<task>` for an array task.
+ *
+ * Plugin arguments (plugstack.conf): preload=PATH (libattune_preload.so),
+ * socket=PATH (attuned's socket), headroom=PERCENT (of the limit, at least 32 MiB; default 10).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <slurm/spank.h>
+
+SPANK_PLUGIN(attune, 1);
+
+#ifndef ATTUNE_PRELOAD_DEFAULT
+#define ATTUNE_PRELOAD_DEFAULT "/usr/local/lib/libattune_preload.so"
+#endif
+#define SOCKET_DEFAULT "/run/attune/attuned.sock"
+#define MIB (1024ULL * 1024ULL)
+/* What a task keeps outside Attune (program, libraries, small allocations, the runtime's
+ * own tables) needs room under the limit: 10% of it, at least this much. */
+#define HEADROOM_FLOOR (32 * MIB)
+
+enum { OPT_FLAGS = 1, OPT_DRAM, OPT_FAR, OPT_WORKFLOW, OPT_CONFIG };
+
+static char *opt_flags, *opt_dram, *opt_far, *opt_workflow, *opt_config;
+static char preload_path[PATH_MAX] = ATTUNE_PRELOAD_DEFAULT;
+static char socket_path[PATH_MAX] = SOCKET_DEFAULT;
+static unsigned headroom_pct = 10;
+
+/* ---- values, checked with the runtime's grammar --------------------------------------- */
+
+/* Flags: LAT, BW, CAP, SHL, auto or none, separated by ',', '|' or '+', any case
+ * (attune_policy::Flags::parse). */
+int attune_check_flags(const char *s, char *why, size_t n)
+{
+    char buf[128];
+    if (strlen(s) >= sizeof buf) {
+        snprintf(why, n, "at most %zu characters", sizeof buf - 1);
+        return -1;
+    }
+    strcpy(buf, s);
+    char *save = NULL;
+    for (char *p = strtok_r(buf, ",|+", &save); p; p = strtok_r(NULL, ",|+", &save)) {
+        while (*p == ' ' || *p == '\t')
+            p++;
+        char *e = p + strlen(p);
+        while (e > p && (e[-1] == ' ' || e[-1] == '\t'))
+            *--e = 0;
+        if (!*p)
+            continue;
+        static const char *known[] = {"LAT", "BW", "CAP", "SHL", "AUTO", "NONE"};
+        int ok = 0;
+        for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+            ok |= strcasecmp(p, known[i]) == 0;
+        if (!ok) {
+            char up[128];
+            size_t i;
+            for (i = 0; p[i] && i + 1 < sizeof up; i++)
+                up[i] = (p[i] >= 'a' && p[i] <= 'z') ? p[i] - 32 : p[i];
+            up[i] = 0;
+            snprintf(why, n, "unknown flag '%s' (expected LAT, BW, CAP, SHL or auto)", up);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A size with an optional K/M/G/T suffix (powers of 1024, optional "iB"/"B"), as
+ * attune::size::parse_size; or, when `pct` is given, a percentage (0-100%]. */
+int attune_parse_size(const char *s, uint64_t *bytes, double *pct, char *why, size_t n)
+{
+    char buf[64];
+    const char *t = s;
+    while (*t == ' ')
+        t++;
+    size_t len = strlen(t);
+    while (len && t[len - 1] == ' ')
+        len--;
+    if (len == 0 || len >= sizeof buf) {
+        snprintf(why, n, len ? "'%s' is too long" : "empty size", s);
+        return -1;
+    }
+    memcpy(buf, t, len);
+    buf[len] = 0;
+    if (buf[len - 1] == '%') {
+        if (!pct) {
+            snprintf(why, n, "'%s' is not a size (examples: 4096, 64K, 2M, 1.5G)", s);
+            return -1;
+        }
+        buf[len - 1] = 0;
+        char *end;
+        errno = 0;
+        double v = strtod(buf, &end);
+        if (end == buf || *end || errno || !(v > 0.0 && v <= 100.0)) {
+            snprintf(why, n, "'%s': a percentage must be more than 0%% and at most 100%%", s);
+            return -1;
+        }
+        *pct = v;
+        *bytes = 0;
+        return 0;
+    }
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (buf[i] >= 'a' && buf[i] <= 'z') ? buf[i] - 32 : buf[i];
+    if (len >= 2 && !strcmp(buf + len - 2, "IB"))
+        buf[len -= 2] = 0;
+    if (len >= 1 && buf[len - 1] == 'B')
+        buf[--len] = 0;
+    double mult = 1;
+    if (len >= 1 && strchr("KMGT", buf[len - 1])) {
+        mult = (double)(1ULL << (10 * (1 + (strchr("KMGT", buf[len - 1]) - "KMGT"))));
+        buf[--len] = 0;
+    }
+    char *end;
+    errno = 0;
+    double v = len ? strtod(buf, &end) : 0;
+    if (!len || end == buf || *end || errno || !isfinite(v) || v < 0) {
+        snprintf(why, n, "'%s' is not a size (examples: 4096, 64K, 2M, 1.5G)", s);
+        return -1;
+    }
+    if (v * mult > (double)(UINT64_MAX / 2)) {
+        snprintf(why, n, "'%s' is too large", s);
+        return -1;
+    }
+    *bytes = (uint64_t)(v * mult);
+    if (pct)
+        *pct = 0;
+    return 0;
+}
+
+/* A DRAM budget: a size of at least 1 MiB (the runtime's floor), or a percentage. */
+int attune_check_dram(const char *s, char *why, size_t n)
+{
+    uint64_t b;
+    double p;
+    if (attune_parse_size(s, &b, &p, why, n))
+        return -1;
+    if (p == 0 && b == 0) {
+        snprintf(why, n, "the budget must be more than 0 bytes");
+        return -1;
+    }
+    if (p == 0 && b < MIB) {
+        snprintf(why, n, "%llu bytes is too small (at least 1.0 MiB)", (unsigned long long)b);
+        return -1;
+    }
+    return 0;
+}
+
+/* Far tiers: kinds from pool, file and memory, comma-separated, each once (ATTUNE_FAR). */
+int attune_check_far(const char *s, char *why, size_t n)
+{
+    char buf[128];
+    if (strlen(s) >= sizeof buf || !*s) {
+        snprintf(why, n, "expected far tier kinds: pool, file, memory (e.g. pool,file)");
+        return -1;
+    }
+    strcpy(buf, s);
+    unsigned seen = 0;
+    char *save = NULL;
+    for (char *p = strtok_r(buf, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+        static const char *kinds[] = {"pool", "file", "memory"};
+        unsigned k = 0;
+        while (k < 3 && strcmp(p, kinds[k]))
+            k++;
+        if (k == 3) {
+            snprintf(why, n, "'%s' is not a far tier kind (expected pool, file or memory)", p);
+            return -1;
+        }
+        if (seen & (1u << k)) {
+            snprintf(why, n, "'%s' is named twice", p);
+            return -1;
+        }
+        seen |= 1u << k;
+    }
+    if (!seen) {
+        snprintf(why, n, "expected far tier kinds: pool, file, memory (e.g. pool,file)");
+        return -1;
+    }
+    return 0;
+}
+
+/* Workflow: 1-128 printable characters, no spaces (the daemon's rule). */
+int attune_check_workflow(const char *s, char *why, size_t n)
+{
+    size_t len = strlen(s);
+    int ok = len > 0 && len <= 128;
+    for (size_t i = 0; ok && i < len; i++)
+        ok = s[i] > ' ' && s[i] < 127;
+    if (!ok) {
+        snprintf(why, n, "a workflow name is 1-128 printable characters, no spaces");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- option callbacks (srun, sbatch, salloc, and again in slurmstepd) ------------------ */
+
+static int keep(char **slot, const char *opt, const char *arg, int bad, const char *why)
+{
+    if (bad) {
+        slurm_error("attune: --%s=%s: %s", opt, arg, why);
+        return -1;
+    }
+    free(*slot);
+    *slot = strdup(arg);
+    return *slot ? 0 : -1;
+}
+
+static int on_option(int val, const char *arg, int remote)
+{
+    char why[256] = "";
+    (void)remote;
+    if (!arg)
+        arg = "";
+    switch (val) {
+    case OPT_FLAGS:
+        return keep(&opt_flags, "tm-flags", arg, attune_check_flags(arg, why, sizeof why), why);
+    case OPT_DRAM:
+        return keep(&opt_dram, "tm-dram", arg, attune_check_dram(arg, why, sizeof why), why);
+    case OPT_FAR:
+        return keep(&opt_far, "tm-far", arg, attune_check_far(arg, why, sizeof why), why);
+    case OPT_WORKFLOW:
+        return keep(&opt_workflow, "tm-workflow", arg,
+                    attune_check_workflow(arg, why, sizeof why), why);
+    case OPT_CONFIG: {
+        /* Where the user typed it, a relative path is made absolute and must be readable:
+         * the tasks run elsewhere (another directory, another node of a shared file system). */
+        if (!remote) {
+            char abs[PATH_MAX];
+            if (!realpath(arg, abs) || access(abs, R_OK) != 0) {
+                snprintf(why, sizeof why, "cannot read the configuration file: %s",
+                         strerror(errno));
+                return keep(&opt_config, "tm-config", arg, 1, why);
+            }
+            return keep(&opt_config, "tm-config", abs, 0, "");
+        }
+        return keep(&opt_config, "tm-config", arg, 0, "");
+    }
+    }
+    return -1;
+}
+
+static struct spank_option options[] = {
+    {"tm-flags", "FLAGS",
+     "Attune: tiered memory for this job; flags of its managed memory: LAT, BW, CAP, SHL "
+     "(comma-separated) or auto",
+     1, OPT_FLAGS, on_option},
+    {"tm-dram", "SIZE|PERCENT",
+     "Attune: DRAM budget per task (512M, 4G), or a percentage of the job's memory on the "
+     "node; default: the job's limit less a headroom, divided among its tasks",
+     1, OPT_DRAM, on_option},
+    {"tm-far", "KINDS",
+     "Attune: far tiers: pool (attuned's node pool), file (local scratch), memory "
+     "(in the job's own memory, for experiments); default pool,file",
+     1, OPT_FAR, on_option},
+    {"tm-workflow", "NAME",
+     "Attune: workflow name the node daemon grants DRAM by (default slurm-JOBID)", 1,
+     OPT_WORKFLOW, on_option},
+    {"tm-config", "FILE",
+     "Attune: configuration file (TOML) of the job's tasks, e.g. for memory servers", 1,
+     OPT_CONFIG, on_option},
+    SPANK_OPTIONS_TABLE_END};
+
+/* ---- plug-in life cycle ------------------------------------------------------------------ */
+
+static int plugin_args(int ac, char **av)
+{
+    for (int i = 0; i < ac; i++) {
+        const char *a = av[i];
+        if (!strncmp(a, "preload=", 8) && strlen(a + 8) < sizeof preload_path) {
+            strcpy(preload_path, a + 8);
+        } else if (!strncmp(a, "socket=", 7) && strlen(a + 7) < sizeof socket_path) {
+            strcpy(socket_path, a + 7);
+        } else if (!strncmp(a, "headroom=", 9)) {
+            char *end;
+            long v = strtol(a + 9, &end, 10);
+            if (end == a + 9 || (*end && strcmp(end, "%")) || v < 0 || v > 90) {
+                slurm_error("attune: plugstack argument %s: a percentage from 0 to 90", a);
+                return -1;
+            }
+            headroom_pct = (unsigned)v;
+        } else {
+            slurm_error("attune: unknown plugstack argument '%s' (preload=, socket=, headroom=)",
+                        a);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+    spank_context_t ctx = spank_context();
+    if (ctx != S_CTX_LOCAL && ctx != S_CTX_REMOTE && ctx != S_CTX_ALLOCATOR)
+        return 0;
+    /* Options must be registered in every context where they are used, allocator included
+     * (an option only in the static table is unknown to sbatch and salloc). */
+    for (struct spank_option *o = options; o->name; o++)
+        if (spank_option_register(sp, o) != ESPANK_SUCCESS) {
+            slurm_error("attune: cannot register --%s", o->name);
+            return -1;
+        }
+    return ctx == S_CTX_REMOTE ? plugin_args(ac, av) : 0;
+}
+
+/* The tightest memory limit of this process's cgroup and its ancestors (v1 or v2), or 0. */
+static uint64_t cgroup_limit(void)
+{
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f)
+        return 0;
+    char line[4096], path[PATH_MAX] = "";
+    const char *base = NULL, *file = NULL;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        char *c1 = strchr(line, ':');
+        char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (!c2)
+            continue;
+        *c2 = 0;
+        const char *ctrls = c1 + 1;
+        /* v1: a hierarchy whose controllers include memory; v2: the unified one. */
+        int v1 = 0;
+        char cl[256];
+        snprintf(cl, sizeof cl, ",%s,", ctrls);
+        v1 = strstr(cl, ",memory,") != NULL;
+        if (v1) {
+            base = "/sys/fs/cgroup/memory";
+            file = "memory.limit_in_bytes";
+            snprintf(path, sizeof path, "%s", c2 + 1);
+            break;
+        }
+        if (!*ctrls && !base) {
+            base = "/sys/fs/cgroup";
+            file = "memory.max";
+            snprintf(path, sizeof path, "%s", c2 + 1);
+        }
+    }
+    fclose(f);
+    if (!base)
+        return 0;
+    uint64_t best = 0;
+    for (;;) {
+        char p[PATH_MAX + 128];
+        snprintf(p, sizeof p, "%s%s/%s", base, path, file);
+        FILE *m = fopen(p, "r");
+        if (m) {
+            char v[64] = "";
+            if (fgets(v, sizeof v, m) && strncmp(v, "max", 3)) {
+                uint64_t x = strtoull(v, NULL, 10);
+                /* v1 writes "unlimited" as a page-rounded LONG_MAX. */
+                if (x && x < (1ULL << 62) && (!best || x < best))
+                    best = x;
+            }
+            fclose(m);
+        }
+        char *slash = strrchr(path, '/');
+        if (!slash || !path[0] || !strcmp(path, "/"))
+            break;
+        *slash = 0;
+    }
+    return best;
+}
+
+/* Whether this user gets only user-mode userfaultfd (vm.unprivileged_userfaultfd=0 and no
+ * access to /dev/userfaultfd): the kernel then cannot fault managed pages in for a peer. */
+static int uffd_user_mode_only(void)
+{
+    long fd = syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+    if (fd >= 0) {
+        close((int)fd);
+        return 0;
+    }
+    int d = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+    if (d >= 0) {
+        close(d);
+        return 0;
+    }
+    return 1;
+}
+
+static int set(spank_t sp, const char *k, const char *v)
+{
+    if (spank_setenv(sp, k, v, 1) != ESPANK_SUCCESS) {
+        slurm_error("attune: cannot set %s for the task", k);
+        return -1;
+    }
+    return 0;
+}
+
+/* Runs in each task, as the job's user, after fork and before exec. */
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+    (void)ac;
+    (void)av;
+    if (!opt_flags && !opt_dram && !opt_far && !opt_workflow && !opt_config)
+        return 0;
+    char buf[PATH_MAX * 2];
+
+    if (access(preload_path, R_OK) != 0) {
+        slurm_error("attune: the interposer %s cannot be read (%s): plugstack argument "
+                    "preload= names it",
+                    preload_path, strerror(errno));
+        return -1;
+    }
+    char old[PATH_MAX * 2] = "";
+    if (spank_getenv(sp, "LD_PRELOAD", old, sizeof old) == ESPANK_SUCCESS && *old)
+        snprintf(buf, sizeof buf, "%s %s", preload_path, old);
+    else
+        snprintf(buf, sizeof buf, "%s", preload_path);
+    if (set(sp, "LD_PRELOAD", buf))
+        return -1;
+
+    if (opt_flags && (set(sp, "ATTUNE_FLAGS", opt_flags) || set(sp, "TM_FLAGS", opt_flags)))
+        return -1;
+    if (opt_config && set(sp, "ATTUNE_CONFIG", opt_config))
+        return -1;
+
+    /* The budget. */
+    uint64_t limit = cgroup_limit(), mb = 0;
+    if (!limit && spank_get_item(sp, S_JOB_ALLOC_MEM, &mb) == ESPANK_SUCCESS && mb)
+        limit = mb * MIB;
+    uint32_t tasks = 1;
+    if (spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &tasks) != ESPANK_SUCCESS || !tasks)
+        tasks = 1;
+    uint64_t head = limit / 100 * headroom_pct;
+    if (head < HEADROOM_FLOOR)
+        head = HEADROOM_FLOOR;
+    uint64_t budget = 0;
+    uint64_t b = 0;
+    double pct = 0;
+    char why[256];
+    if (opt_dram && attune_parse_size(opt_dram, &b, &pct, why, sizeof why) == 0) {
+        if (pct > 0) {
+            if (!limit) {
+                slurm_error("attune: --tm-dram=%s: the job has no memory limit on this node to "
+                            "take a percentage of; give a size",
+                            opt_dram);
+                return -1;
+            }
+            budget = (uint64_t)((double)limit * pct / 100.0) / tasks;
+        } else {
+            budget = b;
+        }
+        if (limit && budget * tasks > limit) {
+            slurm_error("attune: --tm-dram=%s for %u task(s) is more than the job's memory on "
+                        "this node (%llu MiB): it could not hold",
+                        opt_dram, tasks, (unsigned long long)(limit / MIB));
+            return -1;
+        }
+    } else if (limit) {
+        if (limit <= head + tasks * 4 * MIB) {
+            slurm_error("attune: the job's memory on this node (%llu MiB) leaves no DRAM budget "
+                        "after the %llu MiB headroom: ask for more memory or give --tm-dram",
+                        (unsigned long long)(limit / MIB), (unsigned long long)(head / MIB));
+            return -1;
+        }
+        budget = (limit - head) / tasks;
+    }
+    if (budget) {
+        snprintf(buf, sizeof buf, "%llu", (unsigned long long)budget);
+        if (set(sp, "ATTUNE_DRAM", buf))
+            return -1;
+    }
+
+    /* Far tiers: memory outside the job unless asked otherwise. */
+    struct stat st;
+    int daemon = stat(socket_path, &st) == 0 && S_ISSOCK(st.st_mode);
+    const char *far = opt_far ? opt_far : daemon ? "pool,file" : "file";
+    if (set(sp, "ATTUNE_FAR", far))
+        return -1;
+    if (strstr(far, "file")) {
+        /* O_DIRECT: the file tier's pages must not come back as page cache charged to the
+         * job. The user's own setting wins. */
+        char cur[16];
+        if (spank_getenv(sp, "ATTUNE_TIER_FILE_DIRECT", cur, sizeof cur) != ESPANK_SUCCESS &&
+            set(sp, "ATTUNE_TIER_FILE_DIRECT", "true"))
+            return -1;
+    }
+    if (set(sp, "ATTUNE_SOCKET", socket_path))
+        return -1;
+
+    /* The workflow is the job (its array task). */
+    if (opt_workflow) {
+        snprintf(buf, sizeof buf, "%s", opt_workflow);
+    } else {
+        uint32_t job = 0, array = 0, atask = 0;
+        spank_get_item(sp, S_JOB_ID, &job);
+        /* A job that is no array task reports its own id and NO_VAL (0xfffffffe). */
+        if (spank_get_item(sp, S_JOB_ARRAY_ID, &array) == ESPANK_SUCCESS && array &&
+            spank_get_item(sp, S_JOB_ARRAY_TASK_ID, &atask) == ESPANK_SUCCESS &&
+            atask < 0xfffffffeu)
+            snprintf(buf, sizeof buf, "slurm-%u_%u", array, atask);
+        else
+            snprintf(buf, sizeof buf, "slurm-%u", job);
+    }
+    if (set(sp, "ATTUNE_WORKFLOW", buf))
+        return -1;
+
+    /* As under `attune run`: where the kernel cannot fault managed pages in for a peer, Open
+     * MPI's single-copy transport fails; ranks copy through shared memory instead. */
+    char cur[16];
+    if (spank_getenv(sp, "OMPI_MCA_btl_vader_single_copy_mechanism", cur, sizeof cur) !=
+            ESPANK_SUCCESS &&
+        uffd_user_mode_only() && set(sp, "OMPI_MCA_btl_vader_single_copy_mechanism", "none"))
+        return -1;
+    return 0;
+}

@@ -1,0 +1,211 @@
+"""A real single-node Slurm for tests and benchmarks (../shared/notes/slurm-containers.md):
+its own munged, slurmctld and slurmd on private ports, sockets, state and log files in one
+directory, Attune's SPANK plugin in its plugstack, cgroup v1 memory limits. Stopped by
+the PIDs it started; the job cgroups Slurm leaves behind are removed.
+
+    with Slurm(plugin_args=["socket=/tmp/x.sock"]) as s:
+        s.run(["srun", "--mem=200M", "--tm-flags=CAP", "./prog"])
+"""
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = ROOT / "build"
+PLUGIN = BUILD / "lib" / "slurm" / "spank_attune.so"
+PRELOAD = BUILD / "lib" / "libattune_preload.so"
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+
+
+def available():
+    """Why a Slurm cannot be started here, or None."""
+    if os.geteuid() != 0:
+        return "needs root (slurmd)"
+    for tool in ("munged", "slurmctld", "slurmd", "srun"):
+        if not shutil.which(tool):
+            return f"{tool} is not installed (scripts/setup.sh)"
+    if not PLUGIN.exists():
+        return "make build first (the SPANK plugin needs libslurm-dev)"
+    if not (CGROUP_V1 / "memory.limit_in_bytes").exists():
+        return "needs the cgroup v1 memory controller"
+    return None
+
+
+class Slurm:
+    def __init__(self, plugin_args=(), cpus=2, mem_mib=16000):
+        self.dir = Path(tempfile.mkdtemp(prefix="attune-slurm-"))
+        os.chmod(self.dir, 0o755)
+        self.jobs = self.dir / "jobs"
+        self.jobs.mkdir()
+        os.chmod(self.jobs, 0o1777)
+        self.pids = []
+        port = random.randrange(20000, 60000, 2)
+        self.cluster = f"at{os.getpid() % 100000}"
+        d = self.dir
+        (d / "state").mkdir()
+        (d / "spool").mkdir()
+        key = d / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o600)
+        self.munge_sock = d / "munge.sock"
+        (d / "slurm.conf").write_text(f"""ClusterName={self.cluster}
+SlurmctldHost=localhost
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={self.munge_sock}
+CredType=cred/munge
+MpiDefault=none
+SlurmctldPort={port}
+SlurmdPort={port + 1}
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/slurmd.pid
+SlurmctldLogFile={d}/slurmctld.log
+SlurmdLogFile={d}/slurmd.log
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup,task/affinity
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU=1024
+PlugStackConfig={d}/plugstack.conf
+MailProg=/bin/true
+ReturnToService=2
+SchedulerParameters=sched_interval=1
+NodeName=localhost CPUs={cpus} RealMemory={mem_mib}
+PartitionName=debug Nodes=localhost Default=YES State=UP MaxTime=INFINITE
+""")
+        (d / "cgroup.conf").write_text(
+            "CgroupPlugin=cgroup/v1\nConstrainRAMSpace=yes\nConstrainSwapSpace=yes\nAllowedSwapSpace=0\n")
+        self.write_plugstack(plugin_args)
+        self.env = dict(os.environ, SLURM_CONF=str(d / "slurm.conf"))
+        try:
+            self._start()
+        except Exception:
+            self.stop()
+            raise
+
+    def write_plugstack(self, plugin_args=(), reconfigure=False):
+        args = [f"preload={PRELOAD}", *plugin_args]
+        (self.dir / "plugstack.conf").write_text(f"required {PLUGIN} {' '.join(args)}\n")
+
+    def _start(self):
+        d = self.dir
+        subprocess.run(["munged", f"--socket={self.munge_sock}", f"--key-file={d}/munge.key",
+                        f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log",
+                        f"--seed-file={d}/munged.seed"], check=True, capture_output=True)
+        self.pids.append(int((d / "munged.pid").read_text()))
+        for daemon in ("slurmctld", "slurmd"):
+            subprocess.run([daemon, "-f", str(d / "slurm.conf")], check=True, capture_output=True,
+                           env=self.env)
+            self.pids.append(self._pid(daemon))
+        for _ in range(300):
+            p = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True,
+                               env=self.env)
+            if p.stdout.strip() == "idle":
+                return
+            time.sleep(0.1)
+        raise RuntimeError("slurmd did not come up: " + (d / "slurmd.log").read_text()[-2000:])
+
+    def _pid(self, daemon):
+        f = self.dir / f"{daemon}.pid"
+        for _ in range(100):
+            if f.exists() and f.read_text().strip():
+                return int(f.read_text())
+            time.sleep(0.05)
+        raise RuntimeError(f"{daemon} did not start: " + (self.dir / f"{daemon}.log").read_text()[-2000:])
+
+    def run(self, argv, user=None, timeout=300, **kw):
+        """Runs a Slurm client command (as `user` if given) in the jobs directory."""
+        argv = [str(a) for a in argv]
+        if user:
+            argv = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={self.env['SLURM_CONF']}", *argv]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self.env,
+                              cwd=self.jobs, **kw)
+
+    def sbatch(self, script, *args, user=None):
+        """Submits `script` (text); returns the job id."""
+        path = self.jobs / f"job{random.randrange(1 << 30)}.sh"
+        path.write_text(script)
+        os.chmod(path, 0o755)
+        p = self.run(["sbatch", "--parsable", *args, path], user=user)
+        if p.returncode != 0:
+            raise RuntimeError(f"sbatch failed ({p.returncode}): {p.stderr}")
+        return p.stdout.strip().split(";")[0]
+
+    def wait(self, job, timeout=300):
+        """Waits until the job has left the queue; returns its state as sacct-less Slurm
+        keeps it (scontrol show job) or "GONE"."""
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            st = self.state(job)
+            if st not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"):
+                return st
+            time.sleep(0.2)
+        raise TimeoutError(f"job {job} still {self.state(job)}")
+
+    def state(self, job):
+        p = self.run(["scontrol", "-o", "show", "job", job])
+        for f in p.stdout.split():
+            if f.startswith("JobState="):
+                return f.split("=", 1)[1]
+        return "GONE"
+
+    def show(self, job):
+        p = self.run(["scontrol", "-o", "show", "job", job])
+        return dict(f.split("=", 1) for f in p.stdout.split() if "=" in f)
+
+    def stop(self):
+        for pid in reversed(self.pids):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            for _ in range(100):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.05)
+            else:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.pids = []
+        # A step whose job was not ended (a failed test) keeps its slurmstepd: every process
+        # left in the job cgroups of our slurmd is ours to end.
+        for procs in Path("/sys/fs/cgroup").glob("*/slurm_localhost/**/cgroup.procs"):
+            for pid in procs.read_text().split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+        time.sleep(0.2)
+        # slurmd leaves empty job cgroups behind: remove them, deepest first.
+        for ctrl in Path("/sys/fs/cgroup").iterdir():
+            top = ctrl / "slurm_localhost"
+            if top.is_dir():
+                for sub in sorted(top.rglob("*"), key=lambda p: -len(p.parts)):
+                    if sub.is_dir():
+                        try:
+                            sub.rmdir()
+                        except OSError:
+                            pass
+                try:
+                    top.rmdir()
+                except OSError:
+                    pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,199 @@
+"""Attune's SPANK plugin under a real Slurm (slurm_cluster.py; docs/slurm.md): jobs ask
+for tiered memory at submission with --tm-* options of srun and sbatch (#SBATCH lines
+too); each task gets the interposer and its settings; a bad value is refused with the
+plugin's message in the runtime's words; a program twice its --mem finishes within the
+limit under Attune where it is OOM-killed without; the job's budget shows in the node
+daemon's status and scancel releases it; array tasks are workflows of their own. Jobs
+are submitted as nobody, as HPC users are not root.
+
+Needs root (slurmd, cgroups) and the staged build (make build with libslurm-dev)."""
+import ctypes
+import json
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+from slurm_cluster import BUILD, PLUGIN, ROOT, Slurm, available
+from test_daemon import Daemon
+
+ATTUNE = BUILD / "bin" / "attune"
+MIB = 1 << 20
+HEADROOM = 32 * MIB  # the plugin's floor: 10% of a limit below 320 MiB is less
+
+why = available()
+pytestmark = pytest.mark.skipif(why is not None, reason=why or "")
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    s = Slurm()
+    # The node daemon, as a site would run it: its socket named in plugstack.conf.
+    d = Daemon(s.dir, "--dram", "2G", "--far-pool", "512M", sock=str(s.dir / "attuned.sock"))
+    s.write_plugstack([f"socket={d.sock}"])
+    s.daemon = d
+    for prog in ("c_matrix", "crash"):
+        subprocess.run(["gcc", "-O2", str(ROOT / f"tests/run/{prog}.c"), "-o", str(s.jobs / prog)],
+                       check=True)
+    yield s
+    d.stop()
+    s.stop()
+
+
+def task_env(out):
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def test_srun_options_reach_each_task(slurm):
+    p = slurm.run(["srun", "--mem=200M", "--ntasks=2", "--tm-flags=cap,LAT", "--tm-far=file",
+                   "sh", "-c", "env | grep -E '^(ATTUNE_|TM_|LD_PRELOAD|SLURM_JOB_ID=)' | sort"],
+                  user="nobody")
+    assert p.returncode == 0, p.stderr
+    # Two tasks, each with the whole set.
+    lines = p.stdout.splitlines()
+    assert sum(line.startswith("ATTUNE_FLAGS=") for line in lines) == 2, p.stdout
+    e = task_env(p.stdout)
+    assert e["ATTUNE_FLAGS"] == e["TM_FLAGS"] == "cap,LAT"
+    assert str(BUILD / "lib" / "libattune_preload.so") in e["LD_PRELOAD"]
+    assert e["ATTUNE_WORKFLOW"] == f"slurm-{e['SLURM_JOB_ID']}"
+    assert e["ATTUNE_FAR"] == "file" and e["ATTUNE_TIER_FILE_DIRECT"] == "true"
+    # --mem is per node: the limit less the headroom, divided between the two tasks.
+    assert int(e["ATTUNE_DRAM"]) == (200 * MIB - HEADROOM) // 2, e
+
+
+def test_a_job_without_tm_options_is_not_touched(slurm):
+    p = slurm.run(["srun", "--mem=100M", "sh", "-c", "env | grep -cE '^(ATTUNE_|LD_PRELOAD=)' || true"])
+    assert p.returncode == 0 and p.stdout.strip() == "0", p.stdout + p.stderr
+
+
+def test_sbatch_lines_reach_the_batch_step_and_its_sruns(slurm):
+    out = slurm.jobs / "sbatch.out"
+    job = slurm.sbatch(f"""#!/bin/sh
+#SBATCH --mem=300M
+#SBATCH --tm-flags=LAT
+#SBATCH --tm-dram=50%
+#SBATCH --output={out}
+echo batch ATTUNE_FLAGS=$ATTUNE_FLAGS ATTUNE_DRAM=$ATTUNE_DRAM ATTUNE_FAR=$ATTUNE_FAR
+srun sh -c 'echo step ATTUNE_FLAGS=$ATTUNE_FLAGS ATTUNE_DRAM=$ATTUNE_DRAM'
+""", user="nobody")
+    assert slurm.wait(job) == "COMPLETED", out.read_text() if out.exists() else ""
+    text = out.read_text()
+    half = 150 * MIB
+    # The node daemon's socket exists: its pool first, then the file tier.
+    assert f"batch ATTUNE_FLAGS=LAT ATTUNE_DRAM={half} ATTUNE_FAR=pool,file" in text, text
+    assert f"step ATTUNE_FLAGS=LAT ATTUNE_DRAM={half}" in text, text
+
+
+def runtime_message(option, value):
+    """What `attune run` says of the same value (the plugin must use the runtime's words)."""
+    p = subprocess.run([str(ATTUNE), "run", f"--{option}", value, "--", "true"], capture_output=True,
+                       text=True)
+    assert p.returncode != 0, f"attune run accepted --{option} {value}"
+    return p.stderr
+
+
+@pytest.mark.parametrize("option,value,says", [
+    ("tm-flags", "FOO", "unknown flag 'FOO' (expected LAT, BW, CAP, SHL or auto)"),
+    ("tm-flags", "LAT,fast", "unknown flag 'FAST'"),
+    ("tm-dram", "12X", "'12X' is not a size"),
+    ("tm-dram", "0", "the budget must be more than 0 bytes"),
+    ("tm-dram", "64K", "65536 bytes is too small (at least 1.0 MiB)"),
+    ("tm-dram", "150%", "a percentage must be"),
+    ("tm-far", "remote", "'remote' is not a far tier kind"),
+    ("tm-far", "file,file", "'file' is named twice"),
+    ("tm-workflow", "a b", "1-128 printable characters"),
+    ("tm-config", "/nonexistent.toml", "cannot read the configuration file"),
+])
+def test_a_bad_value_is_refused_with_the_plugins_message(slurm, option, value, says):
+    for cmd in (["srun", f"--{option}={value}", "true"], ["sbatch", f"--{option}={value}", "--wrap=true"]):
+        p = slurm.run(cmd, user="nobody")
+        assert p.returncode != 0, f"{cmd} was accepted"
+        assert f"attune: --{option}={value}: " in p.stderr and says in p.stderr, p.stderr
+    # Nothing was queued.
+    assert slurm.run(["squeue", "-h"]).stdout.strip() == ""
+    # Where `attune run` has the same option, it says the same.
+    same = {"tm-flags": "flags", "tm-far": "far"}.get(option)
+    if same:
+        assert says in runtime_message(same, value)
+
+
+def test_the_plugins_grammar_is_the_runtimes():
+    """The checks the plugin exports, against `attune run`'s, value by value."""
+    lib = ctypes.CDLL(str(PLUGIN), mode=os.RTLD_LAZY)
+    why = ctypes.create_string_buffer(256)
+    for v in ["LAT", "lat,bw", "CAP|SHL", "bw+cap", " LAT , BW ", "auto", "none", "", ",",
+              "LAT,", "FOO", "LAT;BW", "lat bw", "L AT"]:
+        plugin_ok = lib.attune_check_flags(v.encode(), why, 256) == 0
+        rt = subprocess.run([str(ATTUNE), "run", "--flags", v, "--", "true"], capture_output=True, text=True)
+        assert plugin_ok == (rt.returncode == 0), f"flags {v!r}: plugin {plugin_ok}, runtime {rt.stderr}"
+    for v in ["4096", "1048576", "64K", "1024k", "2M", "1.5G", "1GiB", "1GB", "1T", "3%", "100%", "0.5%",
+              "12X", "1.2.3", "-1M", "K", "M1", " 8M ", "1e7", "0", "0.0M", "101%"]:
+        plugin_ok = lib.attune_check_dram(v.encode(), why, 256) == 0
+        rt = subprocess.run([str(ATTUNE), "run", "--dram", v, "--", "true"], capture_output=True, text=True)
+        assert plugin_ok == (rt.returncode == 0), f"dram {v!r}: plugin {plugin_ok} {why.value}, runtime {rt.stderr}"
+
+
+def test_a_job_twice_its_memory_finishes_within_the_limit_with_attune(slurm):
+    """c_matrix at 400 MiB (432 MiB footprint) under --mem=200M: OOM-killed without Attune;
+    with --tm-flags=CAP every buffer verifies and the task's memory cgroup peaks under the
+    limit, with the far pages in a file (O_DIRECT) or in the node daemon's pool."""
+    p = slurm.run(["srun", "--mem=200M", "./c_matrix", "400"], user="nobody")
+    assert p.returncode != 0 and "Out Of Memory" in p.stderr, p.stdout + p.stderr
+    # The task's own cgroup, read by the task (VmHWM would count the pool's shared pages,
+    # which are charged to attuned).
+    peak = "cat /sys/fs/cgroup/memory$(grep :memory: /proc/self/cgroup | cut -d: -f3)/memory.max_usage_in_bytes"
+    for far in ("file", "pool,file"):
+        p = slurm.run(["srun", "--mem=200M", "--tm-flags=CAP", f"--tm-far={far}", "sh", "-c",
+                       f"./c_matrix 400 && {peak}"], user="nobody")
+        assert p.returncode == 0 and "c_matrix: OK" in p.stdout, far + p.stdout + p.stderr
+        used = int(p.stdout.split()[-1])
+        assert 32 * MIB < used < 200 * MIB, f"{far}: peak {used >> 20} MiB"
+
+
+def test_a_budget_over_the_limit_fails_the_task_with_a_message(slurm):
+    p = slurm.run(["srun", "--mem=100M", "--tm-dram=1G", "true"], user="nobody")
+    assert p.returncode != 0
+    assert "--tm-dram=1G for 1 task(s) is more than the job's memory on this node (100 MiB)" in p.stderr, p.stderr
+    p = slurm.run(["srun", "--mem=34M", "--tm-flags=CAP", "true"], user="nobody")
+    assert p.returncode != 0 and "leaves no DRAM budget after the 32 MiB headroom" in p.stderr, p.stderr
+
+
+def workflows(slurm, name):
+    st = json.loads(subprocess.run([str(ATTUNE), "status", "--json", "--socket", slurm.daemon.sock],
+                                   capture_output=True, text=True, check=True).stdout)
+    return [w for w in st["workflows"] if w["name"] == name]
+
+
+def test_the_budget_shows_in_the_daemon_and_scancel_releases_it(slurm):
+    """A LAT job whose 32 MiB are more than its 16 MiB budget: the daemon shows the
+    workflow slurm-JOB of user nobody wanting exactly the budget; scancel releases it."""
+    job = slurm.sbatch("#!/bin/sh\nexec ./crash sleep\n", "--mem=256M", "--tm-flags=LAT", "--tm-dram=16M",
+                       user="nobody")
+    name = f"slurm-{job}"
+    w = []
+    for _ in range(300):
+        w = workflows(slurm, name)
+        if w and w[0]["want"] == 16 * MIB:
+            break
+        time.sleep(0.1)
+    assert w and w[0]["want"] == 16 * MIB, f"{name}: {w}"
+    assert w[0]["flags"] == "LAT" and w[0]["uid"] == 65534, w
+    slurm.run(["scancel", job], user="nobody")
+    assert slurm.wait(job) == "CANCELLED"
+    for _ in range(100):
+        if not workflows(slurm, name):
+            break
+        time.sleep(0.1)
+    assert not workflows(slurm, name), "the cancelled job still holds its grant"
+
+
+def test_array_tasks_are_workflows_of_their_own(slurm):
+    out = slurm.jobs / "array-%a.out"
+    job = slurm.sbatch("#!/bin/sh\necho $ATTUNE_WORKFLOW\n", "--array=0-1", "--mem=100M",
+                       "--tm-flags=CAP", f"--output={out}", user="nobody")
+    for i in (0, 1):
+        slurm.wait(f"{job}_{i}")
+    names = sorted((slurm.jobs / f"array-{i}.out").read_text().strip() for i in (0, 1))
+    assert names == [f"slurm-{job}_0", f"slurm-{job}_1"], names
