@@ -37,6 +37,7 @@ stage:
 	@# The SPANK plugin, where Slurm's header is installed (libslurm-dev; no -lslurm: slurmd provides the symbols).
 	@if [ -e /usr/include/slurm/spank.h ]; then mkdir -p $(PREFIX)/lib/slurm && \
 	  $(CC) -O2 -g -Wall -Wextra -Werror -fPIC -shared -DATTUNE_PRELOAD_DEFAULT='"$(PREFIX)/lib/libattune_preload.so"' \
+	    -DATTUNE_CLI_DEFAULT='"$(PREFIX)/bin/attune"' \
 	    slurm/spank_attune.c -o $(PREFIX)/lib/slurm/spank_attune.so; fi
 
 install: build

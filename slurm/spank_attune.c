@@ -22,8 +22,15 @@
  *   `memory` tier only when asked for (--tm-far=memory): it is charged to the job.
  * - The workflow is the job: `slurm-<jobid>`, or `slurm-<arrayjob>_<task>` for an array task.
  *
- * Plugin arguments (plugstack.conf): preload=PATH (libattune_preload.so),
- * socket=PATH (attuned's socket), headroom=PERCENT (of the limit, at least 32 MiB; default 10).
+ * - Each managed process writes its statistics into a private directory of the job
+ *   (/tmp/attune-slurm-UID/JOBID, mode 0700, made as the user); at the end of each step the
+ *   job's one-line summary (`attune report --oneline`, run as the user) becomes the job's
+ *   comment, where `scontrol show job` and sacct (AccountingStoreFlags=job_comment) show
+ *   it. The job's epilog removes the directory.
+ *
+ * Plugin arguments (plugstack.conf): preload=PATH (libattune_preload.so), attune=PATH (the
+ * attune command), socket=PATH (attuned's socket), headroom=PERCENT (of the limit, at least
+ * 32 MiB; default 10).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -35,7 +42,12 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <dirent.h>
+#include <grp.h>
+#include <signal.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <slurm/spank.h>
@@ -44,6 +56,9 @@ SPANK_PLUGIN(attune, 1);
 
 #ifndef ATTUNE_PRELOAD_DEFAULT
 #define ATTUNE_PRELOAD_DEFAULT "/usr/local/lib/libattune_preload.so"
+#endif
+#ifndef ATTUNE_CLI_DEFAULT
+#define ATTUNE_CLI_DEFAULT "/usr/local/bin/attune"
 #endif
 #define SOCKET_DEFAULT "/run/attune/attuned.sock"
 #define MIB (1024ULL * 1024ULL)
@@ -56,6 +71,9 @@ enum { OPT_FLAGS = 1, OPT_DRAM, OPT_FAR, OPT_WORKFLOW, OPT_CONFIG };
 static char *opt_flags, *opt_dram, *opt_far, *opt_workflow, *opt_config;
 static char preload_path[PATH_MAX] = ATTUNE_PRELOAD_DEFAULT;
 static char socket_path[PATH_MAX] = SOCKET_DEFAULT;
+static char attune_cli[PATH_MAX] = ATTUNE_CLI_DEFAULT;
+/* The job's statistics directory, once user_init has made it (inherited by the tasks). */
+static char report_dir[PATH_MAX];
 static unsigned headroom_pct = 10;
 
 /* ---- values, checked with the runtime's grammar --------------------------------------- */
@@ -299,6 +317,8 @@ static int plugin_args(int ac, char **av)
         const char *a = av[i];
         if (!strncmp(a, "preload=", 8) && strlen(a + 8) < sizeof preload_path) {
             strcpy(preload_path, a + 8);
+        } else if (!strncmp(a, "attune=", 7) && strlen(a + 7) < sizeof attune_cli) {
+            strcpy(attune_cli, a + 7);
         } else if (!strncmp(a, "socket=", 7) && strlen(a + 7) < sizeof socket_path) {
             strcpy(socket_path, a + 7);
         } else if (!strncmp(a, "headroom=", 9)) {
@@ -310,7 +330,8 @@ static int plugin_args(int ac, char **av)
             }
             headroom_pct = (unsigned)v;
         } else {
-            slurm_error("attune: unknown plugstack argument '%s' (preload=, socket=, headroom=)",
+            slurm_error("attune: unknown plugstack argument '%s' (preload=, attune=, socket=, "
+                        "headroom=)",
                         a);
             return -1;
         }
@@ -321,6 +342,8 @@ static int plugin_args(int ac, char **av)
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
     spank_context_t ctx = spank_context();
+    if (ctx == S_CTX_JOB_SCRIPT)
+        return plugin_args(ac, av);
     if (ctx != S_CTX_LOCAL && ctx != S_CTX_REMOTE && ctx != S_CTX_ALLOCATOR)
         return 0;
     /* Options must be registered in every context where they are used, allocator included
@@ -407,6 +430,174 @@ static int uffd_user_mode_only(void)
         return 0;
     }
     return 1;
+}
+
+static int active(void)
+{
+    return opt_flags || opt_dram || opt_far || opt_workflow || opt_config;
+}
+
+static int job_ids(spank_t sp, uint32_t *job, uid_t *uid)
+{
+    return spank_get_item(sp, S_JOB_ID, job) == ESPANK_SUCCESS &&
+           spank_get_item(sp, S_JOB_UID, uid) == ESPANK_SUCCESS;
+}
+
+/* A directory `path` this user owns, private to it (made if missing): 0 or -1. */
+static int private_dir(const char *path, uid_t uid)
+{
+    if (mkdir(path, 0700) != 0 && errno != EEXIST)
+        return -1;
+    struct stat st;
+    if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != uid ||
+        (st.st_mode & 077)) {
+        errno = EPERM;
+        return -1;
+    }
+    return 0;
+}
+
+/* In slurmstepd as the job's user, before the tasks start: the job's statistics directory.
+ * A base directory someone else made (or opened to others) is not used: no report then. */
+int slurm_spank_user_init(spank_t sp, int ac, char **av)
+{
+    (void)ac;
+    (void)av;
+    uint32_t job;
+    uid_t uid;
+    if (!active() || !job_ids(sp, &job, &uid))
+        return 0;
+    char base[64], dir[96];
+    snprintf(base, sizeof base, "/tmp/attune-slurm-%u", (unsigned)uid);
+    snprintf(dir, sizeof dir, "%s/%u", base, job);
+    if (private_dir(base, uid) || private_dir(dir, uid)) {
+        slurm_info("attune: %s cannot be this job's private report directory (%s): no summary",
+                   dir, strerror(errno));
+        return 0;
+    }
+    snprintf(report_dir, sizeof report_dir, "%s", dir);
+    return 0;
+}
+
+/* Runs argv as `uid`/`gid` (or as we are, when uid is -1) and keeps the first line of its
+ * output in `line`; gives it at most `secs` seconds. 0 when it exited with status 0. */
+static int run_for_line(char *const argv[], uid_t uid, gid_t gid, char *line, size_t n,
+                        int secs)
+{
+    int fds[2];
+    if (pipe(fds) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        int null = open("/dev/null", O_RDWR);
+        if (null >= 0)
+            dup2(null, 0);
+        if (uid != (uid_t)-1 &&
+            (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0))
+            _exit(126);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    size_t got = 0;
+    time_t end = time(NULL) + secs;
+    int st = -1;
+    fcntl(fds[0], F_SETFL, O_NONBLOCK);
+    for (;;) {
+        if (n > 1 && got < n - 1) {
+            ssize_t r = read(fds[0], line + got, n - 1 - got);
+            if (r > 0)
+                got += (size_t)r;
+        }
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        if (w == pid)
+            break;
+        if (time(NULL) > end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            st = -1;
+            break;
+        }
+        usleep(10000);
+    }
+    if (n > 1 && got < n - 1) {
+        ssize_t r = read(fds[0], line + got, n - 1 - got);
+        if (r > 0)
+            got += (size_t)r;
+    }
+    close(fds[0]);
+    if (n)
+        line[got] = 0;
+    line[strcspn(line, "\n")] = 0;
+    return (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0) ? 0 : -1;
+}
+
+/* In slurmstepd (root) after the step's tasks ended: the job's summary so far becomes its
+ * comment. The summary is made by the user's own `attune report`, on the user's files. */
+int slurm_spank_exit(spank_t sp, int ac, char **av)
+{
+    (void)ac;
+    (void)av;
+    if (spank_context() != S_CTX_REMOTE || !active() || !*report_dir)
+        return 0;
+    uint32_t job;
+    uid_t uid;
+    gid_t gid;
+    if (!job_ids(sp, &job, &uid) || spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS)
+        return 0;
+    char line[512] = "";
+    char *report[] = {attune_cli, "report", "--oneline", report_dir, NULL};
+    if (run_for_line(report, uid, gid, line, sizeof line, 10) != 0 || strncmp(line, "attune:", 7)) {
+        slurm_info("attune: job %u: no summary (%s report failed)", job, attune_cli);
+        return 0;
+    }
+    for (char *c = line; *c; c++)
+        if (*c < ' ' || *c > '~')
+            *c = '?';
+    slurm_info("attune: job %u: %s", job, line);
+    char id[32], comment[600], out[256];
+    snprintf(id, sizeof id, "JobId=%u", job);
+    snprintf(comment, sizeof comment, "Comment=%s", line);
+    char *update[] = {"/usr/bin/scontrol", "update", id, comment, NULL};
+    if (run_for_line(update, (uid_t)-1, 0, out, sizeof out, 10) != 0)
+        slurm_info("attune: job %u: scontrol could not set the comment: %s", job, out);
+    return 0;
+}
+
+/* In slurmd (root) when the job ends on the node: its statistics directory goes. */
+int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
+{
+    (void)ac;
+    (void)av;
+    uint32_t job;
+    uid_t uid;
+    if (!job_ids(sp, &job, &uid))
+        return 0;
+    char dir[96];
+    snprintf(dir, sizeof dir, "/tmp/attune-slurm-%u/%u", (unsigned)uid, job);
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    if (dfd < 0)
+        return 0;
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
+        return 0;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            unlinkat(dfd, e->d_name, 0);
+    closedir(d);
+    rmdir(dir);
+    return 0;
 }
 
 static int set(spank_t sp, const char *k, const char *v)
@@ -508,6 +699,8 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
             return -1;
     }
     if (set(sp, "ATTUNE_SOCKET", socket_path))
+        return -1;
+    if (*report_dir && set(sp, "ATTUNE_REPORT_DIR", report_dir))
         return -1;
 
     /* The workflow is the job (its array task). */

@@ -38,7 +38,7 @@ def available():
 
 class Slurm:
     def __init__(self, plugin_args=(), cpus=2, mem_mib=16000):
-        self.dir = Path(tempfile.mkdtemp(prefix="attune-slurm-"))
+        self.dir = Path(tempfile.mkdtemp(prefix="attune-slurmtest-"))
         os.chmod(self.dir, 0o755)
         self.jobs = self.dir / "jobs"
         self.jobs.mkdir()
@@ -203,6 +203,12 @@ PartitionName=debug Nodes=localhost Default=YES State=UP MaxTime=INFINITE
                 except OSError:
                     pass
         shutil.rmtree(self.dir, ignore_errors=True)
+        # The plugin's per-user report directories, once their jobs' epilogs emptied them.
+        for d in Path("/tmp").glob("attune-slurm-*"):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
 
     def __enter__(self):
         return self

@@ -197,3 +197,31 @@ def test_array_tasks_are_workflows_of_their_own(slurm):
         slurm.wait(f"{job}_{i}")
     names = sorted((slurm.jobs / f"array-{i}.out").read_text().strip() for i in (0, 1))
     assert names == [f"slurm-{job}_0", f"slurm-{job}_1"], names
+
+
+def comment_of(slurm, job):
+    out = slurm.run(["scontrol", "-o", "show", "job", job]).stdout
+    m = re.search(r"Comment=(.*?)(?= [A-Z][A-Za-z]*=|$)", out)
+    return m.group(1).strip() if m else ""
+
+
+def test_the_jobs_summary_becomes_its_comment_and_its_files_go(slurm):
+    """A batch job with two steps: the comment names both processes of c_matrix, their far
+    bytes in the file tier, faults and time in faults; the job's private statistics
+    directory is gone after the job."""
+    job = slurm.sbatch("#!/bin/sh\nsrun ./c_matrix 300 && srun ./c_matrix 300\n", "--mem=200M",
+                       "--tm-flags=CAP", "--tm-far=file", user="nobody")
+    assert slurm.wait(job) == "COMPLETED"
+    c = comment_of(slurm, job)
+    m = re.fullmatch(r"attune: (\d+) process\(es\), peak DRAM ([\d.]+) MiB, far ([\d.]+) (MiB|GiB) "
+                     r"\(file\), (\d+) faults, ([\d.]+) s in faults, .* moved", c)
+    assert m, c
+    # The two c_matrix processes (the batch shell allocates nothing large: no engine).
+    assert int(m.group(1)) == 2 and int(m.group(5)) > 1000 and float(m.group(6)) > 0, c
+    # Within the budget (the limit less 32 MiB) plus one run of chunks.
+    assert float(m.group(2)) <= 168.0 + 2, c
+    for _ in range(50):
+        if not os.path.exists(f"/tmp/attune-slurm-65534/{job}"):
+            break
+        time.sleep(0.1)
+    assert not os.path.exists(f"/tmp/attune-slurm-65534/{job}"), "the job's statistics stay behind"

@@ -26,6 +26,8 @@ enum Command {
     Bench(LabArgs),
     /// Run an unmodified program with its large allocations on tiered memory; report at exit.
     Run(cmd::run::Args),
+    /// The report of managed processes from their statistics files (the Slurm plugin's jobs).
+    Report(cmd::report::Args),
     /// Run a program the kernel's way at a budget: cgroup memory limit + swap (needs root).
     #[command(disable_help_flag = true)]
     KernelSwap(LabArgs),
@@ -88,6 +90,7 @@ fn main() {
     let code = match cli.command {
         Command::Bench(a) => lab("bench", a),
         Command::Run(a) => cmd::run::run(a),
+        Command::Report(a) => cmd::report::run(a),
         Command::KernelSwap(a) => lab("kernel-swap", a),
         Command::Config(a) => cmd::config::run(a),
         Command::Topology(a) => cmd::topology::run(a),

@@ -3,6 +3,7 @@ pub mod doctor;
 pub mod memserver;
 pub mod numa;
 pub mod profile;
+pub mod report;
 pub mod run;
 pub mod status;
 pub mod topology;

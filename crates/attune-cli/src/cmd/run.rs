@@ -464,7 +464,7 @@ fn make_tempdir(base: &Path) -> std::io::Result<PathBuf> {
 
 use std::os::unix::fs::DirBuilderExt;
 
-fn gather(dir: &Path) -> Vec<Value> {
+pub fn gather(dir: &Path) -> Vec<Value> {
     let mut v: Vec<Value> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()

@@ -36,6 +36,10 @@ pub struct AllocOptions {
 #[derive(Default)]
 pub struct Counters {
     pub faults: AtomicU64,
+    /// Time spent resolving faults (ns): from the fault path's entry to the page's
+    /// placement, in the handler thread or the faulting thread. Under thread delivery the
+    /// hand-off to the handler is not in it.
+    pub fault_ns: AtomicU64,
     pub evictions: AtomicU64,
     pub evicted_bytes: AtomicU64,
     pub fetched_bytes: AtomicU64,
@@ -82,9 +86,10 @@ impl Counters {
     /// The counters the statistics report, by their names there (`attune_stats_json`'s
     /// `engine` object, each process snapshot of the `attune run` report and its totals):
     /// one list, so they cannot drift apart. Page movement, then the online prediction.
-    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 14] {
+    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 15] {
         [
             ("faults", &self.faults),
+            ("fault_ns", &self.fault_ns),
             ("evictions", &self.evictions),
             ("fetched_bytes", &self.fetched_bytes),
             ("evicted_bytes", &self.evicted_bytes),
