@@ -10,9 +10,11 @@ Needs root (slurmd, cgroups) and the staged build (make build with libslurm-dev)
 import ctypes
 import json
 import os
+import random
 import re
 import subprocess
 import time
+import urllib.request
 
 import pytest
 
@@ -31,7 +33,9 @@ pytestmark = pytest.mark.skipif(why is not None, reason=why or "")
 def slurm():
     s = Slurm()
     # The node daemon, as a site would run it: its socket named in plugstack.conf.
-    d = Daemon(s.dir, "--dram", "2G", "--far-pool", "512M", sock=str(s.dir / "attuned.sock"))
+    s.metrics = random.randrange(20000, 40000)
+    d = Daemon(s.dir, "--dram", "2G", "--far-pool", "512M", sock=str(s.dir / "attuned.sock"),
+               metrics=f"127.0.0.1:{s.metrics}")
     s.write_plugstack([f"socket={d.sock}"])
     s.daemon = d
     for prog in ("c_matrix", "crash"):
@@ -180,6 +184,10 @@ def test_the_budget_shows_in_the_daemon_and_scancel_releases_it(slurm):
         time.sleep(0.1)
     assert w and w[0]["want"] == 16 * MIB, f"{name}: {w}"
     assert w[0]["flags"] == "LAT" and w[0]["uid"] == 65534, w
+    # The job as slurmd's cgroup names it, also a label of the Prometheus series.
+    assert w[0]["job"] == job, w
+    text = urllib.request.urlopen(f"http://127.0.0.1:{slurm.metrics}/metrics", timeout=5).read().decode()
+    assert f'attune_workflow_want_bytes{{workflow="{name}",uid="65534",job="{job}",flags="LAT"}} {16 * MIB}' in text, text
     slurm.run(["scancel", job], user="nobody")
     assert slurm.wait(job) == "CANCELLED"
     for _ in range(100):

@@ -290,6 +290,9 @@ pub struct TierStatus {
 pub struct WorkflowStatus {
     pub name: String,
     pub uid: u32,
+    /// The Slurm job of its processes, from their memory cgroup (empty: none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub job: String,
     pub flags: String,
     /// Its processes (at most the first [`STATUS_PIDS_SHOWN`]), and how many there are.
     pub pids: Vec<i32>,

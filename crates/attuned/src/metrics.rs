@@ -154,6 +154,7 @@ pub fn render(s: &Status) -> String {
             let l = vec![
                 ("workflow".into(), label(&w.name)),
                 ("uid".into(), w.uid.to_string()),
+                ("job".into(), label(&w.job)),
                 ("flags".into(), label(&w.flags)),
             ];
             fam.get_or_create(&l).set(f(w));
@@ -215,6 +216,7 @@ mod tests {
             workflows: vec![attune_proto::WorkflowStatus {
                 name: "lat-job".into(),
                 uid: 1000,
+                job: "42".into(),
                 flags: "LAT".into(),
                 grant: 4096,
                 pids: vec![7],
@@ -233,7 +235,7 @@ mod tests {
         assert!(t.contains("attune_dram_pool_bytes 1073741824"), "{t}");
         assert!(
             t.contains(
-                "attune_workflow_grant_bytes{workflow=\"lat-job\",uid=\"1000\",flags=\"LAT\"} 4096"
+                "attune_workflow_grant_bytes{workflow=\"lat-job\",uid=\"1000\",job=\"42\",flags=\"LAT\"} 4096"
             ),
             "{t}"
         );
@@ -266,8 +268,25 @@ attune_workflow_grant_bytes{workflow="y\"#;
         assert_eq!(series.len(), 1, "{t}");
         assert_eq!(
             series[0],
-            r#"attune_workflow_grant_bytes{workflow="x\",uid=\"0\"} 1\nattune_workflow_grant_bytes{workflow=\"y\\",uid="1000",flags="CAP"} 7.0"#
+            r#"attune_workflow_grant_bytes{workflow="x\",uid=\"0\"} 1\nattune_workflow_grant_bytes{workflow=\"y\\",uid="1000",job="",flags="CAP"} 7.0"#
         );
         assert_eq!(label(r#"a\b"c"#), r#"a\\b\"c"#);
+    }
+
+    #[test]
+    fn the_job_label_comes_from_slurms_cgroup_not_the_workflow_name() {
+        use crate::server::slurm_job;
+        let v1 = "12:memory:/slurm_localhost/uid_65534/job_17/step_0/task_0\n3:cpu:/\n";
+        assert_eq!(slurm_job(v1), "17");
+        let v2 = "0::/system.slice/slurmstepd.scope/job_4242/step_batch/user/task_0\n";
+        assert_eq!(slurm_job(v2), "4242");
+        for none in [
+            "",
+            "0::/user.slice/user-1000.slice\n",
+            "5:memory:/job_x/job_/\n",
+            "garbage",
+        ] {
+            assert_eq!(slurm_job(none), "", "{none:?}");
+        }
     }
 }

@@ -64,7 +64,10 @@ fn connection(sock: UnixStream, state: Shared) {
     let _ = sock.set_write_timeout(Some(Duration::from_millis(500)));
     let Ok(w) = sock.try_clone() else { return };
     let writer: Writer = Arc::new(Mutex::new(w));
-    let id = lock(&state).add_client(cred.pid, cred.uid, writer.clone());
+    let job = slurm_job(
+        &std::fs::read_to_string(format!("/proc/{}/cgroup", cred.pid)).unwrap_or_default(),
+    );
+    let id = lock(&state).add_client(cred.pid, cred.uid, job, writer.clone());
     let mut rd = FrameReader::default();
     loop {
         match rd.read(&sock, Request::fds) {
@@ -205,6 +208,21 @@ fn page(mut s: attune_proto::Status, from: u64) -> attune_proto::Status {
 /// Bytes of a value's JSON (a value that cannot be encoded counts as too large).
 fn json_len<T: serde::Serialize>(v: &T) -> usize {
     serde_json::to_vec(v).map_or(usize::MAX / 4, |v| v.len())
+}
+
+/// The Slurm job a process runs in, from its `/proc/PID/cgroup`: the `job_N` component
+/// slurmd gives its cgroups (v1 `/slurm_NODE/uid_U/job_N/step_S/task_T`, v2
+/// `/system.slice/slurmstepd.scope/job_N/...`). Set by slurmd, not by the user, so the
+/// metrics' job label cannot be forged with a workflow name.
+pub fn slurm_job(cgroup: &str) -> String {
+    cgroup
+        .lines()
+        .filter_map(|l| l.splitn(3, ':').nth(2))
+        .flat_map(|path| path.split('/'))
+        .filter_map(|c| c.strip_prefix("job_"))
+        .find(|n| !n.is_empty() && n.len() <= 20 && n.bytes().all(|b| b.is_ascii_digit()))
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn valid_workflow(n: &str) -> bool {

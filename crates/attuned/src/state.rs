@@ -18,6 +18,8 @@ pub type Writer = Arc<Mutex<UnixStream>>;
 pub struct Client {
     pub pid: i32,
     pub uid: u32,
+    /// The Slurm job its process runs in, from its memory cgroup (empty: none).
+    pub job: String,
     pub writer: Writer,
     /// Set by `Hello`: the workflow this process belongs to, and its request.
     pub reg: Option<Registration>,
@@ -141,7 +143,7 @@ impl State {
         }
     }
 
-    pub fn add_client(&mut self, pid: i32, uid: u32, writer: Writer) -> u64 {
+    pub fn add_client(&mut self, pid: i32, uid: u32, job: String, writer: Writer) -> u64 {
         let id = self.next_client;
         self.next_client += 1;
         self.clients.insert(
@@ -149,6 +151,7 @@ impl State {
             Client {
                 pid,
                 uid,
+                job,
                 writer,
                 reg: None,
                 shared_refs: HashMap::new(),
@@ -438,6 +441,9 @@ impl State {
                     ..Default::default()
                 });
             w.pids.push(c.pid);
+            if w.job.is_empty() {
+                w.job = c.job.clone();
+            }
             w.flags = Flags(Flags::parse(&w.flags).unwrap_or_default().0 | r.flags.0).to_string();
             w.want += r.want;
             w.protected += r.protected;
