@@ -28,9 +28,13 @@
  *   comment, where `scontrol show job` and sacct (AccountingStoreFlags=job_comment) show
  *   it. The job's epilog removes the directory.
  *
+ * - Where no service manager runs attuned, `attuned=PATH` in plugstack.conf makes the
+ *   first job's prolog on a node start it (detached, log in SOCKET.log), under a lock so
+ *   that concurrent prologs start one daemon.
+ *
  * Plugin arguments (plugstack.conf): preload=PATH (libattune_preload.so), attune=PATH (the
  * attune command), socket=PATH (attuned's socket), headroom=PERCENT (of the limit, at least
- * 32 MiB; default 10).
+ * 32 MiB; default 10), attuned=PATH and attuned_config=FILE (start the daemon if needed).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -45,7 +49,10 @@
 #include <dirent.h>
 #include <grp.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -72,6 +79,7 @@ static char *opt_flags, *opt_dram, *opt_far, *opt_workflow, *opt_config;
 static char preload_path[PATH_MAX] = ATTUNE_PRELOAD_DEFAULT;
 static char socket_path[PATH_MAX] = SOCKET_DEFAULT;
 static char attune_cli[PATH_MAX] = ATTUNE_CLI_DEFAULT;
+static char attuned_path[PATH_MAX], attuned_config[PATH_MAX];
 /* The job's statistics directory, once user_init has made it (inherited by the tasks). */
 static char report_dir[PATH_MAX];
 static unsigned headroom_pct = 10;
@@ -317,6 +325,10 @@ static int plugin_args(int ac, char **av)
         const char *a = av[i];
         if (!strncmp(a, "preload=", 8) && strlen(a + 8) < sizeof preload_path) {
             strcpy(preload_path, a + 8);
+        } else if (!strncmp(a, "attuned=", 8) && strlen(a + 8) < sizeof attuned_path) {
+            strcpy(attuned_path, a + 8);
+        } else if (!strncmp(a, "attuned_config=", 15) && strlen(a + 15) < sizeof attuned_config) {
+            strcpy(attuned_config, a + 15);
         } else if (!strncmp(a, "attune=", 7) && strlen(a + 7) < sizeof attune_cli) {
             strcpy(attune_cli, a + 7);
         } else if (!strncmp(a, "socket=", 7) && strlen(a + 7) < sizeof socket_path) {
@@ -331,7 +343,7 @@ static int plugin_args(int ac, char **av)
             headroom_pct = (unsigned)v;
         } else {
             slurm_error("attune: unknown plugstack argument '%s' (preload=, attune=, socket=, "
-                        "headroom=)",
+                        "headroom=, attuned=, attuned_config=)",
                         a);
             return -1;
         }
@@ -342,8 +354,6 @@ static int plugin_args(int ac, char **av)
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
     spank_context_t ctx = spank_context();
-    if (ctx == S_CTX_JOB_SCRIPT)
-        return plugin_args(ac, av);
     if (ctx != S_CTX_LOCAL && ctx != S_CTX_REMOTE && ctx != S_CTX_ALLOCATOR)
         return 0;
     /* Options must be registered in every context where they are used, allocator included
@@ -481,8 +491,8 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 
 /* Runs argv as `uid`/`gid` (or as we are, when uid is -1) and keeps the first line of its
  * output in `line`; gives it at most `secs` seconds. 0 when it exited with status 0. */
-static int run_for_line(char *const argv[], uid_t uid, gid_t gid, char *line, size_t n,
-                        int secs)
+static int run_for_line(char *const argv[], uid_t uid, gid_t gid, int with_stderr, char *line,
+                        size_t n, int secs)
 {
     int fds[2];
     if (pipe(fds) != 0)
@@ -494,12 +504,13 @@ static int run_for_line(char *const argv[], uid_t uid, gid_t gid, char *line, si
         return -1;
     }
     if (pid == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
         int null = open("/dev/null", O_RDWR);
         if (null >= 0)
             dup2(null, 0);
+        dup2(fds[1], 1);
+        dup2(with_stderr ? fds[1] : null, 2);
+        close(fds[0]);
+        close(fds[1]);
         if (uid != (uid_t)-1 &&
             (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0))
             _exit(126);
@@ -540,13 +551,21 @@ static int run_for_line(char *const argv[], uid_t uid, gid_t gid, char *line, si
     return (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0) ? 0 : -1;
 }
 
-/* In slurmstepd (root) after the step's tasks ended: the job's summary so far becomes its
- * comment. The summary is made by the user's own `attune report`, on the user's files. */
-int slurm_spank_exit(spank_t sp, int ac, char **av)
+/* In slurmstepd (root) when the step's last task on the node has ended (the job is still
+ * running then; at the step's exit an srun-only job has already finished and its comment
+ * cannot change): the job's summary so far becomes its comment. The summary is made by the
+ * user's own `attune report`, on the user's files. */
+int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 {
     (void)ac;
     (void)av;
+    static uint32_t exited;
+    uint32_t tasks = 1;
     if (spank_context() != S_CTX_REMOTE || !active() || !*report_dir)
+        return 0;
+    if (spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &tasks) != ESPANK_SUCCESS || !tasks)
+        tasks = 1;
+    if (++exited < tasks)
         return 0;
     uint32_t job;
     uid_t uid;
@@ -555,7 +574,8 @@ int slurm_spank_exit(spank_t sp, int ac, char **av)
         return 0;
     char line[512] = "";
     char *report[] = {attune_cli, "report", "--oneline", report_dir, NULL};
-    if (run_for_line(report, uid, gid, line, sizeof line, 10) != 0 || strncmp(line, "attune:", 7)) {
+    if (run_for_line(report, uid, gid, 0, line, sizeof line, 10) != 0 ||
+        strncmp(line, "attune:", 7)) {
         slurm_info("attune: job %u: no summary (%s report failed)", job, attune_cli);
         return 0;
     }
@@ -567,8 +587,83 @@ int slurm_spank_exit(spank_t sp, int ac, char **av)
     snprintf(id, sizeof id, "JobId=%u", job);
     snprintf(comment, sizeof comment, "Comment=%s", line);
     char *update[] = {"/usr/bin/scontrol", "update", id, comment, NULL};
-    if (run_for_line(update, (uid_t)-1, 0, out, sizeof out, 10) != 0)
+    if (run_for_line(update, (uid_t)-1, 0, 1, out, sizeof out, 10) != 0)
         slurm_info("attune: job %u: scontrol could not set the comment: %s", job, out);
+    return 0;
+}
+
+/* Whether a daemon answers on the socket. */
+static int daemon_answers(void)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (strlen(socket_path) >= sizeof a.sun_path)
+        return 0;
+    strcpy(a.sun_path, socket_path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    int ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return ok;
+}
+
+/* In slurmd (root) when a job starts on the node: attuned, if the site asked the plugin to
+ * run it (attuned=) and none answers. A daemon that does not come up is logged; the job
+ * runs without one (each task on its own budget). */
+int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
+{
+    (void)sp;
+    /* The prolog's process is given the plugstack arguments here, not in init. */
+    if (plugin_args(ac, av) || !*attuned_path || daemon_answers())
+        return 0;
+    char lockp[PATH_MAX + 8], logp[PATH_MAX + 8];
+    snprintf(lockp, sizeof lockp, "%s.lock", socket_path);
+    snprintf(logp, sizeof logp, "%s.log", socket_path);
+    int lk = open(lockp, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (lk < 0 || flock(lk, LOCK_EX) != 0) {
+        slurm_error("attune: cannot lock %s: %s", lockp, strerror(errno));
+        if (lk >= 0)
+            close(lk);
+        return 0;
+    }
+    if (!daemon_answers()) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            /* Detached: its own session, no descriptor of slurmd's, and a grandchild so
+             * that nobody waits for it. */
+            setsid();
+            if (fork() != 0)
+                _exit(0);
+            int null = open("/dev/null", O_RDONLY);
+            int log = open(logp, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW, 0600);
+            if (null < 0 || log < 0)
+                _exit(126);
+            dup2(null, 0);
+            dup2(log, 1);
+            dup2(log, 2);
+            for (int fd = 3; fd < 1024; fd++)
+                close(fd);
+            char *argv[] = {attuned_path, "--socket", socket_path, NULL, NULL, NULL};
+            if (*attuned_config) {
+                argv[3] = "--config";
+                argv[4] = attuned_config;
+            }
+            execv(attuned_path, argv);
+            _exit(127);
+        }
+        if (pid > 0)
+            waitpid(pid, NULL, 0);
+        int up = 0;
+        for (int i = 0; i < 300 && !(up = daemon_answers()); i++)
+            usleep(10000);
+        if (up)
+            slurm_info("attune: started %s on %s", attuned_path, socket_path);
+        else
+            slurm_error("attune: %s did not answer on %s within 3 s (its log: %s)", attuned_path,
+                        socket_path, logp);
+    }
+    flock(lk, LOCK_UN);
+    close(lk);
     return 0;
 }
 

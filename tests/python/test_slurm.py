@@ -15,6 +15,7 @@ import re
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +42,9 @@ def slurm():
     for prog in ("c_matrix", "crash"):
         subprocess.run(["gcc", "-O2", str(ROOT / f"tests/run/{prog}.c"), "-o", str(s.jobs / prog)],
                        check=True)
+    subprocess.run(["gcc", "-O2", f"-I{BUILD}/include", f"-I{ROOT}/tests/c", str(ROOT / "tests/daemon/client.c"),
+                    "-o", str(s.jobs / "client"), f"-L{BUILD}/lib", "-lattune", f"-Wl,-rpath,{BUILD}/lib",
+                    "-lpthread"], check=True)
     yield s
     d.stop()
     s.stop()
@@ -233,3 +237,69 @@ def test_the_jobs_summary_becomes_its_comment_and_its_files_go(slurm):
             break
         time.sleep(0.1)
     assert not os.path.exists(f"/tmp/attune-slurm-65534/{job}"), "the job's statistics stay behind"
+
+
+def daemon_status(slurm):
+    return json.loads(subprocess.run([str(ATTUNE), "status", "--json", "--socket", slurm.daemon.sock],
+                                     capture_output=True, text=True, check=True).stdout)
+
+
+def test_two_users_jobs_cannot_open_each_others_shared_regions(slurm):
+    """nobody's job creates a shared region; another user's job on the node is refused it,
+    a second job of nobody reads it; when the creating job is cancelled the region goes."""
+    job = slurm.sbatch("#!/bin/sh\nexec ./client write slurmshared 16 60\n", "--mem=200M", "--tm-flags=CAP",
+                       user="nobody")
+    for _ in range(300):
+        if any(r["name"] == "slurmshared" for r in daemon_status(slurm)["shared"]):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the shared region never appeared")
+    p = slurm.run(["srun", "--mem=100M", "--tm-flags=CAP", "./client", "refused", "slurmshared"], user="daemon")
+    assert p.returncode == 0, p.stdout + p.stderr
+    p = slurm.run(["srun", "--mem=100M", "--tm-flags=CAP", "./client", "read", "slurmshared", "16"], user="nobody")
+    assert p.returncode == 0, p.stdout + p.stderr
+    slurm.run(["scancel", job], user="nobody")
+    slurm.wait(job)
+    for _ in range(100):
+        if not any(r["name"] == "slurmshared" for r in daemon_status(slurm)["shared"]):
+            break
+        time.sleep(0.1)
+    assert not any(r["name"] == "slurmshared" for r in daemon_status(slurm)["shared"]), "the region outlived its users"
+
+
+def test_the_plugin_starts_attuned_at_the_first_job_where_none_runs():
+    """plugstack `attuned=`: the first job's prolog starts the daemon, detached and outside
+    every job's cgroup; it outlives the job and serves the next one."""
+    s = Slurm()
+    sock = s.dir / "auto.sock"
+    pid = None
+    try:
+        s.write_plugstack([f"attuned={BUILD / 'bin' / 'attuned'}", f"socket={sock}"])
+        subprocess.run(["gcc", "-O2", str(ROOT / "tests/run/crash.c"), "-o", str(s.jobs / "crash")], check=True)
+        assert not sock.exists()
+        p = s.run(["srun", "--mem=100M", "--tm-flags=CAP", "sh", "-c", "echo $ATTUNE_FAR"], user="nobody")
+        assert p.returncode == 0, p.stderr
+        # The daemon was up before the task started: its pool was offered.
+        assert p.stdout.strip() == "pool,file", p.stdout
+        st = json.loads(subprocess.run([str(ATTUNE), "status", "--json", "--socket", sock],
+                                       capture_output=True, text=True, check=True).stdout)
+        pid = st["pid"]
+        assert "job_" not in Path(f"/proc/{pid}/cgroup").read_text()
+        # The next job registers with it.
+        job = s.sbatch("#!/bin/sh\nexec ./crash sleep\n", "--mem=100M", "--tm-flags=CAP", user="nobody")
+        for _ in range(300):
+            st = json.loads(subprocess.run([str(ATTUNE), "status", "--json", "--socket", sock],
+                                           capture_output=True, text=True, check=True).stdout)
+            if any(w["name"] == f"slurm-{job}" for w in st["workflows"]):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"job {job} never registered with the started daemon")
+        assert st["pid"] == pid, "a second daemon was started"
+        s.run(["scancel", job])
+        s.wait(job)
+    finally:
+        if pid:
+            os.kill(pid, 15)
+        s.stop()
