@@ -17,13 +17,14 @@ command -v mpicc >/dev/null || need+=(openmpi-bin libopenmpi-dev)
 [ -e /usr/include/rdma/fabric.h ] || need+=(libfabric-dev)
 command -v ip >/dev/null || need+=(iproute2)
 # The Slurm plugin (spank.h) and its tests against a real single-node Slurm; bubblewrap
-# for the container tests (docs/slurm.md).
+# and Charliecloud for the container tests (docs/slurm.md).
 [ -e /usr/include/slurm/spank.h ] || need+=(libslurm-dev)
 command -v slurmctld >/dev/null || need+=(slurmctld)
 command -v slurmd >/dev/null || need+=(slurmd)
 command -v srun >/dev/null || need+=(slurm-client)
 command -v munged >/dev/null || need+=(munge)
 command -v bwrap >/dev/null || need+=(bubblewrap)
+command -v ch-run >/dev/null || need+=(charliecloud-runtime)
 # The unprivileged numpy test runs the system's Python as nobody (a per-user Python under
 # /root cannot be read by another user).
 [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c 'import numpy' 2>/dev/null && need+=(python3-numpy)

@@ -303,3 +303,147 @@ def test_the_plugin_starts_attuned_at_the_first_job_where_none_runs():
         if pid:
             os.kill(pid, 15)
         s.stop()
+
+
+# --- containers (docs/slurm.md, "Containers") ----------------------------------------------
+
+def host_image(slurm, name):
+    """A container image of its own: a root directory holding this host's C library (the
+    same version as the interposer's), the test programs, and empty mount points for what
+    the job binds in at the same paths (the library, the daemon's socket, the jobs, /tmp)."""
+    img = slurm.dir / name
+    if img.exists():
+        return img
+    for d in ("dev", "proc", "sys", "tmp", "etc", "lib64", "lib/x86_64-linux-gnu",
+              str(BUILD / "lib")[1:], str(slurm.dir)[1:], str(slurm.jobs)[1:]):
+        (img / d).mkdir(parents=True, exist_ok=True)
+    for lib in ("libc.so.6", "libm.so.6", "libgcc_s.so.1"):
+        subprocess.run(["cp", "-L", f"/lib/x86_64-linux-gnu/{lib}", str(img / "lib/x86_64-linux-gnu")], check=True)
+    subprocess.run(["cp", "-L", "/lib64/ld-linux-x86-64.so.2", str(img / "lib64")], check=True)
+    (img / "etc/passwd").write_text("nobody:x:65534:65534:nobody:/:/bin/false\n")
+    # What Charliecloud binds over in every image.
+    (img / "etc/group").write_text("nogroup:x:65534:\n")
+    for f in ("hosts", "resolv.conf"):
+        (img / "etc" / f).write_text("")
+    for d in ("home", "mnt", "run", "usr", "var/tmp"):
+        (img / d).mkdir(parents=True, exist_ok=True)
+    os.chmod(img, 0o755)
+    return img
+
+
+def binds(slurm):
+    return [str(BUILD / "lib"), str(slurm.dir), str(slurm.jobs)]
+
+
+def bwrap(slurm, img, *cmd):
+    argv = ["bwrap", "--unshare-user", "--unshare-pid", "--ro-bind", str(img), "/", "--dev", "/dev",
+            "--proc", "/proc", "--bind", "/tmp", "/tmp"]
+    for b in binds(slurm):
+        argv += ["--bind", b, b]
+    return [*argv, "--chdir", str(slurm.jobs), *cmd]
+
+
+def chrun(slurm, img, *cmd):
+    argv = ["env", "USER=nobody", "ch-run"]
+    for b in binds(slurm):
+        argv += ["-b", f"{b}:{b}"]
+    return [*argv, "-c", str(slurm.jobs), str(img), "--", *cmd]
+
+
+TASK_PEAK = "cat /sys/fs/cgroup/memory$(grep :memory: /proc/self/cgroup | cut -d: -f3)/memory.max_usage_in_bytes"
+
+
+@pytest.mark.parametrize("runtime", ["bwrap", "ch-run"])
+def test_a_containerized_job_is_tiered_within_its_limit(slurm, runtime):
+    """c_matrix (432 MiB) in an image with its own C library, started by bubblewrap (a user
+    namespace of its own) or Charliecloud from srun as nobody in --mem=200M: the library and
+    the daemon's socket are bound in; every buffer verifies and the task's cgroup peaks under
+    the limit; the daemon sees the job's real user through the user namespace."""
+    if not __import__("shutil").which(runtime):
+        pytest.skip(f"{runtime} is not installed (scripts/setup.sh)")
+    img = host_image(slurm, "img-host")
+    for prog in ("c_matrix", "crash"):
+        subprocess.run(["cp", str(slurm.jobs / prog), str(img)], check=True)
+    wrap = bwrap if runtime == "bwrap" else chrun
+    cmd = " ".join(wrap(slurm, img, "/c_matrix", "400"))
+    p = slurm.run(["srun", "--mem=200M", "--tm-flags=CAP", "sh", "-c", f"{cmd} && {TASK_PEAK}"], user="nobody")
+    assert p.returncode == 0 and "c_matrix: OK" in p.stdout, p.stdout + p.stderr
+    used = int(p.stdout.split()[-1])
+    assert 32 * MIB < used < 200 * MIB, f"peak {used >> 20} MiB"
+    # Peer credentials through the user namespace: the daemon sees uid 65534, not 0.
+    script = "#!/bin/sh\nexec " + " ".join(wrap(slurm, img, "/crash", "sleep")) + "\n"
+    job = slurm.sbatch(script, "--mem=200M", "--tm-flags=CAP", user="nobody")
+    name = f"slurm-{job}"
+    w = []
+    for _ in range(300):
+        w = workflows(slurm, name)
+        if w:
+            break
+        time.sleep(0.1)
+    slurm.run(["scancel", job])
+    slurm.wait(job)
+    assert w and w[0]["uid"] == 65534 and w[0]["job"] == job, w
+
+
+def old_glibc_image(slurm):
+    """An image with Debian bullseye's C library and its programs (glibc 2.31, older than the
+    interposer's 2.34), from the private apt lists of scripts/numa-guest/fetch.sh (the 5.10
+    kernel's); None if unavailable."""
+    apt = Path("/var/cache/attune-guest/old/apt")
+    if not (apt / "sources.list").exists():
+        return None
+    o = ["-o", f"Dir::Etc::SourceList={apt}/sources.list", "-o", "Dir::Etc::SourceParts=/dev/null",
+         "-o", f"Dir::State::Lists={apt}/lists", "-o", f"Dir::Cache={apt}/cache"]
+    def bullseye(pkg):
+        pol = subprocess.run(["apt-cache", *o, "madison", pkg], capture_output=True, text=True).stdout
+        return next((f"{pkg}={line.split('|')[1].strip()}" for line in pol.splitlines() if "bullseye/" in line),
+                    None)
+    pkgs = [bullseye(p) for p in ("libc6", "libc-bin", "libgcc-s1")]
+    if None in pkgs:
+        return None
+    img = slurm.dir / "img-old"
+    debs = slurm.dir / "debs"
+    debs.mkdir(exist_ok=True)
+    # libc6 holds the library, libc-bin its programs (getconf, a dynamically linked one),
+    # libgcc-s1 the unwinder the interposer also needs (a Debian image has all three).
+    if subprocess.run(["apt-get", *o, "-q", "download", *pkgs], cwd=debs, capture_output=True).returncode:
+        return None
+    for deb in debs.glob("*.deb"):
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(img)], check=True)
+    for d in ("dev", "proc", "tmp", str(BUILD / "lib")[1:], str(slurm.dir)[1:], str(slurm.jobs)[1:]):
+        (img / d).mkdir(parents=True, exist_ok=True)
+    os.chmod(img, 0o755)
+    return img
+
+
+def test_an_image_whose_c_library_is_too_old_fails_loudly_at_start(slurm):
+    """In a bullseye image (glibc 2.31, older than the interposer's 2.34) the dynamic loader
+    refuses the interposer and with it the program, naming both: the program never runs
+    untiered beyond its budget."""
+    img = old_glibc_image(slurm)
+    if img is None:
+        pytest.skip("no bullseye package lists (scripts/numa-guest/fetch.sh 5.10)")
+    cmd = bwrap(slurm, img, "/usr/bin/getconf", "PAGESIZE")
+    p = slurm.run(["srun", "--mem=100M", "--tm-flags=CAP", *cmd], user="nobody")
+    assert p.returncode != 0 and "4096" not in p.stdout, p.stdout + p.stderr
+    assert "version `GLIBC_2.34' not found (required by " + str(BUILD / "lib" / "libattune_preload.so") \
+        in p.stderr, p.stderr
+    # Without --tm options the same image runs.
+    p = slurm.run(["srun", "--mem=100M", *cmd], user="nobody")
+    assert p.returncode == 0 and p.stdout.strip() == "4096", p.stdout + p.stderr
+
+
+def test_a_container_whose_seccomp_profile_forbids_userfaultfd_gets_the_fallback_message(slurm):
+    """A seccomp profile that refuses userfaultfd (deny_syscalls applies it, as a container
+    runtime's profile would, to the container and all it starts): the program runs on plain
+    DRAM, verified, and says what to allow."""
+    deny = slurm.jobs / "deny_syscalls"
+    if not deny.exists():
+        subprocess.run(["gcc", "-O2", str(ROOT / "tests/c/deny_syscalls.c"), "-o", str(deny)], check=True)
+    img = host_image(slurm, "img-host")
+    subprocess.run(["cp", str(slurm.jobs / "c_matrix"), str(img)], check=True)
+    p = slurm.run(["srun", "--mem=400M", "--tm-flags=CAP", str(deny), "userfaultfd,uffd-dev", "--",
+                   *bwrap(slurm, img, "/c_matrix", "64")], user="nobody")
+    assert p.returncode == 0 and "c_matrix: OK" in p.stdout, p.stdout + p.stderr
+    assert "allow the userfaultfd system call in the container's seccomp profile" in p.stderr, p.stderr
+    assert "continuing with plain DRAM" in p.stderr, p.stderr
