@@ -44,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
         let (a, b) = UnixStream::pair().unwrap();
         a.set_nonblocking(true).unwrap();
         let w: Writer = Arc::new(Mutex::new(a));
-        ids.push(st.add_client(1000 + i as i32, *uid, w));
+        ids.push(st.add_client(1000 + i as i32, *uid, String::new(), w));
         keep.push(b);
     }
     let mut readers: Vec<FrameReader> = (0..UIDS.len()).map(|_| FrameReader::default()).collect();
@@ -60,7 +60,12 @@ fuzz_target!(|data: &[u8]| {
             st.remove_client(ids[who]);
             let (a, b) = UnixStream::pair().unwrap();
             a.set_nonblocking(true).unwrap();
-            ids[who] = st.add_client(2000 + who as i32, UIDS[who], Arc::new(Mutex::new(a)));
+            ids[who] = st.add_client(
+                2000 + who as i32,
+                UIDS[who],
+                format!("{who}"),
+                Arc::new(Mutex::new(a)),
+            );
             keep.push(b);
             readers[who] = FrameReader::default();
             continue;

@@ -84,7 +84,11 @@ PartitionName=debug Nodes=localhost Default=YES State=UP MaxTime=INFINITE
         (d / "cgroup.conf").write_text(
             "CgroupPlugin=cgroup/v1\nConstrainRAMSpace=yes\nConstrainSwapSpace=yes\nAllowedSwapSpace=0\n")
         self.write_plugstack(plugin_args)
-        self.env = dict(os.environ, SLURM_CONF=str(d / "slurm.conf"))
+        # Jobs inherit the submitter's environment (--export=ALL): none of the caller's
+        # Attune settings may reach them, only what the plugin sets.
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("ATTUNE_", "TM_"))
+                    and k != "LD_PRELOAD"}
+        self.env["SLURM_CONF"] = str(d / "slurm.conf")
         try:
             self._start()
         except Exception:

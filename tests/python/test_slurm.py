@@ -447,3 +447,17 @@ def test_a_container_whose_seccomp_profile_forbids_userfaultfd_gets_the_fallback
     assert p.returncode == 0 and "c_matrix: OK" in p.stdout, p.stdout + p.stderr
     assert "allow the userfaultfd system call in the container's seccomp profile" in p.stderr, p.stderr
     assert "continuing with plain DRAM" in p.stderr, p.stderr
+
+
+def test_an_array_ensemble_of_tiered_jobs_finishes_verified(slurm):
+    """The ensemble at small size: 8 array tasks of one workflow class, each twice its
+    --mem, scheduled two at a time on the node's 2 CPUs: every task completes verified, each
+    its own workflow, and none left a grant behind."""
+    out = slurm.jobs / "ens-%a.out"
+    job = slurm.sbatch("#!/bin/sh\nexec ./c_matrix 160\n", "--array=0-7", "--mem=96M", "--tm-flags=CAP",
+                       f"--output={out}", user="nobody")
+    for i in range(8):
+        assert slurm.wait(f"{job}_{i}", timeout=600) == "COMPLETED", (slurm.jobs / f"ens-{i}.out").read_text()
+        assert "c_matrix: OK" in (slurm.jobs / f"ens-{i}.out").read_text()
+    left = [w for w in daemon_status(slurm)["workflows"] if w["name"].startswith(f"slurm-{job}_")]
+    assert not left, left
