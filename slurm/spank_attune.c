@@ -667,7 +667,10 @@ int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
     return 0;
 }
 
-/* In slurmd (root) when the job ends on the node: its statistics directory goes. */
+/* In slurmd (root) when the job ends on the node: its statistics directory goes. The
+ * directories are the user's, so nothing is reached through a path the user could bend: each
+ * level is opened without following links and must belong to the job's user, and entries
+ * are unlinked relative to it (a link is removed, never followed). */
 int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 {
     (void)ac;
@@ -676,22 +679,32 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
     uid_t uid;
     if (!job_ids(sp, &job, &uid))
         return 0;
-    char dir[96];
-    snprintf(dir, sizeof dir, "/tmp/attune-slurm-%u/%u", (unsigned)uid, job);
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
-    if (dfd < 0)
+    char base[64], name[16];
+    snprintf(base, sizeof base, "/tmp/attune-slurm-%u", (unsigned)uid);
+    snprintf(name, sizeof name, "%u", job);
+    struct stat st;
+    int bfd = open(base, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (bfd < 0)
         return 0;
-    DIR *d = fdopendir(dfd);
-    if (!d) {
+    int dfd = -1;
+    if (fstat(bfd, &st) == 0 && st.st_uid == uid)
+        dfd = openat(bfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd >= 0 && (fstat(dfd, &st) != 0 || st.st_uid != uid)) {
         close(dfd);
-        return 0;
+        dfd = -1;
     }
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            unlinkat(dfd, e->d_name, 0);
-    closedir(d);
-    rmdir(dir);
+    DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+                unlinkat(dfd, e->d_name, 0);
+        closedir(d);
+        unlinkat(bfd, name, AT_REMOVEDIR);
+    } else if (dfd >= 0) {
+        close(dfd);
+    }
+    close(bfd);
     return 0;
 }
 

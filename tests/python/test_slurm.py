@@ -461,3 +461,20 @@ def test_an_array_ensemble_of_tiered_jobs_finishes_verified(slurm):
         assert "c_matrix: OK" in (slurm.jobs / f"ens-{i}.out").read_text()
     left = [w for w in daemon_status(slurm)["workflows"] if w["name"].startswith(f"slurm-{job}_")]
     assert not left, left
+
+
+def test_a_report_directory_someone_else_made_is_not_used(slurm):
+    """A base directory /tmp/attune-slurm-UID that another user made (here root, mode 0755,
+    so the job's user could be shown files it does not own) is refused: the job runs, its
+    summary is skipped with a log line, nothing is written there."""
+    base = Path("/tmp/attune-slurm-65534")
+    if base.exists():
+        __import__("shutil").rmtree(base)
+    base.mkdir(mode=0o755)
+    try:
+        p = slurm.run(["srun", "--mem=200M", "--tm-flags=CAP", "./c_matrix", "64"], user="nobody")
+        assert p.returncode == 0 and "c_matrix: OK" in p.stdout, p.stdout + p.stderr
+        assert list(base.iterdir()) == []
+        assert "cannot be this job's private report directory" in (slurm.dir / "slurmd.log").read_text()
+    finally:
+        base.rmdir()

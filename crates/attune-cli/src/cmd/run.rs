@@ -614,8 +614,9 @@ pub fn text_report(r: &Value) -> String {
         return s;
     }
     s += &format!(
-        "  DRAM: peak {} of a {} budget per process; faults {}, evictions {}, moved {} (in {}, out {})\n",
-        u(&t["peak_resident_bytes_max"]), u(&t["budget_bytes"]), t["faults"], t["evictions"],
+        "  DRAM: peak {} of a {} budget per process; faults {} ({:.2} s resolving), evictions {}, moved {} (in {}, out {})\n",
+        u(&t["peak_resident_bytes_max"]), u(&t["budget_bytes"]), t["faults"],
+        t["fault_ns"].as_u64().unwrap_or(0) as f64 / 1e9, t["evictions"],
         u(&t["moved_bytes"]), u(&t["fetched_bytes"]), u(&t["evicted_bytes"])
     );
     s += &format!(
