@@ -9,7 +9,7 @@
 #![no_main]
 
 use attune_proto::{FrameReader, Reply, Request};
-use attuned::state::{State, Writer};
+use attuned::state::{Placement, State, Writer};
 use libfuzzer_sys::fuzz_target;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
@@ -44,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
         let (a, b) = UnixStream::pair().unwrap();
         a.set_nonblocking(true).unwrap();
         let w: Writer = Arc::new(Mutex::new(a));
-        ids.push(st.add_client(1000 + i as i32, *uid, String::new(), w));
+        ids.push(st.add_client(1000 + i as i32, *uid, Default::default(), w));
         keep.push(b);
     }
     let mut readers: Vec<FrameReader> = (0..UIDS.len()).map(|_| FrameReader::default()).collect();
@@ -63,7 +63,10 @@ fuzz_target!(|data: &[u8]| {
             ids[who] = st.add_client(
                 2000 + who as i32,
                 UIDS[who],
-                format!("{who}"),
+                Placement {
+                    job: format!("{who}"),
+                    mem_limit: 64 << 20,
+                },
                 Arc::new(Mutex::new(a)),
             );
             keep.push(b);

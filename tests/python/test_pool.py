@@ -357,3 +357,29 @@ def test_a_daemon_killed_by_its_cgroup_while_growing_loses_no_data(workdir, daem
         assert "lost attuned" in out, out
     finally:
         g.remove()
+
+
+@needs_cgroup
+def test_a_claim_is_bounded_by_the_claimants_memory_cgroup(workdir, daemon):
+    """A client in a cgroup of 64 MiB claims 1 TiB: the daemon counts at most 64 MiB for it
+    (its process cannot keep more), read from the kernel's cgroup, not from the client.
+    The same claim from outside any limit counts the daemon's whole DRAM."""
+    from test_daemon import NOBODY_PRELUDE
+    d = daemon("--dram", "512M")
+    prog = NOBODY_PRELUDE + f"s = connect({d.sock!r})\nhello(s, sys.argv[1], want=1 << 40)\n" \
+        "print('ready', flush=True)\nsys.stdin.read()\n"
+    g = Cgroup("claim", 64 * MIB)
+    procs = []
+    try:
+        for name, argv in (("capped", g.wrap(["python3", "-c", prog, "capped"])),
+                           ("free", ["python3", "-c", prog, "free"])):
+            p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            procs.append(p)
+            assert p.stdout.readline().strip() == "ready"
+        want = {w["name"]: w["want"] for w in d.status()["workflows"]}
+        assert want == {"capped": 64 * MIB, "free": 512 * MIB}, want
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait()
+        g.remove()

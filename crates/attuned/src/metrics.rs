@@ -274,6 +274,58 @@ attune_workflow_grant_bytes{workflow="y\"#;
     }
 
     #[test]
+    fn a_claim_is_bounded_by_the_tightest_memory_limit_on_the_cgroup_path() {
+        use crate::server::memory_limit;
+        let files = |pairs: &'static [(&'static str, &'static str)]| {
+            move |p: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == p)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let v1 = "12:memory:/slurm_n/uid_1/job_7/step_0/task_0\n4:cpu,cpuacct:/\n";
+        let m = "/sys/fs/cgroup/memory";
+        // The job's limit is the tightest; "unlimited" (page-rounded i64::MAX) is none.
+        let read = files(&[
+            (
+                "/sys/fs/cgroup/memory/slurm_n/uid_1/job_7/step_0/task_0/memory.limit_in_bytes",
+                "9223372036854771712\n",
+            ),
+            (
+                "/sys/fs/cgroup/memory/slurm_n/uid_1/job_7/step_0/memory.limit_in_bytes",
+                "209715200\n",
+            ),
+            (
+                "/sys/fs/cgroup/memory/slurm_n/uid_1/job_7/memory.limit_in_bytes",
+                "104857600\n",
+            ),
+            (
+                "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                "9223372036854771712\n",
+            ),
+        ]);
+        assert_eq!(memory_limit(v1, &read), 100 << 20, "{m}");
+        let v2 = "0::/system.slice/slurmstepd.scope/job_7/step_0\n";
+        let read = files(&[
+            (
+                "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_7/step_0/memory.max",
+                "max\n",
+            ),
+            (
+                "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_7/memory.max",
+                "52428800\n",
+            ),
+        ]);
+        assert_eq!(memory_limit(v2, &read), 50 << 20);
+        // No controller, no files, garbage: no limit.
+        let none = files(&[]);
+        for c in ["", "0::/\n", "3:cpu:/x\n", "garbage"] {
+            assert_eq!(memory_limit(c, &none), u64::MAX, "{c:?}");
+        }
+    }
+
+    #[test]
     fn the_job_label_comes_from_slurms_cgroup_not_the_workflow_name() {
         use crate::server::slurm_job;
         let v1 = "12:memory:/slurm_localhost/uid_65534/job_17/step_0/task_0\n3:cpu:/\n";

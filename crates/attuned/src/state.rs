@@ -15,11 +15,29 @@ use std::time::Instant;
 /// The write side of one connection (frames from several threads must not interleave).
 pub type Writer = Arc<Mutex<UnixStream>>;
 
+/// Where a client's process runs, as the kernel and slurmd say (not the client).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Placement {
+    /// The Slurm job, from the process's cgroup path (empty: none).
+    pub job: String,
+    /// The tightest memory limit of its cgroup and their ancestors (u64::MAX: none). A
+    /// process cannot keep more DRAM resident than this, so it may not claim more.
+    pub mem_limit: u64,
+}
+
+impl Default for Placement {
+    fn default() -> Self {
+        Placement {
+            job: String::new(),
+            mem_limit: u64::MAX,
+        }
+    }
+}
+
 pub struct Client {
     pub pid: i32,
     pub uid: u32,
-    /// The Slurm job its process runs in, from its memory cgroup (empty: none).
-    pub job: String,
+    pub placement: Placement,
     pub writer: Writer,
     /// Set by `Hello`: the workflow this process belongs to, and its request.
     pub reg: Option<Registration>,
@@ -143,7 +161,7 @@ impl State {
         }
     }
 
-    pub fn add_client(&mut self, pid: i32, uid: u32, job: String, writer: Writer) -> u64 {
+    pub fn add_client(&mut self, pid: i32, uid: u32, placement: Placement, writer: Writer) -> u64 {
         let id = self.next_client;
         self.next_client += 1;
         self.clients.insert(
@@ -151,7 +169,7 @@ impl State {
             Client {
                 pid,
                 uid,
-                job,
+                placement,
                 writer,
                 reg: None,
                 shared_refs: HashMap::new(),
@@ -225,8 +243,13 @@ impl State {
     pub fn rebalance(&mut self) {
         self.rebalances += 1;
         let mut wfs: BTreeMap<(u32, String), (share::Demand, Vec<u64>)> = BTreeMap::new();
+        // The most a workflow's processes can keep resident: the largest of their cgroups'
+        // limits (one job's processes share one limit).
+        let mut limits: BTreeMap<(u32, String), u64> = BTreeMap::new();
         for (&id, c) in &self.clients {
             if let Some(r) = &c.reg {
+                let l = limits.entry((c.uid, r.workflow.clone())).or_insert(0);
+                *l = (*l).max(c.placement.mem_limit);
                 let e = wfs.entry((c.uid, r.workflow.clone())).or_insert((
                     share::Demand {
                         want: 0,
@@ -241,6 +264,10 @@ impl State {
                 e.0.flags = Flags(e.0.flags.0 | r.flags.0);
                 e.1.push(id);
             }
+        }
+        for (k, w) in wfs.iter_mut() {
+            w.0.want = w.0.want.min(limits[k]);
+            w.0.protected = w.0.protected.min(w.0.want);
         }
         let demands: Vec<share::Demand> = wfs.values().map(|w| w.0).collect();
         let rules = share::Rules {
@@ -374,6 +401,9 @@ impl State {
 
     /// A client's report; completes a reclaim when the last shrunk client acknowledges.
     pub fn usage(&mut self, id: u64, u: Usage) {
+        let Some(limit) = self.clients.get(&id).map(|c| c.placement.mem_limit) else {
+            return;
+        };
         let Some(r) = self.clients.get_mut(&id).and_then(|c| c.reg.as_mut()) else {
             return;
         };
@@ -382,7 +412,7 @@ impl State {
         let want = if u.want == 0 {
             r.want
         } else {
-            u.want.min(self.cfg.dram)
+            u.want.min(self.cfg.dram).min(limit)
         };
         let protected = u.protected.min(want);
         // Far wants follow utilization; a change under a MiB is not worth a rebalance.
@@ -442,7 +472,7 @@ impl State {
                 });
             w.pids.push(c.pid);
             if w.job.is_empty() {
-                w.job = c.job.clone();
+                w.job = c.placement.job.clone();
             }
             w.flags = Flags(Flags::parse(&w.flags).unwrap_or_default().0 | r.flags.0).to_string();
             w.want += r.want;
