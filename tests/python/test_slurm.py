@@ -128,7 +128,8 @@ def test_a_bad_value_is_refused_with_the_plugins_message(slurm, option, value, s
 
 
 def test_the_plugins_grammar_is_the_runtimes():
-    """The checks the plugin exports, against `attune run`'s, value by value."""
+    """The checks the plugin exports, against `attune run`'s, value by value (flags, budget,
+    far tiers)."""
     lib = ctypes.CDLL(str(PLUGIN), mode=os.RTLD_LAZY)
     why = ctypes.create_string_buffer(256)
     for v in ["LAT", "lat,bw", "CAP|SHL", "bw+cap", " LAT , BW ", "auto", "none", "", ",",
@@ -141,6 +142,35 @@ def test_the_plugins_grammar_is_the_runtimes():
         plugin_ok = lib.attune_check_dram(v.encode(), why, 256) == 0
         rt = subprocess.run([str(ATTUNE), "run", "--dram", v, "--", "true"], capture_output=True, text=True)
         assert plugin_ok == (rt.returncode == 0), f"dram {v!r}: plugin {plugin_ok} {why.value}, runtime {rt.stderr}"
+    for v in ["pool", "file", "memory", "pool,file", "file,memory,pool", "remote", "numa", "file,file", "",
+              "pool,,file", "Pool", "pool file"]:
+        plugin_ok = lib.attune_check_far(v.encode(), why, 256) == 0
+        rt = subprocess.run([str(ATTUNE), "run", "--far", v, "--", "true"], capture_output=True, text=True)
+        assert plugin_ok == (rt.returncode == 0), f"far {v!r}: plugin {plugin_ok} {why.value}, runtime {rt.stderr}"
+
+
+def test_attune_report_says_why_a_directory_cannot_be_read():
+    """attune report's error paths, as a user who is not root: a missing directory and one it
+    may not read are clear errors naming the cause (exit 2); an empty one says that no
+    process was managed."""
+    import shutil
+    import tempfile
+    d = Path(tempfile.mkdtemp(prefix="attune-report-"))
+    try:
+        os.chmod(d, 0o755)
+        (d / "private").mkdir(mode=0o700)
+
+        def report(path):
+            return subprocess.run(["runuser", "-u", "nobody", "--", str(ATTUNE), "report", "--oneline", str(path)],
+                                  capture_output=True, text=True)
+        p = report(d / "no")
+        assert p.returncode == 2 and "cannot read" in p.stderr and "No such file or directory" in p.stderr, p.stderr
+        p = report(d / "private")
+        assert p.returncode == 2 and "Permission denied" in p.stderr, p.stderr
+        p = report(d)
+        assert p.returncode == 0 and p.stdout.strip() == "attune: no managed process", p.stdout + p.stderr
+    finally:
+        shutil.rmtree(d)
 
 
 def test_a_job_twice_its_memory_finishes_within_the_limit_with_attune(slurm):

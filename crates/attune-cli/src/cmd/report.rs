@@ -22,8 +22,9 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> i32 {
-    if !a.dir.is_dir() {
-        eprintln!("attune report: {}: no such directory", a.dir.display());
+    // The directory's own error (missing, not permitted, not a directory), not a guess.
+    if let Err(e) = std::fs::read_dir(&a.dir) {
+        eprintln!("attune report: cannot read {}: {e}", a.dir.display());
         return 2;
     }
     let procs = gather(&a.dir);
