@@ -361,7 +361,7 @@ def test_a_daemon_killed_by_its_cgroup_while_growing_loses_no_data(workdir, daem
 
 @needs_cgroup
 def test_a_claim_is_bounded_by_the_claimants_memory_cgroup(workdir, daemon):
-    """A client in a cgroup of 64 MiB claims 1 TiB: the daemon counts at most 64 MiB for it
+    """A client of user nobody in a cgroup of 64 MiB claims 1 TiB: the daemon counts at most 64 MiB for it
     (its process cannot keep more), read from the kernel's cgroup, not from the client.
     The same claim from outside any limit counts the daemon's whole DRAM."""
     from test_daemon import NOBODY_PRELUDE
@@ -371,8 +371,9 @@ def test_a_claim_is_bounded_by_the_claimants_memory_cgroup(workdir, daemon):
     g = Cgroup("claim", 64 * MIB)
     procs = []
     try:
-        for name, argv in (("capped", g.wrap(["python3", "-c", prog, "capped"])),
-                           ("free", ["python3", "-c", prog, "free"])):
+        # As nobody, as an HPC user claims (root joins the cgroup, then becomes nobody).
+        nobody = ["runuser", "-u", "nobody", "--", "python3", "-c", prog]
+        for name, argv in (("capped", g.wrap([*nobody, "capped"])), ("free", [*nobody, "free"])):
             p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             procs.append(p)
             assert p.stdout.readline().strip() == "ready"
