@@ -118,8 +118,11 @@ def test_online_prediction_splits_an_unknown_program(tmp_path):
     assert r.returncode == 0 and "skewed: OK" in r.stdout, r.stderr
     t = json.loads(rep.read_text())["totals"]
     assert (t["online_split_regions"], t["online_kept_regions"]) == (1, 0), t
-    # IMME's rule pins the smallest part taking 80% of the accesses: under 10% of 64 MiB.
-    assert 1 << 20 <= t["online_pinned_bytes"] <= 7 << 20, t
+    # IMME's rule pins the smallest part taking 80% of the accesses: 8.4% of 64 MiB, in
+    # ranges rounded out to 64 KiB cells and the samples around them. Measured 4.4-6.4 MiB
+    # (2026-11-27, 12 runs, half with both cores busy); 8 MiB is the hot tenth (6.4 MiB)
+    # and a quarter more.
+    assert 1 << 20 <= t["online_pinned_bytes"] <= 8 << 20, t
     # Uniform accesses: left as it is.
     r = run(env, "--", str(exe), "64", "5", "50", "50", report=rep)
     assert r.returncode == 0 and "skewed: OK" in r.stdout, r.stderr

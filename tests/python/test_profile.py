@@ -26,19 +26,24 @@ def profile(tmp_path, *prog, dram="1G"):
 
 
 def test_skewed_curve_recovered(tmp_path, skewed):
-    r = profile(tmp_path, skewed, "128", "4")
+    # 1 GiB: a hot page is touched every ~200 us, well inside the sampler's resolution
+    # (two delivery floors, 40-60 us here). At 128 MiB a hot page was touched every
+    # ~40 us, at the limit: the curve read 0.72-0.88 at the top 10% by the host's speed
+    # and load (0.72 failed the CI run of 2026-11-26), 0.89-0.91 at 1 GiB quiet or with
+    # both cores busy (docs/design/prediction.md).
+    r = profile(tmp_path, skewed, "1024", "4", dram="2G")
     assert r.returncode == 0, r.stderr
     assert "skewed: OK" in r.stdout            # checksum across thousands of parked samples
     p = json.loads(r.stdout[r.stdout.index("{"):])
     print("top10", p["top10_share"], "top20", p["top20_share"], "sampling", p["sampling"])
-    # Truth: 0.900 at 10% of pages, 0.911 at 20%. Tolerance 0.15 and 0.1 (measured here:
-    # 0.86-0.88 and 0.89-0.90 on 2026-11-22; 0.72-0.83 and 0.83-0.86 on 2026-11-23 with
-    # that day's binary and the newer one alike: the hottest pages are under-resolved by
-    # the delivery floor, more so on a busier machine).
-    assert abs(p["top10_share"] - 0.90) <= 0.15
-    assert abs(p["top20_share"] - 0.911) <= 0.10
+    # Truth: 0.900 at 10% of pages, 0.911 at 20%. Tolerance 0.10 and 0.08 (measured
+    # 0.889-0.910 and 0.916-0.947 on 2026-11-27).
+    assert abs(p["top10_share"] - 0.90) <= 0.10
+    assert abs(p["top20_share"] - 0.911) <= 0.08
     (reg,) = p["regions"]
-    assert reg["suggested_flags"] == "LAT,CAP" and 0.05 <= reg["suggested_hot_share"] <= 0.2
+    # Truth 0.089 (80% of the accesses); measured 0.08 quiet, 0.05-0.06 with both cores
+    # busy (the mixture then gives the hottest pages a faster component of their own).
+    assert reg["suggested_flags"] == "LAT,CAP" and 0.04 <= reg["suggested_hot_share"] <= 0.2
     for f in ("profile.json", "curve.csv", "timeline.csv", "summary.txt"):
         assert (tmp_path / f).stat().st_size > 0
     assert p["timeline"] and p["sources"]["hardware_counters"].startswith("not used")
