@@ -21,6 +21,7 @@ fuzz_target!(|data: &[u8]| {
         .collect();
     let m = attune::config::Machine {
         total_memory: 8 << 30,
+        memory_limit: u64::MAX,
         tmpdir: "/nonexistent-tmp".into(),
     };
     let with_file = (!file.is_empty()).then_some(("fuzz.toml", file));

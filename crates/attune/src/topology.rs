@@ -209,6 +209,47 @@ pub fn discover(root: &Path) -> Topology {
     }
 }
 
+/// The tightest memory limit on the cgroup path of a process (its `/proc/PID/cgroup`) and
+/// its ancestors: cgroup v1's `memory.limit_in_bytes` under `/sys/fs/cgroup/memory`, else
+/// v2's `memory.max`; u64::MAX when none is set. `read` reads a file (injected for tests).
+/// The daemon bounds each claim by it (a job's processes cannot keep more DRAM than their
+/// limit); the runtime keeps its budget and memory tier under it (`config::Machine`).
+pub fn cgroup_memory_limit(cgroup: &str, read: &dyn Fn(&str) -> Option<String>) -> u64 {
+    let mut v1 = None;
+    let mut v2 = None;
+    for l in cgroup.lines() {
+        let mut f = l.splitn(3, ':');
+        let (_, ctrls, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+        if ctrls.split(',').any(|c| c == "memory") {
+            v1 = Some(path);
+        } else if ctrls.is_empty() && l.starts_with("0::") {
+            v2 = Some(path);
+        }
+    }
+    let (base, file, path) = match (v1, v2) {
+        (Some(p), _) => ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", p),
+        (None, Some(p)) => ("/sys/fs/cgroup", "memory.max", p),
+        _ => return u64::MAX,
+    };
+    let mut best = u64::MAX;
+    let mut p = path.trim_end_matches('/');
+    loop {
+        if let Some(v) = read(&format!("{base}{p}/{file}")) {
+            // v1 writes "no limit" as a page-rounded i64::MAX, v2 as "max".
+            if let Ok(x) = v.trim().parse::<u64>() {
+                if x > 0 && x < 1 << 62 {
+                    best = best.min(x);
+                }
+            }
+        }
+        match p.rfind('/') {
+            Some(i) => p = &p[..i],
+            None => break,
+        }
+    }
+    best
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

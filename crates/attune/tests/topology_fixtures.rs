@@ -75,6 +75,7 @@ fn config(toml: &str) -> attune_core::config::Config {
     std::fs::write(&p, toml).unwrap();
     let m = attune_core::config::Machine {
         total_memory: 2 << 30,
+        memory_limit: u64::MAX,
         tmpdir: std::env::temp_dir(),
     };
     attune_core::config::load(Some(&p), &[], &m).unwrap()

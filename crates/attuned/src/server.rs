@@ -227,46 +227,7 @@ pub fn slurm_job(cgroup: &str) -> String {
         .to_string()
 }
 
-/// The tightest memory limit on the cgroup path of a process (its `/proc/PID/cgroup`) and
-/// its ancestors: cgroup v1's `memory.limit_in_bytes` under `/sys/fs/cgroup/memory`, else
-/// v2's `memory.max`; u64::MAX when none is set. `read` reads a file (injected for tests).
-/// A job's processes cannot keep more DRAM than its limit, so none may claim more of the
-/// node's (a claim checked against what Slurm allocated, not against what the client says).
-pub fn memory_limit(cgroup: &str, read: &dyn Fn(&str) -> Option<String>) -> u64 {
-    let mut v1 = None;
-    let mut v2 = None;
-    for l in cgroup.lines() {
-        let mut f = l.splitn(3, ':');
-        let (_, ctrls, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
-        if ctrls.split(',').any(|c| c == "memory") {
-            v1 = Some(path);
-        } else if ctrls.is_empty() && l.starts_with("0::") {
-            v2 = Some(path);
-        }
-    }
-    let (base, file, path) = match (v1, v2) {
-        (Some(p), _) => ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", p),
-        (None, Some(p)) => ("/sys/fs/cgroup", "memory.max", p),
-        _ => return u64::MAX,
-    };
-    let mut best = u64::MAX;
-    let mut p = path.trim_end_matches('/');
-    loop {
-        if let Some(v) = read(&format!("{base}{p}/{file}")) {
-            // v1 writes "no limit" as a page-rounded i64::MAX, v2 as "max".
-            if let Ok(x) = v.trim().parse::<u64>() {
-                if x > 0 && x < 1 << 62 {
-                    best = best.min(x);
-                }
-            }
-        }
-        match p.rfind('/') {
-            Some(i) => p = &p[..i],
-            None => break,
-        }
-    }
-    best
-}
+pub use attune::topology::cgroup_memory_limit as memory_limit;
 
 fn valid_workflow(n: &str) -> bool {
     !n.is_empty() && n.len() <= 128 && n.bytes().all(|b| b.is_ascii_graphic())

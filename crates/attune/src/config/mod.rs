@@ -155,6 +155,10 @@ pub struct Config {
     pub log: crate::log::Level,
     /// Far tiers, fastest first.
     pub tiers: Vec<TierConfig>,
+    /// What the memory cgroup's limit lowered or left out (`Machine::limit_for_managed`),
+    /// for the start's warnings.
+    #[serde(skip)]
+    pub limit_notes: Vec<String>,
 }
 
 /// Where a configuration value came from, for error messages.
@@ -207,6 +211,8 @@ fn line_of(text: &str, key: &str, occurrence_hint: Option<&str>) -> usize {
 #[derive(Clone, Debug)]
 pub struct Machine {
     pub total_memory: u64,
+    /// The tightest memory limit of the process's cgroup and its ancestors (u64::MAX: none).
+    pub memory_limit: u64,
     pub tmpdir: PathBuf,
 }
 
@@ -216,10 +222,33 @@ impl Machine {
             .map(PathBuf::from)
             .filter(|p| p.is_dir())
             .unwrap_or_else(|| PathBuf::from("/tmp"));
+        let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
         Machine {
             total_memory: attune_sys::os::total_memory(),
+            memory_limit: crate::topology::cgroup_memory_limit(&cgroup, &|p| {
+                std::fs::read_to_string(p).ok()
+            }),
             tmpdir,
         }
+    }
+
+    /// The memory this process may use: the machine's, or its cgroup's limit if lower.
+    pub fn usable_memory(&self) -> u64 {
+        self.total_memory.min(self.memory_limit)
+    }
+
+    /// What managed memory may take under the cgroup limit (u64::MAX: no limit): the limit
+    /// less room for the program's own memory and the runtime's, the larger of 10% and 32
+    /// MiB, as the Slurm plugin leaves under `--mem` (docs/design/slurm.md). Past the limit
+    /// the kernel reclaims the job's page cache, then kills it, before the evictor acts.
+    pub fn limit_for_managed(&self) -> u64 {
+        if self.memory_limit == u64::MAX {
+            return u64::MAX;
+        }
+        // As the plugin computes it (`limit / 100 * 10`), so its default budget is never
+        // lowered by a few bytes with a warning.
+        let room = (self.memory_limit / 100 * 10).max(32 << 20);
+        self.memory_limit.saturating_sub(room).max(1 << 20)
     }
 }
 
@@ -377,15 +406,28 @@ pub fn load_text(
         }
         Ok(Values { table, values })
     };
-    // `dram` first: the headroom's percentage is of it.
+    // `dram` first: the headroom's percentage is of it. Percentages of "the machine's
+    // memory" are of what this process may use (its cgroup's limit when lower), and
+    // managed memory that the process's own pages hold (the budget, memory and NUMA tiers)
+    // stays under the limit: past it the kernel kills the program before the evictor acts.
+    let usable = m.usable_memory();
+    let cap = m.limit_for_managed();
+    let mut limit_notes = Vec::new();
     let dram_row = row(OPTIONS, "dram").expect("dram is an option");
-    let dram_only = read(std::slice::from_ref(dram_row), &file, None, &|_| {
-        m.total_memory
-    })?;
-    let dram = dram_only.u64("dram");
+    let dram_only = read(std::slice::from_ref(dram_row), &file, None, &|_| usable)?;
+    let mut dram = dram_only.u64("dram");
+    if dram > cap {
+        limit_notes.push(format!(
+            "the DRAM budget ({dram} bytes) does not fit this process's memory cgroup limit \
+             ({} bytes, less room for the program's own memory): lowered to {cap} bytes",
+            m.memory_limit
+        ));
+        dram = cap;
+    }
+    let mut charged = dram;
     let g = read(OPTIONS, &file, None, &|b| match b {
         Base::Budget => dram,
-        _ => m.total_memory,
+        _ => usable,
     })?;
     let headroom = g.u64("headroom");
     if headroom >= dram {
@@ -492,7 +534,7 @@ pub fn load_text(
         };
         let medium = match kind {
             TierKind::File => attune_sys::os::fs_available(path.as_deref().unwrap()).unwrap_or(0),
-            _ => m.total_memory,
+            _ => usable,
         };
         let t = read(TIER_OPTIONS, ft, Some((&name, kind)), &|_| medium)?;
         let node = t.get("node").map(|_| t.u64("node") as u32);
@@ -539,10 +581,33 @@ pub fn load_text(
                 ));
             }
         }
+        let mut capacity = t.u64("capacity");
+        if matches!(kind, TierKind::Memory | TierKind::Numa) {
+            // Its pages are the process's own, charged to its cgroup like the budget's.
+            let left = cap.saturating_sub(charged);
+            if capacity > left && left < (1 << 20) {
+                limit_notes.push(format!(
+                    "far tier '{name}' is left out: its pages count against this process's \
+                     memory cgroup limit ({} bytes), which the DRAM budget fills",
+                    m.memory_limit
+                ));
+                continue;
+            }
+            if capacity > left {
+                limit_notes.push(format!(
+                    "far tier '{name}' holds at most {left} bytes, not {capacity}: its pages \
+                     count against this process's memory cgroup limit ({} bytes) with the \
+                     DRAM budget's",
+                    m.memory_limit
+                ));
+                capacity = left;
+            }
+            charged = charged.saturating_add(capacity);
+        }
         tiers.push(TierConfig {
             name,
             kind,
-            capacity: t.u64("capacity"),
+            capacity,
             path,
             direct: t.bool("direct"),
             latency_ns: t.u64("latency_ns"),
@@ -584,6 +649,7 @@ pub fn load_text(
         workflow: g.text("workflow").to_string(),
         log: g.choice("log")?,
         tiers,
+        limit_notes,
     })
 }
 
@@ -676,6 +742,7 @@ pub fn warnings(cfg: &Config, env: &[(String, String)], m: &Machine) -> Vec<Stri
             None => format!("{k} is not an Attune variable; it is ignored"),
         });
     }
+    out.extend(cfg.limit_notes.iter().cloned());
     if cfg.dram > m.total_memory {
         out.push(format!(
             "the DRAM budget ({} bytes) is above this machine's memory ({} bytes): the kernel will reclaim before Attune does",
@@ -711,6 +778,7 @@ mod tests {
     fn machine() -> Machine {
         Machine {
             total_memory: 16 << 30,
+            memory_limit: u64::MAX,
             tmpdir: std::env::temp_dir(),
         }
     }
@@ -1115,6 +1183,57 @@ mod tests {
         );
         assert_eq!(distance("ATTUNE_DRAMM", "ATTUNE_DRAM"), 1);
         assert_eq!(distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn managed_memory_stays_under_the_cgroup_limit() {
+        // A job given 512 MiB on a 16 GiB node (Slurm's --mem, a container's limit).
+        let m = Machine {
+            memory_limit: 512 << 20,
+            ..machine()
+        };
+        let cap = (512u64 << 20) - (512u64 << 20) / 100 * 10;
+        assert_eq!(m.limit_for_managed(), cap);
+        let tier = |c: &Config, kind: TierKind| c.tiers.iter().find(|t| t.kind == kind).cloned();
+        // Defaults: percentages of the limit, not of the node; nothing lowered.
+        let c = load(None, &[], &m).unwrap();
+        assert_eq!(c.dram, 128 << 20);
+        assert_eq!(tier(&c, TierKind::Memory).unwrap().capacity, 256 << 20);
+        assert!(c.limit_notes.is_empty(), "{:?}", c.limit_notes);
+        assert_eq!(
+            load(None, &env(&[("ATTUNE_DRAM", "50%")]), &m)
+                .unwrap()
+                .dram,
+            256 << 20
+        );
+        // A budget above the limit is lowered, with a warning naming both.
+        let c = load(None, &env(&[("ATTUNE_DRAM", "1G")]), &m).unwrap();
+        assert_eq!(c.dram, cap);
+        let w = warnings(&c, &[], &m);
+        assert!(
+            w[0].contains("1073741824") && w[0].contains("536870912") && w[0].contains("lowered"),
+            "{w:?}"
+        );
+        // The memory tier's pages count too: it gets what the budget leaves, then nothing
+        // (left out: the file tier serves).
+        let c = load(None, &env(&[("ATTUNE_DRAM", "400M")]), &m).unwrap();
+        assert_eq!(
+            tier(&c, TierKind::Memory).unwrap().capacity,
+            cap - (400 << 20)
+        );
+        assert!(
+            c.limit_notes[0].contains("holds at most"),
+            "{:?}",
+            c.limit_notes
+        );
+        let c = load(None, &env(&[("ATTUNE_DRAM", "1G")]), &m).unwrap();
+        assert!(tier(&c, TierKind::Memory).is_none(), "{:?}", c.tiers);
+        assert!(tier(&c, TierKind::File).is_some());
+        assert!(c.limit_notes[1].contains("left out"), "{:?}", c.limit_notes);
+        // No limit: as before.
+        let c = load(None, &env(&[("ATTUNE_DRAM", "15G")]), &machine()).unwrap();
+        assert_eq!(c.dram, 15 << 30);
+        assert!(c.limit_notes.is_empty());
     }
 
     #[test]

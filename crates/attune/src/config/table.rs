@@ -343,7 +343,7 @@ pub const DEFAULT_TIER_KINDS: &[&str] = &["pool", "file", "memory"];
 /// Every global option.
 #[rustfmt::skip]
 pub const OPTIONS: &[Opt] = &[
-    Opt { key: "dram", kind: Kind::SizeOrPercent { of: Base::Memory, min: 1 << 20 }, default: Unset::Value("25%"), suggested: "what the job may keep resident, e.g. its cgroup limit minus 10%", doc: "DRAM budget for managed memory: a size (K/M/G) or a percentage of the machine's memory" },
+    Opt { key: "dram", kind: Kind::SizeOrPercent { of: Base::Memory, min: 1 << 20 }, default: Unset::Value("25%"), suggested: "what the job may keep resident, e.g. its cgroup limit minus 10%", doc: "DRAM budget for managed memory: a size (K/M/G) or a percentage of the machine's memory (of the memory cgroup's limit when lower; lowered to that limit less 10%, at least 32 MiB)" },
     Opt { key: "fault_mode", kind: Kind::Choice { what: "fault mode", values: &["thread", "signal"], aliases: &[] }, default: Unset::Value("thread"), suggested: "thread; signal for compute kernels whose managed buffers never reach system calls", doc: "How faults are resolved: thread (handler thread) or signal (the faulting thread, SIGBUS)" },
     Opt { key: "kernel_features", kind: Kind::KernelMask, default: Unset::Value(""), suggested: "empty; -move,-poison to run as on a kernel before 6.6, -all as on 5.10", doc: "Kernel features not to use even where the kernel has them, so their fallbacks run (`attune doctor` lists them and what each costs)" },
     Opt { key: "handler_spin_us", kind: int(0, 10_000), default: Unset::Value("100"), suggested: "100; 0 where every core is busy with the application's own threads", doc: "How long the fault-handler thread (thread delivery) polls for the next fault before it sleeps, when the previous fault came sooner than that (microseconds; 0 = always sleep)" },
@@ -373,7 +373,7 @@ pub const OPTIONS: &[Opt] = &[
 pub const TIER_OPTIONS: &[Opt] = &[
     Opt { key: "name", kind: Kind::Name { max: 64 }, default: Unset::Required, suggested: "-", doc: "Unique name (letters, digits, _)" },
     Opt { key: "kind", kind: Kind::Choice { what: "tier kind", values: &["memory", "file", "numa", "pool", "remote"], aliases: &[] }, default: Unset::Required, suggested: "-", doc: "memory, file, numa, pool (the node's far pool in attuned), remote (attune memserver on other hosts); the DRAM tier is implicit" },
-    Opt { key: "capacity", kind: Kind::SizeOrPercent { of: Base::Medium, min: 0 }, default: Unset::Value("50%"), suggested: "what the medium can spare", doc: "Size, or percentage of machine memory (memory) or of free space (file)" },
+    Opt { key: "capacity", kind: Kind::SizeOrPercent { of: Base::Medium, min: 0 }, default: Unset::Value("50%"), suggested: "what the medium can spare", doc: "Size, or percentage of machine memory (memory; under a memory cgroup limit, of it, and a memory or numa tier holds at most what the budget leaves of it) or of free space (file)" },
     Opt { key: "path", kind: Kind::Path, default: Unset::Found("$TMPDIR or /tmp", "$TMPDIR"), suggested: "a local NVMe or Lustre directory", doc: "Directory of a file tier (files are private and unnamed)" },
     Opt { key: "direct", kind: Kind::Bool, default: Unset::Value("false"), suggested: "true on NVMe/Lustre with chunks of 64K or more", doc: "Use O_DIRECT for a file tier" },
     Opt { key: "latency_ns", kind: int(0, u64::MAX), default: Unset::ByKind(&[(TierKind::File, "25000"), (TierKind::Numa, "250"), (TierKind::Remote, "15000")], "300"), suggested: "measured", doc: "Declared access latency (orders tiers)" },

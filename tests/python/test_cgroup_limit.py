@@ -1,0 +1,123 @@
+"""A memory cgroup limit below the DRAM budget (issue 27's failure rule): a job's limit
+(Slurm's --mem, a container's) is tighter than what the user asked Attune to keep. The
+runtime reads the limit of its cgroup and its ancestors at start, lowers the budget to
+the limit less room for the program's own memory, and holds the far tiers whose pages
+are the process's own (memory, NUMA) to what is left, with a warning naming the figures
+(docs/design/paging.md, "Budgets under a memory cgroup"). Without that the kernel killed
+the program at its limit before the evictor acted.
+
+Real cgroups v1, as root, the programs run as nobody."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from test_daemon import ATTUNE, BUILD, MIB, ROOT
+from test_pool import Cgroup, needs_cgroup
+
+LIMIT = 192 * MIB
+CAP = LIMIT - max(LIMIT // 100 * 10, 32 * MIB)  # Machine::limit_for_managed
+
+
+@pytest.fixture(scope="module")
+def work():
+    # Reachable by nobody (pytest's own directories are root's, 0700); reports land here.
+    d = Path(tempfile.mkdtemp(prefix="attune-cgtest-"))
+    os.chmod(d, 0o777)
+    subprocess.run(["gcc", "-O2", str(ROOT / "tests/run/c_matrix.c"), "-o", str(d / "c_matrix")], check=True)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def c_matrix(work):
+    return work / "c_matrix"
+
+
+def as_nobody(argv):
+    return ["runuser", "-u", "nobody", "--", *map(str, argv)]
+
+
+def env(**kw):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("ATTUNE_")}
+    e.update(ATTUNE_DAEMON="off", TMPDIR="/tmp", **kw)
+    return e
+
+
+def hwm(out):
+    """The program's own resident high-water mark (c_matrix prints VmHWM): the cgroup's
+    peak also counts the file tier's page cache, which the kernel reclaims at the limit."""
+    return int(re.search(r"VmHWM_KiB=(\d+)", out).group(1)) * 1024
+
+
+def run_in(g, argv, **kw):
+    return subprocess.run(g.wrap(as_nobody(argv)), env=env(**kw), capture_output=True, text=True,
+                          timeout=300)
+
+
+@needs_cgroup
+def test_a_budget_above_the_limit_is_lowered_and_the_program_finishes(c_matrix, work):
+    g = Cgroup("budget", LIMIT)
+    try:
+        # The program alone does not fit its limit: the kernel kills it.
+        p = run_in(g, [c_matrix, "320"])
+        assert p.returncode != 0 and "c_matrix: OK" not in p.stdout, p
+        assert g.peak() >= LIMIT - MIB
+    finally:
+        g.remove()
+    g = Cgroup("budget2", LIMIT)
+    try:
+        rep = work / "r.json"
+        p = run_in(g, [ATTUNE, "run", "--dram", "1G", "--report", rep, "--", c_matrix, "320"])
+        assert p.returncode == 0 and "c_matrix: OK" in p.stdout, p.stdout + p.stderr
+        assert f"lowered to {CAP} bytes" in p.stderr and str(LIMIT) in p.stderr, p.stderr
+        # The budget fills the limit's share: the memory tier has no room and is left out;
+        # the file tier holds the rest.
+        assert "far tier 'memory' is left out" in p.stderr, p.stderr
+        assert g.oom_kills() == 0 and CAP - 8 * MIB < hwm(p.stdout) < LIMIT - 16 * MIB, p.stdout
+        r = json.loads(rep.read_text())
+        tiers = {t["name"]: t for t in r["per_process"][0]["tiers"]}
+        assert r["totals"]["budget_bytes"] == CAP and tiers["dram"]["capacity"] == CAP, tiers
+        assert "memory" not in tiers and tiers["file"]["peak_used_bytes"] > 100 * MIB, tiers
+    finally:
+        g.remove()
+
+
+@needs_cgroup
+def test_the_memory_tier_gets_what_the_budget_leaves(c_matrix, work):
+    g = Cgroup("memtier", LIMIT)
+    try:
+        rep = work / "m.json"
+        p = run_in(g, [ATTUNE, "run", "--dram", "96M", "--report", rep, "--", c_matrix, "320"])
+        assert p.returncode == 0 and "c_matrix: OK" in p.stdout, p.stdout + p.stderr
+        left = CAP - 96 * MIB
+        assert f"far tier 'memory' holds at most {left} bytes" in p.stderr, p.stderr
+        # Resident: the budget and the memory tier's pages (mapped from its memfd).
+        assert g.oom_kills() == 0 and hwm(p.stdout) < LIMIT - 16 * MIB, p.stdout
+        tiers = {t["name"]: t for t in json.loads(rep.read_text())["per_process"][0]["tiers"]}
+        assert tiers["memory"]["capacity"] == left, tiers
+        assert tiers["memory"]["peak_used_bytes"] <= left, tiers
+        assert tiers["file"]["peak_used_bytes"] > 0, tiers
+    finally:
+        g.remove()
+
+
+@needs_cgroup
+def test_within_the_limit_nothing_changes(c_matrix, work):
+    """Defaults under a limit are percentages of the limit: nothing to lower, no warning."""
+    g = Cgroup("defaults", LIMIT)
+    try:
+        p = run_in(g, [ATTUNE, "run", "--", c_matrix, "96"])
+        assert p.returncode == 0 and "c_matrix: OK" in p.stdout, p.stdout + p.stderr
+        assert "cgroup" not in p.stderr, p.stderr
+    finally:
+        g.remove()
+
+
+def test_build_is_staged():
+    assert (BUILD / "bin" / "attune").exists()
