@@ -25,6 +25,8 @@ command -v srun >/dev/null || need+=(slurm-client)
 command -v munged >/dev/null || need+=(munge)
 command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v ch-run >/dev/null || need+=(charliecloud-runtime)
+# The failing-tier test: an ext4 file system on a loop device (docs/reliability.md).
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 # The unprivileged numpy test runs the system's Python as nobody (a per-user Python under
 # /root cannot be read by another user).
 [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c 'import numpy' 2>/dev/null && need+=(python3-numpy)

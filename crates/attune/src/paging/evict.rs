@@ -343,7 +343,15 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
                 }
                 return len as u64;
             }
-            Err(err) if err.0 == libc::ENOSPC || err.0 == libc::EOPNOTSUPP => continue,
+            // Full or failing: the next tier may take it (nothing left the region).
+            Err(err)
+                if matches!(
+                    err.0,
+                    libc::ENOSPC | libc::EOPNOTSUPP | libc::EDQUOT | libc::EFBIG
+                ) || crate::tier::failed_errno(err.0) =>
+            {
+                continue
+            }
             Err(err) if err.0 == libc::EINVAL => {
                 // The program made these pages read-only or inaccessible (mprotect): a move
                 // needs the same protection on both sides, and copying out then dropping
@@ -493,6 +501,17 @@ struct FullWarning {
 
 impl FullWarning {
     fn check(&mut self, e: &Pager) {
+        for t in &e.tiers {
+            let err = t.take_failure();
+            if err != 0 {
+                crate::warn!(
+                    "far tier '{}' failed a write ({}): it takes no pages for {} s, then is tried again; what it holds is still read, and other tiers take its share",
+                    t.cfg.name,
+                    std::io::Error::from_raw_os_error(err),
+                    crate::tier::FAILED_BACKOFF_NS / 1_000_000_000
+                );
+            }
+        }
         let refused: u64 = e.tiers.iter().map(|t| t.counters.full.load(Relaxed)).sum();
         let chunk = e.cfg.chunk_size as u64;
         // No far tier at all (NUMA tiers only): nothing refuses, there is nowhere to evict.
@@ -513,11 +532,12 @@ impl FullWarning {
             .iter()
             .map(|t| {
                 format!(
-                    "'{}' holds {} of {} MiB, {} stores refused as full",
+                    "'{}' holds {} of {} MiB, {} stores refused as full, {} failed",
                     t.cfg.name,
                     t.counters.stored.load(Relaxed) >> 20,
                     t.capacity() >> 20,
-                    t.counters.full.load(Relaxed)
+                    t.counters.full.load(Relaxed),
+                    t.counters.errors.load(Relaxed)
                 )
             })
             .collect();

@@ -217,7 +217,7 @@ impl super::Medium for MemoryTier {
             return Err(attune_sys::Errno(if back {
                 libc::EBUSY
             } else {
-                libc::EIO
+                libc::ENOTRECOVERABLE
             }));
         }
         Ok(())

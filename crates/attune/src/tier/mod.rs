@@ -107,6 +107,9 @@ pub struct FarTier {
     /// After the medium reported ENOSPC, stores are refused until this time (ns) so that
     /// a full disk costs one failed write per interval, not one per eviction.
     full_until: AtomicU64,
+    /// The error of the last store the medium failed (EIO, EROFS; 0: none since the
+    /// evictor last reported it): see [`FarTier::take_failure`].
+    failure: std::sync::atomic::AtomicI32,
     /// The node daemon's grant of far memory for this tier (u64::MAX: none); the tier
     /// holds at most the lower of it and its configured capacity.
     granted: AtomicU64,
@@ -116,6 +119,23 @@ pub struct FarTier {
 
 /// How long a tier whose medium is full is left alone.
 const FULL_BACKOFF_NS: u64 = 200_000_000;
+
+/// How long a tier whose medium failed a write (EIO; EROFS, a file system remounted
+/// read-only after an error) is left alone before it is tried again. Without it every
+/// fault's reclaim wrote to the failing medium chunk after chunk: a program over a file
+/// tier whose ext4 went read-only mid-run made 570 faults a second instead of 25,000,
+/// its handler thread at 100% (2026-11-27, `tests/python/test_failing_tier.py`).
+pub const FAILED_BACKOFF_NS: u64 = 10_000_000_000;
+
+/// Store errors that say the medium is full (the tier takes no more for a while).
+fn full_errno(e: i32) -> bool {
+    matches!(e, libc::ENOSPC | libc::EDQUOT | libc::EFBIG)
+}
+
+/// Store errors that say the medium failed (the tier is left alone longer, said aloud).
+pub fn failed_errno(e: i32) -> bool {
+    matches!(e, libc::EIO | libc::EROFS)
+}
 
 /// Shared buffers the tiers use on the fault path (owned by the engine).
 pub struct IoContext<'a> {
@@ -164,6 +184,7 @@ impl FarTier {
             space: Mutex::new(slots::FreeList::new(space)),
             counters: TierCounters::default(),
             full_until: AtomicU64::new(0),
+            failure: std::sync::atomic::AtomicI32::new(0),
             granted: AtomicU64::new(u64::MAX),
             now: attune_sys::os::now_ns,
         }
@@ -256,6 +277,13 @@ impl FarTier {
         self.medium.release_pending();
     }
 
+    /// The error of the medium's last failed store since the last call (0: none), for
+    /// the evictor's warning (a store may run in a signal handler, which cannot write
+    /// one).
+    pub fn take_failure(&self) -> i32 {
+        self.failure.swap(0, Relaxed)
+    }
+
     /// Moves `len` bytes of region memory at `src` into slot `off`. Signal-safe.
     /// On error nothing was taken from the region. `already_there(staged)` lets a file tier
     /// skip writing content it holds already (clean pages).
@@ -282,12 +310,17 @@ impl FarTier {
                 self.counters.bytes_out.fetch_add(len as u64, Relaxed);
             }
             Err(e) => {
-                if e.0 == libc::ENOSPC {
+                if full_errno(e.0) {
                     self.counters.full.fetch_add(1, Relaxed);
                     if !self.medium.refuses_cheaply() {
                         self.full_until
                             .store((self.now)() + FULL_BACKOFF_NS, Relaxed);
                     }
+                } else if failed_errno(e.0) {
+                    self.counters.errors.fetch_add(1, Relaxed);
+                    self.failure.store(e.0, Relaxed);
+                    self.full_until
+                        .store((self.now)() + FAILED_BACKOFF_NS, Relaxed);
                 } else if e.0 != libc::EINVAL {
                     // EINVAL is the region's protection (see `crate::paging::evict`, `store_run`), not
                     // the tier's failure.
@@ -413,7 +446,7 @@ pub(crate) fn take_out(
 /// A store through a staging buffer (the file and pool media): moves `[src, src+len)`
 /// into a staging slot (`take_out`), hands the slot's address to `write`, and empties the
 /// slot. All or nothing: when a page cannot move, or `write` fails, the pages go back to
-/// the region and the error is returned (EIO if even that failed: a lost write). `write`
+/// the region and the error is returned (ENOTRECOVERABLE if even that failed: a lost write). `write`
 /// gets `true` as its second argument on a retry after EFAULT, which means holes in the
 /// staged run (pages the program discarded): they are filled with zeros first, as the
 /// program would read them. Signal-safe.
@@ -432,7 +465,11 @@ pub(crate) fn store_staged(
         // for I/O): put back what moved so the caller sees all-or-nothing.
         let back = give_back(region_uffd, src, st, moved);
         let _ = attune_sys::mem::advise(st, len, attune_sys::mem::MADV_DONTNEED);
-        return Err(Errno(if back { libc::EBUSY } else { libc::EIO }));
+        return Err(Errno(if back {
+            libc::EBUSY
+        } else {
+            libc::ENOTRECOVERABLE
+        }));
     }
     let mut r = write(st);
     if matches!(r, Err(Errno(libc::EFAULT))) {
@@ -443,7 +480,11 @@ pub(crate) fn store_staged(
         // Full disk or I/O error: the pages go back to the region. Nothing is lost.
         let back = give_back(region_uffd, src, st, len);
         let _ = attune_sys::mem::advise(st, len, attune_sys::mem::MADV_DONTNEED);
-        return Err(if back { e } else { Errno(libc::EIO) });
+        return Err(if back {
+            e
+        } else {
+            Errno(libc::ENOTRECOVERABLE)
+        });
     }
     let _ = attune_sys::mem::advise(st, len, attune_sys::mem::MADV_DONTNEED);
     Ok(())
@@ -474,7 +515,8 @@ pub(crate) fn load_bounced(
 /// accounts for what it moved), then the pages it could not move copied one by one.
 /// A page absent from the slot is a hole the application had discarded (it reads as zero
 /// where it was) or a page already back. Returns false when a page could not be placed:
-/// a lost write, reported as EIO by the caller. Signal-safe.
+/// a lost write, reported as ENOTRECOVERABLE by the caller (not EIO, which says the
+/// medium failed and sends the chunk to the next tier). Signal-safe.
 pub(crate) fn give_back(region_uffd: &Uffd, src: usize, st: usize, len: usize) -> bool {
     let moved = region_uffd
         .move_pages(src, st, len, true, true)
@@ -509,10 +551,16 @@ mod tests {
     use attune_sys::uffd::Delivery;
     use std::sync::Arc;
 
-    /// The test clock of the back-off.
-    static NOW: AtomicU64 = AtomicU64::new(1_000_000_000);
+    // The test clock of the back-off, one per test thread: tests run in parallel and one
+    // test's jump must not end another's back-off.
+    thread_local! {
+        static NOW: std::cell::Cell<u64> = const { std::cell::Cell::new(1_000_000_000) };
+    }
     fn now() -> u64 {
-        NOW.load(Relaxed)
+        NOW.with(|n| n.get())
+    }
+    fn advance(ns: u64) {
+        NOW.with(|n| n.set(n.get() + ns));
     }
 
     const K4: usize = 4096;
@@ -584,9 +632,9 @@ mod tests {
         // Refused without asking the medium again, until the back-off is over.
         assert_eq!(store(&t, &io, K4), Err(Errno(libc::ENOSPC)));
         assert_eq!(fake.stores.load(Relaxed), 1);
-        NOW.fetch_add(FULL_BACKOFF_NS - 1, Relaxed);
+        advance(FULL_BACKOFF_NS - 1);
         assert!(!t.accepts(K4 as u64));
-        NOW.fetch_add(1, Relaxed);
+        advance(1);
         assert!(t.accepts(K4 as u64));
         assert_eq!(store(&t, &io, K4), Ok(()));
         assert_eq!((fake.stores.load(Relaxed), t.used()), (2, K4 as u64));
@@ -602,7 +650,21 @@ mod tests {
         assert_eq!(store(&t, &io, K4), Err(Errno(libc::EIO)));
         assert_eq!(t.counters.errors.load(Relaxed), 1);
         assert_eq!(t.used(), 0, "a failed store stores nothing");
-        assert!(t.accepts(K4 as u64), "only ENOSPC backs off");
+        // A failing medium (EIO; EROFS after an ext4 error) is left alone for longer, and
+        // the failure is kept for the evictor's warning, once.
+        assert!(!t.accepts(K4 as u64));
+        assert_eq!((t.take_failure(), t.take_failure()), (libc::EIO, 0));
+        advance(FAILED_BACKOFF_NS - 1);
+        assert!(!t.accepts(K4 as u64));
+        advance(1);
+        assert!(t.accepts(K4 as u64));
+        fake.then(&[Err(Errno(libc::EROFS)), Err(Errno(libc::EDQUOT))]);
+        assert_eq!(store(&t, &io, K4), Err(Errno(libc::EROFS)));
+        assert_eq!(t.take_failure(), libc::EROFS);
+        advance(FAILED_BACKOFF_NS);
+        // A quota is a full medium, not a failure.
+        assert_eq!(store(&t, &io, K4), Err(Errno(libc::EDQUOT)));
+        assert_eq!((t.counters.full.load(Relaxed), t.take_failure()), (1, 0));
     }
 
     #[test]

@@ -1,0 +1,91 @@
+"""A file tier whose file system fails mid-run (issue 27's failure rule): ext4 on a loop
+device, mounted `errors=remount-ro`, is made to report an error (the kernel's own
+`/sys/fs/ext4/<dev>/trigger_fs_error`), and remounts itself read-only while a program of
+the user `nobody` runs under `attune run` with that file as its only far tier.
+
+Before the rule the handler thread retried the failing writes chunk after chunk on every
+fault: 570 faults a second, 100% of a core, the program as good as hung. Now the tier is
+left alone for a while (`tier::FAILED_BACKOFF_NS`), a warning names the error, what the
+tier holds is still read, and the program finishes with its data verified, above its
+budget (docs/design/paging.md, "Full or failing tiers")."""
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ATTUNE = ROOT / "build" / "bin" / "attune"
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("mkfs.ext4") or not ATTUNE.exists(),
+    reason="needs root, mkfs.ext4 and a loop device, and the staged build")
+
+
+@pytest.fixture
+def ext4():
+    d = Path(tempfile.mkdtemp(prefix="attune-ro-"))
+    os.chmod(d, 0o755)
+    img, mnt = d / "fs.img", d / "mnt"
+    mnt.mkdir()
+    with open(img, "wb") as f:
+        f.truncate(512 << 20)
+    subprocess.run(["mkfs.ext4", "-q", str(img)], check=True)
+    r = subprocess.run(["mount", "-o", "loop,errors=remount-ro", str(img), str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        shutil.rmtree(d)
+        pytest.skip(f"cannot mount a loop device here: {r.stderr.strip()}")
+    os.chmod(mnt, 0o1777)
+    dev = next(line.split()[0] for line in Path("/proc/mounts").read_text().splitlines()
+               if line.split()[1] == str(mnt))
+    try:
+        yield mnt, Path("/sys/fs/ext4") / os.path.basename(dev)
+    finally:
+        subprocess.run(["umount", str(mnt)])
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def mount_options(mnt):
+    for line in Path("/proc/mounts").read_text().splitlines():
+        f = line.split()
+        if f[1] == str(mnt):
+            return f[3].split(",")
+    return []
+
+
+def test_a_file_tier_remounted_read_only_mid_run(ext4, tmp_path):
+    mnt, sysfs = ext4
+    if not (sysfs / "trigger_fs_error").exists():
+        pytest.skip("this kernel has no ext4 trigger_fs_error")
+    exe = Path(tempfile.mkdtemp(prefix="attune-ro-bin-"))
+    os.chmod(exe, 0o755)
+    try:
+        subprocess.run(["gcc", "-O2", str(ROOT / "tests/run/rand_update.c"), "-o", str(exe / "rand_update")],
+                       check=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ATTUNE_")}
+        env.update(ATTUNE_DAEMON="off", ATTUNE_FAR="file", ATTUNE_TIER_FILE_PATH=str(mnt))
+        p = subprocess.Popen(["runuser", "-u", "nobody", "--", str(ATTUNE), "run", "--dram", "16M", "--",
+                              str(exe / "rand_update"), "128", "900000"],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Once the far tier holds data (some of which must be read back after the error;
+        # its file is unlinked at creation, so there is nothing to watch in the directory).
+        time.sleep(1.5)
+        assert p.poll() is None, "the program ended before the error could be caused"
+        (sysfs / "trigger_fs_error").write_text("1")
+        timer = threading.Timer(120, p.kill)
+        timer.start()
+        out, err = p.communicate()
+        timer.cancel()
+        opts = mount_options(mnt)
+        assert "ro" in opts or "emergency_ro" in opts, opts
+        assert p.returncode == 0 and "rand_update: OK" in out, out + err
+        assert "far tier 'file' failed a write (Read-only file system" in err, err
+        # The budget is not kept without a far tier, and it says so.
+        assert "above the DRAM budget of 16 MiB" in err, err
+    finally:
+        shutil.rmtree(exe, ignore_errors=True)
