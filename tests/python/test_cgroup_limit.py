@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from test_daemon import ATTUNE, BUILD, MIB, ROOT
+from test_daemon import ATTUNE, MIB, ROOT
 from test_pool import Cgroup, needs_cgroup
 
 LIMIT = 192 * MIB
@@ -55,6 +55,21 @@ def hwm(out):
     return int(re.search(r"VmHWM_KiB=(\d+)", out).group(1)) * 1024
 
 
+def attune_run_under_limit(work, name, dram, c_matrix):
+    """`attune run --dram DRAM -- c_matrix 320` as nobody in a new cgroup of LIMIT: the run
+    (verified, not OOM-killed), its report and its first process's tiers by name."""
+    g = Cgroup(name, LIMIT)
+    try:
+        rep = work / f"{name}.json"
+        p = run_in(g, [ATTUNE, "run", "--dram", dram, "--report", rep, "--", c_matrix, "320"])
+        assert p.returncode == 0 and "c_matrix: OK" in p.stdout, p.stdout + p.stderr
+        assert g.oom_kills() == 0
+    finally:
+        g.remove()
+    r = json.loads(rep.read_text())
+    return p, r, {t["name"]: t for t in r["per_process"][0]["tiers"]}
+
+
 def run_in(g, argv, **kw):
     return subprocess.run(g.wrap(as_nobody(argv)), env=env(**kw), capture_output=True, text=True,
                           timeout=300)
@@ -70,41 +85,26 @@ def test_a_budget_above_the_limit_is_lowered_and_the_program_finishes(c_matrix, 
         assert g.peak() >= LIMIT - MIB
     finally:
         g.remove()
-    g = Cgroup("budget2", LIMIT)
-    try:
-        rep = work / "r.json"
-        p = run_in(g, [ATTUNE, "run", "--dram", "1G", "--report", rep, "--", c_matrix, "320"])
-        assert p.returncode == 0 and "c_matrix: OK" in p.stdout, p.stdout + p.stderr
-        assert f"lowered to {CAP} bytes" in p.stderr and str(LIMIT) in p.stderr, p.stderr
-        # The budget fills the limit's share: the memory tier has no room and is left out;
-        # the file tier holds the rest.
-        assert "far tier 'memory' is left out" in p.stderr, p.stderr
-        assert g.oom_kills() == 0 and CAP - 8 * MIB < hwm(p.stdout) < LIMIT - 16 * MIB, p.stdout
-        r = json.loads(rep.read_text())
-        tiers = {t["name"]: t for t in r["per_process"][0]["tiers"]}
-        assert r["totals"]["budget_bytes"] == CAP and tiers["dram"]["capacity"] == CAP, tiers
-        assert "memory" not in tiers and tiers["file"]["peak_used_bytes"] > 100 * MIB, tiers
-    finally:
-        g.remove()
+    p, r, tiers = attune_run_under_limit(work, "budget2", "1G", c_matrix)
+    assert f"lowered to {CAP} bytes" in p.stderr and str(LIMIT) in p.stderr, p.stderr
+    # The budget fills the limit's share: the memory tier has no room and is left out;
+    # the file tier holds the rest.
+    assert "far tier 'memory' is left out" in p.stderr, p.stderr
+    assert CAP - 8 * MIB < hwm(p.stdout) < LIMIT - 16 * MIB, p.stdout
+    assert r["totals"]["budget_bytes"] == CAP and tiers["dram"]["capacity"] == CAP, tiers
+    assert "memory" not in tiers and tiers["file"]["peak_used_bytes"] > 100 * MIB, tiers
 
 
 @needs_cgroup
 def test_the_memory_tier_gets_what_the_budget_leaves(c_matrix, work):
-    g = Cgroup("memtier", LIMIT)
-    try:
-        rep = work / "m.json"
-        p = run_in(g, [ATTUNE, "run", "--dram", "96M", "--report", rep, "--", c_matrix, "320"])
-        assert p.returncode == 0 and "c_matrix: OK" in p.stdout, p.stdout + p.stderr
-        left = CAP - 96 * MIB
-        assert f"far tier 'memory' holds at most {left} bytes" in p.stderr, p.stderr
-        # Resident: the budget and the memory tier's pages (mapped from its memfd).
-        assert g.oom_kills() == 0 and hwm(p.stdout) < LIMIT - 16 * MIB, p.stdout
-        tiers = {t["name"]: t for t in json.loads(rep.read_text())["per_process"][0]["tiers"]}
-        assert tiers["memory"]["capacity"] == left, tiers
-        assert tiers["memory"]["peak_used_bytes"] <= left, tiers
-        assert tiers["file"]["peak_used_bytes"] > 0, tiers
-    finally:
-        g.remove()
+    p, _, tiers = attune_run_under_limit(work, "memtier", "96M", c_matrix)
+    left = CAP - 96 * MIB
+    assert f"far tier 'memory' holds at most {left} bytes" in p.stderr, p.stderr
+    # Resident: the budget and the memory tier's pages (mapped from its memfd).
+    assert hwm(p.stdout) < LIMIT - 16 * MIB, p.stdout
+    assert tiers["memory"]["capacity"] == left, tiers
+    assert tiers["memory"]["peak_used_bytes"] <= left, tiers
+    assert tiers["file"]["peak_used_bytes"] > 0, tiers
 
 
 @needs_cgroup
@@ -118,6 +118,3 @@ def test_within_the_limit_nothing_changes(c_matrix, work):
     finally:
         g.remove()
 
-
-def test_build_is_staged():
-    assert (BUILD / "bin" / "attune").exists()
