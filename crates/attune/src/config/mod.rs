@@ -431,11 +431,16 @@ pub fn load_text(
     })?;
     let headroom = g.u64("headroom");
     if headroom >= dram {
+        let lowered = if limit_notes.is_empty() {
+            String::new()
+        } else {
+            format!(" ({dram} bytes, lowered by the memory cgroup's limit)")
+        };
         return Err(err(
             "headroom",
             "ATTUNE_HEADROOM",
             None,
-            "must be smaller than the DRAM budget".into(),
+            format!("must be smaller than the DRAM budget{lowered}"),
         ));
     }
 
@@ -1230,6 +1235,18 @@ mod tests {
         assert!(tier(&c, TierKind::Memory).is_none(), "{:?}", c.tiers);
         assert!(tier(&c, TierKind::File).is_some());
         assert!(c.limit_notes[1].contains("left out"), "{:?}", c.limit_notes);
+        // A headroom the lowered budget cannot hold: refused, naming the lowering.
+        let e = load(
+            None,
+            &env(&[("ATTUNE_DRAM", "1G"), ("ATTUNE_HEADROOM", "500M")]),
+            &m,
+        )
+        .unwrap_err()
+        .0;
+        assert!(
+            e.contains("ATTUNE_HEADROOM") && e.contains(&format!("{cap} bytes, lowered")),
+            "{e}"
+        );
         // No limit: as before.
         let c = load(None, &env(&[("ATTUNE_DRAM", "15G")]), &machine()).unwrap();
         assert_eq!(c.dram, 15 << 30);

@@ -343,15 +343,7 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
                 }
                 return len as u64;
             }
-            // Full or failing: the next tier may take it (nothing left the region).
-            Err(err)
-                if matches!(
-                    err.0,
-                    libc::ENOSPC | libc::EOPNOTSUPP | libc::EDQUOT | libc::EFBIG
-                ) || crate::tier::failed_errno(err.0) =>
-            {
-                continue
-            }
+            Err(err) if crate::tier::passes_on(err.0) => continue,
             Err(err) if err.0 == libc::EINVAL => {
                 // The program made these pages read-only or inaccessible (mprotect): a move
                 // needs the same protection on both sides, and copying out then dropping

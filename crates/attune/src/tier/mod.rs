@@ -137,6 +137,12 @@ pub fn failed_errno(e: i32) -> bool {
     matches!(e, libc::EIO | libc::EROFS)
 }
 
+/// Store errors after which the next tier may take the chunk: full, failing, or a medium
+/// that cannot hold it (EOPNOTSUPP). Nothing left the region on any of them.
+pub fn passes_on(e: i32) -> bool {
+    full_errno(e) || failed_errno(e) || e == libc::EOPNOTSUPP
+}
+
 /// Shared buffers the tiers use on the fault path (owned by the engine).
 pub struct IoContext<'a> {
     /// The internal userfaultfd that the memory arena and staging are registered with.
