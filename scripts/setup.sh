@@ -12,6 +12,9 @@ command -v mpicc >/dev/null || need+=(openmpi-bin libopenmpi-dev)
 [ -e /usr/include/jemalloc/jemalloc.h ] || need+=(libjemalloc-dev)
 [ -e /usr/include/gperftools/tcmalloc.h ] || need+=(libgoogle-perftools-dev)
 [ -e /usr/include/mimalloc.h ] || need+=(libmimalloc-dev)
+# attune run's automatic fault delivery: programs that read through io_uring and Linux AIO.
+[ -e /usr/include/liburing.h ] || need+=(liburing-dev)
+[ -e /usr/include/libaio.h ] || need+=(libaio-dev)
 # The remote tier: libfabric's headers for the build (the library itself is opened at
 # run time, only by a process with a remote tier), and ip(8) for the test hosts.
 [ -e /usr/include/rdma/fabric.h ] || need+=(libfabric-dev)

@@ -328,12 +328,28 @@ gcc -O2 tests/run/c_matrix.c -o "$RT/c_matrix" && gcc -O2 tests/run/fork_exec.c 
   && gcc -O2 -static tests/run/crash.c -o "$RT/crash_static" \
   && g++ -O2 -std=c++17 tests/run/cpp_vectors.cpp -o "$RT/cpp_vectors" -lpthread \
   && gcc -O2 -fopenmp tests/run/omp_stream.c -o "$RT/omp_stream" || { fail=$((fail+1)); failed+=(build-run-tests); }
+# Fault delivery by default (auto): signal for a program that hands no memory to the
+# kernel on its own schedule; the handler thread for one that links io_uring or libaio,
+# imports POSIX AIO, or dlopens libaio after its first buffer (that buffer keeps signal).
+# Each reads a file into, and writes one from, a buffer 4x the budget, checked word by
+# word; forced signal delivery shows the EFAULT that auto avoids (docs/design/run.md,
+# "Fault delivery").
+for b in URING:-luring LIBAIO:-laio POSIX: LATE:; do
+  gcc -O2 -D "USE_${b%%:*}" tests/run/async_io.c -o "$RT/async_$(echo "${b%%:*}" | tr A-Z a-z)" ${b#*:} -ldl \
+    || { fail=$((fail+1)); failed+=(build-async-io); }
+done
+expect run-auto-signal 0 "fault delivery: auto: 1 region.s. by signal, 0 by the handler thread" "$ATT" run --dram 32M -- "$RT/rand_update" 64 20000
+for b in uring:liburing libaio:io_submit posix:aio_; do
+  expect "run-auto-thread-${b%%:*}" 0 "async_io: OK.*auto: 0 region.s. by signal, 1 by the handler thread.*because .*${b#*:}" sh -c "'$ATT' run --dram 16M -- '$RT/async_${b%%:*}' '$RT' 64 2>&1 | tr '\\n' ' '"
+done
+expect run-auto-thread-late-dlopen 0 "new regions use the handler thread; 1 region.s. made before keep signal.*async_io: OK late.*auto: 1 region.s. by signal, 1 by the handler thread" sh -c "'$ATT' run --dram 16M -- '$RT/async_late' '$RT' 64 2>&1 | tr '\\n' ' '"
+expect run-signal-async-efault 1 "io_uring read: Bad address" "$ATT" run -q --fault-mode signal --dram 16M -- "$RT/async_uring" "$RT" 64
 # Footprint 4-5x the budget; the report's schema, exit status and DRAM peak are checked.
 expect run-c 0 "c_matrix: OK" sh -c "'$ATT' run --dram 32M --report '$RT/c.json' -- '$RT/c_matrix' 128 && $CHECK '$RT/c.json' --exit 0 --min-procs 1 --budget-slack 2097152"
 # Who evicts under `attune run` (thread delivery): the background evictor keeps the
 # headroom, so faults rarely wait for an eviction (tests/c/signal_mode.c checks the
 # opposite for signal delivery); the report tells the evictor's bytes from the rest.
-expect run-evictor-share 0 "evictor share" sh -c "'$ATT' run --dram 32M --report '$RT/ev.json' -- '$RT/rand_update' 64 60000 && $CHECK '$RT/ev.json' --exit 0 --min-procs 1 --budget-slack 2097152 --evictor-share-min 0.3"
+expect run-evictor-share 0 "evictor share" sh -c "'$ATT' run --fault-mode thread --dram 32M --report '$RT/ev.json' -- '$RT/rand_update' 64 60000 && $CHECK '$RT/ev.json' --exit 0 --min-procs 1 --budget-slack 2097152 --evictor-share-min 0.3"
 # The budget seen from outside the runtime: with only a file tier, the process's RSS
 # high-water mark stays near the budget (32 MiB + the program and runtime, < 48 MiB).
 cat > "$RT/file.toml" <<TOML
@@ -414,7 +430,7 @@ expect run-bad-threshold 2 "ATTUNE_RUN_THRESHOLD" "$ATT" run --threshold 0 -- tr
 printf 'dram = "lots"\n' > "$RT/broken.toml"
 expect run-broken-config 2 "configuration: .*dram" "$ATT" run --config "$RT/broken.toml" -- true
 expect run-bad-rules 2 "ATTUNE_FLAG_RULES" "$ATT" run --rules "64M:LAT" -- true
-expect run-bad-fault-mode 2 "ATTUNE_RUN_FAULT_MODE=fast: .fast. is not a fault mode .expected thread or signal" "$ATT" run --fault-mode fast -- true
+expect run-bad-fault-mode 2 "ATTUNE_RUN_FAULT_MODE=fast: .fast. is not a fault mode .expected auto, thread or signal" "$ATT" run --fault-mode fast -- true
 # --fault-mode signal: the program's faults by SIGBUS; numpy's file and pipe I/O included.
 if python3 -c 'import numpy' 2>/dev/null; then
   expect run-numpy-signal 0 "check_report: OK" sh -c "'$ATT' run -q --fault-mode signal --dram 48M --report '$RT/nps.json' -- python3 tests/run/numpy_work.py 192 && $CHECK '$RT/nps.json' --exit 0 --min-procs 1 --fault-mode signal"
@@ -500,7 +516,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/n
   mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
   cp "$PREFIX/bin/attune" "$PREFIX/bin/attune-lab" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
   for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain readahead deny_syscalls; do cp "$OUT/$t" "$UP/bin/"; done
-  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$UP/bin/" 2>/dev/null
+  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$UP/bin/" 2>/dev/null
   gcc -O2 -Wno-stringop-overflow tests/run/syscalls_io.c -o "$UP/bin/syscalls_io" -lpthread || { fail=$((fail+1)); failed+=(build-syscalls-io); }
   chmod -R a+rX "$UP/bin" "$UP/lib"
   cp tests/run/numpy_work.py "$UP/bin/"
@@ -570,6 +586,14 @@ assert d["user_mode_only"] == (not full and not dev), d
   # Signal delivery under attune run (--fault-mode signal): the same calls, both users.
   expect run-syscalls-io-signal 0 "syscalls_io: OK" "$ATT" run -q --fault-mode signal --dram 16M -- "$UP/bin/syscalls_io" "$UP/work" 64
   expect unpriv-run-syscalls-io-signal 0 "syscalls_io: OK" runuser -u nobody -- "$UP/bin/attune" run -q --fault-mode signal --dram 16M -- "$UP/bin/syscalls_io" "$UP/work" 64
+  # Asynchronous I/O under a user-mode-only userfaultfd: no delivery serves the kernel's
+  # accesses, so the program's allocations stay untiered (correct, and said); with
+  # /dev/userfaultfd handed down by a privileged launcher (the Slurm plugin's
+  # userfaultfd=device; here root's shell) they are tiered and served.
+  expect unpriv-run-async-untiered 0 "untiered.*async_io: OK uring 64 MiB VmHWM_MiB=(6[4-9]|[7-9][0-9]|[1-9][0-9][0-9])" sh -c "runuser -u nobody -- '$UP/bin/attune' run -q --dram 16M -- '$UP/bin/async_uring' '$UP/work' 64 2>&1 | tr '\\n' ' '"
+  for b in uring posix; do
+    expect "unpriv-run-async-handed-device-$b" 0 "async_io: OK $b 64 MiB VmHWM_MiB=([0-9]|[1-3][0-9]|4[0-7]) " sh -c "exec 9<>/dev/userfaultfd; ATTUNE_USERFAULTFD_FD=9 runuser -u nobody -- '$UP/bin/attune' run -q --far file --dram 16M -- '$UP/bin/async_$b' '$UP/work' 64 2>&1 | tr '\\n' ' '"
+  done
   expect unpriv-run-syscalls-io-no6x 0 "syscalls_io: OK" runuser -u nobody -- env ATTUNE_KERNEL_FEATURES=-all "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/syscalls_io" "$UP/work" 64
   # SIGKILL of attune run, as a user: the program ends with it, the directory goes next run.
   cp "$RT/killed_run.sh" "$UP/bin/" && chmod 755 "$UP/bin/killed_run.sh"

@@ -34,7 +34,8 @@
  *
  * Plugin arguments (plugstack.conf): preload=PATH (libattune_preload.so), attune=PATH (the
  * attune command), socket=PATH (attuned's socket), headroom=PERCENT (of the limit, at least
- * 32 MiB; default 10), attuned=PATH and attuned_config=FILE (start the daemon if needed).
+ * 32 MiB; default 10), attuned=PATH and attuned_config=FILE (start the daemon if needed),
+ * userfaultfd=device (hand each task /dev/userfaultfd; default user: what the user opens).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -83,6 +84,10 @@ static char attuned_path[PATH_MAX], attuned_config[PATH_MAX];
 /* The job's statistics directory, once user_init has made it (inherited by the tasks). */
 static char report_dir[PATH_MAX];
 static unsigned headroom_pct = 10;
+/* userfaultfd=device: each task gets a descriptor of /dev/userfaultfd, opened as root
+ * before the task drops its privileges, so that kernel accesses to its non-resident pages
+ * are served where vm.unprivileged_userfaultfd=0 (docs/design/run.md, "Fault delivery"). */
+static int hand_userfaultfd;
 
 /* ---- values, checked with the runtime's grammar --------------------------------------- */
 
@@ -328,6 +333,10 @@ static int plugin_args(int ac, char **av)
             strcpy(attune_cli, a + 7);
         } else if (!strncmp(a, "socket=", 7) && strlen(a + 7) < sizeof socket_path) {
             strcpy(socket_path, a + 7);
+        } else if (!strcmp(a, "userfaultfd=device")) {
+            hand_userfaultfd = 1;
+        } else if (!strcmp(a, "userfaultfd=user")) {
+            hand_userfaultfd = 0;
         } else if (!strncmp(a, "headroom=", 9)) {
             char *end;
             long v = strtol(a + 9, &end, 10);
@@ -338,7 +347,7 @@ static int plugin_args(int ac, char **av)
             headroom_pct = (unsigned)v;
         } else {
             slurm_error("attune: unknown plugstack argument '%s' (preload=, attune=, socket=, "
-                        "headroom=, attuned=, attuned_config=)",
+                        "headroom=, attuned=, attuned_config=, userfaultfd=device|user)",
                         a);
             return -1;
         }
@@ -712,6 +721,34 @@ static int set(spank_t sp, const char *k, const char *v)
     return 0;
 }
 
+/* Runs in each task as root, before it takes the job's user's identity. With
+ * userfaultfd=device the task inherits a descriptor of /dev/userfaultfd (no close-on-exec):
+ * the runtime makes its userfaultfds through it (ATTUNE_USERFAULTFD_FD), for its own memory
+ * only, whoever opened the device. The site grants, per job of Attune, what the sysctl
+ * would grant to every process of the node. A failure is logged and the task goes on with
+ * what the user can open. */
+int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
+{
+    (void)ac;
+    (void)av;
+    if (!hand_userfaultfd || !active())
+        return 0;
+    int fd = open("/dev/userfaultfd", O_RDWR);
+    if (fd < 0) {
+        slurm_error("attune: userfaultfd=device: cannot open /dev/userfaultfd (%s); the task "
+                    "gets what its user can open",
+                    strerror(errno));
+        return 0;
+    }
+    char num[16];
+    snprintf(num, sizeof num, "%d", fd);
+    if (spank_setenv(sp, "ATTUNE_USERFAULTFD_FD", num, 1) != ESPANK_SUCCESS) {
+        slurm_error("attune: cannot set ATTUNE_USERFAULTFD_FD for the task");
+        close(fd);
+    }
+    return 0;
+}
+
 /* Runs in each task, as the job's user, after fork and before exec. */
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
@@ -826,9 +863,11 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
     /* As under `attune run`: where the kernel cannot fault managed pages in for a peer, Open
      * MPI's single-copy transport fails; ranks copy through shared memory instead. */
     char cur[16];
+    int handed = spank_getenv(sp, "ATTUNE_USERFAULTFD_FD", cur, sizeof cur) == ESPANK_SUCCESS;
     if (spank_getenv(sp, "OMPI_MCA_btl_vader_single_copy_mechanism", cur, sizeof cur) !=
             ESPANK_SUCCESS &&
-        uffd_user_mode_only() && set(sp, "OMPI_MCA_btl_vader_single_copy_mechanism", "none"))
+        !handed && uffd_user_mode_only() &&
+        set(sp, "OMPI_MCA_btl_vader_single_copy_mechanism", "none"))
         return -1;
     return 0;
 }

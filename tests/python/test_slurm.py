@@ -508,3 +508,42 @@ def test_a_report_directory_someone_else_made_is_not_used(slurm):
         assert "cannot be this job's private report directory" in (slurm.dir / "slurmd.log").read_text()
     finally:
         base.rmdir()
+
+
+def test_userfaultfd_device_serves_a_users_async_io():
+    """plugstack `userfaultfd=device`: each task gets /dev/userfaultfd, opened as root before
+    it becomes the user, so that io_uring reads into its non-resident pages are served where
+    vm.unprivileged_userfaultfd=0. Without it (the module's cluster: nobody's userfaultfd sees
+    user-mode faults only) the same program runs correctly but untiered, and is told why."""
+    if Path("/proc/sys/vm/unprivileged_userfaultfd").read_text().strip() != "0":
+        pytest.skip("unprivileged users get kernel faults here anyway")
+    s = Slurm()
+    try:
+        s.write_plugstack(["userfaultfd=device"])
+        exe = s.jobs / "async_uring"
+        subprocess.run(["gcc", "-O2", "-DUSE_URING", str(ROOT / "tests/run/async_io.c"), "-o", str(exe),
+                        "-luring", "-ldl"], check=True)
+        p = s.run(["srun", "--mem=200M", "--tm-dram=16M", "sh", "-c",
+                   f"echo fd=$ATTUNE_USERFAULTFD_FD; id -un; {exe} {s.jobs} 64"], user="nobody")
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "async_io: OK uring 64 MiB" in p.stdout, p.stdout
+        assert "nobody" in p.stdout and re.search(r"fd=\d+", p.stdout), p.stdout
+        assert "untiered" not in p.stderr, p.stderr
+        # Tiered: the 64 MiB buffer went through the far tier, the peak RSS stayed near
+        # the 16 MiB budget.
+        hwm = int(re.search(r"VmHWM_MiB=(\d+)", p.stdout).group(1))
+        assert hwm < 48, p.stdout
+    finally:
+        s.stop()
+
+
+def test_without_the_device_async_io_stays_correct_and_untiered(slurm):
+    exe = slurm.jobs / "async_uring"
+    subprocess.run(["gcc", "-O2", "-DUSE_URING", str(ROOT / "tests/run/async_io.c"), "-o", str(exe),
+                    "-luring", "-ldl"], check=True)
+    p = slurm.run(["srun", "--mem=200M", "--tm-dram=16M", str(exe), str(slurm.jobs), "64"], user="nobody")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "async_io: OK uring 64 MiB" in p.stdout, p.stdout
+    if Path("/proc/sys/vm/unprivileged_userfaultfd").read_text().strip() == "0":
+        assert "untiered" in p.stderr and "liburing" in p.stderr, p.stderr
+        assert int(re.search(r"VmHWM_MiB=(\d+)", p.stdout).group(1)) >= 64, p.stdout

@@ -7,6 +7,7 @@
 
 pub mod budget;
 pub mod chunk;
+pub mod delivery;
 pub mod flags;
 pub mod heat;
 pub mod numa;

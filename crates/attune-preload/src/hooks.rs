@@ -74,6 +74,13 @@ fn managed_slow(size: usize, region: bool, mapped: bool) -> (usize, bool) {
         // serves them.
         return (0, false);
     }
+    if is_region {
+        // A library loaded since the last region may hand memory to the kernel.
+        crate::delivery::check(false);
+    }
+    if crate::delivery::kept_out() {
+        return (0, false);
+    }
     let (flags, hot) = match predicted(size) {
         Some(r) => (r.flags, r.hot.as_slice()),
         None => (s.flags_for(size), &[][..]),

@@ -23,6 +23,7 @@
 // and the constructor use them; every other unsafe operation is in attune-sys.
 #![deny(unsafe_code)]
 
+mod delivery;
 #[allow(unsafe_code)]
 mod foreign;
 #[allow(unsafe_code)]
@@ -97,11 +98,16 @@ fn ready() -> bool {
             {
                 return STATE.load(Acquire) == READY;
             }
+            // Before the first region: a program that links io_uring or RDMA gets no
+            // region under signal delivery at all.
+            delivery::check(true);
             let ok = matches!(
                 attune::runtime::runtime(),
                 Ok(rt) if rt.engine().is_some()
             );
             if ok {
+                delivery::absorb_runtime_libraries();
+                delivery::keep_out_if_user_mode_only();
                 report::start();
             }
             STATE.store(if ok { READY } else { OFF }, Release);
@@ -111,10 +117,21 @@ fn ready() -> bool {
     }
 }
 
+extern "C" fn before_fork() {
+    delivery::before_fork();
+    table::before_fork();
+}
+
+extern "C" fn after_fork_in_parent() {
+    table::after_fork_in_parent();
+    delivery::after_fork();
+}
+
 extern "C" fn in_child_after_fork() {
     // First: the runtime takes the parent's over (its regions are the child's memory now),
     // before anything here could touch it. Registered before the runtime's own handler,
     // this one runs first in the child.
+    delivery::after_fork();
     let was_ready = STATE.load(Acquire) == READY;
     let adopted =
         attune::runtime::after_fork_in_child() && attune::runtime::engine_if_started().is_some();
@@ -152,11 +169,11 @@ extern "C" fn constructor() {
     attune::engine::INTERPOSED.store(true, Relaxed);
     let _b = Busy::enter();
     let s = settings();
-    // The handler thread by default: it serves kernel accesses nothing can wrap (a peer's
-    // process_vm_readv, io_uring, AIO). `--fault-mode signal` resolves faults on the
-    // faulting thread, with the system calls libattune wraps retried (io.rs).
-    // (Single-threaded here: the program's main has not run yet.)
-    std::env::set_var("ATTUNE_FAULT_MODE", s.fault_mode);
+    // Signal delivery unless asked for the handler thread: `auto` turns new regions over
+    // to the handler thread when the program is seen to hand memory to the kernel outside
+    // the calls libattune retries (delivery.rs). (Single-threaded here: the program's main
+    // has not run yet.)
+    std::env::set_var("ATTUNE_FAULT_MODE", delivery::initial_mode());
     if !s.children {
         // exec'd children must not load the interposer again; other preloads stay.
         let rest: Vec<String> = std::env::var("LD_PRELOAD")
@@ -172,8 +189,8 @@ extern "C" fn constructor() {
         }
     }
     attune_sys::os::atfork(
-        Some(table::before_fork),
-        Some(table::after_fork_in_parent),
+        Some(before_fork),
+        Some(after_fork_in_parent),
         Some(in_child_after_fork),
     );
     attune_sys::os::at_exit(at_exit);

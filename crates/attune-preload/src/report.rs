@@ -104,6 +104,7 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
     let (live_n, live_b) = table::totals();
     let (minflt, majflt) = os_faults();
     let e = attune::runtime::engine_if_started();
+    let delivery = crate::delivery::current();
     let mut v = json!({
         "pid": std::process::id(),
         "ppid": std::os::unix::process::parent_id(),
@@ -121,6 +122,9 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "threshold_bytes": settings().threshold,
         "allocator": attune_sys::libc_alloc::program_allocator(),
         "fault_mode": settings().fault_mode,
+        "delivery": delivery.0,
+        "delivery_reason": delivery.1,
+        "kept_out": crate::delivery::kept_out(),
         "uffd_user_mode_only": attune::runtime::engine_if_started().map(|e| e.pager.user_mode_only()),
         "kernel_fallbacks": e.map(|e| e.pager.kernel_fallbacks()),
         "io_retried_calls": capi::io::RETRIED.load(Relaxed),

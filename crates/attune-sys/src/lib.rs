@@ -19,8 +19,9 @@
 //! off; [`probe`] asks the kernel which it has), [`uffd`] (userfaultfd ioctls), [`mem`] (mmap/madvise/files, raw mmap for the
 //! interposer), [`numa`] (memory policy, page migration, mlock), [`pagemap`] (written-page tracking), [`libc_alloc`] (the program's allocator behind the interposer, and glibc's heap for the runtime's own data),
 //! [`signal`] (SIGBUS hook), [`os`] (small helpers: eventfd, time, thread ids, /proc),
-//! [`perf`] (software perf counters: page faults), [`unix`] (peer credentials, descriptor passing, memory files for shared regions and the far pool).
+//! [`perf`] (software perf counters: page faults), [`elf`] (the loaded objects and what they import), [`unix`] (peer credentials, descriptor passing, memory files for shared regions and the far pool).
 
+pub mod elf;
 pub mod fabric;
 pub mod kernel;
 pub mod libc_alloc;

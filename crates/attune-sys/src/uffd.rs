@@ -168,6 +168,35 @@ pub struct OpenError {
     pub missing_features: u64,
 }
 
+/// A descriptor of `/dev/userfaultfd` this process inherited, or -1 (`use_handed_device`).
+static HANDED_DEVICE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// Makes [`Uffd::open`] create userfaultfds through `fd`, an inherited descriptor of
+/// `/dev/userfaultfd` (a launcher with the right to open the device gave it, so that a
+/// user without that right gets kernel-mode faults). Refused unless `fd` is open and is
+/// that device (same character device as the path): a stray number in the environment
+/// must not send ioctls to another file. The descriptor stays open and inheritable, for
+/// the program's children.
+pub fn use_handed_device(fd: i32) -> SysResult<()> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let mut dev: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat and stat write a stat struct we own; the path is NUL-terminated.
+    let ok = unsafe {
+        fd >= 0
+            && libc::fstat(fd, &mut st) == 0
+            && libc::stat(c"/dev/userfaultfd".as_ptr(), &mut dev) == 0
+    };
+    if !ok {
+        return Err(Errno(libc::EBADF));
+    }
+    let chr = |s: &libc::stat| s.st_mode & libc::S_IFMT == libc::S_IFCHR;
+    if !chr(&st) || !chr(&dev) || st.st_rdev != dev.st_rdev {
+        return Err(Errno(libc::ENODEV));
+    }
+    HANDED_DEVICE.store(fd, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
 impl Uffd {
     /// Opens a userfaultfd with `wanted` features, trying in turn the system call, the
     /// system call restricted to user-mode faults (allowed to unprivileged users when
@@ -203,6 +232,20 @@ impl Uffd {
         };
         if let Some(owned) = syscall(flags) {
             return Self::negotiate(owned, wanted, false);
+        }
+        // A descriptor of /dev/userfaultfd handed down by a launcher that could open it
+        // (the Slurm plugin, as root, before the task drops its privileges): the ioctl
+        // makes a userfaultfd for the calling process's memory, whoever opened the device.
+        let handed = HANDED_DEVICE.load(std::sync::atomic::Ordering::Relaxed);
+        if handed >= 0 {
+            // SAFETY: the ioctl takes the flags by value; `handed` was checked to be the
+            // device by `use_handed_device` and is never closed by us.
+            let fd = unsafe { libc::ioctl(handed, USERFAULTFD_IOC_NEW as _, flags) };
+            if fd >= 0 {
+                // SAFETY: fd is a freshly returned, owned descriptor.
+                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                return Self::negotiate(owned, wanted, false);
+            }
         }
         // The error reported is the device's where it exists (its permissions), else the
         // restricted system call's (a seccomp filter's refusal, say).

@@ -21,7 +21,7 @@ pub const RUN_OPTIONS: &[Opt] = &[
     Opt { key: "history", kind: Kind::Path, default: Unset::Found("$XDG_STATE_HOME/attune/history.json (~/.local/state/...)", ""), suggested: "the default; off to neither read nor write it", doc: "Execution history: `attune profile` records what it learned per program, `attune run` without flags predicts from it" },
     Opt { key: "run_threshold", kind: Kind::Size { min: 1 }, default: Unset::Value("1M"), suggested: "1M; 256K for programs with many mid-sized buffers", doc: "malloc-family and anonymous mmap requests of at least this size are managed; smaller ones stay with the system allocator" },
     Opt { key: "run_small", kind: Kind::Bool, default: Unset::Value("0"), suggested: "0; 1 when small objects dominate the footprint", doc: "1: small requests are managed too (per-class arenas), so the whole heap is tiered" },
-    Opt { key: "run_fault_mode", kind: Kind::Choice { what: "fault mode", values: &["thread", "signal"], aliases: &[] }, default: Unset::Value("thread"), suggested: "thread; signal for fault-bound programs whose kernel accesses are all wrapped calls (docs/design/run.md, \"System calls on managed memory\")", doc: "How an unmodified program's faults are resolved: thread (a handler thread; every kernel access works) or signal (the faulting thread by SIGBUS: faster; read/write, sockets and stdio are retried by the interposer, a peer's process_vm_readv, io_uring and AIO fail with EFAULT)" },
+    Opt { key: "run_fault_mode", kind: Kind::Choice { what: "fault mode", values: &["auto", "thread", "signal"], aliases: &[] }, default: Unset::Value("auto"), suggested: "auto; thread when the program's I/O reaches the kernel in ways auto cannot see (a raw io_uring system call, a statically linked liburing)", doc: "How an unmodified program's faults are resolved: auto (signal delivery unless the program has loaded io_uring, AIO, RDMA, fabric or GPU libraries, or imports POSIX AIO or vmsplice: then the handler thread, for regions created from then on; docs/design/run.md, \"Fault delivery\"), thread (a handler thread; every kernel access works) or signal (the faulting thread by SIGBUS: faster; read/write, sockets and stdio are retried by the interposer, io_uring, AIO and a peer's process_vm_readv get EFAULT)" },
     Opt { key: "run_children", kind: Kind::Bool, default: Unset::Value("1"), suggested: "1", doc: "1: forked and exec'd children are managed too (each with its own budget); 0: only the first process" },
     Opt { key: "report_dir", kind: Kind::Path, default: Unset::Found("(set by attune run)", ""), suggested: "-", doc: "Where each managed process writes its statistics (proc-PID-START.json), read by `attune run` for the report" },
     Opt { key: "report_interval_ms", kind: Kind::Int { min: 10, max: 3_600_000 }, default: Unset::Value("1000"), suggested: "1000", doc: "How often a process refreshes its statistics file (so a killed program still leaves a report)" },
@@ -43,7 +43,7 @@ pub struct RunSettings {
     pub threshold: usize,
     pub small: bool,
     pub children: bool,
-    /// Fault delivery of the program's regions: "thread" or "signal".
+    /// Fault delivery of the program's regions: "auto", "thread" or "signal".
     pub fault_mode: &'static str,
     pub report_dir: Option<std::path::PathBuf>,
     pub report_interval_ms: u64,
@@ -59,7 +59,7 @@ impl Default for RunSettings {
             threshold: 1 << 20,
             small: false,
             children: true,
-            fault_mode: "thread",
+            fault_mode: "auto",
             report_dir: None,
             report_interval_ms: 1000,
             predicted: Vec::new(),
@@ -160,7 +160,11 @@ pub fn from_env(getenv: impl Fn(&str) -> Option<String>) -> Result<RunSettings, 
         s.children = v;
     }
     if let Some(Value::Text(v)) = value("run_fault_mode")? {
-        s.fault_mode = if v == "signal" { "signal" } else { "thread" };
+        s.fault_mode = match v.as_str() {
+            "signal" => "signal",
+            "thread" => "thread",
+            _ => "auto",
+        };
     }
     if let Some(Value::U64(v)) = value("report_interval_ms")? {
         s.report_interval_ms = v;

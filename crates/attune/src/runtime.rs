@@ -107,6 +107,31 @@ pub fn on_start(f: fn()) {
     let _ = ON_START.set(f);
 }
 
+/// `ATTUNE_USERFAULTFD_FD`: a descriptor of /dev/userfaultfd a privileged launcher opened
+/// and left open for the program (the Slurm plugin's `userfaultfd=device`), so that a user
+/// without the right to open it, where `vm.unprivileged_userfaultfd=0`, still gets kernel
+/// faults served (docs/design/run.md, "Fault delivery"). Not under secure execution.
+fn use_handed_userfaultfd() {
+    if attune_sys::os::secure_execution() {
+        return;
+    }
+    let Ok(v) = std::env::var("ATTUNE_USERFAULTFD_FD") else {
+        return;
+    };
+    let r = v
+        .trim()
+        .parse::<i32>()
+        .map_err(|_| Errno(libc::EINVAL))
+        .and_then(attune_sys::uffd::use_handed_device);
+    match r {
+        Ok(()) => crate::info!("userfaultfd: through descriptor {v} of /dev/userfaultfd, handed down"),
+        Err(e) => crate::log::emit(
+            crate::log::Level::Warn,
+            &format!("ATTUNE_USERFAULTFD_FD={v} is not an open descriptor of /dev/userfaultfd ({e}): ignored"),
+        ),
+    }
+}
+
 fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
     let cfg = config::load_from_process(path).map_err(|e| e.0)?;
     crate::log::set_level(cfg.log);
@@ -121,6 +146,7 @@ fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
             maps: Mutex::new(BTreeMap::new()),
         });
     }
+    use_handed_userfaultfd();
     match Engine::new(cfg.clone()) {
         Ok(e) => {
             let e: &'static Engine = Box::leak(Box::new(e));

@@ -298,13 +298,13 @@ pub fn run(a: Args) -> i32 {
     for (k, v) in &env {
         cmd.env(k, v);
     }
-    // Where the kernel cannot fault managed pages in (signal delivery, or a userfaultfd
+    // Where the kernel cannot fault managed pages in (signal delivery, auto included, or a userfaultfd
     // limited to user-mode faults, as users who are not root get), a peer rank's
     // process_vm_readv of our buffers fails: Open MPI's single-copy transport printed
     // "Read -1, expected 8388608, errno = 14" and fell back. Copying through its shared
     // segment in user space is served like any access (docs/design/run.md, "System calls on
     // managed memory"). The user's own choice wins.
-    let signal = get("ATTUNE_RUN_FAULT_MODE").is_some_and(|m| m.trim() == "signal");
+    let signal = get("ATTUNE_RUN_FAULT_MODE").is_none_or(|m| m.trim() != "thread");
     if managed
         && std::env::var_os("OMPI_MCA_btl_vader_single_copy_mechanism").is_none()
         && (signal || attune_sys::uffd::Uffd::user_mode_only_here())
@@ -581,6 +581,52 @@ pub fn build_report(
     report
 }
 
+/// Which fault delivery the program's regions used, and why the handler thread where
+/// `auto` chose it (docs/design/run.md, "Fault delivery").
+fn delivery_line(procs: &[Value]) -> String {
+    let n = |k: &str| {
+        procs
+            .iter()
+            .map(|p| p[k].as_u64().unwrap_or(0))
+            .sum::<u64>()
+    };
+    let (signal, thread) = (n("regions_signal"), n("regions_thread"));
+    let kept_out = procs
+        .iter()
+        .filter(|p| p["kept_out"] == json!(true))
+        .count();
+    if signal + thread == 0 && kept_out == 0 {
+        return String::new();
+    }
+    let mut reasons: Vec<&str> = procs
+        .iter()
+        .filter_map(|p| p["delivery_reason"].as_str())
+        .collect();
+    reasons.sort_unstable();
+    reasons.dedup();
+    let asked: Vec<&str> = procs
+        .iter()
+        .filter_map(|p| p["fault_mode"].as_str())
+        .collect();
+    let how = if asked.iter().all(|m| *m == "auto") {
+        "auto: "
+    } else {
+        ""
+    };
+    let mut s = format!(
+        "  fault delivery: {how}{signal} region(s) by signal, {thread} by the handler thread\n"
+    );
+    for r in reasons.iter().take(3) {
+        s += &format!("    handler thread because {r}\n");
+    }
+    if kept_out > 0 {
+        s += &format!(
+            "    {kept_out} process(es) left new allocations untiered: their userfaultfd sees user-mode faults only, which no delivery serves for the kernel's accesses\n"
+        );
+    }
+    s
+}
+
 pub fn text_report(r: &Value) -> String {
     let mut s = String::new();
     let t = &r["totals"];
@@ -639,8 +685,9 @@ pub fn text_report(r: &Value) -> String {
             others.join(", ")
         );
     }
-    // User-mode-only userfaultfd: system calls on managed memory were retried.
     let procs = r["per_process"].as_array().cloned().unwrap_or_default();
+    s += &delivery_line(&procs);
+    // User-mode-only userfaultfd: system calls on managed memory were retried.
     if procs
         .iter()
         .any(|p| p["uffd_user_mode_only"] == json!(true))

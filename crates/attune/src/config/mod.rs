@@ -690,6 +690,7 @@ pub fn load_from_process(path: Option<&std::path::Path>) -> Result<Config, Confi
 const OTHER_VARIABLES: &[&str] = &[
     "ATTUNE_CONFIG",
     "ATTUNE_DISABLE_UFFD",
+    "ATTUNE_USERFAULTFD_FD",
     "ATTUNE_CLI",
     "ATTUNE_BIN",
     "ATTUNE_PYTHON",

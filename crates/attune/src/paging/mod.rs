@@ -21,4 +21,5 @@ mod unshare;
 
 pub use pager::{
     AllocOptions, ClockState, Counters, InitError, Pager, KERNEL_ACCESS_MAY_FAIL, MAX_RUN,
+    THREAD_FOR_NEW_REGIONS,
 };

@@ -2,7 +2,9 @@
 //! prefetch. They ask `attune_policy` for the unit of movement and the home tier and use
 //! the fault path (`fault.rs`) to bring chunks in.
 
-use super::pager::{chunk_span, AllocOptions, Pager, KERNEL_ACCESS_MAY_FAIL};
+use super::pager::{
+    chunk_span, AllocOptions, Pager, KERNEL_ACCESS_MAY_FAIL, THREAD_FOR_NEW_REGIONS,
+};
 use crate::config::{FaultMode, Mode};
 use crate::region::{Region, RegionKind, Where, ACTIVE, CREDIT_MASK, PIN};
 use attune_policy::place;
@@ -90,12 +92,20 @@ impl Pager {
         };
         // Inherited by a forked child, which takes the runtime over (`crate::fork`).
         let _ = mem::advise(base, len, mem::MADV_NOHUGEPAGE);
-        let delivery = match opts.fault_mode.unwrap_or(self.cfg.fault_mode) {
-            FaultMode::Thread => Delivery::Thread,
-            FaultMode::Signal => Delivery::Signal,
+        let delivery = match opts.fault_mode {
+            Some(FaultMode::Signal) => Delivery::Signal,
+            Some(FaultMode::Thread) => Delivery::Thread,
+            None if THREAD_FOR_NEW_REGIONS.load(Relaxed) => Delivery::Thread,
+            None => match self.cfg.fault_mode {
+                FaultMode::Thread => Delivery::Thread,
+                FaultMode::Signal => Delivery::Signal,
+            },
         };
         if delivery == Delivery::Signal {
             KERNEL_ACCESS_MAY_FAIL.store(true, Relaxed);
+            self.counters.regions_signal.fetch_add(1, Relaxed);
+        } else {
+            self.counters.regions_thread.fetch_add(1, Relaxed);
         }
         if let Err(e) = self
             .uffd_for(delivery)

@@ -80,13 +80,16 @@ pub struct Counters {
     pub online_split_regions: AtomicU64,
     pub online_kept_regions: AtomicU64,
     pub online_pinned_bytes: AtomicU64,
+    /// Regions created under each fault delivery.
+    pub regions_thread: AtomicU64,
+    pub regions_signal: AtomicU64,
 }
 
 impl Counters {
     /// The counters the statistics report, by their names there (`attune_stats_json`'s
     /// `engine` object, each process snapshot of the `attune run` report and its totals):
     /// one list, so they cannot drift apart. Page movement, then the online prediction.
-    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 15] {
+    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 17] {
         [
             ("faults", &self.faults),
             ("fault_ns", &self.fault_ns),
@@ -103,6 +106,8 @@ impl Counters {
             ("online_kept_regions", &self.online_kept_regions),
             ("online_pinned_bytes", &self.online_pinned_bytes),
             ("protected_skips", &self.protected_skips),
+            ("regions_thread", &self.regions_thread),
+            ("regions_signal", &self.regions_signal),
         ]
     }
 }
@@ -171,6 +176,13 @@ pub struct Pager {
 /// [`Pager::kernel_access_fails`]): until then the interposer's system-call wrappers
 /// cost one load.
 pub static KERNEL_ACCESS_MAY_FAIL: AtomicBool = AtomicBool::new(false);
+
+/// Set once the process is seen to hand memory to the kernel outside the calls the
+/// interposer retries (`attune run`'s automatic delivery, `attune_policy::delivery`):
+/// regions created afterwards without a delivery of their own get the handler thread.
+/// Regions created before keep theirs: a region cannot change userfaultfd without a window
+/// in which its missing pages would fill with zeros.
+pub static THREAD_FOR_NEW_REGIONS: AtomicBool = AtomicBool::new(false);
 
 /// Why the engine could not start.
 #[derive(Debug)]

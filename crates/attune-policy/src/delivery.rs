@@ -1,0 +1,232 @@
+//! Which fault delivery an unmodified program gets under `attune run` (`--fault-mode auto`,
+//! the default): signal delivery, unless the program has loaded something through which the
+//! kernel or a device reads and writes its memory outside a call the interposer wraps.
+//!
+//! Signal delivery resolves a fault on the faulting thread (docs/benchmarks.md: about 3x
+//! the rate of the handler thread on fault-bound programs), but under it a kernel access to
+//! a non-resident page fails with EFAULT. The interposer retries the synchronous calls
+//! (`read`, `write`, sockets, stdio: libattune's `io.rs`); what it cannot retry is an access
+//! that happens later, on the kernel's or a device's own schedule: an io_uring or Linux AIO
+//! request, glibc's POSIX AIO (its helper threads call glibc's internal `pread`), a page
+//! spliced into a pipe, memory registered with an RDMA or GPU driver. A program that has
+//! one of those loaded gets the handler thread, which serves every kernel access.
+//!
+//! Two kinds of evidence, both read from the loaded objects (`attune_sys::elf`): a loaded
+//! library by its soname, and a symbol some object imports. A library that is loaded but
+//! never used costs the program the handler thread, which is what it had before `auto`.
+//! What neither shows (a raw `syscall(SYS_io_uring_setup)`, liburing linked statically)
+//! is a documented limit: `--fault-mode thread` (docs/design/run.md, "Fault delivery").
+
+/// Why a program gets thread delivery: what was found, and what it does with memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reason {
+    /// The library or the symbol found.
+    pub found: &'static str,
+    /// What it lets the kernel or a device do.
+    pub access: &'static str,
+}
+
+/// Libraries (soname prefixes) whose use hands program memory to the kernel or a device.
+const LIBRARIES: &[(&str, &str)] = &[
+    (
+        "liburing.so",
+        "io_uring: the kernel reads and writes buffers after the call returns",
+    ),
+    (
+        "libaio.so",
+        "Linux AIO: the kernel reads and writes buffers after the call returns",
+    ),
+    (
+        "libibverbs.so",
+        "RDMA: registered memory is read and written by the adapter",
+    ),
+    (
+        "librdmacm.so",
+        "RDMA: registered memory is read and written by the adapter",
+    ),
+    (
+        "libfabric.so",
+        "a fabric: registered memory is read and written by the adapter",
+    ),
+    (
+        "libucp.so",
+        "UCX: registered memory is read and written by the adapter",
+    ),
+    (
+        "libuct.so",
+        "UCX: registered memory is read and written by the adapter",
+    ),
+    (
+        "libpsm2.so",
+        "PSM2: registered memory is read and written by the adapter",
+    ),
+    (
+        "libcuda.so",
+        "a GPU driver: registered host memory is read and written by the device",
+    ),
+    (
+        "libhsa-runtime64.so",
+        "a GPU driver: registered host memory is read and written by the device",
+    ),
+    (
+        "libze_loader.so",
+        "a GPU driver: registered host memory is read and written by the device",
+    ),
+];
+
+/// Imported symbols that hand program memory to the kernel asynchronously.
+const SYMBOLS: &[(&str, &str)] = &[
+    (
+        "aio_read",
+        "POSIX AIO: glibc's helper threads fill buffers with unwrapped calls",
+    ),
+    (
+        "aio_read64",
+        "POSIX AIO: glibc's helper threads fill buffers with unwrapped calls",
+    ),
+    (
+        "aio_write",
+        "POSIX AIO: glibc's helper threads read buffers with unwrapped calls",
+    ),
+    (
+        "aio_write64",
+        "POSIX AIO: glibc's helper threads read buffers with unwrapped calls",
+    ),
+    (
+        "lio_listio",
+        "POSIX AIO: glibc's helper threads move buffers with unwrapped calls",
+    ),
+    (
+        "lio_listio64",
+        "POSIX AIO: glibc's helper threads move buffers with unwrapped calls",
+    ),
+    (
+        "io_submit",
+        "Linux AIO: the kernel reads and writes buffers after the call returns",
+    ),
+    (
+        "io_uring_setup",
+        "io_uring: the kernel reads and writes buffers after the call returns",
+    ),
+    (
+        "vmsplice",
+        "vmsplice: pages are read from a pipe after the call returns",
+    ),
+];
+
+/// The reason a loaded library gives, from its name as the loader reports it (a path or a
+/// soname; only the file name counts).
+pub fn library_reason(path: &str) -> Option<Reason> {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    LIBRARIES
+        .iter()
+        .find(|(prefix, _)| name.starts_with(prefix))
+        .map(|&(found, access)| Reason { found, access })
+}
+
+/// The reason an imported symbol gives (versioned names such as `aio_read@GLIBC_2.34`
+/// are not how the dynamic symbol table spells them: the name alone is compared).
+pub fn symbol_reason(name: &str) -> Option<Reason> {
+    SYMBOLS
+        .iter()
+        .find(|(s, _)| *s == name)
+        .map(|&(found, access)| Reason { found, access })
+}
+
+/// The delivery `attune run` asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Requested {
+    Auto,
+    Thread,
+    Signal,
+}
+
+/// The delivery new regions get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Chosen {
+    Thread,
+    Signal,
+}
+
+/// The rule: an explicit choice is kept (a user who asked for signal delivery over an
+/// io_uring program has been told its limit); `auto` is signal until a reason is found.
+pub fn choose(requested: Requested, reason: Option<Reason>) -> Chosen {
+    match (requested, reason) {
+        (Requested::Thread, _) => Chosen::Thread,
+        (Requested::Signal, _) => Chosen::Signal,
+        (Requested::Auto, Some(_)) => Chosen::Thread,
+        (Requested::Auto, None) => Chosen::Signal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libraries_by_file_name() {
+        for (path, found) in [
+            (
+                "/usr/lib/x86_64-linux-gnu/liburing.so.2",
+                Some("liburing.so"),
+            ),
+            ("liburing.so.2.3", Some("liburing.so")),
+            ("/lib/libaio.so.1t64", Some("libaio.so")),
+            ("/usr/lib/libibverbs.so.1.14.44.0", Some("libibverbs.so")),
+            ("/opt/ucx/lib/libucp.so.0", Some("libucp.so")),
+            ("/usr/lib/libfabric.so.1", Some("libfabric.so")),
+            ("/usr/lib/libcuda.so.1", Some("libcuda.so")),
+            // Not a prefix match on the directory, nor on a look-alike name.
+            ("/opt/liburing.so.2/libc.so.6", None),
+            ("/usr/lib/libc.so.6", None),
+            ("/usr/lib/libm.so.6", None),
+            ("/usr/lib/libjemalloc.so.2", None),
+            ("/usr/lib/libmpi.so.40", None),
+            ("", None),
+        ] {
+            assert_eq!(library_reason(path).map(|r| r.found), found, "{path}");
+        }
+    }
+
+    #[test]
+    fn symbols_by_exact_name() {
+        for (sym, found) in [
+            ("aio_read", true),
+            ("aio_write64", true),
+            ("lio_listio", true),
+            ("io_submit", true),
+            ("vmsplice", true),
+            ("aio_error", false), // status only, no buffer
+            ("aio_return", false),
+            ("read", false),
+            ("splice", false), // between descriptors: no user memory
+            ("aio_readx", false),
+            ("", false),
+        ] {
+            assert_eq!(symbol_reason(sym).is_some(), found, "{sym}");
+        }
+    }
+
+    #[test]
+    fn explicit_choices_are_kept_and_auto_follows_the_evidence() {
+        let r = library_reason("liburing.so.2");
+        assert!(r.is_some());
+        for (req, reason, chosen) in [
+            (Requested::Auto, None, Chosen::Signal),
+            (Requested::Auto, r, Chosen::Thread),
+            (Requested::Thread, None, Chosen::Thread),
+            (Requested::Thread, r, Chosen::Thread),
+            (Requested::Signal, None, Chosen::Signal),
+            (Requested::Signal, r, Chosen::Signal),
+        ] {
+            assert_eq!(choose(req, reason), chosen, "{req:?} {reason:?}");
+        }
+    }
+
+    #[test]
+    fn every_reason_says_what_it_does() {
+        for (f, a) in LIBRARIES.iter().chain(SYMBOLS) {
+            assert!(!f.is_empty() && a.len() > 10, "{f}");
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! `--fault-mode auto` (the default): signal delivery until the program is seen to hand
+//! memory to the kernel outside the calls libattune retries; then the handler thread for
+//! every region created from then on (the rule: `attune_policy::delivery`).
+//!
+//! Looked at twice: when the runtime starts (everything the program linked), and before
+//! each new region when the loader's object count moved (a `dlopen` since: MPI transports,
+//! Python extensions). A region made before a late find keeps signal delivery; the warning
+//! says how many, and `--fault-mode thread` is the way out.
+
+use crate::settings;
+use attune_policy::delivery::{self, Chosen, Requested};
+use attune_sys::elf;
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::Mutex;
+
+struct State {
+    seen: elf::Seen,
+    generation: (u64, u64),
+    /// Why new regions get the handler thread, once known.
+    reason: Option<String>,
+}
+
+static STATE: Mutex<State> = Mutex::new(State {
+    seen: elf::Seen::new(),
+    generation: (0, 0),
+    reason: None,
+});
+/// True once new regions get the handler thread (no more looking).
+static DECIDED: AtomicBool = AtomicBool::new(false);
+/// True once new requests go to the program's allocator: the program hands memory to the
+/// kernel and this process's userfaultfd sees user-mode faults only, so no delivery
+/// serves those kernel accesses (`keep_out`).
+static KEPT_OUT: AtomicBool = AtomicBool::new(false);
+/// Taken around every use of `STATE` and across fork.
+static GATE: AtomicBool = AtomicBool::new(false);
+
+fn requested() -> Requested {
+    match settings().fault_mode {
+        "thread" => Requested::Thread,
+        "signal" => Requested::Signal,
+        _ => Requested::Auto,
+    }
+}
+
+/// The runtime's fault mode before it starts (`ATTUNE_FAULT_MODE`): auto starts as signal.
+pub fn initial_mode() -> &'static str {
+    match requested() {
+        Requested::Thread => "thread",
+        _ => "signal",
+    }
+}
+
+/// Looks at the objects loaded since the last look (all of them the first time); on a
+/// find, new regions get the handler thread. `at_start`: the runtime is not running yet,
+/// so no region has been made under signal delivery.
+pub fn check(at_start: bool) {
+    if requested() != Requested::Auto || DECIDED.load(Relaxed) {
+        return;
+    }
+    let found = with(|st| {
+        let generation = elf::generation();
+        if !at_start && generation == st.generation {
+            return None;
+        }
+        st.generation = generation;
+        elf::scan_new(
+            &mut st.seen,
+            &|name| delivery::library_reason(name).is_some(),
+            &|sym| delivery::symbol_reason(sym).is_some(),
+        )
+    });
+    let Some(f) = found else { return };
+    let reason = if f.by_import {
+        delivery::symbol_reason(&f.what)
+    } else {
+        delivery::library_reason(&f.what)
+    };
+    if delivery::choose(Requested::Auto, reason) != Chosen::Thread {
+        return;
+    }
+    let access = reason.map(|r| r.access).unwrap_or("");
+    let text = if f.by_import {
+        format!("{} imports {} ({access})", f.object, f.what)
+    } else {
+        format!("{} is loaded ({access})", f.what)
+    };
+    attune::paging::THREAD_FOR_NEW_REGIONS.store(true, Relaxed);
+    DECIDED.store(true, Relaxed);
+    with(|st| st.reason = Some(text.clone()));
+    let earlier = attune::runtime::engine_if_started()
+        .map(|e| e.pager.counters.regions_signal.load(Relaxed))
+        .unwrap_or(0);
+    let level = if at_start || earlier == 0 {
+        attune::log::Level::Info
+    } else {
+        attune::log::Level::Warn
+    };
+    let tail = if earlier == 0 {
+        String::new()
+    } else {
+        format!(
+            "; {earlier} region(s) made before keep signal delivery, and a kernel access to \
+             their non-resident pages outside a wrapped call fails with EFAULT (run with \
+             --fault-mode thread if its I/O reaches them)"
+        )
+    };
+    attune::log::emit(
+        level,
+        &format!("attune run: {text}: new regions use the handler thread{tail}"),
+    );
+    if !at_start {
+        keep_out_if_user_mode_only();
+    }
+}
+
+/// After a find, under a userfaultfd that sees user-mode faults only (an unprivileged user
+/// where `vm.unprivileged_userfaultfd=0`), the handler thread cannot serve the kernel's
+/// accesses either: new requests then go to the program's allocator, untiered but
+/// correct, and the user is told how to get kernel faults served. Called after the runtime
+/// starts, and after a late find.
+pub fn keep_out_if_user_mode_only() {
+    if !DECIDED.load(Relaxed) || KEPT_OUT.load(Relaxed) {
+        return;
+    }
+    let Some(e) = attune::runtime::engine_if_started() else {
+        return;
+    };
+    if !e.pager.user_mode_only() {
+        return;
+    }
+    KEPT_OUT.store(true, Relaxed);
+    let earlier = e.pager.counters.regions_signal.load(Relaxed)
+        + e.pager.counters.regions_thread.load(Relaxed);
+    attune::log::emit(
+        attune::log::Level::Warn,
+        &format!(
+            "attune run: {}; this process's userfaultfd sees user-mode faults only \
+             (vm.unprivileged_userfaultfd=0), so those kernel accesses would fail with \
+             EFAULT on non-resident pages: new allocations stay with the program's \
+             allocator, untiered{}. Kernel faults are served where /dev/userfaultfd is \
+             handed to the job (docs/design/run.md, \"Fault delivery\")",
+            with(|st| st.reason.clone()).unwrap_or_default(),
+            if earlier > 0 {
+                format!(" ({earlier} region(s) made before stay managed)")
+            } else {
+                String::new()
+            }
+        ),
+    );
+}
+
+/// Whether new requests must stay with the program's allocator.
+pub fn kept_out() -> bool {
+    KEPT_OUT.load(Relaxed)
+}
+
+/// Marks everything loaded now as looked at without judging it: the runtime's own
+/// libraries (libfabric for a remote tier) are not the program's.
+pub fn absorb_runtime_libraries() {
+    if requested() != Requested::Auto || DECIDED.load(Relaxed) {
+        return;
+    }
+    with(|st| {
+        st.generation = elf::generation();
+        let _ = elf::scan_new(&mut st.seen, &|_| false, &|_| false);
+    });
+}
+
+/// The delivery new regions get now, and why (for the report).
+pub fn current() -> (&'static str, Option<String>) {
+    let reason = with(|s| s.reason.clone());
+    let mode = match requested() {
+        Requested::Thread => "thread",
+        Requested::Signal => "signal",
+        Requested::Auto if DECIDED.load(Relaxed) => "thread",
+        Requested::Auto => "signal",
+    };
+    (mode, reason)
+}
+
+/// Fork: the child must not inherit the state's lock held by a thread that does not
+/// exist there; the prepare handler takes it, both sides give it back.
+pub fn before_fork() {
+    lock_gate();
+}
+
+pub fn after_fork() {
+    GATE.store(false, Release);
+}
+
+fn lock_gate() {
+    while GATE
+        .compare_exchange_weak(false, true, Acquire, Relaxed)
+        .is_err()
+    {
+        std::thread::yield_now();
+    }
+}
+
+/// Runs `f` on the state under the fork-safe gate.
+fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
+    lock_gate();
+    let r = f(&mut STATE.lock().unwrap_or_else(|p| p.into_inner()));
+    GATE.store(false, Release);
+    r
+}

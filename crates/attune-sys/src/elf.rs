@@ -1,0 +1,342 @@
+//! The objects the dynamic loader has loaded into this process, and the symbols each
+//! imports: read from their dynamic sections under the loader's lock
+//! (`dl_iterate_phdr`). `attune run` uses it to see whether a program can hand its memory
+//! to the kernel outside the calls the interposer wraps (`attune_policy::delivery`).
+//!
+//! An object's imports are the symbols its relocations name that it does not define
+//! (section index `SHN_UNDEF`): the PLT relocations (`DT_JMPREL`) and the others
+//! (`DT_RELA`), which hold the imports of data and of functions whose address is taken.
+//! Only `Elf64_Rela` tables are read (x86-64 and AArch64 use no other).
+//!
+//! Not signal-safe: it takes the loader's lock and allocates.
+
+use std::ffi::{c_int, c_void, CStr};
+
+#[repr(C)]
+struct Dyn {
+    tag: i64,
+    val: u64,
+}
+
+#[repr(C)]
+struct Rela {
+    offset: u64,
+    info: u64,
+    addend: i64,
+}
+
+#[repr(C)]
+struct Sym {
+    name: u32,
+    info: u8,
+    other: u8,
+    shndx: u16,
+    value: u64,
+    size: u64,
+}
+
+const PT_DYNAMIC: u32 = 2;
+const DT_NULL: i64 = 0;
+const DT_NEEDED: i64 = 1;
+const DT_PLTRELSZ: i64 = 2;
+const DT_STRTAB: i64 = 5;
+const DT_SYMTAB: i64 = 6;
+const DT_RELA: i64 = 7;
+const DT_RELASZ: i64 = 8;
+const DT_STRSZ: i64 = 10;
+const DT_PLTREL: i64 = 20;
+const DT_JMPREL: i64 = 23;
+
+/// What a scan found first: the object, and the library name or imported symbol that
+/// matched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found {
+    /// The loader's name of the object (the program itself: its `/proc/self/exe` path).
+    pub object: String,
+    /// The matching library name (the object's own) or imported symbol.
+    pub what: String,
+    pub by_import: bool,
+}
+
+/// Objects already scanned, by load base and name (a base alone could be reused by
+/// another object after a `dlclose`).
+#[derive(Default, Debug)]
+pub struct Seen(Vec<(usize, String)>);
+
+impl Seen {
+    pub const fn new() -> Seen {
+        Seen(Vec::new())
+    }
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// The loader's counts of objects ever added and removed: they change with every
+/// `dlopen` that loads and every `dlclose` that unloads, so an unchanged pair means
+/// nothing new to scan. Costs one lock round trip.
+pub fn generation() -> (u64, u64) {
+    unsafe extern "C" fn first(
+        info: *mut libc::dl_phdr_info,
+        _: usize,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: the loader passes a valid info for the call; data is our &mut (u64, u64).
+        unsafe {
+            let out = &mut *(data as *mut (u64, u64));
+            *out = ((*info).dlpi_adds, (*info).dlpi_subs);
+        }
+        1
+    }
+    let mut g = (0u64, 0u64);
+    // SAFETY: the callback only reads the info and writes through data, which outlives
+    // the call.
+    unsafe { libc::dl_iterate_phdr(Some(first), &mut g as *mut _ as *mut c_void) };
+    g
+}
+
+struct Scan<'a> {
+    seen: &'a mut Seen,
+    library: &'a dyn Fn(&str) -> bool,
+    import: &'a dyn Fn(&str) -> bool,
+    found: Option<Found>,
+}
+
+/// Scans the objects loaded since the last scan with `seen` (all, the first time) and
+/// returns the first whose own name satisfies `library` or which imports a symbol that
+/// satisfies `import`. Every object looked at is added to `seen`, also after a find.
+pub fn scan_new(
+    seen: &mut Seen,
+    library: &dyn Fn(&str) -> bool,
+    import: &dyn Fn(&str) -> bool,
+) -> Option<Found> {
+    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
+        // SAFETY: data is the &mut Scan passed below; info is valid for the call, and the
+        // loader's lock keeps the object mapped while we read its dynamic section.
+        unsafe {
+            let s = &mut *(data as *mut Scan);
+            let info = &*info;
+            let base = info.dlpi_addr as usize;
+            let mut name = if info.dlpi_name.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(info.dlpi_name)
+                    .to_string_lossy()
+                    .into_owned()
+            };
+            if s.seen.0.iter().any(|(b, n)| *b == base && *n == name) {
+                return 0;
+            }
+            s.seen.0.push((base, name.clone()));
+            if s.found.is_some() {
+                return 0; // only record the rest as seen
+            }
+            if name.is_empty() {
+                // The program itself.
+                name = std::fs::read_link("/proc/self/exe")
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_else(|_| "the program".into());
+            } else if (s.library)(&name) {
+                s.found = Some(Found {
+                    object: name.clone(),
+                    what: name,
+                    by_import: false,
+                });
+                return 0;
+            }
+            let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
+            let Some(dynamic) = phdrs.iter().find(|p| p.p_type == PT_DYNAMIC) else {
+                return 0;
+            };
+            if let Some(sym) = find_import(base, base + dynamic.p_vaddr as usize, s.import) {
+                s.found = Some(Found {
+                    object: name,
+                    what: sym,
+                    by_import: true,
+                });
+            }
+        }
+        0
+    }
+    let mut scan = Scan {
+        seen,
+        library,
+        import,
+        found: None,
+    };
+    // SAFETY: the callback reads only what the loader hands it and the dynamic sections
+    // of loaded objects; scan outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(each), &mut scan as *mut Scan as *mut c_void) };
+    scan.found
+}
+
+/// The first symbol the object at `base` with dynamic section `dynamic` imports that
+/// satisfies `want`.
+///
+/// # Safety
+/// `dynamic` must be the dynamic section of an object the loader keeps mapped for the
+/// call (its lock held).
+unsafe fn find_import(base: usize, dynamic: usize, want: &dyn Fn(&str) -> bool) -> Option<String> {
+    // glibc relocates the address entries of a writable dynamic section in place; the
+    // vDSO's and a read-only one's stay offsets from the base.
+    let addr = |v: u64| -> usize {
+        let v = v as usize;
+        if v < base {
+            base + v
+        } else {
+            v
+        }
+    };
+    let (mut strtab, mut strsz, mut symtab) = (0usize, 0usize, 0usize);
+    let (mut jmprel, mut pltrelsz, mut pltrel) = (0usize, 0usize, DT_RELA);
+    let (mut rela, mut relasz) = (0usize, 0usize);
+    let mut d = dynamic as *const Dyn;
+    // SAFETY (whole function): the dynamic section ends with DT_NULL; the tables it names
+    // lie in the object's mapped segments, which the loader itself read to relocate it.
+    unsafe {
+        for _ in 0..4096 {
+            let e = &*d;
+            match e.tag {
+                DT_NULL => break,
+                DT_STRTAB => strtab = addr(e.val),
+                DT_STRSZ => strsz = e.val as usize,
+                DT_SYMTAB => symtab = addr(e.val),
+                DT_JMPREL => jmprel = addr(e.val),
+                DT_PLTRELSZ => pltrelsz = e.val as usize,
+                DT_PLTREL => pltrel = e.val as i64,
+                DT_RELA => rela = addr(e.val),
+                DT_RELASZ => relasz = e.val as usize,
+                _ => {}
+            }
+            d = d.add(1);
+        }
+        if strtab == 0 || symtab == 0 {
+            return None;
+        }
+        let mut tables = vec![(rela, relasz)];
+        if pltrel == DT_RELA {
+            tables.push((jmprel, pltrelsz));
+        }
+        for (table, size) in tables {
+            if table == 0 {
+                continue;
+            }
+            let n = size / std::mem::size_of::<Rela>();
+            let relocs = std::slice::from_raw_parts(table as *const Rela, n);
+            for r in relocs {
+                let index = (r.info >> 32) as usize;
+                if index == 0 {
+                    continue; // relative and IRELATIVE relocations name no symbol
+                }
+                let sym = &*(symtab as *const Sym).add(index);
+                if sym.shndx != 0 || sym.name == 0 || (strsz != 0 && sym.name as usize >= strsz) {
+                    continue;
+                }
+                let name = CStr::from_ptr((strtab + sym.name as usize) as *const libc::c_char);
+                if let Ok(name) = name.to_str() {
+                    if want(name) {
+                        return Some(name.to_string());
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
+/// The libraries the object named `needle` (a file-name part of the loader's name) says it
+/// needs (`DT_NEEDED`), for tests and diagnostics.
+pub fn needed_of(needle: &str) -> Vec<String> {
+    struct Q<'a> {
+        needle: &'a str,
+        out: Vec<String>,
+    }
+    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
+        // SAFETY: as in scan_new.
+        unsafe {
+            let q = &mut *(data as *mut Q);
+            let info = &*info;
+            if info.dlpi_name.is_null() {
+                return 0;
+            }
+            let name = CStr::from_ptr(info.dlpi_name).to_string_lossy();
+            if !name.contains(q.needle) {
+                return 0;
+            }
+            let base = info.dlpi_addr as usize;
+            let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
+            let Some(dynamic) = phdrs.iter().find(|p| p.p_type == PT_DYNAMIC) else {
+                return 0;
+            };
+            let mut d = (base + dynamic.p_vaddr as usize) as *const Dyn;
+            let mut strtab = 0usize;
+            let mut needed = Vec::new();
+            loop {
+                let e = &*d;
+                match e.tag {
+                    DT_NULL => break,
+                    DT_STRTAB => strtab = e.val as usize,
+                    DT_NEEDED => needed.push(e.val as usize),
+                    _ => {}
+                }
+                d = d.add(1);
+            }
+            if strtab < base {
+                strtab += base;
+            }
+            for off in needed {
+                let s = CStr::from_ptr((strtab + off) as *const libc::c_char);
+                q.out.push(s.to_string_lossy().into_owned());
+            }
+            1
+        }
+    }
+    let mut q = Q {
+        needle,
+        out: Vec::new(),
+    };
+    // SAFETY: as in scan_new.
+    unsafe { libc::dl_iterate_phdr(Some(each), &mut q as *mut Q as *mut c_void) };
+    q.out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_test_binary_imports_what_it_calls_and_nothing_else() {
+        let mut seen = Seen::default();
+        // Every Rust test binary imports `malloc` (through std's allocator).
+        let f = scan_new(&mut seen, &|_| false, &|s| s == "malloc").expect("malloc import");
+        assert!(f.by_import);
+        assert_eq!(f.what, "malloc");
+        assert!(!seen.is_empty());
+        // A name nothing imports is not found, and nothing is found twice.
+        let mut fresh = Seen::default();
+        assert_eq!(
+            scan_new(&mut fresh, &|_| false, &|s| s == "no_such_symbol_xyz"),
+            None
+        );
+        assert_eq!(
+            scan_new(&mut fresh, &|_| true, &|_| true),
+            None,
+            "all seen already"
+        );
+    }
+
+    #[test]
+    fn libraries_by_name_and_generation() {
+        let mut seen = Seen::default();
+        let f = scan_new(&mut seen, &|n| n.contains("libc.so"), &|_| false).expect("libc loaded");
+        assert!(!f.by_import && f.object.contains("libc.so"));
+        let (adds, subs) = generation();
+        assert!(adds >= seen.len() as u64 && subs <= adds, "{adds} {subs}");
+        assert!(needed_of("libc.so")
+            .iter()
+            .any(|n| n.starts_with("ld-linux")));
+    }
+}
