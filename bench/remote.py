@@ -57,15 +57,17 @@ def attune_bench(h, env, only):
     argv = ["env", *[f"{k}={v}" for k, v in env.items()], ATTUNE, "bench", "--core-only", "--reps",
             "1", "--only", only, "--out", out]
     cmd = h.on_client(argv) if h else argv
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"{' '.join(map(str, cmd))} failed:\n{r.stdout}\n{r.stderr}")
-    got = {}
-    for s in json.load(open(os.path.join(out, "bench.json")))["results"]:
-        for k, v in s.get("metrics", {}).items():
-            got[(s["scenario"], k)] = v["median"]
-    subprocess.run(["rm", "-rf", out])
-    return got
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"{' '.join(map(str, cmd))} failed:\n{r.stdout}\n{r.stderr}")
+        got = {}
+        for s in json.load(open(os.path.join(out, "bench.json")))["results"]:
+            for k, v in s.get("metrics", {}).items():
+                got[(s["scenario"], k)] = v["median"]
+        return got
+    finally:
+        subprocess.run(["rm", "-rf", out])
 
 
 def main():

@@ -485,7 +485,7 @@ fi
 # statistics directory it leaves is removed by the next run of the same user.
 cat > "$RT/killed_run.sh" <<'EOS'
 #!/bin/bash
-T=$(mktemp -d /tmp/attune-killed.XXXXXX); export TMPDIR=$T
+T=$(mktemp -d /tmp/attune-killed.XXXXXX); export TMPDIR=$T; trap 'rm -rf "$T"' EXIT
 "$1" run -q --dram 16M -- sleep 60 & run=$!
 for _ in $(seq 100); do prog=$(pgrep -P $run -x sleep) && break; sleep 0.05; done
 [ -n "$prog" ] || { echo "no program started"; exit 3; }
@@ -496,7 +496,7 @@ left=$(ls "$T" | grep -c '^attune-run-')
 "$1" run -q --dram 16M -- true
 after=$(ls "$T" | grep -c '^attune-run-')
 echo "program ended with its launcher; directories left $left, after the next run $after"
-rm -rf "$T"; [ "$left" = 1 ] && [ "$after" = 0 ]
+[ "$left" = 1 ] && [ "$after" = 0 ]
 EOS
 chmod +x "$RT/killed_run.sh"
 expect run-sigkill-takes-the-program-and-leaves-nothing 0 "program ended with its launcher; directories left 1, after the next run 0" "$RT/killed_run.sh" "$ATT"

@@ -675,6 +675,9 @@ pub struct RegionStats {
     pub readahead_chunks: u64,
     pub clean_skips: u64,
     pub heat: u64,
+    /// How the region's faults are resolved: "signal" or "thread" ("" on NUMA tiers,
+    /// which take no faults of ours).
+    pub delivery: &'static str,
 }
 
 pub fn region_stats(ptr: usize) -> Result<RegionStats, Errno> {
@@ -714,6 +717,10 @@ pub fn region_stats(ptr: usize) -> Result<RegionStats, Errno> {
         readahead_chunks: c.readahead_chunks.load(Relaxed),
         clean_skips: c.clean_skips.load(Relaxed),
         heat: r.heat_total(),
+        delivery: match r.delivery {
+            attune_sys::uffd::Delivery::Signal => "signal",
+            attune_sys::uffd::Delivery::Thread => "thread",
+        },
     })
 }
 

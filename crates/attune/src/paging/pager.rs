@@ -143,8 +143,12 @@ pub struct Pager {
     pub resident: AtomicU64,
     /// Bytes of dedicated regions allocated (capacity check).
     pub committed: AtomicU64,
-    /// Highest `resident` seen after a fault's reservation (reports).
+    /// Highest `resident` seen after a fault's reservation (reports), less the bytes
+    /// other faulting threads had reserved but not yet made room for (`reserving`).
     pub peak_resident: AtomicU64,
+    /// Bytes reserved by faults whose reclaim has not finished yet: under signal delivery
+    /// several threads reserve at once, and each one's room is made by its own reclaim.
+    pub(crate) reserving: AtomicU64,
     /// Bytes of pinned chunks over all regions.
     pub pinned: AtomicU64,
     /// Bytes of resident chunks in the active class (refaulted soon after eviction).
@@ -299,6 +303,7 @@ impl Pager {
             resident: AtomicU64::new(0),
             committed: AtomicU64::new(0),
             peak_resident: AtomicU64::new(0),
+            reserving: AtomicU64::new(0),
             pinned: AtomicU64::new(0),
             wake_evictor: os::EventFd::new().map_err(|e| InitError(format!("eventfd: {e}")))?,
             drop_behind: super::behind::DropBehind::new(),

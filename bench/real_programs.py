@@ -1,0 +1,186 @@
+"""Real programs, unmodified, at half their peak RSS: `attune run` (its default fault
+delivery, and the handler thread for comparison) against the kernel's swap on a zram
+device of ours under a cgroup memory limit of the same size, next to the program with all
+the memory it wants (IE). Environments are interleaved run by run in one invocation;
+every answer is checked (the program's own check, or its output's hash against IE's).
+Needs root (swap and cgroups). Issue 24's benchmark; results in docs/benchmarks.md.
+
+The limit is half the program's peak RSS under IE. Attune's budget covers the memory it
+manages (allocations of at least the run threshold), so the program's other memory,
+measured under `attune run` without pressure (peak RSS less the managed peak), is taken
+off the budget: both run in the same total.
+
+Usage: python3 bench/real_programs.py [--reps 3] [--only numpy,igraph,zstd,sort,openmp,jemalloc]
+"""
+import argparse
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..")
+ATT = os.path.join(ROOT, "build", "bin", "attune")
+PY = sys.executable
+
+
+def sha(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+def make_inputs(d):
+    """Input files, made once per invocation (not timed)."""
+    rnd = random.Random(7)
+    # zstd --long: 256 MiB whose 32 MiB blocks repeat with small changes far apart.
+    block = bytearray(rnd.randbytes(32 << 20))
+    with open(os.path.join(d, "long.bin"), "wb") as f:
+        for i in range(8):
+            for _ in range(64):
+                block[rnd.randrange(len(block))] = rnd.randrange(256)
+            f.write(block)
+    # sort: 6 M lines of random keys and payloads (about 160 MiB).
+    with open(os.path.join(d, "lines.txt"), "w") as f:
+        for _ in range(6_000_000 // 1000):
+            f.write("".join(f"{rnd.getrandbits(48):015d} {rnd.getrandbits(32):010d}\n" for _ in range(1000)))
+
+
+def programs(d):
+    """name -> (argv, environment, check(stdout, workdir) -> answer or None)."""
+    def line(tag):
+        return lambda out, _w: tag if tag in out else None
+
+    def zstd_check(_out, w):
+        r = subprocess.run(["zstd", "-q", "-d", "-f", os.path.join(w, "out.zst"), "-o", os.path.join(w, "back.bin")],
+                           capture_output=True)
+        return r.returncode == 0 and sha(os.path.join(w, "back.bin")) == sha(os.path.join(d, "long.bin")) or None
+
+    def sort_check(_out, w):
+        return sha(os.path.join(w, "sorted.txt"))
+
+    return {
+        "numpy": ([PY, os.path.join(ROOT, "tests/run/numpy_work.py"), "256"], {}, line("numpy_work: OK")),
+        "igraph": ([PY, os.path.join(HERE, "workloads/sc_bfs.py"), "256"], {}, line("RESULT sc OK")),
+        "zstd": (["sh", "-c", f"zstd -q -f -T1 -3 --long=28 {d}/long.bin -o \"$W/out.zst\""], {}, zstd_check),
+        "sort": (["sh", "-c", f"sort -S 1G --parallel=1 {d}/lines.txt -o \"$W/sorted.txt\""], {"LC_ALL": "C"},
+                 sort_check),
+        "openmp": ([os.path.join(d, "omp_stream"), "256"], {"OMP_NUM_THREADS": "2"}, line("omp_stream: OK")),
+        "jemalloc": ([os.path.join(d, "allocators_jemalloc"), "256"], {}, line("allocators: OK")),
+    }
+
+
+def build(d):
+    subprocess.run(["gcc", "-O2", "-fopenmp", os.path.join(ROOT, "tests/run/omp_stream.c"), "-o",
+                    os.path.join(d, "omp_stream")], check=True)
+    subprocess.run(["gcc", "-O2", "-DUSE_JEMALLOC", os.path.join(ROOT, "tests/run/allocators.c"), "-o",
+                    os.path.join(d, "allocators_jemalloc"), "-ljemalloc", "-lpthread"], check=True)
+
+
+def once(prefix, argv, env, check, work):
+    """(seconds, answer, killed, peak RSS in bytes of the largest process) of one run."""
+    os.makedirs(work, exist_ok=True)
+    e = {**os.environ, **env, "W": work}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t = time.perf_counter()
+        p = subprocess.Popen(prefix + argv, stdout=out, stderr=err, env=e)
+        _, status, ru = os.wait4(p.pid, 0)
+        secs = time.perf_counter() - t
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    rc = p.returncode
+    # The kernel's OOM killer: SIGKILL of the program (kernel-swap passes 128+9 on).
+    killed = rc in (137, -9)
+    answer = check(stdout, work) if rc == 0 else None
+    if rc != 0 and not killed:
+        sys.exit(f"{' '.join(prefix + argv)} failed ({rc}): {stdout[-300:]} {stderr[-600:]}")
+    shutil.rmtree(work, ignore_errors=True)
+    return secs, answer, killed, ru.ru_maxrss * 1024
+
+
+def footprint(argv, env, check, work):
+    """Peak RSS under IE, and the part of it Attune would not manage."""
+    _, ans, _, rss = once([], argv, env, check, work)
+    if ans is None:
+        sys.exit(f"{argv}: no answer")
+    with tempfile.NamedTemporaryFile(suffix=".json") as rep:
+        _, ans, _, rss_att = once([ATT, "run", "-q", "--dram", "100%", "--report", rep.name, "--"], argv, env, check,
+                                  work)
+        if ans is None:
+            sys.exit(f"{argv}: no answer under attune run without pressure")
+        r = json.load(open(rep.name))
+    managed = max((p.get("peak_resident_bytes", 0) for p in r["per_process"]), default=0)
+    return rss, max(rss_att - managed, 0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--only", default="numpy,igraph,zstd,sort,openmp,jemalloc")
+    a = ap.parse_args()
+    d = tempfile.mkdtemp(prefix="attune-real-")
+    try:
+        make_inputs(d)
+        build(d)
+        progs = programs(d)
+        rows = []
+        for name in a.only.split(","):
+            argv, env, check = progs[name]
+            work = os.path.join(d, "w")
+            foot, other = footprint(argv, env, check, work)
+            limit = foot // 2
+            budget = max(limit - other, 16 << 20)
+            envs = {
+                "IE": [],
+                "attune run": [ATT, "run", "-q", "--dram", f"{budget >> 20}M", "--"],
+                "attune run (thread)": [ATT, "run", "-q", "--fault-mode", "thread", "--dram", f"{budget >> 20}M", "--"],
+                "kernel swap (zram)": [ATT, "kernel-swap", "--limit", f"{limit >> 20}M", "--swap", "memory", "--"],
+            }
+            times = {k: [] for k in envs}
+            answers, kills = {}, {k: 0 for k in envs}
+            for _ in range(a.reps):
+                for k, prefix in envs.items():
+                    secs, ans, killed, _ = once(prefix, argv, env, check, work)
+                    if killed:
+                        kills[k] += 1
+                        continue
+                    if ans is None:
+                        sys.exit(f"{name} under {k}: wrong answer")
+                    answers.setdefault(ans, []).append(k)
+                    times[k].append(secs)
+            if len(answers) != 1:
+                sys.exit(f"{name}: answers differ between environments: {answers}")
+            rows.append((name, foot, limit, budget, times, kills))
+            ie = statistics.median(times["IE"])
+            att = statistics.median(times["attune run"])
+            print(f"| {name} | {foot >> 20} | {limit >> 20} | {budget >> 20} | " + " | ".join(
+                (f"{statistics.median(v):.2f} ({statistics.median(v) / ie:.2f}x)" if v else "OOM-killed")
+                + (f", {kills[k]} killed" if kills[k] and v else "")
+                for k, v in times.items()) + " | " + (
+                f"{statistics.median(times['kernel swap (zram)']) / att:.2f}x" if times["kernel swap (zram)"] else "-")
+                + " |", flush=True)
+        ratios = [statistics.median(t["kernel swap (zram)"]) / statistics.median(t["attune run"])
+                  for _, _, _, _, t, _ in rows if t["kernel swap (zram)"]]
+        if ratios:
+            g = math.exp(sum(map(math.log, ratios)) / len(ratios))
+            print(f"\ngeometric mean of kernel swap over attune run, where the kernel finished: {g:.2f}x")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    print("| program | IE peak RSS (MiB) | limit (MiB) | attune budget (MiB) | IE (s) | attune run | attune run (thread) "
+          "| kernel swap (zram) | kernel / attune |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    main()
