@@ -61,7 +61,7 @@ def programs(d):
         return lambda out, _w: tag if tag in out else None
 
     def zstd_check(_out, w):
-        r = subprocess.run(["zstd", "-q", "-d", "-f", os.path.join(w, "out.zst"), "-o", os.path.join(w, "back.bin")],
+        r = subprocess.run(["zstd", "-q", "-d", "-f", "--long=28", os.path.join(w, "out.zst"), "-o", os.path.join(w, "back.bin")],
                            capture_output=True)
         return r.returncode == 0 and sha(os.path.join(w, "back.bin")) == sha(os.path.join(d, "long.bin")) or None
 
