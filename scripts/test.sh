@@ -344,6 +344,11 @@ for b in uring:liburing libaio:io_submit posix:aio_; do
 done
 expect run-auto-thread-late-dlopen 0 "new regions use the handler thread; 1 region.s. made before keep signal.*async_io: OK late.*auto: 1 region.s. by signal, 1 by the handler thread" sh -c "'$ATT' run --dram 16M -- '$RT/async_late' '$RT' 64 2>&1 | tr '\\n' ' '"
 expect run-signal-async-efault 1 "io_uring read: Bad address" "$ATT" run -q --fault-mode signal --dram 16M -- "$RT/async_uring" "$RT" 64
+# Another userfaultfd in the program: registering managed memory gets EBUSY (one range,
+# one userfaultfd), the managed data is intact, and the program's own memory is served by
+# its own handler (docs/reliability.md).
+gcc -O2 tests/run/own_uffd.c -o "$RT/own_uffd" -lpthread || { fail=$((fail+1)); failed+=(build-own-uffd); }
+expect run-own-uffd 0 "own_uffd: OK" "$ATT" run -q --dram 16M -- "$RT/own_uffd" 64
 # Footprint 4-5x the budget; the report's schema, exit status and DRAM peak are checked.
 expect run-c 0 "c_matrix: OK" sh -c "'$ATT' run --dram 32M --report '$RT/c.json' -- '$RT/c_matrix' 128 && $CHECK '$RT/c.json' --exit 0 --min-procs 1 --budget-slack 2097152"
 # Who evicts under `attune run` (thread delivery): the background evictor keeps the
@@ -516,7 +521,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/n
   mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
   cp "$PREFIX/bin/attune" "$PREFIX/bin/attune-lab" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
   for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain readahead deny_syscalls; do cp "$OUT/$t" "$UP/bin/"; done
-  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$UP/bin/" 2>/dev/null
+  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$RT/own_uffd" "$UP/bin/" 2>/dev/null
   gcc -O2 -Wno-stringop-overflow tests/run/syscalls_io.c -o "$UP/bin/syscalls_io" -lpthread || { fail=$((fail+1)); failed+=(build-syscalls-io); }
   chmod -R a+rX "$UP/bin" "$UP/lib"
   cp tests/run/numpy_work.py "$UP/bin/"
@@ -594,6 +599,7 @@ assert d["user_mode_only"] == (not full and not dev), d
   for b in uring posix; do
     expect "unpriv-run-async-handed-device-$b" 0 "async_io: OK $b 64 MiB VmHWM_MiB=([0-9]|[1-3][0-9]|4[0-7]) " sh -c "exec 9<>/dev/userfaultfd; ATTUNE_USERFAULTFD_FD=9 runuser -u nobody -- '$UP/bin/attune' run -q --far file --dram 16M -- '$UP/bin/async_$b' '$UP/work' 64 2>&1 | tr '\\n' ' '"
   done
+  expect unpriv-run-own-uffd 0 "own_uffd: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/own_uffd" 64
   expect unpriv-run-syscalls-io-no6x 0 "syscalls_io: OK" runuser -u nobody -- env ATTUNE_KERNEL_FEATURES=-all "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/syscalls_io" "$UP/work" 64
   # SIGKILL of attune run, as a user: the program ends with it, the directory goes next run.
   cp "$RT/killed_run.sh" "$UP/bin/" && chmod 755 "$UP/bin/killed_run.sh"
