@@ -37,7 +37,6 @@ struct Sym {
 
 const PT_DYNAMIC: u32 = 2;
 const DT_NULL: i64 = 0;
-const DT_NEEDED: i64 = 1;
 const DT_PLTRELSZ: i64 = 2;
 const DT_STRTAB: i64 = 5;
 const DT_SYMTAB: i64 = 6;
@@ -247,62 +246,6 @@ unsafe fn find_import(base: usize, dynamic: usize, want: &dyn Fn(&str) -> bool) 
     None
 }
 
-/// The libraries the object named `needle` (a file-name part of the loader's name) says it
-/// needs (`DT_NEEDED`), for tests and diagnostics.
-pub fn needed_of(needle: &str) -> Vec<String> {
-    struct Q<'a> {
-        needle: &'a str,
-        out: Vec<String>,
-    }
-    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
-        // SAFETY: as in scan_new.
-        unsafe {
-            let q = &mut *(data as *mut Q);
-            let info = &*info;
-            if info.dlpi_name.is_null() {
-                return 0;
-            }
-            let name = CStr::from_ptr(info.dlpi_name).to_string_lossy();
-            if !name.contains(q.needle) {
-                return 0;
-            }
-            let base = info.dlpi_addr as usize;
-            let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
-            let Some(dynamic) = phdrs.iter().find(|p| p.p_type == PT_DYNAMIC) else {
-                return 0;
-            };
-            let mut d = (base + dynamic.p_vaddr as usize) as *const Dyn;
-            let mut strtab = 0usize;
-            let mut needed = Vec::new();
-            loop {
-                let e = &*d;
-                match e.tag {
-                    DT_NULL => break,
-                    DT_STRTAB => strtab = e.val as usize,
-                    DT_NEEDED => needed.push(e.val as usize),
-                    _ => {}
-                }
-                d = d.add(1);
-            }
-            if strtab < base {
-                strtab += base;
-            }
-            for off in needed {
-                let s = CStr::from_ptr((strtab + off) as *const libc::c_char);
-                q.out.push(s.to_string_lossy().into_owned());
-            }
-            1
-        }
-    }
-    let mut q = Q {
-        needle,
-        out: Vec::new(),
-    };
-    // SAFETY: as in scan_new.
-    unsafe { libc::dl_iterate_phdr(Some(each), &mut q as *mut Q as *mut c_void) };
-    q.out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,8 +278,5 @@ mod tests {
         assert!(!f.by_import && f.object.contains("libc.so"));
         let (adds, subs) = generation();
         assert!(adds >= seen.len() as u64 && subs <= adds, "{adds} {subs}");
-        assert!(needed_of("libc.so")
-            .iter()
-            .any(|n| n.starts_with("ld-linux")));
     }
 }
