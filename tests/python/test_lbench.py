@@ -34,13 +34,14 @@ def sweep():
 
 
 def test_slowdown_rises_with_level():
-    # A sweep in which even the full level did not slow the probe at all is measured
-    # again, twice at most: on this shared VM the generator's vCPU can be held off by the
-    # host for a whole sweep (a CI run on 2026-11-26 read 1.00/1.00/1.01/0.99 at levels
-    # 0/20/50/100, where other runs read 0.68-0.84 at 100).
+    # A sweep in which even the full level did not slow the probe at all, or in which the
+    # generator made less traffic at a higher level, is measured again, twice at most: on
+    # this shared VM the generator's vCPU can be held off by the host for a whole sweep (a
+    # CI run on 2026-11-26 read 1.00/1.00/1.01/0.99 at levels 0/20/50/100, where other runs
+    # read 0.68-0.84 at 100; one on 2026-11-27 read traffic of 27.9% at level 20, 20.6% at 50).
     for _ in range(3):
         perf, gen = sweep()
-        if perf[100] < 0.97:
+        if perf[100] < 0.97 and gen[20] < gen[50] < gen[100]:
             break
     assert gen[0] == 0 and gen[20] < gen[50] < gen[100]
     assert perf[0] == 1.0
