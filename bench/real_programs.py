@@ -1,16 +1,17 @@
-"""Real programs, unmodified, at half their peak RSS: `attune run` (its default fault
+"""Real programs, unmodified, at a share of their peak RSS (half by default): `attune run` (its default fault
 delivery, and the handler thread for comparison) against the kernel's swap on a zram
 device of ours under a cgroup memory limit of the same size, next to the program with all
 the memory it wants (IE). Environments are interleaved run by run in one invocation;
 every answer is checked (the program's own check, or its output's hash against IE's).
 Needs root (swap and cgroups). Issue 24's benchmark; results in docs/benchmarks.md.
 
-The limit is half the program's peak RSS under IE. Attune's budget covers the memory it
+The limit is the share (--fractions, 0.5 by default) of the program's peak RSS under IE. Attune's budget covers the memory it
 manages (allocations of at least the run threshold), so the program's other memory,
 measured under `attune run` without pressure (peak RSS less the managed peak), is taken
 off the budget: both run in the same total.
 
-Usage: python3 bench/real_programs.py [--reps 3] [--only numpy,igraph,zstd,sort,openmp,jemalloc]
+Usage: python3 bench/real_programs.py [--reps 3] [--fractions 0.5]
+                                     [--only numpy,igraph,zstd,sort,openmp,jemalloc,btree]
 """
 import argparse
 import hashlib
@@ -76,6 +77,9 @@ def programs(d):
                  sort_check),
         "openmp": ([os.path.join(d, "omp_stream"), "256"], {"OMP_NUM_THREADS": "2"}, line("omp_stream: OK")),
         "jemalloc": ([os.path.join(d, "allocators_jemalloc"), "256"], {}, line("allocators: OK")),
+        # An in-memory B-tree index build (issue 28): 1 M random keys, peak RSS about 440 MB.
+        "btree": ([PY, os.path.join(HERE, "workloads/btree_index.py"), "1000000"], {},
+                  lambda out, _w: out.split("btree_index: OK")[-1].strip() if "btree_index: OK" in out else None),
     }
 
 
@@ -128,18 +132,28 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", default="numpy,igraph,zstd,sort,openmp,jemalloc")
+    ap.add_argument("--fractions", default="0.5", help="limits as shares of the IE peak RSS, comma-separated")
+    ap.add_argument("--skip-thread", action="store_true", help="leave out attune run under thread delivery")
     a = ap.parse_args()
+    cols = ["IE (s)", "attune run"] + ([] if a.skip_thread else ["attune run (thread)"]) + ["kernel swap (zram)"]
+    print("| program | IE peak RSS (MiB) | limit (MiB) | attune budget (MiB) | " + " | ".join(cols)
+          + " | kernel / attune |")
+    print("|---" * (len(cols) + 5) + "|", flush=True)
     d = tempfile.mkdtemp(prefix="attune-real-")
     try:
         make_inputs(d)
         build(d)
         progs = programs(d)
         rows = []
+        jobs = []
         for name in a.only.split(","):
             argv, env, check = progs[name]
             work = os.path.join(d, "w")
             foot, other = footprint(argv, env, check, work)
-            limit = foot // 2
+            for frac in map(float, a.fractions.split(",")):
+                jobs.append((name, argv, env, check, work, foot, other, frac))
+        for name, argv, env, check, work, foot, other, frac in jobs:
+            limit = int(foot * frac)
             budget = max(limit - other, 16 << 20)
             envs = {
                 "IE": [],
@@ -147,6 +161,8 @@ def main():
                 "attune run (thread)": [ATT, "run", "-q", "--fault-mode", "thread", "--dram", f"{budget >> 20}M", "--"],
                 "kernel swap (zram)": [ATT, "kernel-swap", "--limit", f"{limit >> 20}M", "--swap", "memory", "--"],
             }
+            if a.skip_thread:
+                del envs["attune run (thread)"]
             times = {k: [] for k in envs}
             answers, kills = {}, {k: 0 for k in envs}
             for _ in range(a.reps):
@@ -164,7 +180,7 @@ def main():
             rows.append((name, foot, limit, budget, times, kills))
             ie = statistics.median(times["IE"])
             att = statistics.median(times["attune run"])
-            print(f"| {name} | {foot >> 20} | {limit >> 20} | {budget >> 20} | " + " | ".join(
+            print(f"| {name} | {foot >> 20} | {limit >> 20} ({frac:.0%}) | {budget >> 20} | " + " | ".join(
                 (f"{statistics.median(v):.2f} ({statistics.median(v) / ie:.2f}x)" if v else "OOM-killed")
                 + (f", {kills[k]} killed" if kills[k] and v else "")
                 for k, v in times.items()) + " | " + (
@@ -180,7 +196,4 @@ def main():
 
 
 if __name__ == "__main__":
-    print("| program | IE peak RSS (MiB) | limit (MiB) | attune budget (MiB) | IE (s) | attune run | attune run (thread) "
-          "| kernel swap (zram) | kernel / attune |")
-    print("|---|---|---|---|---|---|---|---|---|")
     main()

@@ -349,6 +349,19 @@ expect run-signal-async-efault 1 "io_uring read: Bad address" "$ATT" run -q --fa
 # its own handler (docs/reliability.md).
 gcc -O2 tests/run/own_uffd.c -o "$RT/own_uffd" -lpthread || { fail=$((fail+1)); failed+=(build-own-uffd); }
 expect run-own-uffd 0 "own_uffd: OK" "$ATT" run -q --dram 16M -- "$RT/own_uffd" 64
+# Huge pages (docs/design/paging.md, "Huge pages"): a buffer wholly in DRAM goes on 2 MiB
+# pages within seconds (AnonHugePages in /proc/self/smaps); not with huge_pages=off or
+# CAP flags; under pressure the moves out split them and every word survives, in both
+# deliveries and across a fork.
+gcc -O2 tests/run/huge_pages.c -o "$RT/huge_pages" || { fail=$((fail+1)); failed+=(build-huge-pages); }
+expect run-huge-collapse 0 "huge_pages: 64 MiB buffer, 64 MiB on huge pages, 0 bad.*huge_pages: OK.*huge pages: 32 spans of 2 MiB collapsed" sh -c "'$ATT' run --dram 256M -- '$RT/huge_pages' check 64 10 64 64 2>&1 | tr '\n' ' '"
+expect run-huge-off 0 "huge_pages: OK" env ATTUNE_HUGE_PAGES=off "$ATT" run -q --dram 256M -- "$RT/huge_pages" check 64 2 0 0
+expect run-huge-cap 0 "huge_pages: OK" "$ATT" run -q --flags CAP --dram 256M -- "$RT/huge_pages" check 64 2 0 0
+for fm in signal thread; do
+  expect "run-huge-pressure-$fm" 0 "under pressure 0 bad words of the first buffer, 0 of the second.*huge_pages: OK.*collapsed \\([1-9][0-9]* split again by moves out" sh -c "'$ATT' run --fault-mode $fm --dram 100M -- '$RT/huge_pages' check 64 10 64 64 pressure 2>&1 | tr '\n' ' '"
+done
+# A fork leaves the huge pages shared: child and parent then evict, un-share and check.
+expect run-huge-fork 0 "huge_pages: child OK.*huge_pages: OK" sh -c "'$ATT' run --dram 100M -- '$RT/huge_pages' check 64 10 64 64 fork 2>&1 | tr '\n' ' '"
 # Footprint 4-5x the budget; the report's schema, exit status and DRAM peak are checked.
 expect run-c 0 "c_matrix: OK" sh -c "'$ATT' run --dram 32M --report '$RT/c.json' -- '$RT/c_matrix' 128 && $CHECK '$RT/c.json' --exit 0 --min-procs 1 --budget-slack 2097152"
 # Who evicts under `attune run` (thread delivery): the background evictor keeps the
@@ -449,6 +462,8 @@ ATTUNE_PRELOAD_LIB=/nonexistent/libattune_preload.so expect run-missing-preload-
 expect run-default-chunk 0 "check_report: OK" sh -c "'$ATT' run -q --dram 64M --report '$RT/ch.json' -- '$RT/crash' exit 0 && $CHECK '$RT/ch.json' --chunk 4096"
 # The transfer-unit benchmark runs (bench/unit.py; its figures in docs/benchmarks.md).
 expect bench-unit-smoke 0 "\\| random \\| 50% \\| adaptive \\|" python3 bench/unit.py --mib 32 --reps 1 --patterns seq,random
+# The huge-page benchmark runs, and a 32 MiB chase is all on huge pages under attune run.
+expect bench-huge-smoke 0 "attune auto +32 " python3 bench/huge.py --mib 32 --reps 1 --accesses 100000
 printf 'dram = "64M"\nchunk_size = "16K"\n' > "$RT/chunk.toml"
 expect run-config-chunk 0 "check_report: OK" sh -c "'$ATT' run -q --config '$RT/chunk.toml' --report '$RT/ch2.json' -- '$RT/crash' exit 0 && $CHECK '$RT/ch2.json' --chunk 16384"
 expect run-report-unwritable 0 "warning: cannot write the report" "$ATT" run --report /nonexistent-dir/r.json -- "$RT/crash" exit 0
@@ -521,7 +536,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/n
   mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
   cp "$PREFIX/bin/attune" "$PREFIX/bin/attune-lab" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
   for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain readahead deny_syscalls; do cp "$OUT/$t" "$UP/bin/"; done
-  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$RT/own_uffd" "$UP/bin/" 2>/dev/null
+  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$RT/own_uffd" "$RT/huge_pages" "$UP/bin/" 2>/dev/null
   gcc -O2 -Wno-stringop-overflow tests/run/syscalls_io.c -o "$UP/bin/syscalls_io" -lpthread || { fail=$((fail+1)); failed+=(build-syscalls-io); }
   chmod -R a+rX "$UP/bin" "$UP/lib"
   cp tests/run/numpy_work.py "$UP/bin/"
@@ -600,6 +615,7 @@ assert d["user_mode_only"] == (not full and not dev), d
     expect "unpriv-run-async-handed-device-$b" 0 "async_io: OK $b 64 MiB VmHWM_MiB=([0-9]|[1-3][0-9]|4[0-7]) " sh -c "exec 9<>/dev/userfaultfd; ATTUNE_USERFAULTFD_FD=9 runuser -u nobody -- '$UP/bin/attune' run -q --far file --dram 16M -- '$UP/bin/async_$b' '$UP/work' 64 2>&1 | tr '\\n' ' '"
   done
   expect unpriv-run-own-uffd 0 "own_uffd: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/own_uffd" 64
+  expect unpriv-run-huge-pressure 0 "under pressure 0 bad words of the first buffer, 0 of the second.*huge_pages: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 100M -- "$UP/bin/huge_pages" check 64 10 64 64 pressure
   expect unpriv-run-syscalls-io-no6x 0 "syscalls_io: OK" runuser -u nobody -- env ATTUNE_KERNEL_FEATURES=-all "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/syscalls_io" "$UP/work" 64
   # SIGKILL of attune run, as a user: the program ends with it, the directory goes next run.
   cp "$RT/killed_run.sh" "$UP/bin/" && chmod 755 "$UP/bin/killed_run.sh"

@@ -10,6 +10,7 @@ pub mod chunk;
 pub mod delivery;
 pub mod flags;
 pub mod heat;
+pub mod huge;
 pub mod numa;
 pub mod place;
 pub mod plan;

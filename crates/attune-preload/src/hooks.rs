@@ -13,8 +13,10 @@
 //!   (Python's arenas, allocators that map directly); munmap and mremap must then know them.
 //! * madvise: MADV_DONTNEED, MADV_FREE and MADV_REMOVE inside one managed mapping drop its
 //!   content through the runtime (`attune_discard`: pages in a far tier too).
-//! * madvise: MADV_HUGEPAGE on managed memory is ignored (the runtime places 4 KiB to
-//!   2 MiB chunks itself; numpy asks for huge pages on every large array).
+//! * madvise: MADV_HUGEPAGE on managed memory is ignored (the runtime decides which
+//!   resident spans go on huge pages, `attune::paging::huge`; numpy asks for huge pages on
+//!   every large array). MADV_NOHUGEPAGE reaches the kernel, and the runtime then never
+//!   collapses that memory.
 
 use crate::{ready, settings, table, Busy, SMALL, THRESHOLD};
 use attune::paging::AllocOptions;

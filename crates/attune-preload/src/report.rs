@@ -90,6 +90,7 @@ fn cmdline() -> Vec<String> {
 pub fn snapshot(final_: bool) -> serde_json::Value {
     let tiers = attune::runtime::tier_stats().unwrap_or_default();
     let mut regions = attune::runtime::all_region_stats();
+    let huge_bytes: u64 = regions.iter().map(|(_, s)| s.huge_bytes).sum();
     regions.sort_by_key(|(_, s)| std::cmp::Reverse((s.heat, s.faults, s.size)));
     let top: Vec<serde_json::Value> = regions
         .iter()
@@ -125,6 +126,7 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "delivery": delivery.0,
         "delivery_reason": delivery.1,
         "kept_out": crate::delivery::kept_out(),
+        "huge_bytes": huge_bytes,
         "uffd_user_mode_only": attune::runtime::engine_if_started().map(|e| e.pager.user_mode_only()),
         "kernel_fallbacks": e.map(|e| e.pager.kernel_fallbacks()),
         "io_retried_calls": capi::io::RETRIED.load(Relaxed),

@@ -182,6 +182,33 @@ pub fn advise(addr: usize, len: usize, advice: i32) -> SysResult<()> {
 
 pub use libc::{MADV_DONTFORK, MADV_DONTNEED, MADV_HUGEPAGE, MADV_NOHUGEPAGE, MADV_POPULATE_WRITE};
 
+/// Outcome of [`collapse`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Collapse {
+    /// The range is on huge pages now.
+    Done,
+    /// Not now: a page of it is missing, zero, shared or busy, or no huge page could be
+    /// allocated (EAGAIN, ENOMEM, EBUSY). Worth a try later.
+    Later,
+    /// Never for this range: the kernel has no `MADV_COLLAPSE` (before 6.1), the range is
+    /// `MADV_NOHUGEPAGE` (the program's choice) or not anonymous (EINVAL, EPERM).
+    Never,
+}
+
+/// `madvise(MADV_COLLAPSE)` (Linux 6.1): puts the 2 MiB-aligned range's pages on huge
+/// pages, copying them into newly allocated ones, independently of the system's
+/// transparent-huge-page settings. Under userfaultfd the kernel collapses a span only
+/// when every one of its pages is present, so no page is created that the handler has
+/// not placed. The range's content is unchanged (the kernel copies under the mmap lock).
+pub fn collapse(addr: usize, len: usize) -> Collapse {
+    const MADV_COLLAPSE: i32 = 25;
+    match advise(addr, len, MADV_COLLAPSE) {
+        Ok(()) => Collapse::Done,
+        Err(Errno(libc::EAGAIN | libc::ENOMEM | libc::EBUSY)) => Collapse::Later,
+        Err(_) => Collapse::Never,
+    }
+}
+
 /// Maps the pages of `[addr, addr+len)`, a shared file mapping whose pages all exist
 /// (a pool segment below its allocated size), into this process's page tables:
 /// `MADV_POPULATE_READ` (Linux 5.14), else one read per page. A `UFFDIO_COPY` from a page

@@ -4,7 +4,7 @@
 
 use attune_policy::Flags;
 use attune_sys::uffd::Delivery;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 
 /// Where a chunk's contents are (low 4 bits of the state word).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -194,6 +194,11 @@ pub struct Region {
     /// region's flags; 0 when it does not (flagged, decided, or prediction off).
     pub predict_due: AtomicU64,
     pub samples: SampleCells,
+    /// One cell per 2 MiB span (`crate::paging::huge`), empty when the region is never
+    /// put on huge pages (`attune_policy::huge::eligible`).
+    pub huge: Box<[AtomicU8]>,
+    /// Evictions and discards of this region the last huge-page pass saw.
+    pub huge_seen: AtomicU64,
 }
 
 impl Region {
@@ -210,6 +215,7 @@ impl Region {
         slots: Vec<u64>,
         home_tier: usize,
         sampling: bool,
+        huge: bool,
     ) -> Region {
         let n = len / chunk;
         Region {
@@ -240,6 +246,14 @@ impl Region {
             } else {
                 SampleCells::default()
             },
+            huge: if huge {
+                (0..len / attune_policy::huge::SPAN)
+                    .map(|_| AtomicU8::new(0))
+                    .collect()
+            } else {
+                Box::default()
+            },
+            huge_seen: AtomicU64::new(0),
         }
     }
 

@@ -678,6 +678,8 @@ pub struct RegionStats {
     /// How the region's faults are resolved: "signal" or "thread" ("" on NUMA tiers,
     /// which take no faults of ours).
     pub delivery: &'static str,
+    /// Bytes on 2 MiB pages (`crate::paging::huge`).
+    pub huge_bytes: u64,
 }
 
 pub fn region_stats(ptr: usize) -> Result<RegionStats, Errno> {
@@ -721,6 +723,7 @@ pub fn region_stats(ptr: usize) -> Result<RegionStats, Errno> {
             attune_sys::uffd::Delivery::Signal => "signal",
             attune_sys::uffd::Delivery::Thread => "thread",
         },
+        huge_bytes: crate::paging::huge::huge_bytes(&r),
     })
 }
 

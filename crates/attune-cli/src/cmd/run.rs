@@ -43,9 +43,10 @@ pub struct Args {
     /// Manage small requests too (the whole heap).
     #[arg(long)]
     small: bool,
-    /// How faults are resolved: thread (default; every kernel access works) or signal
-    /// (faster; docs/design/run.md, "System calls on managed memory").
-    #[arg(long, value_name = "thread|signal")]
+    /// How faults are resolved: auto (default: signal delivery unless the program loads
+    /// io_uring, AIO, RDMA, fabric or GPU libraries), thread (every kernel access works) or
+    /// signal (faster; docs/design/run.md, "Fault delivery").
+    #[arg(long, value_name = "auto|thread|signal")]
     fault_mode: Option<String>,
     /// Do not manage forked or exec'd children.
     #[arg(long)]
@@ -567,6 +568,7 @@ pub fn build_report(
             "os_minor_faults": sum(&procs, "os_minor_faults"),
             "os_major_faults": sum(&procs, "os_major_faults"),
             "managed_requests": sum(&procs, "managed_requests"),
+            "huge_bytes": sum(&procs, "huge_bytes"),
             "fallback_requests": sum(&procs, "fallback_requests"),
             "predicted_requests": sum(&procs, "predicted_requests"),
             "predicted_pinned_bytes": sum(&procs, "predicted_pinned_bytes"),
@@ -687,6 +689,12 @@ pub fn text_report(r: &Value) -> String {
     }
     let procs = r["per_process"].as_array().cloned().unwrap_or_default();
     s += &delivery_line(&procs);
+    if t["huge_collapses"].as_u64().unwrap_or(0) > 0 {
+        s += &format!(
+            "  huge pages: {} spans of 2 MiB collapsed ({} split again by moves out); {} on huge pages at the last snapshot\n",
+            t["huge_collapses"], t["huge_splits"], u(&t["huge_bytes"])
+        );
+    }
     // User-mode-only userfaultfd: system calls on managed memory were retried.
     if procs
         .iter()

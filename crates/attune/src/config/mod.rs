@@ -58,6 +58,27 @@ pub enum DaemonMode {
     Off,
 }
 
+/// Whether resident spans may go on 2 MiB pages (`attune_policy::huge`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HugePages {
+    Auto,
+    Off,
+}
+
+impl std::str::FromStr for HugePages {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(HugePages::Auto),
+            "off" => Ok(HugePages::Off),
+            other => Err(format!(
+                "'{other}' is not a huge-page mode (expected auto or off)"
+            )),
+        }
+    }
+}
+
 impl std::str::FromStr for Mode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -131,6 +152,7 @@ pub struct Config {
     pub kernel_features: u64,
     pub chunk_size: usize,
     pub readahead: usize,
+    pub huge_pages: HugePages,
     pub headroom: u64,
     pub evict_batch: usize,
     /// Bytes a second moved between tiers at most (0: none).
@@ -636,6 +658,7 @@ pub fn load_text(
         kernel_features: g.u64("kernel_features"),
         chunk_size: g.u64("chunk_size") as usize,
         readahead: g.u64("readahead") as usize,
+        huge_pages: g.choice("huge_pages")?,
         headroom,
         evict_batch: g.u64("evict_batch") as usize,
         move_limit: g.u64("move_limit"),

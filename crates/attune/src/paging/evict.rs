@@ -333,6 +333,7 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
                 let _ = e
                     .resident
                     .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(len as u64)));
+                super::huge::split(e, r, c, n);
                 if sample {
                     e.counters.sample_parks.fetch_add(n as u64, Relaxed);
                 } else {
@@ -433,6 +434,7 @@ pub fn evictor_loop(e: &'static Pager) {
     let mut test_credit = 0f64;
     let mut last = os::now_ns();
     let mut full = FullWarning::default();
+    let mut huge_due = 0u64;
     while !e.shutdown.load(Relaxed) {
         let notified = e.wake_evictor.wait(50);
         // Outside the gate: a hole in an un-shared range faults into the fault path.
@@ -440,6 +442,10 @@ pub fn evictor_loop(e: &'static Pager) {
         let _in = e.enter();
         drop_retired(e);
         let now = os::now_ns();
+        if now >= huge_due {
+            super::huge::pass(e);
+            huge_due = now + attune_policy::huge::PASS_EVERY_NS;
+        }
         let rate = attune_policy::victim::ACTIVE_TESTS_PER_S as f64;
         test_credit = (test_credit + (now - last) as f64 * 1e-9 * rate).min(rate / 10.0);
         last = now;

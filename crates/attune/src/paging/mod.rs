@@ -13,6 +13,7 @@
 mod behind;
 pub mod evict;
 pub mod fault;
+pub mod huge;
 pub mod ops;
 pub mod pager;
 pub mod sample;

@@ -90,8 +90,14 @@ impl Pager {
                 return Err(e);
             }
         };
-        // Inherited by a forked child, which takes the runtime over (`crate::fork`).
-        let _ = mem::advise(base, len, mem::MADV_NOHUGEPAGE);
+        // Regions never put on huge pages say so to the kernel too, so that its khugepaged
+        // (transparent_hugepage/enabled = always) leaves them alone; the others are left
+        // to `super::huge`. Inherited by a forked child, which takes the runtime over
+        // (`crate::fork`).
+        let huge = kind == RegionKind::Dedicated && super::huge::eligible(self, opts.flags, len);
+        if !huge {
+            let _ = mem::advise(base, len, mem::MADV_NOHUGEPAGE);
+        }
         let delivery = match opts.fault_mode {
             Some(FaultMode::Signal) => Delivery::Signal,
             Some(FaultMode::Thread) => Delivery::Thread,
@@ -151,6 +157,7 @@ impl Pager {
             slots,
             home,
             sampling && kind == RegionKind::Dedicated,
+            huge,
         ));
         if predicting && kind == RegionKind::Dedicated {
             r.predict_due.store(
@@ -324,6 +331,7 @@ impl Pager {
                     }
                     if s.place() == Where::Resident {
                         let _ = mem::advise(r.chunk_addr(c), r.chunk, mem::MADV_DONTNEED);
+                        super::huge::split(self, r, c, 1);
                         let _ = self.resident.fetch_update(AcqRel, Acquire, |v| {
                             Some(v.saturating_sub(r.chunk as u64))
                         });

@@ -83,13 +83,16 @@ pub struct Counters {
     /// Regions created under each fault delivery.
     pub regions_thread: AtomicU64,
     pub regions_signal: AtomicU64,
+    /// 2 MiB spans put on huge pages (`super::huge`), and huge spans a move out split.
+    pub huge_collapses: AtomicU64,
+    pub huge_splits: AtomicU64,
 }
 
 impl Counters {
     /// The counters the statistics report, by their names there (`attune_stats_json`'s
     /// `engine` object, each process snapshot of the `attune run` report and its totals):
     /// one list, so they cannot drift apart. Page movement, then the online prediction.
-    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 17] {
+    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 19] {
         [
             ("faults", &self.faults),
             ("fault_ns", &self.fault_ns),
@@ -108,6 +111,8 @@ impl Counters {
             ("protected_skips", &self.protected_skips),
             ("regions_thread", &self.regions_thread),
             ("regions_signal", &self.regions_signal),
+            ("huge_collapses", &self.huge_collapses),
+            ("huge_splits", &self.huge_splits),
         ]
     }
 }
