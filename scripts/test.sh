@@ -349,6 +349,12 @@ expect run-signal-async-efault 1 "io_uring read: Bad address" "$ATT" run -q --fa
 # its own handler (docs/reliability.md).
 gcc -O2 tests/run/own_uffd.c -o "$RT/own_uffd" -lpthread || { fail=$((fail+1)); failed+=(build-own-uffd); }
 expect run-own-uffd 0 "own_uffd: OK" "$ATT" run -q --dram 16M -- "$RT/own_uffd" 64
+# The whole heap managed (--small): the first request comes from inside the C library
+# (bash's is in setlocale, under its locale lock). A start there that formatted an error
+# hung bash; the runtime now starts in the constructor, with messages shown or not.
+expect run-small-bash 0 "^hi$" "$ATT" run -q --small -- bash -c 'echo hi'
+expect run-small-bash-info 0 "^hi$" env ATTUNE_LOG=info "$ATT" run -q --small -- bash -c 'echo hi'
+expect run-small-python 0 "^499999500000$" "$ATT" run -q --small -- python3 -c 'print(sum(range(10**6)))'
 # Huge pages (docs/design/paging.md, "Huge pages"): a buffer wholly in DRAM goes on 2 MiB
 # pages within seconds (AnonHugePages in /proc/self/smaps); not with huge_pages=off or
 # CAP flags; under pressure the moves out split them and every word survives, in both

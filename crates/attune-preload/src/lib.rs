@@ -16,7 +16,8 @@
 //!
 //! Start-up: the constructor only reads settings and registers fork/exit handlers; the
 //! runtime (threads, userfaultfd) starts at the first managed request, so processes that
-//! never allocate much (a shell, `ls`) pay nothing. Until it is ready, and on any thread
+//! never allocate much (a shell, `ls`) pay nothing; with `--small` (every request
+//! managed) it starts in the constructor, outside the C library's locks. Until it is ready, and on any thread
 //! already inside the interposer, requests go to glibc: correct, only unmanaged.
 
 // `#[no_mangle]` and `#[link_section]` count as unsafe code: only the exported symbols
@@ -197,6 +198,15 @@ extern "C" fn constructor() {
     attune::runtime::on_start(report::start);
     SMALL.store(s.small, Relaxed);
     THRESHOLD.store(if s.small { 0 } else { s.threshold }, Relaxed);
+    if s.small {
+        // The whole heap is managed, so the first request comes at once, and often from
+        // inside the C library with one of its locks held: bash's first malloc is in
+        // setlocale, under the locale lock, and a start there that formats an error
+        // (strerror takes that lock to translate it) released the lock it did not own and
+        // hung bash (`attune run --small -- bash -c 'echo hi'`, 2026-11-27). Started here,
+        // no lock of the C library is held.
+        ready();
+    }
 }
 
 #[used]

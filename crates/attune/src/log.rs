@@ -58,11 +58,23 @@ pub fn emit_static(msg: &'static str) {
     attune_sys::os::write_stderr(msg.as_bytes());
 }
 
+/// The message is formatted only when its level is shown: formatting an `io::Error`
+/// calls strerror, which takes the C library's locale lock to translate it, and the
+/// runtime may be running inside a C library call that holds that lock (its start from a
+/// malloc in setlocale: a silent info message there hung bash).
 #[macro_export]
 macro_rules! warn {
-    ($($a:tt)*) => { $crate::log::emit($crate::log::Level::Warn, &format!($($a)*)) };
+    ($($a:tt)*) => {
+        if $crate::log::enabled($crate::log::Level::Warn) {
+            $crate::log::emit($crate::log::Level::Warn, &format!($($a)*))
+        }
+    };
 }
 #[macro_export]
 macro_rules! info {
-    ($($a:tt)*) => { $crate::log::emit($crate::log::Level::Info, &format!($($a)*)) };
+    ($($a:tt)*) => {
+        if $crate::log::enabled($crate::log::Level::Info) {
+            $crate::log::emit($crate::log::Level::Info, &format!($($a)*))
+        }
+    };
 }
