@@ -468,6 +468,17 @@ ATTUNE_PRELOAD_LIB=/nonexistent/libattune_preload.so expect run-missing-preload-
 expect run-default-chunk 0 "check_report: OK" sh -c "'$ATT' run -q --dram 64M --report '$RT/ch.json' -- '$RT/crash' exit 0 && $CHECK '$RT/ch.json' --chunk 4096"
 # The transfer-unit benchmark runs (bench/unit.py; its figures in docs/benchmarks.md).
 expect bench-unit-smoke 0 "\\| random \\| 50% \\| adaptive \\|" python3 bench/unit.py --mib 32 --reps 1 --patterns seq,random
+# Amplification in the report (docs/design/paging.md, "Amplification"), at 4x the budget:
+# passes and random reads move about what they touch; four passes on a 4-page stride, read
+# as spans, move 4 pages for each they touch, after the array's first writing pass (all
+# touched): 2.5 in all.
+gcc -O2 bench/unit_patterns.c -o "$RT/unit_patterns" -lpthread || { fail=$((fail+1)); failed+=(build-unit-patterns); }
+for p in seq:0.95:1.1 random:0.95:1.1 strided:2.2:2.8; do
+  IFS=: read -r pat lo hi <<EOP
+$p
+EOP
+  expect "run-amplification-$pat" 0 "check_report: OK" sh -c "'$ATT' run -q --dram 16M --report '$RT/amp-$pat.json' -- '$RT/unit_patterns' $pat 64 && $CHECK '$RT/amp-$pat.json' --amplification $lo $hi"
+done
 # The huge-page benchmark runs, and a 32 MiB chase is all on huge pages under attune run.
 expect bench-huge-smoke 0 "attune auto +32 " python3 bench/huge.py --mib 32 --reps 1 --accesses 100000
 printf 'dram = "64M"\nchunk_size = "16K"\n' > "$RT/chunk.toml"

@@ -2,6 +2,7 @@
 optional expectations. Usage:
   check_report.py REPORT [--exit N] [--signal N] [--min-procs N] [--budget-slack BYTES]
                   [--evictor-share-max F] [--evictor-share-min F] [--chunk N] [--has-command C]
+                  [--amplification MIN MAX]
 """
 import argparse
 import json
@@ -13,6 +14,7 @@ TOP = {"schema": str, "command": list, "program": str, "managed": bool, "wall_se
 TOTALS = ["peak_resident_bytes_max", "budget_bytes", "faults", "evictions", "fetched_bytes",
           "evicted_bytes", "moved_bytes", "os_minor_faults", "os_major_faults",
           "fault_ns", "budget_overruns", "direct_reclaims", "evictor_evicted_bytes", "dropped_behind_bytes", "readahead_bytes", "readahead_used_bytes",
+          "demand_bytes", "readahead_touched_bytes", "huge_collapses", "huge_splits", "huge_bytes",
           "online_split_regions", "online_kept_regions", "online_pinned_bytes",
           "managed_requests",
           "fallback_requests"]
@@ -43,6 +45,8 @@ def main():
                     help="at most this part of the evicted bytes was evicted by the background evictor")
     ap.add_argument("--evictor-share-min", type=float,
                     help="at least this part of the evicted bytes was evicted by the background evictor")
+    ap.add_argument("--amplification", type=float, nargs=2, metavar=("MIN", "MAX"),
+                    help="the total amplification (moved in by faults over shown touched) lies in [MIN, MAX]")
     a = ap.parse_args()
     r = json.load(open(a.report))
     for k, t in TOP.items():
@@ -111,6 +115,10 @@ def main():
             if p["evictions"] == 0 and a.min_procs:
                 fail(f"pid {p['pid']}: no evictions: the footprint never exceeded the budget")
     t = r["totals"]
+    if not isinstance(t.get("amplification"), (int, float)):
+        fail("totals.amplification missing or not a number")
+    if a.amplification and not a.amplification[0] <= t["amplification"] <= a.amplification[1]:
+        fail(f"amplification {t['amplification']:.3f} not in [{a.amplification[0]}, {a.amplification[1]}]")
     share = t["evictor_evicted_bytes"] / t["evicted_bytes"] if t["evicted_bytes"] else 0.0
     if (a.evictor_share_max is not None or a.evictor_share_min is not None) and not t["evicted_bytes"]:
         fail("nothing was evicted: the evictor's share cannot be judged")
@@ -119,7 +127,7 @@ def main():
     if a.evictor_share_min is not None and share < a.evictor_share_min:
         fail(f"the background evictor evicted {share:.1%} of the bytes (at least {a.evictor_share_min:.0%} expected)")
     print(f"check_report: OK ({r['processes']} processes, peak {r['totals']['peak_resident_bytes_max']} bytes, "
-          f"evictor share {share:.1%})")
+          f"evictor share {share:.1%}, amplification {t['amplification']:.2f})")
 
 
 main()

@@ -680,6 +680,8 @@ pub struct RegionStats {
     pub delivery: &'static str,
     /// Bytes on 2 MiB pages (`crate::paging::huge`).
     pub huge_bytes: u64,
+    /// Moved by faults over shown touched (`Region::amplification`).
+    pub amplification: f64,
 }
 
 pub fn region_stats(ptr: usize) -> Result<RegionStats, Errno> {
@@ -724,6 +726,7 @@ pub fn region_stats(ptr: usize) -> Result<RegionStats, Errno> {
             attune_sys::uffd::Delivery::Thread => "thread",
         },
         huge_bytes: crate::paging::huge::huge_bytes(&r),
+        amplification: r.amplification(),
     })
 }
 

@@ -580,7 +580,21 @@ pub fn build_report(
     for (k, v) in counters {
         report["totals"][k] = json!(v);
     }
+    report["totals"]["amplification"] = json!(amplification(&report["totals"]));
     report
+}
+
+/// Bytes faults moved into DRAM (their chunks and read-ahead) over the bytes the faults
+/// show the program touched; 1.0 before any fault (docs/design/paging.md, "Amplification").
+fn amplification(t: &Value) -> f64 {
+    let n = |k: &str| t[k].as_u64().unwrap_or(0) as f64;
+    // Two faults racing on a stream slot may both count its read-ahead shown.
+    let shown = n("demand_bytes") + n("readahead_touched_bytes").min(n("readahead_bytes"));
+    if shown == 0.0 {
+        1.0
+    } else {
+        (n("demand_bytes") + n("readahead_bytes")) / shown
+    }
 }
 
 /// Which fault delivery the program's regions used, and why the handler thread where
@@ -689,6 +703,13 @@ pub fn text_report(r: &Value) -> String {
     }
     let procs = r["per_process"].as_array().cloned().unwrap_or_default();
     s += &delivery_line(&procs);
+    if t["demand_bytes"].as_u64().unwrap_or(0) > 0 {
+        s += &format!(
+            "  moved in by faults: {} asked for, {} read ahead of which {} shown touched: amplification {:.2}\n",
+            u(&t["demand_bytes"]), u(&t["readahead_bytes"]), u(&t["readahead_touched_bytes"]),
+            t["amplification"].as_f64().unwrap_or(1.0)
+        );
+    }
     if t["huge_collapses"].as_u64().unwrap_or(0) > 0 {
         s += &format!(
             "  huge pages: {} spans of 2 MiB collapsed ({} split again by moves out); {} on huge pages at the last snapshot\n",

@@ -81,6 +81,8 @@ fn resolve_chunk(e: &Pager, r: &Region, addr: usize) -> bool {
     loop {
         match claim(r, c, true) {
             Some(Claim::Owned(src, tier)) => {
+                r.counters.demand_chunks.fetch_add(1, Relaxed);
+                e.counters.demand_bytes.fetch_add(r.chunk as u64, Relaxed);
                 let ra = claim_readahead(e, r, c, src, tier);
                 let at = |k: usize| (c as i64 + k as i64 * ra.step) as usize;
                 let placed = match ra.step {
@@ -199,6 +201,13 @@ fn claim_readahead(e: &Pager, r: &Region, c: usize, src: Where, tier: usize) -> 
         e.counters
             .readahead_used_bytes
             .fetch_add((d.used * r.chunk) as u64, Relaxed);
+        let touched = d.used_touched();
+        r.counters
+            .readahead_touched_chunks
+            .fetch_add(touched as u64, Relaxed);
+        e.counters
+            .readahead_touched_bytes
+            .fetch_add((touched * r.chunk) as u64, Relaxed);
     }
     ReadAhead {
         got,

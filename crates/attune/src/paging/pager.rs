@@ -51,6 +51,12 @@ pub struct Counters {
     /// bound of what read-ahead moved for nothing (a run's last window never shows).
     pub readahead_bytes: AtomicU64,
     pub readahead_used_bytes: AtomicU64,
+    /// Bytes of the chunks faults asked for (not their read-ahead), and the part of the
+    /// read-ahead the run's later faults show the program touched
+    /// (`attune_policy::readahead::Decision::used_touched`): with them the report's
+    /// amplification, (demand + read-ahead) / (demand + read-ahead shown touched).
+    pub demand_bytes: AtomicU64,
+    pub readahead_touched_bytes: AtomicU64,
     /// Bytes the background evictor evicted (the rest of `evicted_bytes` was evicted by
     /// faulting threads or handler threads reclaiming for themselves).
     pub evictor_evicted_bytes: AtomicU64,
@@ -92,7 +98,7 @@ impl Counters {
     /// The counters the statistics report, by their names there (`attune_stats_json`'s
     /// `engine` object, each process snapshot of the `attune run` report and its totals):
     /// one list, so they cannot drift apart. Page movement, then the online prediction.
-    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 19] {
+    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 21] {
         [
             ("faults", &self.faults),
             ("fault_ns", &self.fault_ns),
@@ -105,6 +111,8 @@ impl Counters {
             ("dropped_behind_bytes", &self.dropped_behind_bytes),
             ("readahead_bytes", &self.readahead_bytes),
             ("readahead_used_bytes", &self.readahead_used_bytes),
+            ("demand_bytes", &self.demand_bytes),
+            ("readahead_touched_bytes", &self.readahead_touched_bytes),
             ("online_split_regions", &self.online_split_regions),
             ("online_kept_regions", &self.online_kept_regions),
             ("online_pinned_bytes", &self.online_pinned_bytes),
