@@ -363,6 +363,7 @@ gcc -O2 tests/run/huge_pages.c -o "$RT/huge_pages" || { fail=$((fail+1)); failed
 expect run-huge-collapse 0 "huge_pages: 64 MiB buffer, 64 MiB on huge pages, 0 bad.*huge_pages: OK.*huge pages: 32 spans of 2 MiB collapsed" sh -c "'$ATT' run --dram 256M -- '$RT/huge_pages' check 64 10 64 64 2>&1 | tr '\n' ' '"
 expect run-huge-off 0 "huge_pages: OK" env ATTUNE_HUGE_PAGES=off "$ATT" run -q --dram 256M -- "$RT/huge_pages" check 64 2 0 0
 expect run-huge-cap 0 "huge_pages: OK" "$ATT" run -q --flags CAP --dram 256M -- "$RT/huge_pages" check 64 2 0 0
+expect run-huge-program-says-no 0 "huge_pages: OK" "$ATT" run -q --dram 256M -- "$RT/huge_pages" check 64 2 0 0 nohuge
 for fm in signal thread; do
   expect "run-huge-pressure-$fm" 0 "under pressure 0 bad words of the first buffer, 0 of the second.*huge_pages: OK.*collapsed \\([1-9][0-9]* split again by moves out" sh -c "'$ATT' run --fault-mode $fm --dram 100M -- '$RT/huge_pages' check 64 10 64 64 pressure 2>&1 | tr '\n' ' '"
 done

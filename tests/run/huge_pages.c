@@ -1,13 +1,14 @@
 /* Huge pages under `attune run` (docs/design/paging.md, "Huge pages").
  *
- *   huge_pages check MIB WAIT_S MIN_MIB MAX_MIB [pressure|fork]
+ *   huge_pages check MIB WAIT_S MIN_MIB MAX_MIB [pressure|fork|nohuge]
  *     fills a MIB buffer (malloc: managed), waits up to WAIT_S seconds for at least
  *     MIN_MIB of it to be on huge pages (AnonHugePages of its mappings in
  *     /proc/self/smaps), reads it at random and checks every word; fails when more than
  *     MAX_MIB is. With "pressure", then fills a second buffer as large, which the budget
  *     cannot hold beside the first (the first's huge pages are split by the moves out),
  *     and checks both again, word by word. With "fork", the pressure phase runs in a
- *     child and in the parent at once, on huge pages the fork left shared.
+ *     child and in the parent at once, on huge pages the fork left shared. With
+ *     "nohuge", the program says MADV_NOHUGEPAGE for the buffer first.
  *   huge_pages bench MIB WAIT_S ACCESSES
  *     fills the buffer, waits up to WAIT_S for all of it but its end spans to be on huge
  *     pages (0: no wait), then times ACCESSES dependent
@@ -20,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -92,6 +94,11 @@ int main(int argc, char **argv) {
     uint64_t *a = malloc(len);
     if (!a) {
         perror("malloc");
+        return 2;
+    }
+    /* Before the first write: a huge page made before the advice would stay one. */
+    if (argc > 6 && !strcmp(argv[6], "nohuge") && madvise(a, len, MADV_NOHUGEPAGE) != 0) {
+        perror("madvise");
         return 2;
     }
     fill(a, n, 1);
