@@ -292,18 +292,19 @@ mod tests {
     }
 
     /// The faults a program touching `touches` in order takes, with the read-ahead the
-    /// policy gives (claimed as the fault path does: up to the first resident chunk), and
-    /// the chunks moved in all.
-    fn run(touches: &[usize], chunks: usize, max: usize) -> (usize, usize) {
+    /// policy gives (claimed as the fault path does: up to the first resident chunk), the
+    /// chunks moved in all, and the read-ahead chunks the faults show touched.
+    fn simulate(touches: &[usize], chunks: usize, max: usize) -> (usize, usize, usize) {
         let mut resident = vec![false; chunks];
         let mut slots = [0u64; STREAMS];
-        let (mut faults, mut moved) = (0, 0);
+        let (mut faults, mut moved, mut shown) = (0, 0, 0);
         for &c in touches {
             if resident[c] {
                 continue;
             }
             let d = on_fault(&slots, c, chunks, max, faults);
             faults += 1;
+            shown += d.used_touched();
             resident[c] = true;
             moved += 1;
             let mut got = 0;
@@ -318,6 +319,11 @@ mod tests {
             moved += got;
             slots[d.slot] = d.record(c, got);
         }
+        (faults, moved, shown)
+    }
+
+    fn run(touches: &[usize], chunks: usize, max: usize) -> (usize, usize) {
+        let (faults, moved, _) = simulate(touches, chunks, max);
         (faults, moved)
     }
 
@@ -325,35 +331,14 @@ mod tests {
     /// chunks plus the read-ahead shown touched), and as it is (moved over the distinct
     /// chunks the program touched).
     fn amplification(touches: &[usize], chunks: usize, max: usize) -> (f64, f64) {
-        let mut resident = vec![false; chunks];
-        let mut slots = [0u64; STREAMS];
-        let (mut demand, mut ahead, mut shown, mut hint) = (0usize, 0usize, 0usize, 0usize);
-        for &c in touches {
-            if resident[c] {
-                continue;
-            }
-            let d = on_fault(&slots, c, chunks, max, hint);
-            hint += 1;
-            resident[c] = true;
-            demand += 1;
-            shown += d.used_touched();
-            let mut got = 0;
-            while got < d.ahead {
-                let x = (c as i64 + (got as i64 + 1) * d.step) as usize;
-                if resident[x] {
-                    break;
-                }
-                resident[x] = true;
-                got += 1;
-            }
-            ahead += got;
-            slots[d.slot] = d.record(c, got);
-        }
+        let (faults, moved, shown) = simulate(touches, chunks, max);
         let mut distinct = touches.to_vec();
         distinct.sort_unstable();
         distinct.dedup();
-        let estimate = (demand + ahead) as f64 / (demand + shown) as f64;
-        (estimate, (demand + ahead) as f64 / distinct.len() as f64)
+        (
+            moved as f64 / (faults + shown) as f64,
+            moved as f64 / distinct.len() as f64,
+        )
     }
 
     #[test]
