@@ -344,6 +344,11 @@ for b in uring:liburing libaio:io_submit posix:aio_; do
 done
 expect run-auto-thread-late-dlopen 0 "new regions use the handler thread; 1 region.s. made before keep signal.*async_io: OK late.*auto: 1 region.s. by signal, 1 by the handler thread" sh -c "'$ATT' run --dram 16M -- '$RT/async_late' '$RT' 64 2>&1 | tr '\\n' ' '"
 expect run-signal-async-efault 1 "io_uring read: Bad address" "$ATT" run -q --fault-mode signal --dram 16M -- "$RT/async_uring" "$RT" 64
+# A handed-down /dev/userfaultfd that is not one (closed, another file, not a number):
+# a warning naming the variable, and the runtime opens its own.
+for fd in 99 0 abc; do
+  expect "run-handed-uffd-bogus-$fd" 0 "ATTUNE_USERFAULTFD_FD=$fd is not an open descriptor of /dev/userfaultfd.*c_matrix: OK" sh -c "ATTUNE_USERFAULTFD_FD=$fd '$ATT' run -q --dram 32M -- '$RT/c_matrix' 64 </dev/null 2>&1 | tr '\n' ' '"
+done
 # Another userfaultfd in the program: registering managed memory gets EBUSY (one range,
 # one userfaultfd), the managed data is intact, and the program's own memory is served by
 # its own handler (docs/reliability.md).
