@@ -369,6 +369,9 @@ expect run-huge-collapse 0 "huge_pages: 64 MiB buffer, 64 MiB on huge pages, 0 b
 expect run-huge-off 0 "huge_pages: OK" env ATTUNE_HUGE_PAGES=off "$ATT" run -q --dram 256M -- "$RT/huge_pages" check 64 2 0 0
 expect run-huge-cap 0 "huge_pages: OK" "$ATT" run -q --flags CAP --dram 256M -- "$RT/huge_pages" check 64 2 0 0
 expect run-huge-program-says-no 0 "huge_pages: OK" "$ATT" run -q --dram 256M -- "$RT/huge_pages" check 64 2 0 0 nohuge
+# Regions the access sampler parks chunks of stay on 4 KiB pages (each park would split a
+# span for the next pass to copy again).
+expect run-huge-not-while-sampled 0 "huge_pages: OK collapses 0 " sh -c "{ ATTUNE_SAMPLE_RATE=1000 '$ATT' run -q --dram 256M --report '$RT/hs.json' -- '$RT/huge_pages' check 64 2 0 0 | grep 'huge_pages: OK' && python3 -c \"import json; print('collapses', json.load(open('$RT/hs.json'))['totals']['huge_collapses'])\"; } 2>&1 | tr '\n' ' '"
 for fm in signal thread; do
   expect "run-huge-pressure-$fm" 0 "under pressure 0 bad words of the first buffer, 0 of the second.*huge_pages: OK.*collapsed \\([1-9][0-9]* split again by moves out" sh -c "'$ATT' run --fault-mode $fm --dram 100M -- '$RT/huge_pages' check 64 10 64 64 pressure 2>&1 | tr '\n' ' '"
 done

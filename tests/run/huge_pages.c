@@ -124,8 +124,12 @@ int main(int argc, char **argv) {
     long min_kib = atol(argv[4]) << 10, max_kib = argc > 5 ? atol(argv[5]) << 10 : 1L << 40;
     long kib = wait_huge(a, len, wait_s, min_kib);
     if (max_kib < min_kib || min_kib == 0) {
-        /* Nothing expected: let the passes have their chance, then look again. */
-        usleep((useconds_t)(wait_s * 1e6));
+        /* Nothing expected: give the passes their chance while reading all of it at
+         * random (a page the access sampler parked comes straight back, so its span is
+         * whole again at the next pass), then look again. */
+        volatile uint64_t sink = 0;
+        for (double t0 = now(); now() - t0 < wait_s;)
+            for (int k = 0; k < 100000; k++) sink += a[next() % n];
         kib = huge_kib(a, len);
     }
     uint64_t sum = 0;

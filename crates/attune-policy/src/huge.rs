@@ -15,7 +15,8 @@
 //! * **Which spans**: 2 MiB-aligned spans whose every chunk is resident. The kernel itself
 //!   requires it under userfaultfd (a missing page must still fault to the handler), so a
 //!   collapse never brings a far page back.
-//! * **When**: only while the region gave nothing to the far tiers since the last pass (a
+//! * **When**: not while the access sampler parks the region's chunks, and only while the
+//!   region gave nothing to the far tiers since the last pass (a
 //!   region under eviction pressure would be split again at once: the first move of a
 //!   page out of a huge page splits it) and while the budget has a span of room (a
 //!   collapse allocates the new 2 MiB page before it frees the 512 small ones).
@@ -59,15 +60,19 @@ pub fn eligible(mode: Mode, flags: Flags, len: usize) -> bool {
 /// What a pass knows of one eligible region.
 #[derive(Clone, Copy, Debug)]
 pub struct RegionView {
-    /// Chunks of the region evicted (or parked by the sampler) since the last pass.
+    /// Chunks of the region evicted or discarded since the last pass.
     pub evicted_since_last_pass: bool,
     /// DRAM budget less what is resident now.
     pub room: u64,
+    /// The access sampler parks its chunks now (`attune profile`, the prediction window).
+    pub sampled: bool,
 }
 
-/// Whether the pass collapses the whole resident spans of the region now.
+/// Whether the pass collapses the whole resident spans of the region now. Not while it
+/// is sampled: each park splits a span that the next pass would copy into a huge page
+/// again, and a collapse holds the mmap lock while the sampler times the faults.
 pub fn collapse_now(v: RegionView) -> bool {
-    !v.evicted_since_last_pass && v.room >= SPAN as u64
+    !v.evicted_since_last_pass && !v.sampled && v.room >= SPAN as u64
 }
 
 #[cfg(test)]
@@ -103,18 +108,20 @@ mod tests {
     #[test]
     fn collapse_only_when_quiet_and_with_room() {
         let span = SPAN as u64;
-        let rows: &[(bool, u64, bool)] = &[
-            (false, 100 * span, true),
-            (false, span, true),
-            (false, span - 1, false),
-            (false, 0, false),
-            (true, 100 * span, false),
-            (true, 0, false),
+        let rows: &[(bool, bool, u64, bool)] = &[
+            (false, false, 100 * span, true),
+            (false, false, span, true),
+            (false, false, span - 1, false),
+            (false, false, 0, false),
+            (true, false, 100 * span, false),
+            (true, false, 0, false),
+            (false, true, 100 * span, false),
         ];
-        for &(evicted, room, want) in rows {
+        for &(evicted, sampled, room, want) in rows {
             let v = RegionView {
                 evicted_since_last_pass: evicted,
                 room,
+                sampled,
             };
             assert_eq!(collapse_now(v), want, "{v:?}");
         }

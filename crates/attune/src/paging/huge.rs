@@ -52,6 +52,12 @@ fn effective(e: &Pager, flags: Flags) -> Flags {
     }
 }
 
+/// Whether the access sampler parks this region's chunks now (`super::sampler`: every
+/// sampled region under `attune profile`, a region in its prediction window otherwise).
+fn sampled(e: &Pager, r: &Region) -> bool {
+    r.samples.enabled() && (e.cfg.sample_rate > 0 || r.predict_due.load(Relaxed) != 0)
+}
+
 /// Marks the spans of chunks `[c, c + n)` of `r` as split (a move out or a discard).
 pub fn split(e: &Pager, r: &Region, c: usize, n: usize) {
     if r.huge.is_empty() {
@@ -104,6 +110,7 @@ pub fn pass(e: &Pager) -> usize {
         let view = rule::RegionView {
             evicted_since_last_pass: seen != before,
             room: e.budget().saturating_sub(e.resident.load(Relaxed)),
+            sampled: sampled(e, r),
         };
         if !rule::collapse_now(view) {
             continue;
