@@ -641,7 +641,7 @@ assert d["user_mode_only"] == (not full and not dev), d
     expect "unpriv-run-async-handed-device-$b" 0 "async_io: OK $b 64 MiB VmHWM_MiB=([0-9]|[1-3][0-9]|4[0-7]) " sh -c "exec 9<>/dev/userfaultfd; ATTUNE_USERFAULTFD_FD=9 runuser -u nobody -- '$UP/bin/attune' run -q --far file --dram 16M -- '$UP/bin/async_$b' '$UP/work' 64 2>&1 | tr '\\n' ' '"
   done
   expect unpriv-run-own-uffd 0 "own_uffd: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/own_uffd" 64
-  expect unpriv-run-huge-pressure 0 "under pressure 0 bad words of the first buffer, 0 of the second.*huge_pages: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 100M -- "$UP/bin/huge_pages" check 64 10 64 64 pressure
+  expect unpriv-run-huge-pressure 0 "under pressure 0 bad words of the first buffer, 0 of the second.*huge_pages: OK" sh -c "runuser -u nobody -- '$UP/bin/attune' run -q --dram 100M -- '$UP/bin/huge_pages' check 64 10 64 64 pressure 2>&1 | tr '\n' ' '"
   expect unpriv-run-syscalls-io-no6x 0 "syscalls_io: OK" runuser -u nobody -- env ATTUNE_KERNEL_FEATURES=-all "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/syscalls_io" "$UP/work" 64
   # SIGKILL of attune run, as a user: the program ends with it, the directory goes next run.
   cp "$RT/killed_run.sh" "$UP/bin/" && chmod 755 "$UP/bin/killed_run.sh"
