@@ -9,8 +9,8 @@
 //!
 //! * **Which regions**: LAT, BW and unflagged ones of at least one span. Not CAP (headed
 //!   for the big tier: a collapse would be split again by the first eviction) and not SHL
-//!   (short-lived: a collapse copies 2 MiB, about 0.5-1 ms here, which a region freed
-//!   soon does not pay back). Small-object arenas are never collapsed (`eligible` is asked
+//!   (short-lived: a collapse copies 2 MiB, 0.7-0.9 ms here, which a region freed soon
+//!   does not pay back). Small-object arenas are never collapsed (`eligible` is asked
 //!   only for dedicated regions).
 //! * **Which spans**: 2 MiB-aligned spans whose every chunk is resident. The kernel itself
 //!   requires it under userfaultfd (a missing page must still fault to the handler), so a
@@ -33,9 +33,9 @@ use crate::Flags;
 pub const SPAN: usize = 2 << 20;
 
 /// Most bytes collapsed in one pass (one pass a second). A collapse of 64 MiB took
-/// 24-29 ms here (`/proc/self/smaps_rollup` before and after, docs/design/paging.md,
-/// "Huge pages"), so 256 MiB a pass keeps the collapsing thread near a tenth of one core
-/// while a large region converts, and at nothing once it has.
+/// 24-29 ms here (a one-off scratch measurement, not reproducible from the repository:
+/// docs/design/paging.md, "Huge pages"), so 256 MiB a pass keeps the collapsing thread
+/// near a tenth of one core while a large region converts, and at nothing once it has.
 pub const MAX_BYTES_PER_PASS: usize = 256 << 20;
 
 /// Nanoseconds between two passes.
