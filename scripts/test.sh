@@ -354,6 +354,14 @@ done
 # its own handler (docs/reliability.md).
 gcc -O2 tests/run/own_uffd.c -o "$RT/own_uffd" -lpthread || { fail=$((fail+1)); failed+=(build-own-uffd); }
 expect run-own-uffd 0 "own_uffd: OK" "$ATT" run -q --dram 16M -- "$RT/own_uffd" 64
+# A runtime thread that dies (a panic, injected with ATTUNE_INJECT at the handler thread,
+# a faulting thread's SIGBUS resolver and the evictor) stops the program at once with a
+# message naming the thread: faults there would otherwise wait for ever (docs/reliability.md).
+for p in handler:thread:attune-fault signal:signal:"the SIGBUS handler" evictor:thread:attune-evict; do
+  IFS=: read -r point mode where <<<"$p"
+  expect "run-inject-$point-panic" 134 "injected failure \(ATTUNE_INJECT=$point-panic\).*attune: error: the runtime failed \(the panic above, in $where\); the program is stopped" sh -c "out=\$(ATTUNE_INJECT=$point-panic:40 '$ATT' run -q --fault-mode $mode --dram 8M -- '$RT/rand_update' 64 400000 2>&1); rc=\$?; echo \"\$out\" | tr '\n' ' '; exit \$rc"
+done
+expect run-inject-unknown-point 0 "ATTUNE_INJECT: unknown point 'handler-panik'.*rand_update: OK" sh -c "ATTUNE_INJECT=handler-panik '$ATT' run -q --dram 8M -- '$RT/rand_update' 64 20000 2>&1 | tr '\n' ' '"
 # The whole heap managed (--small): the first request comes from inside the C library
 # (bash's is in setlocale, under its locale lock). A start there that formatted an error
 # hung bash; the runtime now starts in the constructor, with messages shown or not.
@@ -641,6 +649,8 @@ assert d["user_mode_only"] == (not full and not dev), d
     expect "unpriv-run-async-handed-device-$b" 0 "async_io: OK $b 64 MiB VmHWM_MiB=([0-9]|[1-3][0-9]|4[0-7]) " sh -c "exec 9<>/dev/userfaultfd; ATTUNE_USERFAULTFD_FD=9 runuser -u nobody -- '$UP/bin/attune' run -q --far file --dram 16M -- '$UP/bin/async_$b' '$UP/work' 64 2>&1 | tr '\\n' ' '"
   done
   expect unpriv-run-own-uffd 0 "own_uffd: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/own_uffd" 64
+  cp "$RT/rand_update" "$UP/bin/" && chmod 755 "$UP/bin/rand_update"
+  expect unpriv-run-inject-handler-panic 134 "attune: error: the runtime failed \(the panic above, in attune-fault\)" sh -c "out=\$(runuser -u nobody -- env ATTUNE_INJECT=handler-panic:40 '$UP/bin/attune' run -q --fault-mode thread --dram 8M -- '$UP/bin/rand_update' 64 400000 2>&1); rc=\$?; echo \"\$out\" | tr '\n' ' '; exit \$rc"
   expect unpriv-run-huge-pressure 0 "under pressure 0 bad words of the first buffer, 0 of the second.*huge_pages: OK" sh -c "runuser -u nobody -- '$UP/bin/attune' run -q --dram 100M -- '$UP/bin/huge_pages' check 64 10 64 64 pressure 2>&1 | tr '\n' ' '"
   expect unpriv-run-syscalls-io-no6x 0 "syscalls_io: OK" runuser -u nobody -- env ATTUNE_KERNEL_FEATURES=-all "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/syscalls_io" "$UP/work" 64
   # SIGKILL of attune run, as a user: the program ends with it, the directory goes next run.

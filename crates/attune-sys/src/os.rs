@@ -522,9 +522,28 @@ extern "C" fn runtime_thread_start(arg: *mut libc::c_void) -> *mut libc::c_void 
     unsafe { libc::pthread_setname_np(libc::pthread_self(), name.as_ptr()) };
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).is_err() {
         // A panic must not unwind into the C start routine; the panic hook has printed it.
-        std::process::abort();
+        runtime_failed(name.to_bytes());
     }
     std::ptr::null_mut()
+}
+
+/// Stops the process after a panic in the runtime (printed above by the panic hook), on
+/// the thread `what` (a runtime thread's name, or the SIGBUS handler). A runtime that
+/// lost a thread cannot serve the memory it manages: a thread faulting there would wait
+/// for ever (a userfaultfd fault has no timeout), and a program that goes on could read
+/// pages that were never put back. So the rule is: say so and abort, never hang.
+/// Signal-safe: raw writes of fixed text, then `abort`.
+pub fn runtime_failed(what: &[u8]) -> ! {
+    let parts: [&[u8]; 3] = [
+        b"attune: error: the runtime failed (the panic above, in ",
+        what,
+        b"); the program is stopped, as the memory Attune manages can no longer be served\n",
+    ];
+    for p in parts {
+        // SAFETY: p is a valid byte slice; a short or failed write loses only the text.
+        let _ = unsafe { libc::write(2, p.as_ptr().cast(), p.len()) };
+    }
+    std::process::abort()
 }
 
 /// Starts a detached thread of the runtime (evictor, fault handler, report, daemon

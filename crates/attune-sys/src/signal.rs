@@ -78,8 +78,11 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_
     if r != 0 && !sent {
         // SAFETY: RESOLVER only ever holds a `Resolver` function pointer.
         let f: Resolver = unsafe { std::mem::transmute::<usize, Resolver>(r) };
-        if f(addr) {
-            return;
+        // A panic must not unwind into this extern "C" handler and the program's frames.
+        match std::panic::catch_unwind(|| f(addr)) {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(_) => crate::os::runtime_failed(b"the SIGBUS handler"),
         }
     }
     // Not ours: behave as the process would without Attune.

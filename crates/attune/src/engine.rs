@@ -87,6 +87,7 @@ impl Engine {
 
     /// Starts the background threads and the SIGBUS resolver.
     pub fn start(self: &'static Self) -> Result<(), InitError> {
+        crate::inject::arm_from_env();
         self.start_threads()?;
         attune_sys::signal::install(on_sigbus)
             .map_err(|e| InitError(format!("cannot install the SIGBUS handler: {e}")))?;

@@ -17,6 +17,7 @@
 //! * `fork.rs`: a forked child takes the engine over.
 //! * `daemon_client.rs`: the connection to the node daemon (`attuned`).
 //! * `runtime.rs`: the process-wide state behind the C API, statistics and phases.
+//! * `inject.rs`: failure injection for the failure rules' tests (`ATTUNE_INJECT`).
 
 pub mod config;
 pub mod daemon_client;
@@ -24,6 +25,7 @@ pub mod engine;
 pub mod error;
 pub mod fork;
 pub mod hash;
+pub mod inject;
 pub mod log;
 pub mod numa;
 pub mod paging;

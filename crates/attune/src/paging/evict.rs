@@ -474,6 +474,7 @@ pub fn evictor_loop(e: &'static Pager) {
                 break;
             }
             let want = (cur - low).min(e.cfg.evict_batch as u64);
+            crate::inject::at(crate::inject::Point::Evictor);
             let freed = reclaim(e, want);
             if freed == 0 {
                 break;

@@ -532,6 +532,7 @@ pub fn handler_loop(e: &'static Pager) {
                 continue;
             }
             let addr = m.arg[1] as usize;
+            crate::inject::at(crate::inject::Point::Handler);
             let _in = e.enter();
             match e.find(addr) {
                 Some(r) => {
@@ -566,7 +567,10 @@ pub fn on_sigbus(e: &Pager, addr: usize) -> bool {
     }
     let _in = e.enter();
     match e.find(addr) {
-        Some(r) if r.delivery == Delivery::Signal => resolve(e, &r, addr),
+        Some(r) if r.delivery == Delivery::Signal => {
+            crate::inject::at(crate::inject::Point::Signal);
+            resolve(e, &r, addr)
+        }
         _ => false,
     }
 }

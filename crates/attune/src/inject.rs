@@ -1,0 +1,116 @@
+//! Failure injection for the failure rules' tests (docs/reliability.md): with
+//! `ATTUNE_INJECT=<point>[:<n>]` the runtime panics at the n-th pass (default 1) through
+//! one named point, so the tests can show on the real build what a bug there does to the
+//! program: it stops at once with a message, and no faulting thread waits for ever.
+//!
+//! Compiled in, not behind a feature: the tests run the build users get (a second build
+//! of the runtime would double CI's compile time). Read once, at engine start; ignored in
+//! secure execution (set-user-ID programs), as every other `ATTUNE_*` variable. A point
+//! costs one relaxed load when nothing is armed.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+
+/// A place where a failure can be injected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Point {
+    /// The fault handler thread (thread delivery), at a fault.
+    Handler = 1,
+    /// A faulting thread's SIGBUS resolver (signal delivery), at a fault.
+    Signal = 2,
+    /// The evictor thread, as it starts to evict.
+    Evictor = 3,
+}
+
+const POINTS: [(&str, Point); 3] = [
+    ("handler-panic", Point::Handler),
+    ("signal-panic", Point::Signal),
+    ("evictor-panic", Point::Evictor),
+];
+
+static ARMED: AtomicU32 = AtomicU32::new(0);
+static LEFT: AtomicU64 = AtomicU64::new(0);
+
+/// Parses an `ATTUNE_INJECT` value: the point and the pass at which it fires.
+pub fn parse(v: &str) -> Result<(Point, u64), String> {
+    let (name, n) = match v.split_once(':') {
+        Some((name, n)) => (
+            name,
+            n.parse::<u64>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("ATTUNE_INJECT: '{n}' is not a pass number (1 or more)"))?,
+        ),
+        None => (v, 1),
+    };
+    let names: Vec<&str> = POINTS.iter().map(|p| p.0).collect();
+    POINTS
+        .iter()
+        .find(|p| p.0 == name)
+        .map(|p| (p.1, n))
+        .ok_or_else(|| {
+            format!(
+                "ATTUNE_INJECT: unknown point '{name}' (one of {}); nothing is injected",
+                names.join(", ")
+            )
+        })
+}
+
+/// Arms the point `ATTUNE_INJECT` names, if any (at engine start).
+pub fn arm_from_env() {
+    let Ok(v) = std::env::var("ATTUNE_INJECT") else {
+        return;
+    };
+    if attune_sys::os::secure_execution() {
+        return;
+    }
+    match parse(&v) {
+        Ok((p, n)) => {
+            LEFT.store(n, Relaxed);
+            ARMED.store(p as u32, Relaxed);
+        }
+        Err(m) => crate::log::emit(crate::log::Level::Warn, &m),
+    }
+}
+
+/// Passes through `p`: panics there when it is armed and its pass has come.
+#[inline]
+pub fn at(p: Point) {
+    if ARMED.load(Relaxed) == p as u32 {
+        fire(p);
+    }
+}
+
+#[cold]
+fn fire(p: Point) {
+    if LEFT.fetch_sub(1, Relaxed) == 1 {
+        ARMED.store(0, Relaxed);
+        // Literal messages: a panic with arguments allocates, and the signal-delivery
+        // point runs in a signal handler.
+        match p {
+            Point::Handler => panic!("injected failure (ATTUNE_INJECT=handler-panic)"),
+            Point::Signal => panic!("injected failure (ATTUNE_INJECT=signal-panic)"),
+            Point::Evictor => panic!("injected failure (ATTUNE_INJECT=evictor-panic)"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_parse_or_are_refused_with_the_points_named() {
+        assert_eq!(parse("handler-panic"), Ok((Point::Handler, 1)));
+        assert_eq!(parse("evictor-panic:30"), Ok((Point::Evictor, 30)));
+        assert_eq!(parse("signal-panic:2"), Ok((Point::Signal, 2)));
+        for bad in ["handler-panic:0", "handler-panic:x", "evictor-panic:"] {
+            assert!(parse(bad).unwrap_err().contains("pass number"), "{bad}");
+        }
+        let e = parse("evicter-panic").unwrap_err();
+        assert!(
+            e.contains("unknown point 'evicter-panic'") && e.contains("evictor-panic"),
+            "{e}"
+        );
+    }
+}
