@@ -30,6 +30,10 @@ command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v ch-run >/dev/null || need+=(charliecloud-runtime)
 # The failing-tier test: an ext4 file system on a loop device (docs/reliability.md).
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+# The file tier on a disk that fails its reads: a FUSE file system of the tests'
+# (tests/c/eio_fs.c; this machine's kernel has no device-mapper or block fault injection).
+[ -e /usr/include/fuse3/fuse.h ] || need+=(libfuse3-dev)
+command -v fusermount3 >/dev/null || need+=(fuse3)
 # The unprivileged numpy test runs the system's Python as nobody (a per-user Python under
 # /root cannot be read by another user).
 [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c 'import numpy' 2>/dev/null && need+=(python3-numpy)

@@ -7,9 +7,14 @@ Before the rule the handler thread retried the failing writes chunk after chunk 
 fault: 570 faults a second, 100% of a core, the program as good as hung. Now the tier is
 left alone for a while (`tier::FAILED_BACKOFF_NS`), a warning names the error, what the
 tier holds is still read, and the program finishes with its data verified, above its
-budget (docs/design/paging.md, "Full or failing tiers")."""
+budget (docs/design/paging.md, "Full or failing tiers").
+
+A disk whose reads fail is the other half: the only copy of a page cannot be read back,
+and the access that needs it ends with SIGBUS and a message (a FUSE file system of the
+test's, tests/c/eio_fs.c, fails its reads with EIO on demand)."""
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -87,5 +92,76 @@ def test_a_file_tier_remounted_read_only_mid_run(ext4, tmp_path):
         assert "far tier 'file' failed a write (Read-only file system" in err, err
         # The budget is not kept without a far tier, and it says so.
         assert "above the DRAM budget of 16 MiB" in err, err
+    finally:
+        shutil.rmtree(exe, ignore_errors=True)
+
+
+@pytest.fixture
+def eio_fs():
+    """A FUSE file system over a backing directory whose reads fail with EIO while a flag
+    file exists (tests/c/eio_fs.c): a disk with bad sectors, on a kernel without
+    device-mapper. Yields (mount point, backing directory, flag file)."""
+    if not Path("/dev/fuse").exists() or subprocess.run(["pkg-config", "--exists", "fuse3"]).returncode != 0:
+        pytest.skip("needs /dev/fuse and libfuse3-dev")
+    d = Path(tempfile.mkdtemp(prefix="attune-eio-"))
+    os.chmod(d, 0o755)
+    back, mnt, flag = d / "back", d / "mnt", d / "flag"
+    back.mkdir()
+    mnt.mkdir()
+    os.chmod(back, 0o1777)
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    subprocess.run(["gcc", "-O2", str(ROOT / "tests/c/eio_fs.c"), "-o", str(d / "eio_fs"), *flags], check=True)
+    fs = subprocess.Popen([str(d / "eio_fs"), str(back), str(flag), str(mnt), "-f", "-o",
+                           "allow_other,default_permissions"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+    deadline = time.time() + 10
+    while str(mnt) not in [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]:
+        if fs.poll() is not None or time.time() > deadline:
+            shutil.rmtree(d, ignore_errors=True)
+            pytest.skip(f"cannot mount a FUSE file system here: {fs.communicate()[0]}")
+        time.sleep(0.05)
+    try:
+        yield mnt, back, flag
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mnt)])
+        try:
+            fs.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            fs.kill()
+            fs.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("delivery", ["thread", "signal"])
+def test_a_file_tier_whose_reads_fail_stops_the_program_with_sigbus(eio_fs, delivery):
+    """The only copy of a page is on a disk that now fails its reads (EIO): the access
+    that needs the page ends with SIGBUS and a message, never with other data, under both
+    fault deliveries; nothing is left in the tier's directory."""
+    mnt, back, flag = eio_fs
+    exe = Path(tempfile.mkdtemp(prefix="attune-eio-bin-"))
+    os.chmod(exe, 0o755)
+    try:
+        subprocess.run(["gcc", "-O2", str(ROOT / "tests/run/rand_update.c"), "-o", str(exe / "rand_update")],
+                       check=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ATTUNE_")}
+        env.update(ATTUNE_DAEMON="off", ATTUNE_FAR="file", ATTUNE_TIER_FILE_PATH=str(mnt))
+        p = subprocess.Popen(["runuser", "-u", "nobody", "--", str(ATTUNE), "run", "--fault-mode", delivery,
+                              "--dram", "16M", "--", str(exe / "rand_update"), "64", "100000000"],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # The tier holds most of the 64 MiB after a second (the backing file grows).
+        time.sleep(1.5)
+        assert p.poll() is None, p.communicate()
+        flag.touch()
+        timer = threading.Timer(60, p.kill)
+        timer.start()
+        out, err = p.communicate()
+        timer.cancel()
+        assert "FAIL" not in out, out
+        assert "a page could not be read back from its tier (EIO); the access fails with SIGBUS" in err, err
+        # runuser passes the death by signal on as 128 + SIGBUS.
+        assert "killed by signal 7" in err and p.returncode == 128 + signal.SIGBUS, (p.returncode, err)
+        # The named file (FUSE has no O_TMPFILE) was unlinked at once; nothing is left.
+        assert os.listdir(back) == [], os.listdir(back)
     finally:
         shutil.rmtree(exe, ignore_errors=True)
