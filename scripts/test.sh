@@ -361,6 +361,14 @@ for p in handler:thread:attune-fault signal:signal:"the SIGBUS handler" evictor:
   IFS=: read -r point mode where <<<"$p"
   expect "run-inject-$point-panic" 134 "injected failure \(ATTUNE_INJECT=$point-panic\).*attune: error: the runtime failed \(the panic above, in $where\); the program is stopped" sh -c "out=\$(ATTUNE_INJECT=$point-panic:40 '$ATT' run -q --fault-mode $mode --dram 8M -- '$RT/rand_update' 64 400000 2>&1); rc=\$?; echo \"\$out\" | tr '\n' ' '; exit \$rc"
 done
+# Clock jumps (docs/reliability.md): every interval is timed on the monotonic clock, which
+# no setting of the wall clock moves; the wall clock is read in one place, the history's
+# stamp (history.rs, tested with a clock set back). A node up for 400 days (a monotonic
+# clock far from zero, in a time namespace) tiers as any other, as root and as nobody.
+expect wall-clock-read-only-by-the-history 0 "^only history.rs$" sh -c "grep -rlE 'SystemTime|CLOCK_REALTIME|UNIX_EPOCH' crates --include=*.rs | grep -v '^crates/attune-cli/src/history.rs$' || echo only history.rs"
+up400=$((400 * 86400))
+expect run-monotonic-clock-at-400-days 0 "rand_update: OK" unshare --fork --time --monotonic=$up400 --boottime=$up400 "$ATT" run -q --dram 8M -- "$RT/rand_update" 64 300000
+expect run-monotonic-clock-at-400-days-signal 0 "rand_update: OK" unshare --fork --time --monotonic=$up400 --boottime=$up400 "$ATT" run -q --fault-mode signal --dram 8M -- "$RT/rand_update" 64 300000
 expect run-inject-unknown-point 0 "ATTUNE_INJECT: unknown point 'handler-panik'.*rand_update: OK" sh -c "ATTUNE_INJECT=handler-panik '$ATT' run -q --dram 8M -- '$RT/rand_update' 64 20000 2>&1 | tr '\n' ' '"
 # The whole heap managed (--small): the first request comes from inside the C library
 # (bash's is in setlocale, under its locale lock). A start there that formatted an error
@@ -650,6 +658,7 @@ assert d["user_mode_only"] == (not full and not dev), d
   done
   expect unpriv-run-own-uffd 0 "own_uffd: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/own_uffd" 64
   cp "$RT/rand_update" "$UP/bin/" && chmod 755 "$UP/bin/rand_update"
+  expect unpriv-run-monotonic-clock-at-400-days 0 "rand_update: OK" unshare --fork --time --monotonic=$up400 --boottime=$up400 runuser -u nobody -- "$UP/bin/attune" run -q --dram 8M -- "$UP/bin/rand_update" 64 300000
   expect unpriv-run-inject-handler-panic 134 "attune: error: the runtime failed \(the panic above, in attune-fault\)" sh -c "out=\$(runuser -u nobody -- env ATTUNE_INJECT=handler-panic:40 '$UP/bin/attune' run -q --fault-mode thread --dram 8M -- '$UP/bin/rand_update' 64 400000 2>&1); rc=\$?; echo \"\$out\" | tr '\n' ' '; exit \$rc"
   expect unpriv-run-huge-pressure 0 "under pressure 0 bad words of the first buffer, 0 of the second.*huge_pages: OK" sh -c "runuser -u nobody -- '$UP/bin/attune' run -q --dram 100M -- '$UP/bin/huge_pages' check 64 10 64 64 pressure 2>&1 | tr '\n' ' '"
   expect unpriv-run-syscalls-io-no6x 0 "syscalls_io: OK" runuser -u nobody -- env ATTUNE_KERNEL_FEATURES=-all "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/syscalls_io" "$UP/work" 64

@@ -183,10 +183,31 @@ pub fn record(path: &Path, program: &Path, run: &RunRecord) -> Result<(), String
             }
         }
     };
-    let now = std::time::SystemTime::now()
+    let wall = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
+    add(&mut store, key(program), run, wall);
+    write(path, &store)
+}
+
+/// The stamp of a run recorded now: the wall clock, but never at or before a run already
+/// kept. Programs are dropped oldest stamp first; after the clock is set back (an NTP
+/// step, a node booted with a wrong clock) the run just recorded would otherwise look the
+/// oldest, and be the one dropped. The wall clock is read here only: everything else in
+/// Attune times intervals on the monotonic clock, which no clock setting moves.
+fn stamp(store: &Store, wall: u64) -> u64 {
+    let newest = store.programs.values().flatten().map(|r| r.recorded).max();
+    match newest {
+        Some(n) if wall <= n => n.saturating_add(1),
+        _ => wall,
+    }
+}
+
+/// Adds `run` of the program keyed `program` to `store`, stamped at `wall` (Unix seconds)
+/// or later ([`stamp`]), and drops what is over the limits.
+fn add(store: &mut Store, program: String, run: &RunRecord, wall: u64) {
+    let now = stamp(store, wall);
     let stored = StoredRun {
         args: run.args.clone(),
         recorded: now,
@@ -200,7 +221,7 @@ pub fn record(path: &Path, program: &Path, run: &RunRecord) -> Result<(), String
             })
             .collect(),
     };
-    let runs = store.programs.entry(key(program)).or_default();
+    let runs = store.programs.entry(program).or_default();
     runs.retain(|r| r.args != run.args);
     runs.push(stored);
     if runs.len() > RUNS_KEPT {
@@ -218,7 +239,6 @@ pub fn record(path: &Path, program: &Path, run: &RunRecord) -> Result<(), String
             None => break,
         };
     }
-    write(path, &store)
 }
 
 fn write(path: &Path, store: &Store) -> Result<(), String> {
@@ -302,6 +322,34 @@ mod tests {
         let (r, n) = lookup(&p, prog, &["19".to_string()]).unwrap().unwrap();
         assert_eq!((r.regions[0].size, n), (2 << 20, RUNS_KEPT));
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_clock_set_back_never_drops_the_run_just_recorded() {
+        let mut store = Store::default();
+        let t0 = 1_800_000_000;
+        for i in 0..PROGRAMS_KEPT as u64 {
+            add(&mut store, format!("/p{i}"), &run(&[], 1 << 20), t0 + i);
+        }
+        // The clock goes back a year: the new program is the newest all the same, and
+        // the program recorded first is the one dropped.
+        add(
+            &mut store,
+            "/new".into(),
+            &run(&[], 1 << 20),
+            t0 - 365 * 86400,
+        );
+        assert!(store.programs.contains_key("/new"));
+        assert!(!store.programs.contains_key("/p0"));
+        assert_eq!(store.programs.len(), PROGRAMS_KEPT);
+        assert_eq!(
+            store.programs["/new"][0].recorded,
+            t0 + PROGRAMS_KEPT as u64
+        );
+        // And forward again (the clock put right): stamps follow the clock.
+        add(&mut store, "/later".into(), &run(&[], 1 << 20), t0 + 86400);
+        assert_eq!(store.programs["/later"][0].recorded, t0 + 86400);
+        assert!(!store.programs.contains_key("/p1") && store.programs.contains_key("/new"));
     }
 
     #[test]
