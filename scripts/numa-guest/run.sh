@@ -23,6 +23,9 @@ mkdir -p "$R"/{bin,sbin,etc,proc,sys,dev,tmp,lib64,usr/bin}
 cp "$(command -v busybox)" "$R/bin/busybox"
 cp "$ATTUNE" "$R/bin/attune"
 ELFS=("$ATTUNE")
+# util-linux's setpriv: scenarios run as a user who is not root (busybox's has no --reuid).
+cp "$(command -v setpriv)" "$R/usr/bin/setpriv"
+ELFS+=("$(command -v setpriv)")
 if [ -n "${GUEST_EXTRA:-}" ]; then
   mkdir -p "$R/opt/attune"
   cp -a "$GUEST_EXTRA"/. "$R/opt/attune/"

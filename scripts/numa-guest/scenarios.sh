@@ -12,6 +12,9 @@ A=/bin/attune
 step topology $A topology --json
 step weights-plan $A numa weights
 step lat $A numa place --region 64M:LAT
+# LAT for a user who may lock no memory (RLIMIT_MEMLOCK 0, not root): the pinned part
+# stays pageable with a warning; placement and data are as above (docs/reliability.md).
+step lat-memlock-0 sh -c "ulimit -l 0; exec /usr/bin/setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all $A numa place --region 64M:LAT"
 step cap $A numa place --region 64M:CAP
 step lat-cap $A numa place --region 128M:LAT,CAP
 # BW before the weights are set: the kernel's weights (1 per node) are not the bandwidth

@@ -67,6 +67,18 @@ def test_lat_on_dram_with_pinned_part(guest):
     assert r["pinned_bytes"] == 16 * MiB  # pin_fraction 0.25
 
 
+def test_lat_for_a_user_who_may_lock_nothing(guest):
+    """RLIMIT_MEMLOCK 0 and not root (scenarios.sh, lat-memlock-0): the pinned part cannot
+    be locked, which is said and counted; placement and data are as with the lock."""
+    out, _ = guest["lat-memlock-0"]
+    assert "cannot pin 16777216 bytes of a LAT region" in out and "raise RLIMIT_MEMLOCK" in out, out
+    rep = report(guest, "lat-memlock-0")
+    r = rep["regions"][0]
+    assert r["checksum_ok"]
+    assert pages(r, 0) == 64 * MiB // 4096 and pages(r, 1) == 0
+    assert r["pinned_bytes"] == 0 and rep["counters"]["pin_failures"] == 1
+
+
 def test_cap_on_the_capacity_tier(guest):
     r = report(guest, "cap")["regions"][0]
     assert r["checksum_ok"] and pages(r, 1) == 64 * MiB // 4096 and pages(r, 0) == 0
