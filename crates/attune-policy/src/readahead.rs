@@ -127,6 +127,21 @@ pub struct Decision {
     window: usize,
 }
 
+/// The amplification of what faults moved in: bytes (or chunks) moved, `demand` asked for
+/// plus `readahead`, over those the faults showed touched, `demand` plus
+/// `readahead_touched` (from [`Decision::used_touched`]). 1.0 when nothing was shown
+/// (nothing moved, or read-ahead not yet gone past). Two faults racing on a stream slot
+/// may both count its read-ahead shown, so the touched part is held to what was read
+/// ahead. Docs: docs/design/paging.md, "Amplification".
+pub fn amplification(demand: u64, readahead: u64, readahead_touched: u64) -> f64 {
+    let shown = demand + readahead_touched.min(readahead);
+    if shown == 0 {
+        1.0
+    } else {
+        (demand + readahead) as f64 / shown as f64
+    }
+}
+
 impl Decision {
     /// Of [`Decision::used`], the chunks the run's faults show the program touched: all of
     /// them on a run or a long stride (its read-ahead moved the stride points only), one
@@ -339,6 +354,23 @@ mod tests {
             moved as f64 / (faults + shown) as f64,
             moved as f64 / distinct.len() as f64,
         )
+    }
+
+    #[test]
+    fn amplification_is_moved_over_shown() {
+        // (demand, read ahead, shown touched) -> amplification
+        let rows = [
+            ((0, 0, 0), 1.0),
+            ((10, 0, 0), 1.0),
+            ((0, 8, 0), 1.0),
+            ((10, 30, 30), 1.0),
+            ((10, 30, 10), 2.0),
+            ((10, 30, 50), 1.0), // racing faults over-count: held to what was read ahead
+            ((0, 40, 10), 4.0),
+        ];
+        for ((d, r, t), want) in rows {
+            assert_eq!(super::amplification(d, r, t), want, "{d} {r} {t}");
+        }
     }
 
     #[test]

@@ -334,16 +334,11 @@ impl Region {
     /// "Amplification").
     pub fn amplification(&self) -> f64 {
         let c = &self.counters;
-        let demand = c.demand_chunks.load(Relaxed);
-        let ahead = c.readahead_chunks.load(Relaxed);
-        let moved = demand + ahead;
-        // Two faults racing on a stream slot may both count its read-ahead shown.
-        let shown = demand + c.readahead_touched_chunks.load(Relaxed).min(ahead);
-        if shown == 0 {
-            1.0
-        } else {
-            moved as f64 / shown as f64
-        }
+        attune_policy::readahead::amplification(
+            c.demand_chunks.load(Relaxed),
+            c.readahead_chunks.load(Relaxed),
+            c.readahead_touched_chunks.load(Relaxed),
+        )
     }
     /// The heat counters (faults per chunk since allocation), for statistics.
     pub fn heat_total(&self) -> u64 {

@@ -698,6 +698,8 @@ pub fn region_stats(ptr: usize) -> Result<RegionStats, Errno> {
                 resident_bytes: per_tier[0] * 4096,
                 tier_bytes: per_tier[1..].iter().map(|p| p * 4096).collect(),
                 pinned_bytes: r.pinned(),
+                // Nothing moves through our faults on NUMA tiers.
+                amplification: 1.0,
                 ..Default::default()
             });
         }

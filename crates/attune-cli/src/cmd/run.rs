@@ -587,14 +587,12 @@ pub fn build_report(
 /// Bytes faults moved into DRAM (their chunks and read-ahead) over the bytes the faults
 /// show the program touched; 1.0 before any fault (docs/design/paging.md, "Amplification").
 fn amplification(t: &Value) -> f64 {
-    let n = |k: &str| t[k].as_u64().unwrap_or(0) as f64;
-    // Two faults racing on a stream slot may both count its read-ahead shown.
-    let shown = n("demand_bytes") + n("readahead_touched_bytes").min(n("readahead_bytes"));
-    if shown == 0.0 {
-        1.0
-    } else {
-        (n("demand_bytes") + n("readahead_bytes")) / shown
-    }
+    let n = |k: &str| t[k].as_u64().unwrap_or(0);
+    attune_policy::readahead::amplification(
+        n("demand_bytes"),
+        n("readahead_bytes"),
+        n("readahead_touched_bytes"),
+    )
 }
 
 /// Which fault delivery the program's regions used, and why the handler thread where
