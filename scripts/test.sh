@@ -658,6 +658,12 @@ assert d["user_mode_only"] == (not full and not dev), d
   done
   expect unpriv-run-own-uffd 0 "own_uffd: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/own_uffd" 64
   cp "$RT/rand_update" "$UP/bin/" && chmod 755 "$UP/bin/rand_update"
+  # --small under bash and Python (a start inside the C library's locale lock), and the
+  # report's amplification, as a user: the same as root's rows.
+  expect unpriv-run-small-bash 0 "^hi$" runuser -u nobody -- "$UP/bin/attune" run -q --small -- bash -c 'echo hi'
+  expect unpriv-run-small-python 0 "^499999500000$" runuser -u nobody -- "$UP/bin/attune" run -q --small -- /usr/bin/python3 -c 'print(sum(range(10**6)))'
+  cp "$RT/unit_patterns" "$UP/bin/" && chmod 755 "$UP/bin/unit_patterns"
+  expect unpriv-run-amplification-strided 0 "check_report: OK" sh -c "runuser -u nobody -- '$UP/bin/attune' run -q --dram 16M --report '$UP/work/amp.json' -- '$UP/bin/unit_patterns' strided 64 && $CHECK '$UP/work/amp.json' --amplification 2.2 2.8"
   expect unpriv-run-monotonic-clock-at-400-days 0 "rand_update: OK" unshare --fork --time --monotonic=$up400 --boottime=$up400 runuser -u nobody -- "$UP/bin/attune" run -q --dram 8M -- "$UP/bin/rand_update" 64 300000
   expect unpriv-run-inject-handler-panic 134 "attune: error: the runtime failed \(the panic above, in attune-fault\)" sh -c "out=\$(runuser -u nobody -- env ATTUNE_INJECT=handler-panic:40 '$UP/bin/attune' run -q --fault-mode thread --dram 8M -- '$UP/bin/rand_update' 64 400000 2>&1); rc=\$?; echo \"\$out\" | tr '\n' ' '; exit \$rc"
   expect unpriv-run-huge-pressure 0 "under pressure 0 bad words of the first buffer, 0 of the second.*huge_pages: OK" sh -c "runuser -u nobody -- '$UP/bin/attune' run -q --dram 100M -- '$UP/bin/huge_pages' check 64 10 64 64 pressure 2>&1 | tr '\n' ' '"
