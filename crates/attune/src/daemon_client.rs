@@ -114,6 +114,8 @@ pub fn start(cfg: &Config, engine: Option<&'static Pager>) -> Result<(), String>
     let sock = match first {
         Ok(s) => s,
         Err(e) => {
+            // Not `{e}`: no strerror on the start path (`attune_sys::errno_text`).
+            let e = attune_sys::io_error_text(&e);
             if cfg.daemon == DaemonMode::Require {
                 return Err(format!(
                     "daemon = require, but no attuned answers on {} ({e}); start attuned or set ATTUNE_DAEMON=auto",

@@ -332,8 +332,9 @@ pub fn load(
         Some(p) => {
             let text = std::fs::read_to_string(p).map_err(|e| {
                 ConfigError(format!(
-                    "cannot read configuration file {}: {e}",
-                    p.display()
+                    "cannot read configuration file {}: {}",
+                    p.display(),
+                    attune_sys::io_error_text(&e)
                 ))
             })?;
             load_text(Some((&p.display().to_string(), &text)), env, m)
