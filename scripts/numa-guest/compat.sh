@@ -32,3 +32,5 @@ step topology $A topology --json
 step lat $A numa place --region 64M:LAT
 step cap $A numa place --region 64M:CAP
 step bw $A numa place --region 130M:BW
+# Write heat without asynchronous write-protection: soft-dirty bits.
+step promote env ATTUNE_LOG=info $A numa place --region 64M:CAP --write-hot 0:8M --hot-secs 4

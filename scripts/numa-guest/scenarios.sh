@@ -35,6 +35,9 @@ step missing-node env ATTUNE_CONFIG=/tmp/gone.toml $A numa place --region 8M:LAT
 # Hot-page promotion from write heat (before the kernel's own tiering is switched on):
 # 8 MiB of CAP data, placed on node 1, written for 4 s.
 step promote $A numa place --region 64M:CAP --write-hot 0:8M --hot-secs 4
+# The same with asynchronous write-protection masked, as on kernels before 6.7: write heat
+# from soft-dirty bits (docs/design/kernels.md).
+step promote-soft-dirty env ATTUNE_LOG=info ATTUNE_KERNEL_FEATURES=-wp_async,-pagemap_scan $A numa place --region 64M:CAP --write-hot 0:8M --hot-secs 4
 # The same under a migration limit of 2 MiB/s: the 8 MiB need about 4 s.
 step promote-limited env ATTUNE_MOVE_LIMIT=2M $A numa place --region 64M:CAP --write-hot 0:8M --hot-secs 7
 # No room on the fast tier: cold cells of the older unflagged region make room.

@@ -185,6 +185,19 @@ def test_written_hot_set_in_the_far_tier_is_promoted(guest):
     assert rep["planned_per_tier"] == [8 * MiB, 56 * MiB]
 
 
+def test_soft_dirty_bits_promote_where_async_write_protection_is_missing(guest):
+    """As above with `-wp_async,-pagemap_scan` (a kernel before 6.7): the scanner reads
+    soft-dirty bits instead, and the written 8 MiB reach node 0, the rest stays."""
+    out, _ = guest["promote-soft-dirty"]
+    assert "NUMA write heat from soft-dirty bits" in out, out
+    rep = report(guest, "promote-soft-dirty")
+    h = hot_part(rep)
+    assert h["pages_per_node"] == {"0": 2048}, h
+    assert h["on_fast_tier_after_s"] is not None and h["on_fast_tier_after_s"] < 3.0, h
+    assert h["rest_pages_per_node"] == {"1": 14336}, h
+    assert rep["counters"]["promoted_bytes"] == 8 * MiB
+
+
 def test_promotion_keeps_the_migration_rate_limit(guest):
     rep = report(guest, "promote-limited")
     h = hot_part(rep)

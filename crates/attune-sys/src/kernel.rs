@@ -26,6 +26,9 @@ pub const PAGEMAP_SCAN: u64 = 1 << 3;
 /// `MPOL_WEIGHTED_INTERLEAVE` (6.9): BW pages spread by tier bandwidth in one policy.
 /// Fallback: stripes placed with `mbind` per range.
 pub const WEIGHTED_INTERLEAVE: u64 = 1 << 4;
+/// Soft-dirty bits (`CONFIG_MEM_SOFT_DIRTY`, 3.11; not a 6.x feature, so `-all` leaves
+/// it): NUMA write heat where `WP_ASYNC`/`PAGEMAP_SCAN` are missing. Fallback: none.
+pub const SOFT_DIRTY: u64 = 1 << 5;
 
 /// One row per feature: its mask name, bit, first kernel, what it gives, what replaces it.
 pub struct Feature {
@@ -57,11 +60,11 @@ pub const FEATURES: &[Feature] = &[
     },
     Feature {
         name: "wp_async",
-        cost: "no write heat: NUMA placement by access heat alone",
+        cost: "after each heat round every first write to any page of the process takes an in-kernel fault, not only writes to armed cells (write_heat_cost example)",
         bit: WP_ASYNC,
         since: "6.7",
         gives: "asynchronous write-protection: write heat for NUMA placement",
-        fallback: "NUMA heat from accesses only, no write heat",
+        fallback: "write heat from soft-dirty bits (clear_refs, pagemap bit 55), re-armed for the whole process each round; none without them",
     },
     Feature {
         name: "pagemap_scan",
@@ -69,7 +72,7 @@ pub const FEATURES: &[Feature] = &[
         bit: PAGEMAP_SCAN,
         since: "6.7",
         gives: "PAGEMAP_SCAN: written pages read back in one walk (NUMA write heat)",
-        fallback: "NUMA heat from accesses only, no write heat",
+        fallback: "as wp_async: soft-dirty bits read from /proc/self/pagemap",
     },
     Feature {
         name: "weighted_interleave",
@@ -79,10 +82,20 @@ pub const FEATURES: &[Feature] = &[
         gives: "MPOL_WEIGHTED_INTERLEAVE: BW pages spread by bandwidth in one policy",
         fallback: "stripes placed range by range with mbind",
     },
+    Feature {
+        name: "soft_dirty",
+        cost: "no write heat: hot pages written in the far tier stay there, no headroom demotion",
+        bit: SOFT_DIRTY,
+        since: "3.11",
+        gives: "soft-dirty bits (CONFIG_MEM_SOFT_DIRTY): NUMA write heat where wp_async or pagemap_scan is missing",
+        fallback: "needed only without wp_async or pagemap_scan: then no write heat, NUMA placement by flags alone",
+    },
 ];
 
-/// Every feature bit.
+/// Every 6.x feature bit (`-all`: as on 5.10, which has soft-dirty bits).
 pub const ALL: u64 = MOVE | POISON | WP_ASYNC | PAGEMAP_SCAN | WEIGHTED_INTERLEAVE;
+/// Every bit the mask may hold.
+const MASKABLE: u64 = ALL | SOFT_DIRTY;
 
 static MASK: AtomicU64 = AtomicU64::new(0);
 
@@ -135,7 +148,7 @@ pub fn mask_string(mask: u64) -> String {
 
 /// Sets the process's mask (before the engine opens anything).
 pub fn set_mask(mask: u64) {
-    MASK.store(mask & ALL, Relaxed);
+    MASK.store(mask & MASKABLE, Relaxed);
 }
 
 /// The process's mask. Signal-safe.
@@ -149,10 +162,13 @@ pub fn masked(bit: u64) -> bool {
 }
 
 /// The names of the features whose fallback runs (absent or masked), in table order.
+/// Soft-dirty bits count only where they would stand in (asynchronous write-protection
+/// or `PAGEMAP_SCAN` missing): otherwise nothing runs without them.
 pub fn fallbacks(in_use: u64) -> Vec<&'static str> {
+    let async_heat = in_use & (WP_ASYNC | PAGEMAP_SCAN) == WP_ASYNC | PAGEMAP_SCAN;
     FEATURES
         .iter()
-        .filter(|f| in_use & f.bit == 0)
+        .filter(|f| in_use & f.bit == 0 && !(f.bit == SOFT_DIRTY && async_heat))
         .map(|f| f.name)
         .collect()
 }
@@ -169,6 +185,7 @@ mod tests {
             ("-move,-poison", Ok(MOVE | POISON)),
             (" -move , -pagemap_scan ", Ok(MOVE | PAGEMAP_SCAN)),
             ("-all", Ok(ALL)),
+            ("-all,-soft_dirty", Ok(ALL | SOFT_DIRTY)),
             ("-all,+move", Ok(ALL & !MOVE)),
             ("+move", Ok(0)),
             ("move", Err("write -move")),
@@ -185,8 +202,19 @@ mod tests {
     }
 
     #[test]
+    fn soft_dirty_is_a_fallback_only_where_it_stands_in() {
+        assert_eq!(fallbacks(ALL), Vec::<&str>::new());
+        assert_eq!(fallbacks(ALL & !MOVE), vec!["move"]);
+        assert_eq!(fallbacks(ALL & !WP_ASYNC), vec!["wp_async", "soft_dirty"]);
+        assert_eq!(
+            fallbacks(MOVE | POISON | SOFT_DIRTY),
+            vec!["wp_async", "pagemap_scan", "weighted_interleave"]
+        );
+    }
+
+    #[test]
     fn the_written_form_reads_back() {
-        for m in [0, MOVE, POISON | WP_ASYNC, ALL] {
+        for m in [0, MOVE, POISON | WP_ASYNC, ALL, ALL | SOFT_DIRTY] {
             assert_eq!(parse_mask(&mask_string(m)).unwrap(), m);
         }
     }

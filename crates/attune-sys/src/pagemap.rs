@@ -1,5 +1,5 @@
 //! Which pages were written: asynchronous userfaultfd write-protection read back with
-//! `PAGEMAP_SCAN` (Linux 6.7+).
+//! `PAGEMAP_SCAN` (Linux 6.7+), or, on older kernels, the soft-dirty bits.
 //!
 //! A range registered in write-protect mode on a userfaultfd opened with
 //! `UFFD_FEATURE_WP_ASYNC` can be write-protected ("armed") without anyone waiting on the
@@ -14,6 +14,14 @@
 //! scanning are page-table walks. Reads are not seen. System calls that write into a
 //! tracked range work (the kernel resolves the protection for them too).
 //!
+//! Soft-dirty (the fallback, any kernel built with `CONFIG_MEM_SOFT_DIRTY`, as Debian's
+//! and RHEL's are): writing "4" to `/proc/self/clear_refs` write-protects every page of
+//! the process and clears its soft-dirty bit; the next write to a page sets it again
+//! (bit 55 of its `/proc/self/pagemap` entry). Nothing is per range: one clear re-arms the
+//! whole process, so after each round every first write to any page of the process costs
+//! an in-kernel fault, not only writes to armed cells (`write_heat_cost` measures both).
+//! A new mapping reads as written until the next clear (its VMA is marked soft-dirty).
+//!
 //! Contract: the tracker's registrations do not survive `fork` in the child (no
 //! `UFFD_FEATURE_EVENT_FORK`); a scan there fails with `EPERM` (`PM_SCAN_CHECK_WPASYNC`)
 //! instead of reporting wrongly. The child's copy of the descriptor still names the
@@ -23,6 +31,7 @@
 
 use crate::uffd::{feature, mode, Uffd};
 use crate::{Errno, SysResult};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 #[repr(C)]
 #[derive(Default)]
@@ -57,19 +66,39 @@ const PAGE_IS_WRITTEN: u64 = 1 << 1;
 /// Regions returned per ioctl (a scan loops while the walk stops early).
 const VEC: usize = 256;
 
-/// A userfaultfd in asynchronous write-protect mode and the scans that read it.
+/// How a tracker learns of writes.
+enum Backend {
+    /// A userfaultfd in asynchronous write-protect mode, read with `PAGEMAP_SCAN`.
+    Async(Uffd),
+    /// Soft-dirty bits; `cleared`: the process was re-armed this round.
+    SoftDirty { cleared: AtomicBool },
+}
+
+/// Written-page tracking for the NUMA heat scanner, by the best means the kernel has.
 pub struct WriteTracker {
-    uffd: Uffd,
+    backend: Backend,
     /// The process that opened it (whose address space the descriptor acts on).
     owner: u32,
 }
 
+/// Soft-dirty bit of a pagemap entry; present and swapped bits.
+const PM_SOFT_DIRTY: u64 = 1 << 55;
+const PM_PRESENT_OR_SWAPPED: u64 = (1 << 63) | (1 << 62);
+
 impl WriteTracker {
-    /// None when the kernel has no asynchronous write-protection (before 6.7) or
-    /// userfaultfd cannot be opened; the caller goes on without write heat.
+    /// Asynchronous write-protection where the kernel has it (6.7+) and the mask leaves
+    /// it, soft-dirty bits otherwise; `Err` when neither (the caller goes on without
+    /// write heat).
     pub fn open() -> Result<WriteTracker, Errno> {
+        Self::open_async().or_else(|e| Self::open_soft_dirty().map_err(|_| e))
+    }
+
+    /// Asynchronous write-protection only.
+    pub fn open_async() -> Result<WriteTracker, Errno> {
         // Masked (`crate::kernel`): as on a kernel without it.
-        if crate::kernel::masked(crate::kernel::PAGEMAP_SCAN) {
+        if crate::kernel::masked(crate::kernel::PAGEMAP_SCAN)
+            || crate::kernel::masked(crate::kernel::WP_ASYNC)
+        {
             return Err(Errno(libc::ENOTSUP));
         }
         let uffd =
@@ -78,22 +107,68 @@ impl WriteTracker {
             return Err(Errno(libc::ENOTSUP));
         }
         Ok(WriteTracker {
-            uffd,
+            backend: Backend::Async(uffd),
             owner: std::process::id(),
         })
+    }
+
+    /// Soft-dirty bits only: `Err(ENOTSUP)` where the kernel keeps none. Without
+    /// `CONFIG_MEM_SOFT_DIRTY` (this machine's kernel) `clear_refs` takes "4" and does
+    /// nothing, so a page is written after a clear and its bit read back. Opening clears
+    /// the process's bits once.
+    pub fn open_soft_dirty() -> Result<WriteTracker, Errno> {
+        if crate::kernel::masked(crate::kernel::SOFT_DIRTY) || !crate::probe::soft_dirty() {
+            return Err(Errno(libc::ENOTSUP));
+        }
+        clear_soft_dirty()?;
+        Ok(WriteTracker {
+            backend: Backend::SoftDirty {
+                cleared: AtomicBool::new(true),
+            },
+            owner: std::process::id(),
+        })
+    }
+
+    /// "async write-protection" or "soft-dirty bits", for messages.
+    pub fn kind(&self) -> &'static str {
+        match self.backend {
+            Backend::Async(_) => "asynchronous write-protection",
+            Backend::SoftDirty { .. } => "soft-dirty bits",
+        }
     }
 
     /// Makes `[start, start+len)` trackable (page-aligned, anonymous or shmem, not
     /// registered with another userfaultfd). Nothing is armed yet.
     pub fn track(&self, start: usize, len: usize) -> SysResult<()> {
         self.in_owner()?;
-        self.uffd.register(start, len, mode::WP)
+        match &self.backend {
+            Backend::Async(uffd) => uffd.register(start, len, mode::WP),
+            Backend::SoftDirty { .. } => Ok(()),
+        }
     }
 
-    /// Arms `[start, start+len)` (inside a tracked range): its next writes are seen.
+    /// Starts a round of scans then arms: with soft-dirty bits, the first [`Self::arm`]
+    /// after this re-arms the whole process, once.
+    pub fn begin_round(&self) {
+        if let Backend::SoftDirty { cleared } = &self.backend {
+            cleared.store(false, Relaxed);
+        }
+    }
+
+    /// Arms `[start, start+len)` (inside a tracked range): its next writes are seen. With
+    /// soft-dirty bits every page of the process is armed, once per round.
     pub fn arm(&self, start: usize, len: usize) -> SysResult<()> {
         self.in_owner()?;
-        self.uffd.writeprotect(start, len, true)
+        match &self.backend {
+            Backend::Async(uffd) => uffd.writeprotect(start, len, true),
+            Backend::SoftDirty { cleared } => {
+                if cleared.swap(true, Relaxed) {
+                    Ok(())
+                } else {
+                    clear_soft_dirty()
+                }
+            }
+        }
     }
 
     /// `EPERM` in a forked child: the descriptor acts on the parent's address space.
@@ -118,6 +193,9 @@ impl WriteTracker {
         // A pagemap descriptor is bound to the address space of the process that opened
         // it, which a forked child is not: `pagemap_fd` opens one per process.
         let fd = crate::mem::pagemap_fd()?;
+        if let Backend::SoftDirty { .. } = self.backend {
+            return soft_dirty_pages(fd, start, len, out);
+        }
         let mut vec = [PageRegion::default(); VEC];
         let end = (start + len) as u64;
         let mut at = start as u64;
@@ -153,6 +231,80 @@ impl WriteTracker {
     }
 }
 
+/// Whether this kernel keeps soft-dirty bits, without clearing any (a clear would cost the
+/// whole process a fault per page it writes next): a new mapping is marked soft-dirty and
+/// a written page is too, so a fresh page reads back with its bit set exactly when the
+/// kernel keeps them (without `CONFIG_MEM_SOFT_DIRTY` the bit is never set).
+pub(crate) fn soft_dirty_works() -> bool {
+    let ps = crate::page_size();
+    let Ok(page) = crate::mem::map_anon(ps, false) else {
+        return false;
+    };
+    // SAFETY: the page mapped above.
+    unsafe { (page as *mut u8).write_volatile(1) };
+    let mut seen = Vec::new();
+    let ok = crate::mem::pagemap_fd()
+        .and_then(|fd| soft_dirty_pages(fd, page, ps, &mut seen))
+        .is_ok();
+    let _ = crate::mem::unmap(page, ps);
+    ok && !seen.is_empty()
+}
+
+/// Clears the soft-dirty bits of every page of this process (`clear_refs` "4").
+fn clear_soft_dirty() -> SysResult<()> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/self/clear_refs")
+        .and_then(|mut f| f.write_all(b"4"))
+        .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::ENOTSUP)))
+}
+
+/// Appends the runs of pages of `[start, start+len)` whose soft-dirty bit is set (present
+/// or swapped), read from the pagemap descriptor `fd`.
+fn soft_dirty_pages(
+    fd: i32,
+    start: usize,
+    len: usize,
+    out: &mut Vec<(usize, usize)>,
+) -> SysResult<()> {
+    const BATCH: usize = 4096;
+    let ps = crate::page_size();
+    let mut entries = [0u64; BATCH];
+    let (first, pages) = (start / ps, len.div_ceil(ps));
+    let mut done = 0;
+    while done < pages {
+        let n = (pages - done).min(BATCH);
+        // SAFETY: reads at most n entries into `entries`, which holds BATCH >= n.
+        let got = unsafe {
+            libc::pread(
+                fd,
+                entries.as_mut_ptr().cast(),
+                n * 8,
+                ((first + done) * 8) as libc::off_t,
+            )
+        };
+        if got < 0 {
+            return Err(Errno::last());
+        }
+        let got = got as usize / 8;
+        if got == 0 {
+            return Err(Errno(libc::EIO));
+        }
+        for (i, &e) in entries[..got].iter().enumerate() {
+            if e & PM_SOFT_DIRTY != 0 && e & PM_PRESENT_OR_SWAPPED != 0 {
+                let at = (first + done + i) * ps;
+                match out.last_mut() {
+                    Some(last) if last.0 + last.1 == at => last.1 += ps,
+                    _ => out.push((at, ps)),
+                }
+            }
+        }
+        done += got;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,7 +320,7 @@ mod tests {
 
     #[test]
     fn armed_pages_report_writes() {
-        let Ok(t) = WriteTracker::open() else {
+        let Ok(t) = WriteTracker::open_async() else {
             eprintln!("no asynchronous write-protection here; skipped");
             return;
         };
@@ -217,7 +369,7 @@ mod tests {
 
     #[test]
     fn a_forked_child_cannot_touch_its_parents_tracking() {
-        let Ok(t) = WriteTracker::open() else {
+        let Ok(t) = WriteTracker::open_async() else {
             eprintln!("no asynchronous write-protection here; skipped");
             return;
         };
@@ -261,5 +413,48 @@ mod tests {
         assert_eq!(unsafe { (base as *const u8).read_volatile() }, 1);
         crate::mem::unmap(base, len).unwrap();
         crate::mem::unmap(other, len).unwrap();
+    }
+
+    #[test]
+    fn soft_dirty_pages_report_writes_after_a_round() {
+        let Ok(t) = WriteTracker::open_soft_dirty() else {
+            eprintln!("no soft-dirty bits here; skipped");
+            return;
+        };
+        assert_eq!(t.kind(), "soft-dirty bits");
+        let len = 64 * 4096;
+        let base = crate::mem::map_anon(len, false).unwrap();
+        let _ = crate::mem::advise(base, len, crate::mem::MADV_NOHUGEPAGE);
+        let poke = |page: usize, v: u8| {
+            // SAFETY: inside the mapping above.
+            unsafe { ((base + page * 4096) as *mut u8).write_volatile(v) }
+        };
+        for p in 0..64 {
+            poke(p, 1);
+        }
+        t.track(base, len).unwrap();
+        t.begin_round();
+        t.arm(base, len).unwrap();
+        assert_eq!(written(&t, base, len), Vec::<usize>::new());
+        for p in [3, 4, 40] {
+            poke(p, 2);
+        }
+        // SAFETY: inside the mapping; a read is not a write.
+        let _ = unsafe { ((base + 10 * 4096) as *const u8).read_volatile() };
+        assert_eq!(written(&t, base, len), vec![3, 4, 40]);
+        // Within a round, a second arm re-arms nothing: the writes stay seen.
+        t.arm(base, 4096).unwrap();
+        assert_eq!(written(&t, base, len), vec![3, 4, 40]);
+        // The next round's first arm clears them.
+        t.begin_round();
+        t.arm(base, 4096).unwrap();
+        poke(7, 3);
+        assert_eq!(written(&t, base, len), vec![7]);
+        // SAFETY: inside the mapping.
+        assert_eq!(
+            unsafe { ((base + 40 * 4096) as *const u8).read_volatile() },
+            2
+        );
+        crate::mem::unmap(base, len).unwrap();
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Every `heat_interval_ms` the scanner thread, for each write-tracked region:
 //! 1. reads which of the cells it armed last round were written (`attune_sys::pagemap`:
-//!    asynchronous write-protection read back with PAGEMAP_SCAN) and ages their history;
+//!    asynchronous write-protection read back with PAGEMAP_SCAN, or soft-dirty bits
+//!    before 6.7) and ages their history;
 //! 2. moves what `promote::plan` says: cold unprotected fast cells down while the fast
 //!    tier is short of its headroom (background demotion), then hot cells of lower tiers to
 //!    the fast tier while it has room above the headroom, a cold unprotected fast cell down
@@ -17,7 +18,8 @@
 //! Why writes: on NUMA tiers pages stay mapped, so no fault tells the runtime about an
 //! access, and the accessed bits are not readable from user space without idle-page
 //! tracking (not in the guest kernel, and shared with DAMON on this machine). Dirty
-//! tracking through userfaultfd is available to any process on Linux 6.7+. Read-only hot
+//! tracking through userfaultfd is available to any process on Linux 6.7+, soft-dirty bits
+//! before that (re-armed for the whole process each round: dearer). Read-only hot
 //! data is not seen; the kernel's NUMA balancing (where enabled) still promotes it, and
 //! LAT flags place it in the fast tier in the first place.
 
@@ -83,6 +85,7 @@ impl NumaPlacer {
             return 0;
         };
         let t0 = attune_sys::os::now_ns();
+        tracker.begin_round();
         let mut guard = self.lock();
         let st = &mut *guard;
         let mut written = Vec::new();

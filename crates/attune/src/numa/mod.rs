@@ -415,10 +415,13 @@ impl NumaPlacer {
             None
         } else {
             match WriteTracker::open() {
-                Ok(t) => Some(t),
+                Ok(t) => {
+                    crate::info!("NUMA write heat from {}", t.kind());
+                    Some(t)
+                }
                 Err(e) => {
                     crate::warn!(
-                        "no write heat on NUMA tiers ({e}: asynchronous write-protection needs Linux 6.7+): hot pages in the far tier stay there and no cold data is demoted to keep the headroom"
+                        "no write heat on NUMA tiers ({e}: asynchronous write-protection needs Linux 6.7+, soft-dirty bits a kernel built with CONFIG_MEM_SOFT_DIRTY): hot pages in the far tier stay there and no cold data is demoted to keep the headroom"
                     );
                     None
                 }
