@@ -452,7 +452,7 @@ fn doc_of(kind: &Kind) -> String {
         Kind::Percent { min, max } => format!("percent {min}-{max}"),
         Kind::Loopback => "loopback ADDRESS:PORT".into(),
         Kind::KernelMask => {
-            "-feature,... (move, poison, wp_async, pagemap_scan, weighted_interleave, all)".into()
+            "-feature,... (move, poison, wp_async, pagemap_scan, weighted_interleave, soft_dirty, all)".into()
         }
         Kind::TierKinds => format!(
             "kinds from {}, comma-separated",
