@@ -131,6 +131,8 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+static int forks = 1;   /* SOAK_FORKS=0: no forks (a tier whose pages a child cannot see) */
+
 /* Forks while the workers run: the child checks a snapshot of a region only this thread
  * writes, writes its own copy, and exits; the parent's copy must be untouched. */
 static void *forker(void *arg) {
@@ -139,19 +141,21 @@ static void *forker(void *arg) {
     slot_t s; fill(&s, &x);
     while (!stop) {
         for (size_t pg = 0; pg < s.pages; pg++) { s.ver[pg]++; stamp(&s, pg); }
-        pid_t c = fork();
-        unsigned long before = errors;
-        if (c == 0) {
-            for (size_t pg = 0; pg < s.pages; pg++) verify(&s, pg, "child");
-            for (size_t pg = 0; pg < s.pages; pg++) { s.ver[pg] += 1000; stamp(&s, pg); }
-            _exit(errors != before);
-        }
-        int st = 0;
-        if (c < 0 || waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-            errors++; fprintf(stderr, "soak: forked child failed (status %#x)\n", st);
+        if (forks) {
+            unsigned long before = errors;
+            pid_t c = fork();
+            if (c == 0) {
+                for (size_t pg = 0; pg < s.pages; pg++) verify(&s, pg, "child");
+                for (size_t pg = 0; pg < s.pages; pg++) { s.ver[pg] += 1000; stamp(&s, pg); }
+                _exit(errors != before);
+            }
+            int st = 0;
+            if (c < 0 || waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+                errors++; fprintf(stderr, "soak: forked child failed (status %#x)\n", st);
+            }
+            ops[5]++;
         }
         for (size_t pg = 0; pg < s.pages; pg++) verify(&s, pg, "parent after fork");
-        ops[5]++;
         attune_tier_stats_t dram;
         if (attune_tier_stats(0, &dram) == 0) {
             if (dram.capacity < budget_min) budget_min = dram.capacity;
@@ -168,6 +172,7 @@ int main(void) {
     int nthreads = (int)env_size("SOAK_THREADS", 3 * (ncpu > 0 ? ncpu : 1));
     double secs = (double)env_size("SOAK_SECONDS", 20);
     region_max = env_size("SOAK_REGION_MAX", 8 << 20);
+    forks = (int)env_size("SOAK_FORKS", 1) != 0;
     if (nthreads < 1 || nthreads > 256) nthreads = 6;
     common_words = (4 << 20) / 8;
     common = allocate_TM(common_words * 8, ATTUNE_BW);

@@ -7,11 +7,14 @@
 #   4. the node's far pool held by attuned (32 MiB far pool), whose far grant and pool
 #      segment grow and shrink every 2 s as a neighbour with a pool tier comes and goes,
 #      the rest spilling to a file tier;
-#   5. as an unprivileged user where this script runs as root (a user-mode-only
+#   5. the remote tier: two `attune memserver`s on this host's loopback, each page kept on
+#      both (replicas = 2), the rest spilling to a file tier; no forks in this run (a
+#      child cannot see pages its parent holds remotely: docs/design/remote.md);
+#   6. as an unprivileged user where this script runs as root (a user-mode-only
 #      userfaultfd where vm.unprivileged_userfaultfd=0).
 # Each region the soak allocates takes a random chunk size and fault delivery.
 #
-#   tests/stress/soak.sh [--time SECONDS]   total time, split over the five (default 120)
+#   tests/stress/soak.sh [--time SECONDS]   total time, split over the six (default 120)
 #
 # Needs the staged build (make build). Prints each run's "soak:" line and a total;
 # exits 1 on any wrong byte or any runtime error line. docs/reliability.md has the long run's figures.
@@ -20,7 +23,7 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD; PREFIX=$ROOT/build
 total=120
 [ "${1:-}" = --time ] && total=$2
-part=$(( total / 5 )); [ $part -lt 5 ] && part=5
+part=$(( total / 6 )); [ $part -lt 5 ] && part=5
 OUT=$(mktemp -d /tmp/attune-soak.XXXXXX); chmod 755 "$OUT"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$OUT"; }
@@ -81,6 +84,36 @@ for _ in $(seq 100); do [ -S "$psock" ] && break; sleep 0.05; done
     ATTUNE_SOCKET=$psock ATTUNE_CONFIG=$OUT/pool.toml ATTUNE_DRAM=8M "$OUT/client" workflow CAP 40 2 >/dev/null 2>&1; sleep 2; done ) &
 pids+=($!)
 soak node-pool ATTUNE_SOCKET="$psock" ATTUNE_DAEMON=require ATTUNE_CONFIG="$OUT/pool.toml" ATTUNE_DRAM=16M "$OUT/soak"
+kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; pids=()
+"$PREFIX/bin/attune" memserver --new-secret "$OUT/secret" >/dev/null || status=1
+port=$(( 20000 + $$ % 20000 ))
+servers=""
+for p in $port $((port + 1)); do
+  "$PREFIX/bin/attune" memserver --listen 127.0.0.1:$p --secret-file "$OUT/secret" --size 256M >"$OUT/memserver-$p.log" 2>&1 &
+  pids+=($!)
+  servers="$servers${servers:+,}127.0.0.1:$p"
+done
+for p in $port $((port + 1)); do
+  for _ in $(seq 200); do grep -q serving "$OUT/memserver-$p.log" 2>/dev/null && break; sleep 0.05; done
+done
+cat >"$OUT/remote.toml" <<TOML
+dram = "16M"
+daemon = "off"
+[[tier]]
+name = "remote"
+kind = "remote"
+capacity = "512M"
+servers = "$servers"
+secret_file = "$OUT/secret"
+replicas = 2
+[[tier]]
+name = "ssd"
+kind = "file"
+path = "$OUT"
+capacity = "4G"
+TOML
+soak remote-tier SOAK_FORKS=0 ATTUNE_CONFIG="$OUT/remote.toml" "$OUT/soak"
+kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; pids=()
 if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
   soak unprivileged runuser -u nobody -- env ATTUNE_DRAM=16M ATTUNE_DAEMON=off "$OUT/soak"
 else
