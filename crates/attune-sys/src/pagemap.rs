@@ -117,7 +117,7 @@ impl WriteTracker {
     /// nothing, so a page is written after a clear and its bit read back. Opening clears
     /// the process's bits once.
     pub fn open_soft_dirty() -> Result<WriteTracker, Errno> {
-        if crate::kernel::masked(crate::kernel::SOFT_DIRTY) || !crate::probe::soft_dirty() {
+        if crate::kernel::masked(crate::kernel::SOFT_DIRTY) || !soft_dirty() {
             return Err(Errno(libc::ENOTSUP));
         }
         clear_soft_dirty()?;
@@ -231,11 +231,28 @@ impl WriteTracker {
     }
 }
 
+/// Whether the kernel keeps soft-dirty bits (`CONFIG_MEM_SOFT_DIRTY`). Tried once per
+/// process ([`soft_dirty_works`]: one page mapped, written, read back in
+/// the pagemap), then remembered.
+pub fn soft_dirty() -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+    static KNOWN: AtomicU8 = AtomicU8::new(0);
+    match KNOWN.load(Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let ok = soft_dirty_works();
+            KNOWN.store(if ok { 2 } else { 1 }, Relaxed);
+            ok
+        }
+    }
+}
+
 /// Whether this kernel keeps soft-dirty bits, without clearing any (a clear would cost the
 /// whole process a fault per page it writes next): a new mapping is marked soft-dirty and
 /// a written page is too, so a fresh page reads back with its bit set exactly when the
 /// kernel keeps them (without `CONFIG_MEM_SOFT_DIRTY` the bit is never set).
-pub(crate) fn soft_dirty_works() -> bool {
+fn soft_dirty_works() -> bool {
     let ps = crate::page_size();
     let Ok(page) = crate::mem::map_anon(ps, false) else {
         return false;

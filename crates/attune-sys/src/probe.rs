@@ -27,27 +27,10 @@ pub fn offered_from(uffd_features: u64) -> u64 {
     if std::path::Path::new("/sys/kernel/mm/mempolicy/weighted_interleave").is_dir() {
         bits |= WEIGHTED_INTERLEAVE;
     }
-    if soft_dirty() {
+    if crate::pagemap::soft_dirty() {
         bits |= SOFT_DIRTY;
     }
     bits
-}
-
-/// Whether the kernel keeps soft-dirty bits (`CONFIG_MEM_SOFT_DIRTY`). Tried once per
-/// process (`crate::pagemap::soft_dirty_works`: one page mapped, written, read back in
-/// the pagemap), then remembered.
-pub fn soft_dirty() -> bool {
-    use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
-    static KNOWN: AtomicU8 = AtomicU8::new(0);
-    match KNOWN.load(Relaxed) {
-        1 => false,
-        2 => true,
-        _ => {
-            let ok = crate::pagemap::soft_dirty_works();
-            KNOWN.store(if ok { 2 } else { 1 }, Relaxed);
-            ok
-        }
-    }
 }
 
 /// The features the kernel offers that fail when used (a seccomp profile that refuses
