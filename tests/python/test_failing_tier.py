@@ -63,37 +63,47 @@ def mount_options(mnt):
     return []
 
 
-def test_a_file_tier_remounted_read_only_mid_run(ext4, tmp_path):
+@pytest.fixture
+def rand_update():
+    """tests/run/rand_update.c built where `nobody` can run it."""
+    exe = Path(tempfile.mkdtemp(prefix="attune-tier-bin-"))
+    os.chmod(exe, 0o755)
+    subprocess.run(["gcc", "-O2", str(ROOT / "tests/run/rand_update.c"), "-o", str(exe / "rand_update")],
+                   check=True)
+    yield exe / "rand_update"
+    shutil.rmtree(exe, ignore_errors=True)
+
+
+def start_on_file_tier(prog, tier_dir, mib, updates, *run_args):
+    """`attune run` of `prog MIB UPDATES` as nobody, on a 16 MiB budget with `tier_dir`
+    as its only far tier (a file tier)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTUNE_")}
+    env.update(ATTUNE_DAEMON="off", ATTUNE_FAR="file", ATTUNE_TIER_FILE_PATH=str(tier_dir))
+    return subprocess.Popen(["runuser", "-u", "nobody", "--", str(ATTUNE), "run", *run_args, "--dram", "16M", "--",
+                             str(prog), str(mib), str(updates)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_file_tier_remounted_read_only_mid_run(ext4, rand_update):
     mnt, sysfs = ext4
     if not (sysfs / "trigger_fs_error").exists():
         pytest.skip("this kernel has no ext4 trigger_fs_error")
-    exe = Path(tempfile.mkdtemp(prefix="attune-ro-bin-"))
-    os.chmod(exe, 0o755)
-    try:
-        subprocess.run(["gcc", "-O2", str(ROOT / "tests/run/rand_update.c"), "-o", str(exe / "rand_update")],
-                       check=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ATTUNE_")}
-        env.update(ATTUNE_DAEMON="off", ATTUNE_FAR="file", ATTUNE_TIER_FILE_PATH=str(mnt))
-        p = subprocess.Popen(["runuser", "-u", "nobody", "--", str(ATTUNE), "run", "--dram", "16M", "--",
-                              str(exe / "rand_update"), "128", "900000"],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        # Once the far tier holds data (some of which must be read back after the error;
-        # its file is unlinked at creation, so there is nothing to watch in the directory).
-        time.sleep(1.5)
-        assert p.poll() is None, "the program ended before the error could be caused"
-        (sysfs / "trigger_fs_error").write_text("1")
-        timer = threading.Timer(120, p.kill)
-        timer.start()
-        out, err = p.communicate()
-        timer.cancel()
-        opts = mount_options(mnt)
-        assert "ro" in opts or "emergency_ro" in opts, opts
-        assert p.returncode == 0 and "rand_update: OK" in out, out + err
-        assert "far tier 'file' failed a write (Read-only file system" in err, err
-        # The budget is not kept without a far tier, and it says so.
-        assert "above the DRAM budget of 16 MiB" in err, err
-    finally:
-        shutil.rmtree(exe, ignore_errors=True)
+    p = start_on_file_tier(rand_update, mnt, 128, 900000)
+    # Once the far tier holds data (some of which must be read back after the error;
+    # its file is unlinked at creation, so there is nothing to watch in the directory).
+    time.sleep(1.5)
+    assert p.poll() is None, "the program ended before the error could be caused"
+    (sysfs / "trigger_fs_error").write_text("1")
+    timer = threading.Timer(120, p.kill)
+    timer.start()
+    out, err = p.communicate()
+    timer.cancel()
+    opts = mount_options(mnt)
+    assert "ro" in opts or "emergency_ro" in opts, opts
+    assert p.returncode == 0 and "rand_update: OK" in out, out + err
+    assert "far tier 'file' failed a write (Read-only file system" in err, err
+    # The budget is not kept without a far tier, and it says so.
+    assert "above the DRAM budget of 16 MiB" in err, err
 
 
 @pytest.fixture
@@ -134,34 +144,23 @@ def eio_fs():
 
 
 @pytest.mark.parametrize("delivery", ["thread", "signal"])
-def test_a_file_tier_whose_reads_fail_stops_the_program_with_sigbus(eio_fs, delivery):
+def test_a_file_tier_whose_reads_fail_stops_the_program_with_sigbus(eio_fs, rand_update, delivery):
     """The only copy of a page is on a disk that now fails its reads (EIO): the access
     that needs the page ends with SIGBUS and a message, never with other data, under both
     fault deliveries; nothing is left in the tier's directory."""
     mnt, back, flag = eio_fs
-    exe = Path(tempfile.mkdtemp(prefix="attune-eio-bin-"))
-    os.chmod(exe, 0o755)
-    try:
-        subprocess.run(["gcc", "-O2", str(ROOT / "tests/run/rand_update.c"), "-o", str(exe / "rand_update")],
-                       check=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ATTUNE_")}
-        env.update(ATTUNE_DAEMON="off", ATTUNE_FAR="file", ATTUNE_TIER_FILE_PATH=str(mnt))
-        p = subprocess.Popen(["runuser", "-u", "nobody", "--", str(ATTUNE), "run", "--fault-mode", delivery,
-                              "--dram", "16M", "--", str(exe / "rand_update"), "64", "100000000"],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        # The tier holds most of the 64 MiB after a second (the backing file grows).
-        time.sleep(1.5)
-        assert p.poll() is None, p.communicate()
-        flag.touch()
-        timer = threading.Timer(60, p.kill)
-        timer.start()
-        out, err = p.communicate()
-        timer.cancel()
-        assert "FAIL" not in out, out
-        assert "a page could not be read back from its tier (EIO); the access fails with SIGBUS" in err, err
-        # runuser passes the death by signal on as 128 + SIGBUS.
-        assert "killed by signal 7" in err and p.returncode == 128 + signal.SIGBUS, (p.returncode, err)
-        # The named file (FUSE has no O_TMPFILE) was unlinked at once; nothing is left.
-        assert os.listdir(back) == [], os.listdir(back)
-    finally:
-        shutil.rmtree(exe, ignore_errors=True)
+    p = start_on_file_tier(rand_update, mnt, 64, 100000000, "--fault-mode", delivery)
+    # The tier holds most of the 64 MiB after a second (the backing file grows).
+    time.sleep(1.5)
+    assert p.poll() is None, p.communicate()
+    flag.touch()
+    timer = threading.Timer(60, p.kill)
+    timer.start()
+    out, err = p.communicate()
+    timer.cancel()
+    assert "FAIL" not in out, out
+    assert "a page could not be read back from its tier (EIO); the access fails with SIGBUS" in err, err
+    # runuser passes the death by signal on as 128 + SIGBUS.
+    assert "killed by signal 7" in err and p.returncode == 128 + signal.SIGBUS, (p.returncode, err)
+    # The named file (FUSE has no O_TMPFILE) was unlinked at once; nothing is left.
+    assert os.listdir(back) == [], os.listdir(back)
