@@ -60,7 +60,7 @@ pub const FEATURES: &[Feature] = &[
     },
     Feature {
         name: "wp_async",
-        cost: "after each heat round every first write to any page of the process takes an in-kernel fault, not only writes to armed cells (write_heat_cost example)",
+        cost: "after each heat round every first write to any page of the process takes an in-kernel fault, not only writes to armed cells (not measured on this machine, whose kernel keeps no soft-dirty bits)",
         bit: WP_ASYNC,
         since: "6.7",
         gives: "asynchronous write-protection: write heat for NUMA placement",

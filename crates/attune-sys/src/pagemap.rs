@@ -19,7 +19,8 @@
 //! the process and clears its soft-dirty bit; the next write to a page sets it again
 //! (bit 55 of its `/proc/self/pagemap` entry). Nothing is per range: one clear re-arms the
 //! whole process, so after each round every first write to any page of the process costs
-//! an in-kernel fault, not only writes to armed cells (`write_heat_cost` measures both).
+//! an in-kernel fault, not only writes to armed cells (not measured: this machine's kernel
+//! keeps no soft-dirty bits; `write_heat_cost` times the asynchronous kind only).
 //! A new mapping reads as written until the next clear (its VMA is marked soft-dirty).
 //!
 //! Contract: the tracker's registrations do not survive `fork` in the child (no
@@ -112,10 +113,9 @@ impl WriteTracker {
         })
     }
 
-    /// Soft-dirty bits only: `Err(ENOTSUP)` where the kernel keeps none. Without
-    /// `CONFIG_MEM_SOFT_DIRTY` (this machine's kernel) `clear_refs` takes "4" and does
-    /// nothing, so a page is written after a clear and its bit read back. Opening clears
-    /// the process's bits once.
+    /// Soft-dirty bits only: `Err(ENOTSUP)` where the kernel keeps none ([`soft_dirty`];
+    /// without `CONFIG_MEM_SOFT_DIRTY`, this machine's kernel, `clear_refs` takes "4" and
+    /// does nothing). Opening clears the process's bits once.
     pub fn open_soft_dirty() -> Result<WriteTracker, Errno> {
         if crate::kernel::masked(crate::kernel::SOFT_DIRTY) || !soft_dirty() {
             return Err(Errno(libc::ENOTSUP));
@@ -129,7 +129,7 @@ impl WriteTracker {
         })
     }
 
-    /// "async write-protection" or "soft-dirty bits", for messages.
+    /// "asynchronous write-protection" or "soft-dirty bits", for messages.
     pub fn kind(&self) -> &'static str {
         match self.backend {
             Backend::Async(_) => "asynchronous write-protection",
@@ -235,17 +235,8 @@ impl WriteTracker {
 /// process ([`soft_dirty_works`]: one page mapped, written, read back in
 /// the pagemap), then remembered.
 pub fn soft_dirty() -> bool {
-    use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
-    static KNOWN: AtomicU8 = AtomicU8::new(0);
-    match KNOWN.load(Relaxed) {
-        1 => false,
-        2 => true,
-        _ => {
-            let ok = soft_dirty_works();
-            KNOWN.store(if ok { 2 } else { 1 }, Relaxed);
-            ok
-        }
-    }
+    static KNOWN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *KNOWN.get_or_init(soft_dirty_works)
 }
 
 /// Whether this kernel keeps soft-dirty bits, without clearing any (a clear would cost the
