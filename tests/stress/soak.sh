@@ -33,6 +33,9 @@ gcc -O2 -g -I"$PREFIX/include" -I"$ROOT/tests/c" tests/stress/soak.c -o "$OUT/so
 gcc -O2 -I"$PREFIX/include" -I"$ROOT/tests/c" tests/daemon/client.c -o "$OUT/client" \
   -L"$PREFIX/lib" -lattune -Wl,-rpath,"$PREFIX/lib" -lpthread || exit 1
 status=0; moved=0; checks=0
+ssd_tier() { # the file tier every configuration below ends with
+  printf '[[tier]]\nname = "ssd"\nkind = "file"\npath = "%s"\ncapacity = "4G"' "$OUT"
+}
 soak() { # soak NAME [env...]: one run of $part seconds
   local name=$1; shift
   if env SOAK_SECONDS=$part "$@" >"$OUT/$name.log" 2>&1; then :; else status=1; fi
@@ -49,11 +52,7 @@ soak memory-tier ATTUNE_DRAM=16M ATTUNE_DAEMON=off "$OUT/soak"
 cat >"$OUT/file.toml" <<TOML
 dram = "16M"
 daemon = "off"
-[[tier]]
-name = "ssd"
-kind = "file"
-path = "$OUT"
-capacity = "4G"
+$(ssd_tier)
 TOML
 soak file-tier ATTUNE_CONFIG="$OUT/file.toml" "$OUT/soak"
 sock=$OUT/attuned.sock
@@ -70,11 +69,7 @@ cat >"$OUT/pool.toml" <<TOML
 name = "pool"
 kind = "pool"
 capacity = "1G"
-[[tier]]
-name = "ssd"
-kind = "file"
-path = "$OUT"
-capacity = "4G"
+$(ssd_tier)
 TOML
 psock=$OUT/attuned-pool.sock
 "$PREFIX/bin/attuned" --socket "$psock" --dram 256M --far-pool 32M --min-grant 4M --metrics off >"$OUT/attuned-pool.log" 2>&1 &
@@ -106,11 +101,7 @@ capacity = "512M"
 servers = "$servers"
 secret_file = "$OUT/secret"
 replicas = 2
-[[tier]]
-name = "ssd"
-kind = "file"
-path = "$OUT"
-capacity = "4G"
+$(ssd_tier)
 TOML
 soak remote-tier SOAK_FORKS=0 ATTUNE_CONFIG="$OUT/remote.toml" "$OUT/soak"
 kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; pids=()
