@@ -665,7 +665,10 @@ assert d["user_mode_only"] == (not full and not dev), d
   cp "$RT/unit_patterns" "$UP/bin/" && chmod 755 "$UP/bin/unit_patterns"
   expect unpriv-run-amplification-strided 0 "check_report: OK" sh -c "runuser -u nobody -- '$UP/bin/attune' run -q --dram 16M --report '$UP/work/amp.json' -- '$UP/bin/unit_patterns' strided 64 && $CHECK '$UP/work/amp.json' --amplification 2.2 2.8"
   expect unpriv-run-monotonic-clock-at-400-days 0 "rand_update: OK" unshare --fork --time --monotonic=$up400 --boottime=$up400 runuser -u nobody -- "$UP/bin/attune" run -q --dram 8M -- "$UP/bin/rand_update" 64 300000
-  expect unpriv-run-inject-handler-panic 134 "attune: error: the runtime failed \(the panic above, in attune-fault\)" sh -c "out=\$(runuser -u nobody -- env ATTUNE_INJECT=handler-panic:40 '$UP/bin/attune' run -q --fault-mode thread --dram 8M -- '$UP/bin/rand_update' 64 400000 2>&1); rc=\$?; echo \"\$out\" | tr '\n' ' '; exit \$rc"
+  for p in handler:thread:attune-fault signal:signal:"the SIGBUS handler" evictor:thread:attune-evict; do
+    IFS=: read -r point mode where <<<"$p"
+    expect "unpriv-run-inject-$point-panic" 134 "attune: error: the runtime failed \(the panic above, in $where\)" sh -c "out=\$(runuser -u nobody -- env ATTUNE_INJECT=$point-panic:40 '$UP/bin/attune' run -q --fault-mode $mode --dram 8M -- '$UP/bin/rand_update' 64 400000 2>&1); rc=\$?; echo \"\$out\" | tr '\n' ' '; exit \$rc"
+  done
   expect unpriv-run-huge-pressure 0 "under pressure 0 bad words of the first buffer, 0 of the second.*huge_pages: OK" sh -c "runuser -u nobody -- '$UP/bin/attune' run -q --dram 100M -- '$UP/bin/huge_pages' check 64 10 64 64 pressure 2>&1 | tr '\n' ' '"
   expect unpriv-run-syscalls-io-no6x 0 "syscalls_io: OK" runuser -u nobody -- env ATTUNE_KERNEL_FEATURES=-all "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/syscalls_io" "$UP/work" 64
   # SIGKILL of attune run, as a user: the program ends with it, the directory goes next run.
