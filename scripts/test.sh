@@ -34,6 +34,13 @@ if cargo fmt --version >/dev/null 2>&1; then
   else fail=$((fail+1)); failed+=(rustfmt); echo "FAIL rustfmt (run cargo fmt)"; head -n 20 "$OUT/fmt.log"; fi
 fi
 
+# The loom model of the gates and the chunk state machine (crates/attune/tests/loom.rs),
+# built with `--cfg loom` in a target directory of its own so the release build is kept.
+if RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release -p attune-core --test loom >"$OUT/loom.log" 2>&1; then
+  n=$(sed -nE 's/^test result: ok\. ([0-9]+) passed.*/\1/p' "$OUT/loom.log"); pass=$((pass+${n:-0}))
+  echo "ok   loom models: ${n:-0}"
+else fail=$((fail+1)); failed+=(loom); echo "FAIL loom"; grep -E '^test |panicked|violation' "$OUT/loom.log" | head -n 20 | sed 's/^/     /'; fi
+
 # Layering: no module of a crate imports one that imports it back (docs/design.md,
 # "Module layering").
 for src in crates/*/src bench/lab/src; do

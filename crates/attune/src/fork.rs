@@ -183,7 +183,7 @@ fn take_over(e: &'static Engine) -> Result<(), String> {
 /// The child cannot serve its managed memory: unmap it, so a touch faults loudly instead
 /// of reading zeros where a chunk was not resident.
 fn abandon(e: &Pager) {
-    crate::sync::gate::mark_abandoned();
+    crate::sync::mark_abandoned();
     let table = e.regions.read().unwrap_or_else(|p| p.into_inner());
     for r in table.iter() {
         let _ = attune_sys::mem::unmap(r.base, r.len);

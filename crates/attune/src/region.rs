@@ -1,10 +1,11 @@
 //! A region: a range of managed virtual memory cut into equal chunks, each with one atomic
 //! state word. The state word is the only synchronisation between threads that fault,
-//! fetch ahead, evict or pin the same chunk.
+//! fetch ahead, evict or pin the same chunk; its transitions are the `claim_*`, `settle`
+//! and `pin` methods here, and the loom model checks them (`crates/attune/tests/loom.rs`).
 
+use crate::sync::shim::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use attune_policy::Flags;
 use attune_sys::uffd::Delivery;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 
 /// Where a chunk's contents are (low 4 bits of the state word).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +89,15 @@ impl State {
         let h = (self.heat() + 1).min(0xFFFF) as u64;
         State((self.0 & !HEAT_MASK) | (h << HEAT_SHIFT))
     }
+}
+
+/// What [`Region::claim_fetch`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// This thread owns the chunk (it was Fresh, or Far in the tier given).
+    Owned(Where, usize),
+    /// Already resident.
+    Resident,
 }
 
 /// What a region is for.
@@ -286,7 +296,62 @@ impl Region {
             .compare_exchange(old.0, new.0, AcqRel, Acquire)
             .is_ok()
     }
-    /// Sets bits on a chunk whatever its place.
+
+    // The chunk state machine. A thread owns a chunk from a successful claim (the word
+    // moves to Fetching or Evicting) to its `settle`; others wait or pass. Every claim is a
+    // compare-and-swap of the whole word, so any bit set since the claimer read it (a pin,
+    // another claim) makes the claim fail; `settle` and `set_bits` keep the bits they do
+    // not own, so a pin set while a chunk is owned survives the owner's settle.
+
+    /// Claims chunk `c` to bring it into DRAM (a fault, a prefetch): Owned when it was
+    /// Fresh or Far and this thread now holds it as Fetching, Resident when there is
+    /// nothing to do. While another thread owns it: waits when `wait`, else None.
+    pub fn claim_fetch(&self, c: usize, wait: bool) -> Option<Claim> {
+        let mut spins = 0u32;
+        loop {
+            let s = self.state(c);
+            match s.place() {
+                Where::Fresh | Where::Far => {
+                    if self.cas(c, s, s.with(Where::Fetching, s.tier())) {
+                        return Some(Claim::Owned(s.place(), s.tier()));
+                    }
+                }
+                Where::Resident => return Some(Claim::Resident),
+                Where::Fetching | Where::Evicting => {
+                    if !wait {
+                        return None;
+                    }
+                    crate::sync::gate::backoff(&mut spins);
+                }
+            }
+        }
+    }
+
+    /// Claims chunk `c`, seen as `s`, to move it out of DRAM (as Evicting). False when `s`
+    /// is not an unpinned resident chunk or the word changed since it was read.
+    pub fn claim_evict(&self, c: usize, s: State) -> bool {
+        s.place() == Where::Resident && !s.pinned() && self.cas(c, s, s.with(Where::Evicting, 0))
+    }
+
+    /// Holds chunk `c`, seen as `s` (Resident, Far or Fresh), as Fetching without moving
+    /// it, so that no fetch or eviction runs while its content is dropped or a note is
+    /// made (discard, the sampler); the holder settles it or puts `s` back with `cas`.
+    pub fn claim_hold(&self, c: usize, s: State) -> bool {
+        matches!(s.place(), Where::Resident | Where::Far | Where::Fresh)
+            && self.cas(c, s, s.with(Where::Fetching, s.tier()))
+    }
+
+    /// Pins chunk `c` (never evicted from now on, wherever it is); true when this call
+    /// pinned it, false when it was pinned already.
+    pub fn pin(&self, c: usize) -> bool {
+        !self.set_bits(c, PIN, 0).pinned()
+    }
+
+    /// Unpins chunk `c`; true when this call unpinned it.
+    pub fn unpin(&self, c: usize) -> bool {
+        self.set_bits(c, 0, PIN).pinned()
+    }
+
     /// Sets and clears bits of a chunk's state; returns the state before.
     pub fn set_bits(&self, c: usize, set: u64, clear: u64) -> State {
         match self.states[c].fetch_update(AcqRel, Acquire, |w| Some((w | set) & !clear)) {
@@ -348,7 +413,7 @@ impl Region {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

@@ -187,7 +187,7 @@ impl SmallAllocator {
             lo: AtomicU64::new(u64::MAX),
             hi: AtomicU64::new(0),
             threshold,
-            enabled: !crate::sync::gate::abandoned(),
+            enabled: !crate::sync::abandoned(),
             gate: crate::sync::thread_gate::ThreadGate::new(),
         }
     }

@@ -60,11 +60,7 @@ fn reclaim_behind(e: &Pager, table: &[Arc<Region>], want: u64) -> u64 {
             let s = r.state(c);
             // Inactive resident chunks only: an active one is in the working set the
             // clock keeps (its accounting moves only through a demotion).
-            let take = s.place() == Where::Resident
-                && !s.pinned()
-                && !s.active()
-                && s.0 & SHARED == 0
-                && r.cas(c, s, s.with(Where::Evicting, 0));
+            let take = !s.active() && s.0 & SHARED == 0 && r.claim_evict(c, s);
             if take {
                 if len == 0 {
                     start = c;
@@ -254,7 +250,7 @@ fn sweep_region(e: &Pager, r: &Region, want: u64, last_resort: bool) -> (u64, us
                 }
             }
             ClockAction::Evict => {
-                if r.cas(c, s, s.with(Where::Evicting, 0)) {
+                if r.claim_evict(c, s) {
                     if run_len == 0 {
                         run_start = c;
                     }

@@ -10,7 +10,7 @@
 //! only ones that no thread holds while it could take a SIGBUS (see docs/design.md).
 //!
 //! Resolution of chunk c:
-//! 1. claim c by CAS Fresh/Far -> Fetching (others wait on Fetching/Evicting);
+//! 1. claim c, Fresh/Far -> Fetching (`Region::claim_fetch`; others wait);
 //! 2. extend the claim ahead on sequential faults (read-ahead, same source only);
 //! 3. reserve DRAM: over the budget, evict synchronously (direct reclaim);
 //! 4. place the run: zero-fill (Fresh) or load from its tier (Far), one ioctl per run;
@@ -18,47 +18,13 @@
 //!    (a refault soon after eviction makes a chunk active), and bump the heat of c.
 
 use super::pager::{Pager, MAX_RUN};
-use crate::region::{Region, State, Where};
+use crate::region::{Claim, Region, State, Where};
 use attune_policy::budget;
 use attune_policy::readahead::{self, STREAMS};
 use attune_policy::victim::{on_arrival, Arrival};
 use attune_sys::uffd::{Delivery, Msg, EVENT_PAGEFAULT};
 use attune_sys::{os, Errno};
 use std::sync::atomic::Ordering::*;
-
-/// Outcome of claiming a chunk.
-enum Claim {
-    /// This thread owns the chunk (was Fresh or Far in `tier`).
-    Owned(Where, usize),
-    /// Already resident.
-    Resident,
-}
-
-fn claim(r: &Region, c: usize, wait: bool) -> Option<Claim> {
-    let mut spins = 0u32;
-    loop {
-        let s = r.state(c);
-        match s.place() {
-            Where::Fresh | Where::Far => {
-                if r.cas(c, s, s.with(Where::Fetching, s.tier())) {
-                    return Some(Claim::Owned(s.place(), s.tier()));
-                }
-            }
-            Where::Resident => return Some(Claim::Resident),
-            Where::Fetching | Where::Evicting => {
-                if !wait {
-                    return None;
-                }
-                spins += 1;
-                if spins > 64 {
-                    os::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
-            }
-        }
-    }
-}
 
 /// Resolves a fault at `addr` in region `r`. Returns false when the page cannot be
 /// given to the application (its only copy could not be read back): the access must then
@@ -79,7 +45,7 @@ pub fn resolve(e: &Pager, r: &Region, addr: usize) -> bool {
 fn resolve_chunk(e: &Pager, r: &Region, addr: usize) -> bool {
     let c = r.chunk_of(addr);
     loop {
-        match claim(r, c, true) {
+        match r.claim_fetch(c, true) {
             Some(Claim::Owned(src, tier)) => {
                 r.counters.demand_chunks.fetch_add(1, Relaxed);
                 e.counters.demand_bytes.fetch_add(r.chunk as u64, Relaxed);
@@ -113,7 +79,7 @@ fn resolve_chunk(e: &Pager, r: &Region, addr: usize) -> bool {
                 // the check and the copy would leave a zero page mapped over data that
                 // lives in a far tier (seen: a whole page read as zero under 48 threads).
                 let s = r.state(c);
-                if s.place() != Where::Resident || !r.cas(c, s, s.with(Where::Fetching, s.tier())) {
+                if s.place() != Where::Resident || !r.claim_hold(c, s) {
                     continue;
                 }
                 let ps = attune_sys::page_size();
@@ -150,7 +116,7 @@ fn mark_behind(e: &Pager, r: &Region, c: usize, n: usize) {
 
 /// Places chunk `c` if it is not resident (prefetch and pin).
 pub fn fetch_chunk(e: &Pager, r: &Region, c: usize) {
-    if let Some(Claim::Owned(src, tier)) = claim(r, c, true) {
+    if let Some(Claim::Owned(src, tier)) = r.claim_fetch(c, true) {
         // A chunk that cannot be read back stays Far (and poisoned in thread delivery):
         // the application's access reports it.
         let _ = place_run(e, r, c, 1, c, src, tier);
@@ -185,7 +151,7 @@ fn claim_readahead(e: &Pager, r: &Region, c: usize, src: Where, tier: usize) -> 
         let n = (c as i64 + (got as i64 + 1) * d.step) as usize;
         let s = r.state(n);
         let same = s.place() == src && (src == Where::Fresh || s.tier() == tier);
-        if !same || !r.cas(n, s, s.with(Where::Fetching, s.tier())) {
+        if !same || !r.claim_hold(n, s) {
             break;
         }
         got += 1;

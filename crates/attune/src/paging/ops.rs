@@ -6,7 +6,7 @@ use super::pager::{
     chunk_span, AllocOptions, Pager, KERNEL_ACCESS_MAY_FAIL, THREAD_FOR_NEW_REGIONS,
 };
 use crate::config::{FaultMode, Mode};
-use crate::region::{Region, RegionKind, Where, ACTIVE, CREDIT_MASK, PIN};
+use crate::region::{Region, RegionKind, Where, ACTIVE, CREDIT_MASK};
 use attune_policy::place;
 use attune_sys::uffd::Delivery;
 use attune_sys::{mem, os, Errno};
@@ -21,7 +21,7 @@ impl Pager {
     pub fn hold(&self, r: &Region, addr: usize, len: usize, held: &mut Vec<usize>) {
         let (c0, c1) = chunk_span(r, addr, len);
         for c in c0..c1 {
-            if !r.set_bits(c, PIN, 0).pinned() {
+            if r.pin(c) {
                 self.pinned.fetch_add(r.chunk as u64, Relaxed);
                 held.push(c);
             }
@@ -32,7 +32,7 @@ impl Pager {
     /// Unpins the chunks a [`Pager::hold`] pinned.
     pub fn release(&self, r: &Region, held: &[usize]) {
         for &c in held {
-            if r.set_bits(c, 0, PIN).pinned() {
+            if r.unpin(c) {
                 self.pinned.fetch_sub(r.chunk as u64, Relaxed);
             }
         }
@@ -265,10 +265,10 @@ impl Pager {
         let (c0, c1) = chunk_span(r, addr, len);
         for c in c0..c1 {
             if pin {
-                if !r.set_bits(c, PIN, 0).pinned() {
+                if r.pin(c) {
                     self.pinned.fetch_add(r.chunk as u64, Relaxed);
                 }
-            } else if r.set_bits(c, 0, PIN).pinned() {
+            } else if r.unpin(c) {
                 self.pinned.fetch_sub(r.chunk as u64, Relaxed);
             }
         }
@@ -326,7 +326,7 @@ impl Pager {
                 Where::Resident if s.pinned() => return false,
                 Where::Resident | Where::Far => {
                     // Held while its content goes: no fetch or eviction runs meanwhile.
-                    if !r.cas(c, s, s.with(Where::Fetching, s.tier())) {
+                    if !r.claim_hold(c, s) {
                         continue;
                     }
                     if s.place() == Where::Resident {

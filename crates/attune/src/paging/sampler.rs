@@ -113,20 +113,19 @@ fn park(e: &Pager, r: &Region, c: usize) -> Option<u64> {
         Where::Far | Where::Fresh => {
             // Held as Fetching while the note is made, so a touch that races with us
             // waits and then finds the note.
-            let held = s.with(Where::Fetching, s.tier());
-            if !r.cas(c, s, held) {
+            if !r.claim_hold(c, s) {
                 return None;
             }
             let t = now_ns();
             r.samples.parked_at[c].store(t, Release);
             r.samples.parks[c].fetch_add(1, Relaxed);
-            let restored = r.cas(c, held, s);
+            let restored = r.cas(c, s.with(Where::Fetching, s.tier()), s);
             debug_assert!(restored, "only the sampler holds a chunk it claimed");
             return Some(t);
         }
         Where::Fetching | Where::Evicting => return None,
     }
-    if !r.cas(c, s, s.with(Where::Evicting, 0)) {
+    if !r.claim_evict(c, s) {
         return None;
     }
     // Noted before the move: while the chunk is Evicting a touch waits, so the fault that

@@ -3,7 +3,7 @@
 //! subsystem that claims chunks or takes engine locks, so that each can enter it without
 //! knowing about the fork.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use super::shim::{self, AtomicU64, Ordering::*};
 
 const CLOSED: u64 = 1 << 63;
 
@@ -25,7 +25,14 @@ impl Drop for Inside<'_> {
 }
 
 impl Gate {
+    #[cfg(not(loom))]
     pub const fn new() -> Gate {
+        Gate(AtomicU64::new(0))
+    }
+
+    /// Loom's atomics are not `const`.
+    #[cfg(loom)]
+    pub fn new() -> Gate {
         Gate(AtomicU64::new(0))
     }
 
@@ -52,12 +59,12 @@ impl Gate {
     /// `timeout_ns` (the gate stays closed either way).
     pub fn close(&self, timeout_ns: u64) -> bool {
         self.0.fetch_or(CLOSED, AcqRel);
-        let start = attune_sys::os::now_ns();
+        let start = shim::now_ns();
         while self.0.load(Acquire) & !CLOSED != 0 {
-            if attune_sys::os::now_ns() - start > timeout_ns {
+            if shim::now_ns() - start > timeout_ns {
                 return false;
             }
-            attune_sys::os::yield_now();
+            shim::yield_now();
         }
         true
     }
@@ -81,9 +88,9 @@ impl Gate {
 pub(crate) fn backoff(spins: &mut u32) {
     *spins += 1;
     if *spins > 64 {
-        attune_sys::os::yield_now();
+        shim::yield_now();
     } else {
-        std::hint::spin_loop();
+        shim::spin_loop();
     }
 }
 
@@ -93,22 +100,7 @@ impl Default for Gate {
     }
 }
 
-/// Set in a child that could not take the runtime over: mimalloc's thread state there
-/// still links heap structures inside the small-object arenas just unmapped, so any
-/// mimalloc call would touch them (seen: SIGBUS in the child's first `allocate_TM(64)`).
-static ABANDONED: AtomicBool = AtomicBool::new(false);
-
-/// Whether this process is a child that could not take its parent's runtime over.
-pub fn abandoned() -> bool {
-    ABANDONED.load(Acquire)
-}
-
-/// Marks this process as such a child (`crate::fork`).
-pub(crate) fn mark_abandoned() {
-    ABANDONED.store(true, Release);
-}
-
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::sync::Arc;

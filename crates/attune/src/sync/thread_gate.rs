@@ -1,25 +1,21 @@
 //! A quiescence gate whose enter and leave cost no atomic read-modify-write: the small
 //! allocator's, on the path of every `allocate_TM`/`free_TM` of a small block.
 //!
-//! [`crate::fork::Gate`] counts operations in one shared word: two locked instructions per
+//! [`super::gate::Gate`] counts operations in one shared word: two locked instructions per
 //! operation, measured at half the cost of a 64-byte `allocate_TM`/`free_TM` pair here.
 //! This gate gives each thread a flag of its own (a slot, claimed at the thread's first
 //! operation and given back when it exits) and makes the rare side pay: to close, the fork
 //! prepare handler sets `closed`, runs `membarrier(PRIVATE_EXPEDITED)` (every running
 //! thread of the process executes a full barrier) and waits until no slot is inside. The
-//! fast side is an asymmetric Dekker: store "inside", compiler barrier, load "closed"; the
-//! membarrier stands for the fence the fast side leaves out. Where membarrier is refused
-//! (a seccomp filter), the fast side uses a full fence instead. Threads beyond the slots
-//! use the shared counter gate. A thread finds its slot by its thread pointer in a table
-//! of owners (`OWNER_TP`), falling back to a thread-local index.
-//!
-//! A slot's count is written only by its own thread (plain load and store: a signal
-//! handler that nests an operation on the same thread finishes before the thread goes on),
-//! and read by the closing thread.
+//! protocol is [`super::flag_gate`]; this file finds a thread's slot and owns the
+//! membarrier registration. Where membarrier is refused (a seccomp filter), the fast side
+//! uses a full fence instead. Threads beyond the slots use the shared counter gate. A
+//! thread finds its slot by its thread pointer in a table of owners (`OWNER_TP`), falling
+//! back to a thread-local index.
 
-use super::gate::{backoff, Gate, Inside as GateInside};
+use super::flag_gate::FlagGate;
 use std::cell::Cell;
-use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
 
 /// Threads with a slot of their own; others use the shared counter.
 const SLOTS: usize = 256;
@@ -99,41 +95,20 @@ fn index_slow(tp: usize) -> usize {
         .unwrap_or(NONE)
 }
 
-#[repr(align(64))]
-struct Slot(AtomicU32);
+pub struct ThreadGate(FlagGate<SLOTS>);
 
-pub struct ThreadGate {
-    closed: AtomicBool,
-    slots: Box<[Slot; SLOTS]>,
-    /// For threads without a slot.
-    overflow: Gate,
-}
+pub use super::flag_gate::Inside;
 
-/// Being inside the gate; leaves it on drop.
-pub enum Inside<'a> {
-    Slot(&'a AtomicU32),
-    Overflow(#[allow(dead_code)] GateInside<'a>),
-}
-
-impl Drop for Inside<'_> {
-    #[inline]
-    fn drop(&mut self) {
-        if let Inside::Slot(s) = self {
-            // Everything done inside happens before the slot reads as out.
-            compiler_fence(SeqCst);
-            s.store(s.load(Relaxed) - 1, Release);
-        }
-    }
+/// Whether the fast side may leave its fence to the closer's membarrier.
+#[inline(always)]
+fn asymmetric() -> bool {
+    ASYMMETRIC.load(Relaxed)
 }
 
 impl ThreadGate {
     pub fn new() -> ThreadGate {
         REGISTERED.call_once(|| ASYMMETRIC.store(attune_sys::os::membarrier_register(), Release));
-        ThreadGate {
-            closed: AtomicBool::new(false),
-            slots: Box::new([const { Slot(AtomicU32::new(0)) }; SLOTS]),
-            overflow: Gate::new(),
-        }
+        ThreadGate(FlagGate::new())
     }
 
     /// The fast side alone, for the small allocator's inlined paths: this thread's home
@@ -147,90 +122,38 @@ impl ThreadGate {
         if tp == 0 || OWNER_TP[h].load(Relaxed) != tp {
             return None;
         }
-        let s = &self.slots[h].0;
-        if s.load(Relaxed) != 0 {
-            return None;
-        }
-        s.store(1, Relaxed);
-        if ASYMMETRIC.load(Relaxed) {
-            compiler_fence(SeqCst);
-        } else {
-            fence(SeqCst);
-        }
-        if self.closed.load(Relaxed) {
-            s.store(0, Release);
-            return None;
-        }
-        Some(s)
+        self.0.try_enter(h, asymmetric())
     }
 
     /// Leaves what [`Self::try_enter`] entered.
     #[inline(always)]
     pub fn leave(slot: &AtomicU32) {
-        // Everything done inside happens before the slot reads as out. A signal handler
-        // that nested an operation meanwhile has left again, so the count is 1.
-        compiler_fence(SeqCst);
-        slot.store(0, Release);
+        FlagGate::<SLOTS>::leave(slot)
     }
 
     /// Enters, waiting while a fork is being prepared.
     #[inline]
     pub fn enter(&self) -> Inside<'_> {
         let i = index();
-        if i == NONE {
-            return Inside::Overflow(self.overflow.enter());
-        }
-        let s = &self.slots[i].0;
-        let mut spins = 0u32;
-        loop {
-            let n = s.load(Relaxed);
-            s.store(n + 1, Relaxed);
-            if ASYMMETRIC.load(Relaxed) {
-                compiler_fence(SeqCst);
-            } else {
-                fence(SeqCst);
-            }
-            if !self.closed.load(Relaxed) || n > 0 {
-                // Open, or nested in an operation this thread is already inside (a close
-                // waits for the outer one anyway).
-                return Inside::Slot(s);
-            }
-            s.store(n, Release);
-            while self.closed.load(Acquire) {
-                backoff(&mut spins);
-            }
-        }
+        self.0.enter((i != NONE).then_some(i), asymmetric)
     }
 
     /// Closes the gate and waits until nothing is inside; false if that took longer than
     /// `timeout_ns` (the gate stays closed either way).
     pub fn close(&self, timeout_ns: u64) -> bool {
-        self.closed.store(true, SeqCst);
-        if ASYMMETRIC.load(Acquire) && attune_sys::os::membarrier_private_expedited().is_err() {
-            // Registered but refused now (not seen; the child re-registers in `reset`):
-            // fast sides fence from here on, and a store still in a store buffer drains
-            // within the millisecond waited (a context switch drains it too).
-            ASYMMETRIC.store(false, SeqCst);
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        // Without membarrier every fast side fenced for itself: this fence pairs with it.
-        fence(SeqCst);
-        let start = attune_sys::os::now_ns();
-        if !self.overflow.close(timeout_ns) {
-            return false;
-        }
-        while self.inside() != 0 {
-            if attune_sys::os::now_ns() - start > timeout_ns {
-                return false;
+        self.0.close(timeout_ns, || {
+            if ASYMMETRIC.load(Acquire) && attune_sys::os::membarrier_private_expedited().is_err() {
+                // Registered but refused now (not seen; the child re-registers in `reset`):
+                // fast sides fence from here on, and a store still in a store buffer drains
+                // within the millisecond waited (a context switch drains it too).
+                ASYMMETRIC.store(false, SeqCst);
+                std::thread::sleep(std::time::Duration::from_millis(1));
             }
-            attune_sys::os::yield_now();
-        }
-        true
+        })
     }
 
     pub fn open(&self) {
-        self.overflow.open();
-        self.closed.store(false, Release);
+        self.0.open()
     }
 
     /// In the child of a fork (one thread): the threads counted inside do not exist there,
@@ -243,21 +166,13 @@ impl ThreadGate {
                 o.store(false, Release);
             }
         }
-        for s in self.slots.iter() {
-            s.0.store(0, Release);
-        }
-        self.overflow.reset();
+        self.0.reset();
         ASYMMETRIC.store(attune_sys::os::membarrier_register(), Release);
-        self.closed.store(false, Release);
     }
 
     /// Operations inside now (tests, diagnostics).
     pub fn inside(&self) -> u64 {
-        self.slots
-            .iter()
-            .map(|s| s.0.load(Acquire) as u64)
-            .sum::<u64>()
-            + self.overflow.inside()
+        self.0.inside()
     }
 }
 

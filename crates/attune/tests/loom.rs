@@ -1,0 +1,262 @@
+//! A model check (loom) of the runtime's lock-free protocols, on their own sources: the
+//! fork gate (`src/sync/gate.rs`), the small allocator's flag gate (`src/sync/flag_gate.rs`,
+//! its symmetric case) and the chunk state machine (`src/region.rs`). loom runs every
+//! interleaving of the threads below, and every result the C11 memory model lets a load
+//! return, up to a bound of preemptions; a `loom::cell::UnsafeCell` stands for what the
+//! protocol protects, so an access that is not ordered after the previous one fails.
+//!
+//! Run: `RUSTFLAGS="--cfg loom" cargo test --release -p attune-core --test loom`
+//! (`tests/test.sh` does, in its own target directory).
+#![cfg(loom)]
+
+/// The modules under test reach their atomics through the shim (`super::shim`,
+/// `crate::sync::shim`): here, loom's.
+#[allow(dead_code)]
+mod shim {
+    pub use loom::sync::atomic::{
+        fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+    };
+    /// A compiler fence orders nothing between threads in the C11 model; the real one
+    /// stands in for a fence only in the asymmetric case, which loom cannot run.
+    pub fn compiler_fence(_: Ordering) {}
+    pub fn yield_now() {
+        loom::thread::yield_now()
+    }
+    pub fn spin_loop() {
+        loom::thread::yield_now()
+    }
+    /// Timeouts never expire in the model: the closers below wait without one.
+    pub fn now_ns() -> u64 {
+        0
+    }
+}
+
+#[allow(dead_code)]
+#[path = "../src/sync/gate.rs"]
+mod gate;
+
+#[allow(dead_code)]
+#[path = "../src/sync/flag_gate.rs"]
+mod flag_gate;
+
+/// `crate::sync::…` as the runtime crate spells it.
+mod sync {
+    pub(crate) use super::{gate, shim};
+}
+
+#[allow(dead_code)]
+#[path = "../src/region.rs"]
+mod region;
+
+use flag_gate::FlagGate;
+use gate::Gate;
+use loom::cell::UnsafeCell;
+use loom::sync::Arc;
+use loom::thread;
+use region::{Claim, Region, RegionKind, Where};
+
+const FOREVER: u64 = u64::MAX;
+
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    // Bugs in protocols this small show within two preemptions (the Relaxed load of
+    // `closed` did, see `flag_gate`). At three, two threads that wait on a third make
+    // loom's scheduler alternate between them without end (tokio-rs/loom#53, open: the
+    // same with the plain counter gate): so a model has at most one waiting entrant.
+    b.preemption_bound = Some(2);
+    b.check(f);
+}
+
+/// What a gate protects: touched by the operations inside and by the closer while closed.
+struct Shared(UnsafeCell<u64>);
+unsafe impl Sync for Shared {}
+impl Shared {
+    fn new() -> Arc<Shared> {
+        Arc::new(Shared(UnsafeCell::new(0)))
+    }
+    fn touch(&self) {
+        self.0.with_mut(|p| unsafe { *p += 1 });
+    }
+    fn read(&self) -> u64 {
+        self.0.with(|p| unsafe { *p })
+    }
+}
+
+#[test]
+fn gate_close_waits_for_operations_and_holds_new_ones() {
+    model(|| {
+        let (g, d) = (Arc::new(Gate::new()), Shared::new());
+        let op = {
+            let (g, d) = (g.clone(), d.clone());
+            thread::spawn(move || {
+                let _in = g.enter();
+                d.touch();
+            })
+        };
+        assert!(g.close(FOREVER));
+        d.touch(); // the fork, with nothing inside
+        g.open();
+        op.join().unwrap();
+        assert_eq!(d.read(), 2);
+        assert_eq!(g.inside(), 0);
+    });
+}
+
+/// Two threads with slots of their own (one by `enter`, one by `try_enter`) against a
+/// closer: neither is inside while the gate is closed, and each sees the closer's work
+/// when it gets in after the gate opens.
+#[test]
+fn flag_gate_close_waits_for_slots_and_holds_new_ones() {
+    model(|| {
+        let g = Arc::new(FlagGate::<2>::new());
+        // Operations may run side by side: each has data of its own, which the closer
+        // touches too.
+        let (da, db) = (Shared::new(), Shared::new());
+        let a = {
+            let (g, d) = (g.clone(), da.clone());
+            thread::spawn(move || {
+                let _in = g.enter(Some(0), || false);
+                d.touch();
+            })
+        };
+        let b = {
+            let (g, d) = (g.clone(), db.clone());
+            thread::spawn(move || {
+                if let Some(slot) = g.try_enter(1, false) {
+                    d.touch();
+                    FlagGate::<2>::leave(slot);
+                }
+            })
+        };
+        assert!(g.close(FOREVER, || {}));
+        da.touch();
+        db.touch();
+        g.open();
+        a.join().unwrap();
+        b.join().unwrap();
+        assert_eq!(g.inside(), 0);
+    });
+}
+
+/// A nested operation on one thread (a signal handler inside an operation) against a
+/// closer: the inner entry never waits for a close that waits for the outer one.
+#[test]
+fn flag_gate_nested_operation_against_a_closer() {
+    model(|| {
+        let (g, d) = (Arc::new(FlagGate::<1>::new()), Shared::new());
+        let nested = {
+            let (g, d) = (g.clone(), d.clone());
+            thread::spawn(move || {
+                let _outer = g.enter(Some(0), || false);
+                d.touch();
+                let _inner = g.enter(Some(0), || false);
+                d.touch();
+            })
+        };
+        assert!(g.close(FOREVER, || {}));
+        d.touch();
+        g.open();
+        nested.join().unwrap();
+        assert_eq!(d.read(), 3);
+        assert_eq!(g.inside(), 0);
+    });
+}
+
+/// A thread without a slot goes through the counter gate, which the close also waits on.
+#[test]
+fn flag_gate_thread_without_a_slot_against_a_closer() {
+    model(|| {
+        let (g, d) = (Arc::new(FlagGate::<1>::new()), Shared::new());
+        let overflow = {
+            let (g, d) = (g.clone(), d.clone());
+            thread::spawn(move || {
+                let _in = g.enter(None, || false);
+                d.touch();
+            })
+        };
+        assert!(g.close(FOREVER, || {}));
+        d.touch();
+        g.open();
+        overflow.join().unwrap();
+        assert_eq!(g.inside(), 0);
+    });
+}
+
+fn one_chunk_region() -> Arc<Region> {
+    Arc::new(Region::new(
+        0,
+        1 << 20,
+        4096,
+        4096,
+        4096,
+        attune_policy::Flags(0),
+        attune_sys::uffd::Delivery::Thread,
+        RegionKind::Dedicated,
+        Vec::new(),
+        0,
+        false,
+        false,
+    ))
+}
+
+/// Two faults and an eviction race on one chunk: one owner at a time (the cell is the
+/// chunk's content, written by whoever owns it), and the chunk ends resident or far.
+#[test]
+fn chunk_has_one_owner_at_a_time() {
+    model(|| {
+        let (r, d) = (one_chunk_region(), Shared::new());
+        let fault = |r: Arc<Region>, d: Arc<Shared>| {
+            thread::spawn(move || match r.claim_fetch(0, true) {
+                Some(Claim::Owned(from, _)) => {
+                    assert!(matches!(from, Where::Fresh | Where::Far));
+                    d.touch();
+                    r.settle(0, Where::Resident, 0, 0);
+                }
+                Some(Claim::Resident) => {}
+                None => unreachable!("a waiting claim always ends"),
+            })
+        };
+        let f1 = fault(r.clone(), d.clone());
+        let f2 = fault(r.clone(), d.clone());
+        let s = r.state(0);
+        if r.claim_evict(0, s) {
+            d.touch();
+            r.settle(0, Where::Far, 1, 0);
+        }
+        f1.join().unwrap();
+        f2.join().unwrap();
+        let end = r.state(0).place();
+        assert!(matches!(end, Where::Resident | Where::Far), "{end:?}");
+    });
+}
+
+/// A hold (pin, then fetch) against the evictor: once the hold returns the chunk is
+/// resident and pinned, whatever the evictor saw or claimed first, and stays so.
+#[test]
+fn a_pinned_chunk_ends_resident_and_is_never_evicted() {
+    model(|| {
+        let r = one_chunk_region();
+        r.settle(0, Where::Resident, 0, 0);
+        let evictor = {
+            let r = r.clone();
+            thread::spawn(move || {
+                for _ in 0..2 {
+                    let s = r.state(0);
+                    if r.claim_evict(0, s) {
+                        r.settle(0, Where::Far, 1, 0);
+                    }
+                }
+            })
+        };
+        assert!(r.pin(0), "nobody else pins");
+        if let Some(Claim::Owned(..)) = r.claim_fetch(0, true) {
+            r.settle(0, Where::Resident, 0, 0);
+        }
+        let s = r.state(0);
+        assert!(s.place() == Where::Resident && s.pinned(), "{s:?}");
+        evictor.join().unwrap();
+        let s = r.state(0);
+        assert!(s.place() == Where::Resident && s.pinned(), "{s:?}");
+        assert!(r.unpin(0));
+    });
+}
