@@ -1,13 +1,19 @@
 //! # attune-sys: the OS-primitive contract
 //!
-//! Every `unsafe` call Attune makes to the kernel lives in this crate; the rest of the
-//! workspace is safe Rust (`#![forbid(unsafe_code)]` where it can be, and the few
-//! remaining `unsafe` blocks elsewhere only dereference pointers this crate handed out).
+//! Every `unsafe` operation of Attune's Rust code lives in this crate: system calls, raw
+//! memory, mimalloc, the published runtime. Every other crate is
+//! `#![forbid(unsafe_code)]` but the two C ABI crates (`libattune`, `attune-preload`),
+//! whose `unsafe` reads and writes what a C caller's pointers name and exports symbols
+//! (docs/design/structure.md, "Unsafe code").
 //!
 //! ## Contract
 //! * **Addresses are plain `usize`.** Nothing here creates Rust references to managed
 //!   memory: managed pages may be absent at any time and touching them from runtime code
 //!   would fault into our own handler. Only the application dereferences managed memory.
+//! * **Address-taking functions are safe functions**, as `madvise` is: their obligation
+//!   is on the address (runtime-owned, managed, or the caller's own, as each one's doc
+//!   says), not on Rust references, so the crates above them need no `unsafe`. Functions
+//!   whose misuse could break a Rust reference stay `unsafe fn`.
 //! * **No allocation on the fault path.** Functions marked *signal-safe* do nothing but
 //!   system calls and arithmetic on their arguments; they may be called from the SIGBUS
 //!   handler. They return `Err(errno)` and never panic.
@@ -18,11 +24,12 @@
 //! Modules: [`kernel`] (the newer kernel features used, and the mask that turns them
 //! off; [`probe`] asks the kernel which it has), [`uffd`] (userfaultfd ioctls), [`mem`] (mmap/madvise/files, raw mmap for the
 //! interposer), [`numa`] (memory policy, page migration, mlock), [`pagemap`] (written-page tracking), [`libc_alloc`] (the program's allocator behind the interposer, and glibc's heap for the runtime's own data),
-//! [`signal`] (SIGBUS hook), [`os`] (small helpers: eventfd, time, thread ids, /proc),
-//! [`perf`] (software perf counters: page faults), [`elf`] (the loaded objects and what they import), [`unix`] (peer credentials, descriptor passing, memory files for shared regions and the far pool).
+//! [`signal`] (SIGBUS hook), [`small_heap`] (mimalloc heaps in managed memory), [`os`] (small helpers: eventfd, time, thread ids, /proc),
+//! [`perf`] (software perf counters: page faults), [`global`] (the process-wide published runtime), [`elf`] (the loaded objects and what they import), [`unix`] (peer credentials, descriptor passing, memory files for shared regions and the far pool).
 
 pub mod elf;
 pub mod fabric;
+pub mod global;
 pub mod kernel;
 pub mod libc_alloc;
 pub mod mem;
@@ -32,6 +39,7 @@ pub mod pagemap;
 pub mod perf;
 pub mod probe;
 pub mod signal;
+pub mod small_heap;
 pub mod uffd;
 pub mod unix;
 

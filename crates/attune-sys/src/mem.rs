@@ -431,14 +431,14 @@ pub unsafe fn zero_raw(dst: usize, len: usize) {
 
 /// Writes zeros over application memory the runtime manages (`attune_discard` of a part of
 /// a chunk). Unlike [`zero_raw`], the range may be unmapped: the write faults and the fault
-/// path places the page first.
-///
-/// # Safety
-/// `[dst, dst+len)` lies inside one live managed region, the application allowed its
-/// content to go (it asked for the discard), and the calling thread holds no chunk of it
-/// (Fetching or Evicting): its own fault would wait on that chunk forever.
-pub unsafe fn zero_managed(dst: usize, len: usize) {
-    std::ptr::write_bytes(dst as *mut u8, 0, len);
+/// path places the page first. Contract: `[dst, dst+len)` lies inside one live managed
+/// region, the application allowed its content to go (it asked for the discard), and the
+/// calling thread holds no chunk of it (Fetching or Evicting): its own fault would wait
+/// on that chunk forever.
+pub fn zero_managed(dst: usize, len: usize) {
+    // SAFETY: by the contract the range is mapped (or faults in) and its content is
+    // the application's to drop; no Rust reference points into it.
+    unsafe { std::ptr::write_bytes(dst as *mut u8, 0, len) }
 }
 
 /// Opens an anonymous file in `dir`: `O_TMPFILE` where the file system has it (no name, so
@@ -718,4 +718,46 @@ pub fn drop_file_cache(fd: &OwnedFd) -> SysResult<()> {
             e => Err(Errno(e)),
         }
     }
+}
+
+/// Reads the byte at `addr` (one relaxed atomic load). Contract: `addr` lies in a
+/// mapping of the runtime that lives for the process (the small allocator's block map);
+/// a page not present faults and is placed by the fault path.
+#[inline(always)]
+pub fn load_u8(addr: usize) -> u8 {
+    // SAFETY: by the contract the byte is mapped for the life of the process; the
+    // reference does not outlive this call.
+    unsafe { std::sync::atomic::AtomicU8::from_ptr(addr as *mut u8) }
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Writes the byte at `addr` (one relaxed atomic store), under [`load_u8`]'s contract.
+#[inline(always)]
+pub fn store_u8(addr: usize, v: u8) {
+    // SAFETY: as in `load_u8`.
+    unsafe { std::sync::atomic::AtomicU8::from_ptr(addr as *mut u8) }
+        .store(v, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Runs `f` over the `len` bytes at `addr`. Contract: a runtime-owned range (a bounce or
+/// staging buffer) that stays mapped and unwritten by others during the call; a hole
+/// faults into the runtime's internal resolver, which maps a zero page.
+pub fn with_bytes<R>(addr: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+    // SAFETY: by the contract; the slice does not outlive the call.
+    f(unsafe { std::slice::from_raw_parts(addr as *const u8, len) })
+}
+
+/// Reads the 8-byte word at `addr` as the application would (a volatile load, which may
+/// fault and be served). Contract: `addr` lies in memory the caller allocated and holds
+/// (the CLI's own checks of NUMA placement, acting as the application).
+pub fn read_word(addr: usize) -> u64 {
+    // SAFETY: by the contract the word is the caller's; no reference is made.
+    unsafe { (addr as *const u64).read_volatile() }
+}
+
+/// Writes the 8-byte word at `addr` as the application would, under [`read_word`]'s
+/// contract.
+pub fn write_word(addr: usize, v: u64) {
+    // SAFETY: as in `read_word`.
+    unsafe { (addr as *mut u64).write_volatile(v) }
 }

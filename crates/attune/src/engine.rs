@@ -7,7 +7,7 @@
 use crate::config::Config;
 use crate::numa::NumaPlacer;
 use crate::paging::{InitError, Pager};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, Ordering::*};
 
 /// The tiered runtime of this process: paged regions, and NUMA placement where NUMA
 /// tiers are configured.
@@ -21,24 +21,18 @@ pub struct Engine {
 /// retried there when the kernel cannot fault their pages in.
 pub static INTERPOSED: AtomicBool = AtomicBool::new(false);
 
-/// The started engine (a leaked `&'static Engine`), 0 before start and in a forked child
-/// that could not take its parent's over.
-static CURRENT: AtomicUsize = AtomicUsize::new(0);
+/// The started engine, None before start and in a forked child that could not take its
+/// parent's over.
+static CURRENT: attune_sys::global::Published<Engine> = attune_sys::global::Published::new();
 
 /// The engine, if one runs in this process (signal-safe: one load).
 pub fn current() -> Option<&'static Engine> {
-    let p = CURRENT.load(Acquire);
-    if p == 0 {
-        None
-    } else {
-        // SAFETY: CURRENT only ever holds a leaked &'static Engine (`publish`).
-        Some(unsafe { &*(p as *const Engine) })
-    }
+    CURRENT.get()
 }
 
 /// Makes `e` the process's engine (None: no engine, for a child that gave it up).
 pub(crate) fn publish(e: Option<&'static Engine>) {
-    CURRENT.store(e.map_or(0, |e| e as *const Engine as usize), Release);
+    CURRENT.set(e);
 }
 
 impl Engine {

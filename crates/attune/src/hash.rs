@@ -7,8 +7,8 @@
 /// in the file", which held an older copy (a checksum failure on the next load, seen in
 /// tests/python/test_remote.py's full-server test).
 pub fn chunk_hash(addr: usize, len: usize, tier: usize) -> u64 {
-    // SAFETY: callers pass runtime-owned buffers (bounce or staging) holding `len` bytes;
-    // a hole in staging faults into the internal resolver, which maps a zero page.
-    let data = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
-    xxhash_rust::xxh3::xxh3_64_with_seed(data, tier as u64 + 1) | 1
+    // Callers pass runtime-owned buffers (bounce or staging) holding `len` bytes.
+    attune_sys::mem::with_bytes(addr, len, |data| {
+        xxhash_rust::xxh3::xxh3_64_with_seed(data, tier as u64 + 1) | 1
+    })
 }

@@ -4,7 +4,8 @@
 //! * `config.rs`, `log.rs`, `size.rs`, `error.rs`: options, logging, sizes, the C API's
 //!   error messages.
 //! * `sync/`: the fork gate every runtime operation runs inside, the small allocator's
-//!   per-thread gate.
+//!   per-thread gate (its protocol in `flag_gate.rs`), and `shim.rs`, the atomics the
+//!   loom model swaps (`tests/loom.rs`).
 //! * `region.rs`: a region's chunks and their atomic state words; `tier/`: far tiers
 //!   (`memory`, `file`) behind one store/load interface.
 //! * `paging/`: the paging engine: the fault path (`paging/fault.rs`), replacement
@@ -18,6 +19,10 @@
 //! * `daemon_client.rs`: the connection to the node daemon (`attuned`).
 //! * `runtime.rs`: the process-wide state behind the C API, statistics and phases.
 //! * `inject.rs`: failure injection for the failure rules' tests (`ATTUNE_INJECT`).
+
+// No unsafe code: raw memory, mimalloc and the published runtime are reached through
+// attune-sys and its address contract (attune-sys/src/lib.rs).
+#![forbid(unsafe_code)]
 
 pub mod config;
 pub mod daemon_client;

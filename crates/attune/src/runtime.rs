@@ -12,7 +12,7 @@ use crate::small::SmallAllocator;
 use attune_policy::Flags;
 use attune_sys::{mem, Errno};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering::*};
+use std::sync::atomic::Ordering::*;
 use std::sync::{Arc, Mutex};
 
 /// How the runtime runs in this process.
@@ -35,20 +35,16 @@ pub enum Runtime {
 static RUNTIME: Mutex<Option<(u32, &'static Result<Runtime, String>)>> = Mutex::new(None);
 /// Lock-free fast path to the current runtime (cleared in a forked child that could not take
 /// its parent's over).
-static FAST: AtomicUsize = AtomicUsize::new(0);
+static FAST: attune_sys::global::Published<Result<Runtime, String>> =
+    attune_sys::global::Published::new();
 
 /// The parts of the runtime a fork must quiesce: the engine and the small allocator's gate.
 fn fork_parts() -> (
     Option<&'static Engine>,
     Option<&'static crate::sync::thread_gate::ThreadGate>,
 ) {
-    let fast = FAST.load(Acquire);
-    if fast == 0 {
-        return (None, None);
-    }
-    // SAFETY: FAST only holds a leaked &'static Result<Runtime, String>.
-    match unsafe { &*(fast as *const Result<Runtime, String>) } {
-        Ok(Runtime::Tiered { engine, small }) => (Some(engine), Some(&small.gate)),
+    match FAST.get() {
+        Some(Ok(Runtime::Tiered { engine, small })) => (Some(engine), Some(&small.gate)),
         _ => (None, None),
     }
 }
@@ -86,7 +82,7 @@ pub fn after_fork_in_child() -> bool {
     let ok = crate::fork::child(e, g);
     if !ok {
         crate::small::publish(None);
-        FAST.store(0, Release);
+        FAST.set(None);
         crate::engine::publish(None);
     }
     ok
@@ -182,10 +178,8 @@ fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
 /// Starts the runtime with a configuration file (or the environment and defaults).
 /// A second call returns the first result (the configuration cannot change).
 pub fn init(path: Option<&std::path::Path>) -> Result<&'static Runtime, Errno> {
-    let fast = FAST.load(Acquire);
-    let r: &'static Result<Runtime, String> = if fast != 0 {
-        // SAFETY: FAST only holds a leaked &'static Result<Runtime, String>.
-        unsafe { &*(fast as *const Result<Runtime, String>) }
+    let r: &'static Result<Runtime, String> = if let Some(r) = FAST.get() {
+        r
     } else {
         let pid = std::process::id();
         let mut g = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
@@ -206,7 +200,7 @@ pub fn init(path: Option<&std::path::Path>) -> Result<&'static Runtime, Errno> {
                     );
                 }
                 *g = Some((pid, r));
-                FAST.store(r as *const _ as usize, Release);
+                FAST.set(Some(r));
                 if let Ok(Runtime::Tiered { small, .. }) = r {
                     crate::small::publish(Some(small));
                 }
@@ -230,12 +224,8 @@ pub fn init(path: Option<&std::path::Path>) -> Result<&'static Runtime, Errno> {
 /// The runtime, started on first use. Inlined fast path: a started runtime is one load.
 #[inline]
 pub fn runtime() -> Result<&'static Runtime, Errno> {
-    let fast = FAST.load(Acquire);
-    if fast != 0 {
-        // SAFETY: FAST only holds a leaked &'static Result<Runtime, String>.
-        if let Ok(rt) = unsafe { &*(fast as *const Result<Runtime, String>) } {
-            return Ok(rt);
-        }
+    if let Some(Ok(rt)) = FAST.get() {
+        return Ok(rt);
     }
     init(None)
 }
@@ -644,8 +634,7 @@ pub fn discard(ptr: usize, len: usize) -> Result<(), Errno> {
         let _in = e.pager.enter();
         e.pager.discard(&r, ptr, len)
     };
-    // SAFETY: ranges of `r`, which the application holds and asked to discard.
-    unsafe { crate::paging::ops::zero_discarded(&zero) };
+    crate::paging::ops::zero_discarded(&zero);
     Ok(())
 }
 

@@ -24,8 +24,8 @@ use crate::paging::{AllocOptions, Pager};
 use crate::region::{Region, RegionKind};
 use attune_policy::Flags;
 use attune_sys::Errno;
-use libmimalloc_sys as mi;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+use attune_sys::{mem, small_heap};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, OnceLock};
 
 /// Block alignment and the arena bytes one map byte stands for.
@@ -48,15 +48,14 @@ struct Ready {
 }
 
 impl Ready {
-    /// The map byte of the block starting at `p` (inside base..end).
+    /// The address of the map byte of the block starting at `p` (inside base..end): the
+    /// map is arena/GRAIN bytes right behind the arena, in the class's region (mapped for
+    /// the life of the process), as `mem::load_u8` asks. Touching it may fault it in,
+    /// which the fault path resolves.
     #[inline(always)]
-    fn mark(&self, p: usize) -> &AtomicU8 {
+    fn mark(&self, p: usize) -> usize {
         let base = self.base.load(Relaxed);
-        let at = self.end.load(Relaxed) + (p - base) / GRAIN;
-        // SAFETY: the map is arena/GRAIN bytes right behind the arena, in the class's
-        // region (mapped for the life of the process); p lies in the arena, so `at` lies
-        // in the map. Touching it may fault it in, which the fault path resolves.
-        unsafe { &*(at as *const AtomicU8) }
+        self.end.load(Relaxed) + (p - base) / GRAIN
     }
 
     /// Carves a block of `size` (> 0) bytes and marks it live; 0 when mimalloc has none.
@@ -65,21 +64,17 @@ impl Ready {
         let Some(n) = size.checked_add(GRAIN - 1).map(|s| s & !(GRAIN - 1)) else {
             return 0;
         };
-        let heap = self.heap.load(Acquire) as *mut mi::mi_heap_t;
-        // SAFETY: heap is a live mimalloc heap of this class; v3 heaps may be used from
-        // any thread.
-        let p = unsafe { mi::mi_heap_malloc(heap, n) } as usize;
+        let p = small_heap::malloc(self.heap.load(Acquire), n);
         if p == 0 {
             return 0;
         }
         if p % GRAIN != 0 {
             // Not expected (sizes are multiples of 16), but a block the map cannot name
             // must not be handed out.
-            // SAFETY: p was just allocated by mimalloc.
-            unsafe { mi::mi_free(p as *mut _) };
+            small_heap::free(p);
             return 0;
         }
-        self.mark(p).store(LIVE, Relaxed);
+        mem::store_u8(self.mark(p), LIVE);
         p
     }
 
@@ -87,12 +82,12 @@ impl Ready {
     #[inline(always)]
     fn release(&self, p: usize) -> bool {
         let m = self.mark(p);
-        if m.load(Relaxed) != LIVE {
+        if mem::load_u8(m) != LIVE {
             return false;
         }
-        m.store(0, Relaxed);
-        // SAFETY: the map proved p is the start of a live block of this arena.
-        unsafe { mi::mi_free(p as *mut _) };
+        mem::store_u8(m, 0);
+        // The map proved p is the start of a live block of this arena.
+        small_heap::free(p);
         true
     }
 
@@ -123,21 +118,16 @@ pub struct SmallAllocator {
 
 /// The started runtime's small allocator, for the fast path: 0 before the runtime starts,
 /// without tiering, and in a forked child that gave its parent's runtime up.
-static FAST: AtomicUsize = AtomicUsize::new(0);
+static FAST: attune_sys::global::Published<SmallAllocator> = attune_sys::global::Published::new();
 
 /// Makes `s` the fast path's allocator (None: no fast path).
 pub(crate) fn publish(s: Option<&'static SmallAllocator>) {
-    let p = s
-        .filter(|s| s.enabled)
-        .map_or(0, |s| s as *const _ as usize);
-    FAST.store(p, Release);
+    FAST.set(s.filter(|s| s.enabled));
 }
 
 #[inline(always)]
 fn fast() -> Option<&'static SmallAllocator> {
-    let p = FAST.load(Acquire);
-    // SAFETY: FAST holds 0 or a SmallAllocator inside a leaked runtime ('static).
-    (p != 0).then(|| unsafe { &*(p as *const SmallAllocator) })
+    FAST.get()
 }
 
 /// `allocate_TM(size, flags)` without options, when the class already exists and the fork
@@ -211,35 +201,20 @@ impl SmallAllocator {
                     64 << 20,
                 )?
             };
-            let mut id: mi::mi_arena_id_t = std::ptr::null_mut();
-            // SAFETY: the first `arena` bytes of a fresh mapping owned by this class for
-            // the life of the process, aligned to 64 MiB; they read as zero until written.
-            let ok = unsafe {
-                mi::mi_manage_os_memory_ex(
-                    region.base as *const _,
-                    arena,
-                    true,
-                    true,
-                    true,
-                    -1,
-                    true,
-                    &mut id,
-                )
-            };
-            if !ok {
+            // The first `arena` bytes of a fresh mapping owned by this class for the life
+            // of the process, aligned to 64 MiB; they read as zero until written.
+            let Some(id) = small_heap::arena_in(region.base, arena) else {
                 let _in = e.enter();
                 e.free_region(&region);
                 return Err(Errno(libc::ENOMEM));
-            }
-            // SAFETY: id names the arena just created.
-            let heap = unsafe { mi::mi_heap_new_in_arena(id) };
-            if heap.is_null() {
+            };
+            let Some(heap) = small_heap::heap_in(id) else {
                 return Err(Errno(libc::ENOMEM));
-            }
+            };
             let ready = &self.ready[i];
             ready.base.store(region.base, Release);
             ready.end.store(region.base + arena, Release);
-            ready.heap.store(heap as usize, Release);
+            ready.heap.store(heap, Release);
             self.lo.fetch_min(region.base as u64, AcqRel);
             self.hi.fetch_max((region.base + arena) as u64, AcqRel);
             Ok(Class { region })
@@ -294,11 +269,11 @@ impl SmallAllocator {
             return None;
         }
         let _in = self.gate.enter();
-        if r.mark(ptr).load(Relaxed) != LIVE {
+        if mem::load_u8(r.mark(ptr)) != LIVE {
             return None;
         }
-        // SAFETY: the map proved ptr is the start of a live block.
-        Some(unsafe { mi::mi_usable_size(ptr as *const _) })
+        // The map proved ptr is the start of a live block.
+        Some(small_heap::usable_size(ptr))
     }
 
     /// The arena region of the class holding `ptr`.

@@ -10,6 +10,7 @@
 
 use attune::numa::{self, NumaPlacer};
 use attune::Flags;
+use attune_sys::mem;
 use attune_sys::os::ForkRun;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -212,34 +213,23 @@ fn parse_region(s: &str) -> Result<Req, String> {
 }
 
 /// Writes a pattern derived from the page address into every page (first word), so
-/// that a page that moved is checked for its content afterwards.
+/// that a page that moved is checked for its content afterwards. [base, base+len) is a
+/// live allocation this command owns.
 fn touch(base: usize, len: usize) {
     for off in (0..len).step_by(4096) {
-        let p = (base + off) as *mut u64;
-        // SAFETY: [base, base+len) is a live allocation this command owns.
-        #[allow(unsafe_code)]
-        unsafe {
-            p.write_volatile((base + off) as u64 ^ 0x5a5a_5a5a)
-        };
+        mem::write_word(base + off, (base + off) as u64 ^ 0x5a5a_5a5a);
     }
 }
 
 /// The word at `addr`, inside an allocation of this command.
-#[allow(unsafe_code)]
 fn read_word(addr: usize) -> u64 {
-    // SAFETY: callers pass addresses inside a live allocation of this command.
-    unsafe { (addr as *const u64).read_volatile() }
+    mem::read_word(addr)
 }
 
 fn verify(base: usize, len: usize) -> bool {
-    (0..len).step_by(4096).all(|off| {
-        let p = (base + off) as *const u64;
-        // SAFETY: as in `touch`.
-        #[allow(unsafe_code)]
-        unsafe {
-            p.read_volatile() == (base + off) as u64 ^ 0x5a5a_5a5a
-        }
-    })
+    (0..len)
+        .step_by(4096)
+        .all(|off| read_word(base + off) == (base + off) as u64 ^ 0x5a5a_5a5a)
 }
 
 fn vmstat() -> BTreeMap<String, u64> {

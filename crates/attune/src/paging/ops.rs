@@ -363,14 +363,11 @@ impl Pager {
 
 /// Writes zeros over the ranges [`Pager::discard`] returned. Outside the fork gate: a
 /// non-resident page faults here, and the fault path must be free to enter the gate.
-///
-/// # Safety
 /// The ranges come from `discard` on a region the caller still holds (the application
-/// asked for the discard and owns the memory until it frees it).
-pub unsafe fn zero_discarded(ranges: &[(usize, usize)]) {
+/// asked for the discard and owns the memory until it frees it): `zero_managed`'s
+/// contract.
+pub fn zero_discarded(ranges: &[(usize, usize)]) {
     for &(a, b) in ranges {
-        // SAFETY: inside a live region, its content given up by the application; this
-        // thread holds no chunk and is outside the gate, so a fault here is served.
-        unsafe { mem::zero_managed(a, b - a) };
+        mem::zero_managed(a, b - a);
     }
 }
