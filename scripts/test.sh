@@ -383,6 +383,11 @@ expect run-inject-unknown-point 0 "ATTUNE_INJECT: unknown point 'handler-panik'.
 expect run-small-bash 0 "^hi$" "$ATT" run -q --small -- bash -c 'echo hi'
 expect run-small-bash-info 0 "^hi$" env ATTUNE_LOG=info "$ATT" run -q --small -- bash -c 'echo hi'
 expect run-small-python 0 "^499999500000$" "$ATT" run -q --small -- python3 -c 'print(sum(range(10**6)))'
+# getrandom(3) into fresh and far managed pages (Python's os.urandom): the kernel fills
+# the buffer, so a page not resident failed with EFAULT under signal delivery.
+for mode in signal auto; do
+  expect "run-getrandom-$mode" 0 "getrandom: OK" "$ATT" run -q --dram 16M --fault-mode $mode -- python3 tests/run/getrandom.py
+done
 # Huge pages (docs/design/paging.md, "Huge pages"): a buffer wholly in DRAM goes on 2 MiB
 # pages within seconds (AnonHugePages in /proc/self/smaps); not with huge_pages=off or
 # CAP flags; under pressure the moves out split them and every word survives, in both
@@ -669,6 +674,8 @@ assert d["user_mode_only"] == (not full and not dev), d
   # report's amplification, as a user: the same as root's rows.
   expect unpriv-run-small-bash 0 "^hi$" runuser -u nobody -- "$UP/bin/attune" run -q --small -- bash -c 'echo hi'
   expect unpriv-run-small-python 0 "^499999500000$" runuser -u nobody -- "$UP/bin/attune" run -q --small -- /usr/bin/python3 -c 'print(sum(range(10**6)))'
+  cp tests/run/getrandom.py "$UP/bin/" && chmod 644 "$UP/bin/getrandom.py"
+  expect unpriv-run-getrandom 0 "getrandom: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M -- /usr/bin/python3 "$UP/bin/getrandom.py"
   cp "$RT/unit_patterns" "$UP/bin/" && chmod 755 "$UP/bin/unit_patterns"
   expect unpriv-run-amplification-strided 0 "check_report: OK" sh -c "runuser -u nobody -- '$UP/bin/attune' run -q --dram 16M --report '$UP/work/amp.json' -- '$UP/bin/unit_patterns' strided 64 && $CHECK '$UP/work/amp.json' --amplification 2.2 2.8"
   expect unpriv-run-monotonic-clock-at-400-days 0 "rand_update: OK" unshare --fork --time --monotonic=$up400 --boottime=$up400 runuser -u nobody -- "$UP/bin/attune" run -q --dram 8M -- "$UP/bin/rand_update" 64 300000

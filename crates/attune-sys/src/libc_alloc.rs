@@ -745,6 +745,7 @@ next_calls! {
     ptr_pzi(p: usize, z: usize, i: i32) -> usize;
     ptr_zi(z: usize, i: i32) -> usize;
     isize_ipz(a: i32, p: usize, z: usize) -> isize;
+    isize_pzu(p: usize, z: usize, u: u32) -> isize;
     isize_ipzo(a: i32, p: usize, z: usize, o: i64) -> isize;
     isize_ipi(a: i32, p: usize, i: i32) -> isize;
     isize_ipio(a: i32, p: usize, i: i32, o: i64) -> isize;

@@ -34,7 +34,7 @@
 
 use attune::runtime;
 use attune_sys::libc_alloc::{self as sys, NextFn};
-use libc::{c_int, c_void, iovec, off_t, size_t, ssize_t};
+use libc::{c_int, c_uint, c_void, iovec, off_t, size_t, ssize_t};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Marks this thread as inside the runtime for the guard's life (the hold's faults and
@@ -71,6 +71,7 @@ static PWRITEV: NextFn = NextFn::new(c"pwritev64");
 static PREADV2: NextFn = NextFn::new(c"preadv2");
 static PWRITEV2: NextFn = NextFn::new(c"pwritev2");
 static RECV: NextFn = NextFn::new(c"recv");
+static GETRANDOM: NextFn = NextFn::new(c"getrandom");
 static SEND: NextFn = NextFn::new(c"send");
 static RECVFROM: NextFn = NextFn::new(c"recvfrom");
 static SENDTO: NextFn = NextFn::new(c"sendto");
@@ -793,6 +794,21 @@ fn process_vm(
     } else {
         again
     }
+}
+
+/// getrandom(3): the kernel fills the buffer (Python's `os.urandom`, `random.randbytes`
+/// and NumPy's seeding hand it buffers from malloc). It may return fewer bytes than asked
+/// and every caller loops, so a buffer larger than the hold limit is filled a window at a
+/// time.
+#[no_mangle]
+pub extern "C" fn getrandom(buf: *mut c_void, n: size_t, flags: c_uint) -> ssize_t {
+    let b = buf as usize;
+    let call = |o: usize, l: usize| GETRANDOM.isize_pzu(b + o, l, flags);
+    let r = call(0, n);
+    if r >= 0 || !ours(&[(b, n)]) {
+        return r;
+    }
+    retry_buffer(b, n, Split::First, call)
 }
 
 #[no_mangle]
