@@ -1,10 +1,66 @@
-//! Where a new region of the paging engine lives: its home far tier (where its evicted
-//! chunks go), its unit of movement, and the part pinned in DRAM from the start. The
-//! engine asks once per allocation (`paging/ops.rs`) and applies the answer. NUMA tiers
-//! are placed by Algorithm 1 (`plan::plan_allocation`, through `numa::layout`).
+//! Where a new allocation lives, for every path that makes one:
+//! * [`route`]: the small allocator's class arenas or a region of its own;
+//! * [`effective_flags`]: the flags that decide (none in temperature mode);
+//! * on NUMA tiers, [`numa`]: the ranges Algorithm 1 lays out (`crate::numa::layout`);
+//! * in the paging engine, [`place`]: the home far tier (where evicted chunks go) and the
+//!   unit of movement, [`initial_pin`]: the part pinned in DRAM from the start, and
+//!   [`predicts`]: whether the online prediction samples it.
+//!
+//! The runtime asks once per allocation (`runtime::alloc_general`, `paging/ops.rs`,
+//! `numa/mod.rs`) and applies the answer.
 
 use crate::chunk::chunk_for;
 use crate::Flags;
+
+/// Where an allocation goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// A block in the small allocator's arena for its flags.
+    Small,
+    /// A region of its own (or NUMA ranges of its own).
+    Region,
+}
+
+/// The small allocator takes an allocation below `small_threshold` that asks for nothing
+/// of its own (`options`: a region of its own, a tier, a pin, pre-faulting, a chunk size
+/// or a fault delivery, which only a region can honour), while it is on (off in a forked
+/// child that could not take its parent's runtime over). Everything else gets a region.
+pub fn route(size: usize, small_threshold: usize, options: bool, small_on: bool) -> Route {
+    if size < small_threshold && !options && small_on {
+        Route::Small
+    } else {
+        Route::Region
+    }
+}
+
+/// The flags placement follows: the caller's in attuned mode; none in temperature mode
+/// (IMME's TME baseline, where every region is placed and moved alike).
+pub fn effective_flags(flags: Flags, attuned: bool) -> Flags {
+    if attuned {
+        flags
+    } else {
+        Flags::NONE
+    }
+}
+
+/// The ranges of a new NUMA region of `len` bytes (a multiple of `page`): Algorithm 1
+/// over what `tiers` have left, with the flags that decide. None when they cannot hold it.
+pub fn numa(
+    len: u64,
+    flags: Flags,
+    attuned: bool,
+    tiers: &[crate::TierView],
+    pin_fraction: f64,
+    page: u64,
+) -> Option<Vec<crate::numa::RangePlan>> {
+    crate::numa::layout(
+        len,
+        effective_flags(flags, attuned),
+        tiers,
+        pin_fraction,
+        page,
+    )
+}
 
 /// A pageable far tier as placement sees it, in the engine's order (fastest first).
 #[derive(Clone, Copy, Debug)]
@@ -119,6 +175,61 @@ mod tests {
             attuned: true,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_route_of_an_allocation() {
+        for (size, options, small_on, want) in [
+            (64, false, true, Route::Small),
+            (4095, false, true, Route::Small),
+            (4096, false, true, Route::Region), // the threshold itself: a region
+            (64, true, true, Route::Region),    // asks for something of its own
+            (64, false, false, Route::Region),  // small allocator off
+            (0, false, true, Route::Small),
+        ] {
+            assert_eq!(
+                route(size, 4096, options, small_on),
+                want,
+                "{size} {options} {small_on}"
+            );
+        }
+        assert_eq!(
+            route(64, 0, false, true),
+            Route::Region,
+            "threshold 0: never small"
+        );
+    }
+
+    #[test]
+    fn temperature_mode_ignores_flags_on_every_path() {
+        let lat = Flags::LAT;
+        assert_eq!(effective_flags(lat, true), lat);
+        assert_eq!(effective_flags(lat, false), Flags::NONE);
+        let tiers = [
+            crate::TierView {
+                available: 1 << 30,
+                bandwidth: 100,
+            },
+            crate::TierView {
+                available: 8 << 30,
+                bandwidth: 30,
+            },
+        ];
+        let attuned = numa(64 << 20, lat, true, &tiers, 0.5, 4096).unwrap();
+        let temp = numa(64 << 20, lat, false, &tiers, 0.5, 4096).unwrap();
+        assert!(
+            attuned.iter().any(|r| r.pin > 0),
+            "LAT pins part of its region"
+        );
+        assert!(
+            temp.iter().all(|r| r.pin == 0 && r.flags == Flags::NONE),
+            "{temp:?}"
+        );
+        assert_eq!(
+            temp,
+            numa(64 << 20, Flags::NONE, true, &tiers, 0.5, 4096).unwrap(),
+            "temperature mode places a LAT region as an unflagged one"
+        );
     }
 
     #[test]

@@ -168,6 +168,10 @@ pub fn hot_ranges(p_hot: &[Option<f64>], hot_share: f64, max_ranges: usize) -> V
 /// two lucky delays decide the curve.
 pub const ONLINE_MIN_HITS: u64 = 100;
 
+/// The flags of a region the online prediction split: its hot part is pinned (LAT's
+/// protection, within the pin room) and the rest is capacity data, the first to go.
+pub const ONLINE_SPLIT_FLAGS: Flags = Flags::CAP;
+
 /// The online variant of the split (IMME's early-sampling example): from a region's own
 /// samples in the first moments of its life (per chunk: touched parks and exposure in ns,
 /// `attune::sample::cells`), the hot ranges to pin as its LAT part (the rest becomes CAP),

@@ -9,7 +9,7 @@ use crate::error::fail;
 use crate::paging::AllocOptions;
 use crate::region::{Region, RegionKind, Where};
 use crate::small::SmallAllocator;
-use attune_policy::Flags;
+use attune_policy::{place, Flags};
 use attune_sys::{mem, Errno};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::*;
@@ -293,14 +293,19 @@ fn alloc_general(size: usize, flag_bits: u32, opts: Option<AllocOptions>) -> Res
             Ok(a)
         }
         Runtime::Tiered { engine, small } => {
-            // Any per-allocation option needs a region of its own.
-            let plain = !opts.own_region
-                && opts.preferred_tier.is_none()
-                && opts.pin_bytes.is_none()
-                && !opts.prefault
-                && opts.chunk_size.is_none()
-                && opts.fault_mode.is_none();
-            if size < engine.pager.cfg.small_threshold && plain && small.enabled {
+            let options = opts.own_region
+                || opts.preferred_tier.is_some()
+                || opts.pin_bytes.is_some()
+                || opts.prefault
+                || opts.chunk_size.is_some()
+                || opts.fault_mode.is_some();
+            let route = place::route(
+                size,
+                engine.pager.cfg.small_threshold,
+                options,
+                small.enabled,
+            );
+            if route == place::Route::Small {
                 return small
                     .alloc(&engine.pager, size, flags)
                     .map_err(|e| fail(e, format!("small allocation of {size} bytes failed: {e}")));

@@ -129,8 +129,9 @@ impl NumaPlacer {
         let mut cells = Vec::new();
         let mut at = Vec::new();
         for r in st.regions.values().filter(|r| r.tracked) {
-            let protected = !self.temperature && Flags(r.flags).is_protected();
-            let capacity = attune_policy::victim::capacity_first(Flags(r.flags), !self.temperature);
+            let flags = attune_policy::place::effective_flags(Flags(r.flags), !self.temperature);
+            let protected = flags.is_protected();
+            let capacity = attune_policy::victim::capacity_first(flags, !self.temperature);
             let cut = r.ranges.len() > crate::numa::MAX_RANGES;
             for (i, (tier, movable)) in r.cell_places().into_iter().enumerate() {
                 cells.push(Cell {

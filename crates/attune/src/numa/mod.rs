@@ -455,13 +455,22 @@ impl NumaPlacer {
                 bandwidth: t.bandwidth,
             })
             .collect();
-        pol::layout(len, flags, &views, self.pin_fraction, PAGE).ok_or(Errno(libc::ENOMEM))
+        attune_policy::place::numa(
+            len,
+            flags,
+            !self.temperature,
+            &views,
+            self.pin_fraction,
+            PAGE,
+        )
+        .ok_or(Errno(libc::ENOMEM))
     }
 
     /// Allocates `size` bytes placed by `flags`. ENOMEM when the tiers cannot hold it.
     pub fn alloc(&self, size: usize, flags: Flags) -> Result<usize, Errno> {
-        // Temperature-only mode: every region is placed as an unflagged one.
-        let flags = if self.temperature { Flags::NONE } else { flags };
+        // Temperature-only mode: every region is placed, recorded and moved as an
+        // unflagged one.
+        let flags = attune_policy::place::effective_flags(flags, !self.temperature);
         let len = (size as u64).div_ceil(PAGE) * PAGE;
         let n = self.tiers.len();
         let mut st = self.lock();

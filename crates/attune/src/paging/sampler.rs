@@ -203,7 +203,8 @@ fn predict(e: &Pager, r: &Region) {
         }
     };
     // The flags first: from now on the hand treats the rest as capacity data.
-    r.flags.store(attune_policy::Flags::CAP.0, Relaxed);
+    r.flags
+        .store(attune_policy::predict::ONLINE_SPLIT_FLAGS.0, Relaxed);
     let mut pinned = 0u64;
     for (a, b) in hot {
         let start = ((a * r.len as f64) as usize) / r.chunk * r.chunk;
