@@ -159,6 +159,29 @@ pub fn choose(requested: Requested, reason: Option<Reason>) -> Chosen {
     }
 }
 
+/// What becomes of an interposed program's small-object arenas (`attune run --small`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SmallArenas {
+    /// Managed, with this delivery.
+    Managed(Chosen),
+    /// Small requests stay with the program's allocator, untiered.
+    KeptOut,
+}
+
+/// The rule for small arenas. Small objects are the arguments of system calls that no
+/// wrapper covers (path strings, `struct stat`, lock words, descriptor arrays), and a
+/// kernel access to a non-resident page fails with EFAULT under signal delivery, and
+/// under either delivery when the userfaultfd sees user-mode faults only
+/// (`kernel_faults` false). So the arenas take the handler thread, or stay out; an
+/// explicit `signal` is kept, as for regions (the user has been told its limit).
+pub fn small_arenas(requested: Requested, kernel_faults: bool) -> SmallArenas {
+    match requested {
+        Requested::Signal => SmallArenas::Managed(Chosen::Signal),
+        _ if kernel_faults => SmallArenas::Managed(Chosen::Thread),
+        _ => SmallArenas::KeptOut,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,6 +243,25 @@ mod tests {
             (Requested::Signal, r, Chosen::Signal),
         ] {
             assert_eq!(choose(req, reason), chosen, "{req:?} {reason:?}");
+        }
+    }
+
+    #[test]
+    fn small_arenas_need_kernel_faults_served() {
+        use SmallArenas::*;
+        for (req, kernel_faults, want) in [
+            (Requested::Auto, true, Managed(Chosen::Thread)),
+            (Requested::Thread, true, Managed(Chosen::Thread)),
+            (Requested::Signal, true, Managed(Chosen::Signal)),
+            (Requested::Auto, false, KeptOut),
+            (Requested::Thread, false, KeptOut),
+            (Requested::Signal, false, Managed(Chosen::Signal)),
+        ] {
+            assert_eq!(
+                small_arenas(req, kernel_faults),
+                want,
+                "{req:?} {kernel_faults}"
+            );
         }
     }
 

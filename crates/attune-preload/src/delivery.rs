@@ -149,6 +149,37 @@ pub fn keep_out_if_user_mode_only() {
     );
 }
 
+/// Under `--small`, once the runtime runs: the small arenas take the delivery
+/// `attune_policy::delivery::small_arenas` gives, or small requests stay with the
+/// program's allocator (false), with a warning that says why.
+pub fn settle_small_arenas() -> bool {
+    let Some(e) = attune::runtime::engine_if_started() else {
+        return false;
+    };
+    match delivery::small_arenas(requested(), !e.pager.user_mode_only()) {
+        delivery::SmallArenas::Managed(c) => {
+            attune::small::set_arena_fault_mode(Some(match c {
+                Chosen::Thread => attune::config::FaultMode::Thread,
+                Chosen::Signal => attune::config::FaultMode::Signal,
+            }));
+            true
+        }
+        delivery::SmallArenas::KeptOut => {
+            attune::log::emit(
+                attune::log::Level::Warn,
+                "attune run: --small: small objects are the arguments of system calls no \
+                 wrapper retries (path strings, stat buffers, lock words), and this \
+                 process's userfaultfd sees user-mode faults only \
+                 (vm.unprivileged_userfaultfd=0), so a kernel access to a non-resident one \
+                 would fail with EFAULT: small requests stay with the program's allocator, \
+                 untiered. Kernel faults are served where /dev/userfaultfd is handed to the \
+                 job (docs/design/run.md, \"Fault delivery\")",
+            );
+            false
+        }
+    }
+}
+
 /// Whether new requests must stay with the program's allocator.
 pub fn kept_out() -> bool {
     KEPT_OUT.load(Relaxed)

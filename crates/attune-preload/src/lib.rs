@@ -109,6 +109,10 @@ fn ready() -> bool {
             if ok {
                 delivery::absorb_runtime_libraries();
                 delivery::keep_out_if_user_mode_only();
+                if SMALL.load(Relaxed) && !delivery::settle_small_arenas() {
+                    SMALL.store(false, Relaxed);
+                    THRESHOLD.store(settings().threshold, Relaxed);
+                }
                 report::start();
             }
             STATE.store(if ok { READY } else { OFF }, Release);

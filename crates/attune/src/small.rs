@@ -20,12 +20,13 @@
 //! else (first request of a class, size 0, unknown flags, a fork closing the gate, a bad
 //! pointer to report) goes to the general path, which re-checks everything and reports.
 
+use crate::config::FaultMode;
 use crate::paging::{AllocOptions, Pager};
 use crate::region::{Region, RegionKind};
 use attune_policy::Flags;
 use attune_sys::Errno;
 use attune_sys::{mem, small_heap};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::{Arc, OnceLock};
 
 /// Block alignment and the arena bytes one map byte stands for.
@@ -116,6 +117,28 @@ pub struct SmallAllocator {
     pub gate: crate::sync::thread_gate::ThreadGate,
 }
 
+/// The delivery of arenas made from now on: 0 the configured one, 1 the handler thread,
+/// 2 signal. Set by the `attune run` interposer (`attune_policy::delivery::small_arenas`).
+static ARENA_FAULT_MODE: AtomicU8 = AtomicU8::new(0);
+
+/// Sets the delivery of the arenas made from now on (None: the configured one).
+pub fn set_arena_fault_mode(m: Option<FaultMode>) {
+    let v = match m {
+        None => 0,
+        Some(FaultMode::Thread) => 1,
+        Some(FaultMode::Signal) => 2,
+    };
+    ARENA_FAULT_MODE.store(v, Relaxed);
+}
+
+fn arena_fault_mode() -> Option<FaultMode> {
+    match ARENA_FAULT_MODE.load(Relaxed) {
+        1 => Some(FaultMode::Thread),
+        2 => Some(FaultMode::Signal),
+        _ => None,
+    }
+}
+
 /// The started runtime's small allocator, for the fast path: 0 before the runtime starts,
 /// without tiering, and in a forked child that gave its parent's runtime up.
 static FAST: attune_sys::global::Published<SmallAllocator> = attune_sys::global::Published::new();
@@ -189,6 +212,7 @@ impl SmallAllocator {
             let opts = AllocOptions {
                 flags,
                 pin_bytes: Some(0),
+                fault_mode: arena_fault_mode(),
                 ..Default::default()
             };
             let arena = e.cfg.small_arena;
