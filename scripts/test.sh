@@ -597,7 +597,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/n
   mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
   cp "$PREFIX/bin/attune" "$PREFIX/bin/attune-lab" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
   for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain readahead deny_syscalls; do cp "$OUT/$t" "$UP/bin/"; done
-  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$RT/own_uffd" "$RT/huge_pages" "$UP/bin/" 2>/dev/null
+  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$RT/async_late" "$RT/own_uffd" "$RT/huge_pages" "$UP/bin/" 2>/dev/null
   gcc -O2 -Wno-stringop-overflow tests/run/syscalls_io.c -o "$UP/bin/syscalls_io" -lpthread || { fail=$((fail+1)); failed+=(build-syscalls-io); }
   chmod -R a+rX "$UP/bin" "$UP/lib"
   cp tests/run/numpy_work.py "$UP/bin/"
@@ -672,6 +672,9 @@ assert d["user_mode_only"] == (not full and not dev), d
   # /dev/userfaultfd handed down by a privileged launcher (the Slurm plugin's
   # userfaultfd=device; here root's shell) they are tiered and served.
   expect unpriv-run-async-untiered 0 "untiered.*async_io: OK uring 64 MiB VmHWM_MiB=(6[4-9]|[7-9][0-9]|[1-9][0-9][0-9])" sh -c "runuser -u nobody -- '$UP/bin/attune' run -q --dram 16M -- '$UP/bin/async_uring' '$UP/work' 64 2>&1 | tr '\\n' ' '"
+  # A late dlopen of libaio as nobody: the region made before keeps signal delivery, and
+  # what follows stays with the program's allocator (no delivery serves the kernel there).
+  expect unpriv-run-async-late-dlopen 0 "untiered .1 region.s. made before stay managed.*async_io: OK late" sh -c "runuser -u nobody -- '$UP/bin/attune' run -q --dram 16M -- '$UP/bin/async_late' '$UP/work' 64 2>&1 | tr '\\n' ' '"
   for b in uring posix; do
     expect "unpriv-run-async-handed-device-$b" 0 "async_io: OK $b 64 MiB VmHWM_MiB=([0-9]|[1-3][0-9]|4[0-7]) " sh -c "exec 9<>/dev/userfaultfd; ATTUNE_USERFAULTFD_FD=9 runuser -u nobody -- '$UP/bin/attune' run -q --far file --dram 16M -- '$UP/bin/async_$b' '$UP/work' 64 2>&1 | tr '\\n' ' '"
   done
