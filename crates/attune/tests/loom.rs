@@ -82,21 +82,40 @@ impl Shared {
     }
 }
 
+/// An operation run on a thread of its own.
+type Op = Box<dyn FnOnce() + Send>;
+
+/// Runs `ops` each on a thread against a closer: `close` (which must succeed), the
+/// closer's own work on `data` (the fork, with nothing inside), `open`, then the joins.
+fn against_a_closer(
+    ops: Vec<Op>,
+    close: impl FnOnce() -> bool,
+    data: &[&Shared],
+    open: impl FnOnce(),
+) {
+    let threads: Vec<_> = ops.into_iter().map(thread::spawn).collect();
+    assert!(close(), "a close without timeout gave up");
+    for d in data {
+        d.touch();
+    }
+    open();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
 #[test]
 fn gate_close_waits_for_operations_and_holds_new_ones() {
     model(|| {
         let (g, d) = (Arc::new(Gate::new()), Shared::new());
-        let op = {
+        let op: Op = {
             let (g, d) = (g.clone(), d.clone());
-            thread::spawn(move || {
+            Box::new(move || {
                 let _in = g.enter();
                 d.touch();
             })
         };
-        assert!(g.close(FOREVER));
-        d.touch(); // the fork, with nothing inside
-        g.open();
-        op.join().unwrap();
+        against_a_closer(vec![op], || g.close(FOREVER), &[&d], || g.open());
         assert_eq!(d.read(), 2);
         assert_eq!(g.inside(), 0);
     });
@@ -112,74 +131,62 @@ fn flag_gate_close_waits_for_slots_and_holds_new_ones() {
         // Operations may run side by side: each has data of its own, which the closer
         // touches too.
         let (da, db) = (Shared::new(), Shared::new());
-        let a = {
+        let a: Op = {
             let (g, d) = (g.clone(), da.clone());
-            thread::spawn(move || {
+            Box::new(move || {
                 let _in = g.enter(Some(0), || false);
                 d.touch();
             })
         };
-        let b = {
+        let b: Op = {
             let (g, d) = (g.clone(), db.clone());
-            thread::spawn(move || {
+            Box::new(move || {
                 if let Some(slot) = g.try_enter(1, false) {
                     d.touch();
                     FlagGate::<2>::leave(slot);
                 }
             })
         };
-        assert!(g.close(FOREVER, || {}));
-        da.touch();
-        db.touch();
-        g.open();
-        a.join().unwrap();
-        b.join().unwrap();
+        against_a_closer(
+            vec![a, b],
+            || g.close(FOREVER, || {}),
+            &[&da, &db],
+            || g.open(),
+        );
         assert_eq!(g.inside(), 0);
     });
 }
 
-/// A nested operation on one thread (a signal handler inside an operation) against a
-/// closer: the inner entry never waits for a close that waits for the outer one.
+/// One operation against a closer, entering through `slot` (None: the counter gate, as a
+/// thread without a slot does) `depth` times nested (a signal handler inside an
+/// operation): an inner entry never waits for a close that waits for the outer one.
+fn flag_gate_one_operation(slot: Option<usize>, depth: u64) {
+    model(move || {
+        let (g, d) = (Arc::new(FlagGate::<1>::new()), Shared::new());
+        let op: Op = {
+            let (g, d) = (g.clone(), d.clone());
+            Box::new(move || {
+                let mut held = Vec::new();
+                for _ in 0..depth {
+                    held.push(g.enter(slot, || false));
+                    d.touch();
+                }
+            })
+        };
+        against_a_closer(vec![op], || g.close(FOREVER, || {}), &[&d], || g.open());
+        assert_eq!(d.read(), depth + 1);
+        assert_eq!(g.inside(), 0);
+    });
+}
+
 #[test]
 fn flag_gate_nested_operation_against_a_closer() {
-    model(|| {
-        let (g, d) = (Arc::new(FlagGate::<1>::new()), Shared::new());
-        let nested = {
-            let (g, d) = (g.clone(), d.clone());
-            thread::spawn(move || {
-                let _outer = g.enter(Some(0), || false);
-                d.touch();
-                let _inner = g.enter(Some(0), || false);
-                d.touch();
-            })
-        };
-        assert!(g.close(FOREVER, || {}));
-        d.touch();
-        g.open();
-        nested.join().unwrap();
-        assert_eq!(d.read(), 3);
-        assert_eq!(g.inside(), 0);
-    });
+    flag_gate_one_operation(Some(0), 2);
 }
 
-/// A thread without a slot goes through the counter gate, which the close also waits on.
 #[test]
 fn flag_gate_thread_without_a_slot_against_a_closer() {
-    model(|| {
-        let (g, d) = (Arc::new(FlagGate::<1>::new()), Shared::new());
-        let overflow = {
-            let (g, d) = (g.clone(), d.clone());
-            thread::spawn(move || {
-                let _in = g.enter(None, || false);
-                d.touch();
-            })
-        };
-        assert!(g.close(FOREVER, || {}));
-        d.touch();
-        g.open();
-        overflow.join().unwrap();
-        assert_eq!(g.inside(), 0);
-    });
+    flag_gate_one_operation(None, 1);
 }
 
 fn one_chunk_region() -> Arc<Region> {
