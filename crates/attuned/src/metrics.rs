@@ -177,6 +177,21 @@ pub fn render(s: &Status) -> String {
         fam,
     );
     reg.register("shared_region_refs", "References to a shared region", refs);
+    // One series per feature the runtimes may use, 1 where this node's kernel lacks or
+    // refuses it (the runtimes run its fallback): a fleet's dashboards find the nodes
+    // that run slower paths without parsing `attune status`.
+    let features = Family::<Labels, F64Gauge>::default();
+    for f in attune_sys::kernel::FEATURES {
+        let missing = s.kernel_fallbacks.iter().any(|m| m == f.name);
+        features
+            .get_or_create(&vec![("feature".into(), f.name.to_string())])
+            .set(if missing { 1.0 } else { 0.0 });
+    }
+    reg.register(
+        "kernel_feature_fallback",
+        "1 when the kernel lacks or refuses this feature and the runtimes run its fallback (docs/design/kernels.md)",
+        features,
+    );
     let mut out = String::new();
     let _ = encode(&mut out, &reg);
     out
@@ -244,6 +259,27 @@ mod tests {
             "{t}"
         );
         assert!(t.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn every_kernel_feature_has_a_series_and_the_missing_read_one() {
+        let s = Status {
+            kernel_fallbacks: vec!["move".into(), "pagemap_scan".into()],
+            ..Default::default()
+        };
+        let t = render(&s);
+        for f in attune_sys::kernel::FEATURES {
+            let want = if f.name == "move" || f.name == "pagemap_scan" {
+                1
+            } else {
+                0
+            };
+            let line = format!(
+                "attune_kernel_feature_fallback{{feature=\"{}\"}} {want}",
+                f.name
+            );
+            assert!(t.contains(&line), "{line} in {t}");
+        }
     }
 
     #[test]
