@@ -161,6 +161,8 @@ def policy_run(policy, sel, tmp, node, pool, bw_dram_share, move_limit):
                 if policy == "pool":
                     env["ATTUNE_CONFIG"] = pool_config(tmp)
                 cmd = [imme.ATT, "run", "-q", "--dram", imme.mb(dram)]
+                if policy != "pool":
+                    cmd += ["--far", imme.EMULATED]   # the pool policy's file names its tiers
                 if policy in ("attuned", "pool"):
                     cmd += ["--flags", w["flags"]]
                 else:

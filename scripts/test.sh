@@ -58,12 +58,16 @@ g++ -O2 -std=c++17 $(pkg-config --cflags attune) tests/cpp/threads.cpp -o "$OUT/
 (cd "$OUT" && gfortran -O2 -c "$PREFIX/include/attune.f90" && gfortran -O2 -I. "$ROOT/tests/fortran/basic.f90" attune.o -o fortran_basic $LIBS) || { fail=$((fail+1)); failed+=(build-fortran); }
 
 export ATTUNE_DRAM=16M TEST_BUDGET=$((16<<20))
+# Rows named "memory" name the in-process memory tier (ATTUNE_FAR=memory,file, far memory
+# emulated); rows without a configuration run the default far tier, a file on scratch here
+# (`far = "auto"`, docs/design/paging.md, "The default far tier").
 run smoke "$OUT/smoke"
+run integrity-default-far "$OUT/integrity" 48
 for chunk in 4K 64K 2M; do
-  ATTUNE_CHUNK_SIZE=$chunk run "integrity-memory-$chunk" "$OUT/integrity" 48
+  ATTUNE_FAR=memory,file ATTUNE_CHUNK_SIZE=$chunk run "integrity-memory-$chunk" "$OUT/integrity" 48
 done
-ATTUNE_FAULT_MODE=signal run integrity-memory-signal "$OUT/integrity" 48
-ATTUNE_FAULT_MODE=signal ATTUNE_CHUNK_SIZE=64K run integrity-memory-signal-64K "$OUT/integrity" 48
+ATTUNE_FAR=memory,file ATTUNE_FAULT_MODE=signal run integrity-memory-signal "$OUT/integrity" 48
+ATTUNE_FAR=memory,file ATTUNE_FAULT_MODE=signal ATTUNE_CHUNK_SIZE=64K run integrity-memory-signal-64K "$OUT/integrity" 48
 # The file tier alone (NVMe/Lustre-like), at several chunk sizes.
 cat > "$OUT/file.toml" <<TOML
 dram = "16M"
@@ -86,7 +90,7 @@ else fail=$((fail+1)); failed+=(file-tier-min-chunk); echo "FAIL file-tier-min-c
 run integrity-lat "$OUT/integrity" 48 1
 run integrity-cap "$OUT/integrity" 48 4
 # CAP's tier: the memory tier while it has room, the file tier as overflow or alone.
-run cap-tier-memory "$OUT/cap_tier"
+ATTUNE_FAR=memory,file run cap-tier-memory "$OUT/cap_tier"
 # An 8 MiB memory tier in front of a file tier in directory $2: the memory tier fills,
 # the file tier takes the rest (CAP's overflow here; a full disk under it below).
 two_tier_config() {
@@ -114,11 +118,11 @@ ATTUNE_FAULT_MODE=signal run stress-signal "$OUT/stress" 64
 run errors "$OUT/errors"
 run fork_exec "$OUT/fork_exec"
 # A forked child reads and writes the managed memory it inherited (memory and file tiers).
-run fork-inherit-memory "$OUT/fork_inherit"
+ATTUNE_FAR=memory,file run fork-inherit-memory "$OUT/fork_inherit"
 ATTUNE_CONFIG="$OUT/file.toml" run fork-inherit-file "$OUT/fork_inherit"
 # A fork while another thread discards parts of far chunks: the zeroing runs outside the
 # fork gate (found by the soak).
-run fork-discard-memory "$OUT/fork_discard"
+ATTUNE_FAR=memory,file run fork-discard-memory "$OUT/fork_discard"
 ATTUNE_CONFIG="$OUT/file.toml" run fork-discard-file "$OUT/fork_discard"
 # A child that cannot take the runtime over fails loudly; the parent is intact: the
 # prepare handler fails (default tiers: no descriptor for the file tier's copy), or the
@@ -153,7 +157,7 @@ ATTUNE_CONFIG="$OUT/mem.toml" ATTUNE_DRAM=4M ATTUNE_FAULT_MODE=thread run churn-
 # attune_discard: far and resident chunks read as zero, tier space freed, bad ranges refused.
 for mode in thread signal; do
   for chunk in 4K 64K; do
-    ATTUNE_FAULT_MODE=$mode ATTUNE_CHUNK_SIZE=$chunk run "discard-memory-$mode-$chunk" "$OUT/discard"
+    ATTUNE_FAR=memory,file ATTUNE_FAULT_MODE=$mode ATTUNE_CHUNK_SIZE=$chunk run "discard-memory-$mode-$chunk" "$OUT/discard"
   done
 done
 ATTUNE_CONFIG="$OUT/file.toml" run discard-file "$OUT/discard"
@@ -222,7 +226,7 @@ fi
 echo "== kernel feature fallbacks (ATTUNE_KERNEL_FEATURES=-all)"
 export ATTUNE_KERNEL_FEATURES=-all
 for mode in thread signal; do
-  ATTUNE_FAULT_MODE=$mode run "no6x-integrity-memory-$mode" "$OUT/integrity" 48
+  ATTUNE_FAR=memory,file ATTUNE_FAULT_MODE=$mode run "no6x-integrity-memory-$mode" "$OUT/integrity" 48
   ATTUNE_CONFIG="$OUT/file.toml" ATTUNE_FAULT_MODE=$mode run "no6x-integrity-file-$mode" "$OUT/integrity" 48
   for tier in mem file; do
     ATTUNE_CONFIG="$OUT/$tier.toml" ATTUNE_FAULT_MODE=$mode STRESS_THREADS=48 STRESS_ITERS=15000 \
@@ -235,8 +239,8 @@ for mode in thread signal; do
   ATTUNE_FAULT_MODE=$mode run "no6x-readahead-$mode" "$OUT/readahead"
   ATTUNE_FAULT_MODE=$mode run "no6x-sigbus-chain-$mode" "$OUT/sigbus_chain"
 done
-ATTUNE_CHUNK_SIZE=2M run no6x-integrity-memory-2M "$OUT/integrity" 48
-run no6x-fork-inherit-memory "$OUT/fork_inherit"
+ATTUNE_FAR=memory,file ATTUNE_CHUNK_SIZE=2M run no6x-integrity-memory-2M "$OUT/integrity" 48
+ATTUNE_FAR=memory,file run no6x-fork-inherit-memory "$OUT/fork_inherit"
 ATTUNE_CONFIG="$OUT/file.toml" run no6x-fork-inherit-file "$OUT/fork_inherit"
 run no6x-fork-discard "$OUT/fork_discard"
 run no6x-signal-mode "$OUT/signal_mode"

@@ -16,6 +16,9 @@ step lat $A numa place --region 64M:LAT
 # stays pageable with a warning; placement and data are as above (docs/reliability.md).
 step lat-memlock-0 sh -c "ulimit -l 0; exec /usr/bin/setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all $A numa place --region 64M:LAT"
 step cap $A numa place --region 64M:CAP
+# Without a configuration: the default far tier is the CPU-less node (`far = "auto"`).
+step far-auto-topology sh -c "unset ATTUNE_CONFIG; exec $A topology"
+step far-auto-cap sh -c "unset ATTUNE_CONFIG; exec $A numa place --region 64M:CAP"
 step lat-cap $A numa place --region 128M:LAT,CAP
 # BW before the weights are set: the kernel's weights (1 per node) are not the bandwidth
 # ratio, so Attune stripes.

@@ -67,6 +67,16 @@ def test_lat_on_dram_with_pinned_part(guest):
     assert r["pinned_bytes"] == 16 * MiB  # pin_fraction 0.25
 
 
+def test_without_a_configuration_the_cpuless_node_is_the_far_tier(guest):
+    """`far = "auto"` on a node with CPU-less memory: a numa tier on node 1, said by
+    `attune topology`, and CAP data placed there."""
+    out, rc = guest["far-auto-topology"]
+    assert rc == 0 and "far tiers: numa (auto: NUMA node 1 has memory and no CPUs" in out, out
+    r = report(guest, "far-auto-cap")["regions"][0]
+    assert r["checksum_ok"]
+    assert pages(r, 1) == 64 * MiB // 4096 and pages(r, 0) == 0, r
+
+
 def test_lat_for_a_user_who_may_lock_nothing(guest):
     """RLIMIT_MEMLOCK 0 and not root (scenarios.sh, lat-memlock-0): the pinned part cannot
     be locked, which is said and counted; placement and data are as with the lock."""

@@ -44,8 +44,10 @@ def as_nobody(argv):
 
 
 def env(**kw):
+    # The in-process memory tier named: its pages are the process's own, which is what the
+    # limit rule holds (the default far tier is a file: tests/python/test_far_default.py).
     e = {k: v for k, v in os.environ.items() if not k.startswith("ATTUNE_")}
-    e.update(ATTUNE_DAEMON="off", TMPDIR="/tmp", **kw)
+    e.update(ATTUNE_DAEMON="off", ATTUNE_FAR="memory,file", TMPDIR="/tmp", **kw)
     return e
 
 

@@ -134,7 +134,7 @@ def test_colocated_jobs_stay_within_their_cgroups_with_the_pool(workdir, daemon)
         # less the budget) and the file tier takes the rest (tests/python/test_cgroup_limit.py).
         # Before that rule the job was killed at its limit.
         p = subprocess.run(control.wrap([workdir / "client", "workflow", "CAP", 160, 5]),
-                           env=dict(os.environ, ATTUNE_DAEMON="off", ATTUNE_DRAM="24M"),
+                           env=dict(os.environ, ATTUNE_DAEMON="off", ATTUNE_DRAM="24M", ATTUNE_FAR="memory,file"),
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 0 and "workflow: OK" in p.stdout, p
         assert f"far tier 'memory' holds at most {40 * MIB} bytes" in p.stderr, p.stderr

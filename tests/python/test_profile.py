@@ -6,6 +6,7 @@ import os
 import subprocess
 
 import pytest
+from emulated import emulated_far  # noqa: F401  (autouse: far memory emulated)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ATT = os.path.join(ROOT, "build", "bin", "attune")

@@ -8,6 +8,7 @@
 pub mod budget;
 pub mod chunk;
 pub mod delivery;
+pub mod far;
 pub mod flags;
 pub mod heat;
 pub mod huge;

@@ -129,6 +129,7 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "huge_bytes": huge_bytes,
         "uffd_user_mode_only": attune::runtime::engine_if_started().map(|e| e.pager.user_mode_only()),
         "kernel_fallbacks": e.map(|e| e.pager.kernel_fallbacks()),
+        "far_reason": e.map(|e| e.pager.cfg.far_reason.clone()),
         "io_retried_calls": capi::io::RETRIED.load(Relaxed),
         "io_held_bytes": capi::io::HELD_BYTES.load(Relaxed),
         "io_unretried_calls": capi::io::UNRETRIED.load(Relaxed),

@@ -293,6 +293,21 @@ pub fn fs_available(path: &std::path::Path) -> SysResult<u64> {
     }
 }
 
+/// The file system type (`statfs`'s `f_type`, a `*_SUPER_MAGIC` number) of the file
+/// system holding `path`.
+pub fn fs_magic(path: &std::path::Path) -> SysResult<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno(libc::EINVAL))?;
+    // SAFETY: c is NUL-terminated; st is an out-parameter.
+    unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        if libc::statfs(c.as_ptr(), &mut st) != 0 {
+            return Err(Errno::last());
+        }
+        Ok(st.f_type as u64)
+    }
+}
+
 /// Busy-waits for `ns` nanoseconds (emulated medium delay; no syscall, signal-safe).
 pub fn spin_for_ns(ns: u64) {
     if ns == 0 {

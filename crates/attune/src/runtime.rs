@@ -131,6 +131,7 @@ fn use_handed_userfaultfd() {
 fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
     let cfg = config::load_from_process(path).map_err(|e| e.0)?;
     crate::log::set_level(cfg.log);
+    crate::info!("far tiers: {}", cfg.far_summary());
     if std::env::var("ATTUNE_DISABLE_UFFD")
         .map(|v| v == "1")
         .unwrap_or(false)

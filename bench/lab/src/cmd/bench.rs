@@ -295,6 +295,14 @@ fn core(a: &Args) -> i32 {
             for (k, v) in env {
                 cmd.env(k, v);
             }
+            // The core figures are the runtime's against the in-process memory tier (far
+            // memory emulated, as they always were), unless the caller names other tiers
+            // (bench/pool.py, bench/remote.py).
+            if std::env::var_os("ATTUNE_CONFIG").is_none()
+                && std::env::var_os("ATTUNE_FAR").is_none()
+            {
+                cmd.env("ATTUNE_FAR", "memory,file");
+            }
             // The budget of the scaled scenarios grows with their data.
             if name.starts_with("rand-attune") || *name == "file-attune" {
                 cmd.env("ATTUNE_DRAM", &budget_env);

@@ -21,8 +21,10 @@ pub struct Args {
     /// DRAM budget per process: a size (512M, 4G) or a percentage of this machine's memory.
     #[arg(long, value_name = "SIZE|PERCENT")]
     dram: Option<String>,
-    /// Far tiers: pool (the node's pool in attuned), file (local scratch), memory (in the
-    /// program's own memory, for experiments); comma-separated, as ATTUNE_FAR.
+    /// Far tiers: auto (the default: a CPU-less NUMA node, else attuned's pool and a file,
+    /// else a file on local scratch), or pool (the node's pool in attuned), file (local
+    /// scratch), memory (in the program's own memory, for experiments), comma-separated;
+    /// as ATTUNE_FAR.
     #[arg(long, value_name = "KINDS")]
     far: Option<String>,
     /// Attune configuration file (TOML), as ATTUNE_CONFIG.
@@ -701,6 +703,16 @@ pub fn text_report(r: &Value) -> String {
     }
     let procs = r["per_process"].as_array().cloned().unwrap_or_default();
     s += &delivery_line(&procs);
+    // Why the far tiers are these (the configuration's, or what `far = "auto"` found).
+    let mut why: Vec<&str> = procs
+        .iter()
+        .filter_map(|p| p["far_reason"].as_str())
+        .collect();
+    why.sort_unstable();
+    why.dedup();
+    for w in why.iter().take(2) {
+        s += &format!("  far tiers: {w}\n");
+    }
     if t["demand_bytes"].as_u64().unwrap_or(0) > 0 {
         s += &format!(
             "  moved in by faults: {} asked for, {} read ahead of which {} shown touched: amplification {:.2}\n",

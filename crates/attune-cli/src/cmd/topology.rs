@@ -39,5 +39,13 @@ pub fn run(a: Args) -> i32 {
         "weighted interleave: {}",
         if t.weighted_interleave { "yes" } else { "no" }
     );
+    // The far tiers a process started here gets, and why (this machine only: the choice
+    // looks at its scratch directories and attuned's socket, not at a captured tree).
+    if a.root == std::path::Path::new("/") {
+        match attune::config::load_from_process(None) {
+            Ok(c) => println!("far tiers: {}", c.far_summary()),
+            Err(e) => println!("far tiers: the configuration is refused: {e}"),
+        }
+    }
     0
 }

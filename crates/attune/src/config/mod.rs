@@ -171,6 +171,12 @@ pub struct Config {
     pub daemon: DaemonMode,
     /// Kinds of the default far tiers (`far`), used when the file lists no tiers.
     pub far: String,
+    /// Why these far tiers: the configuration's, or what `far = "auto"` found
+    /// (`attune_policy::far::choose`), for the log, the run report and `attune topology`.
+    pub far_reason: String,
+    /// `far = "auto"` had to keep far pages in RAM (scratch only on tmpfs).
+    #[serde(skip)]
+    pub far_warning: Option<String>,
     pub socket: std::path::PathBuf,
     /// Empty: derived at connection (`tmm::workflow_name`).
     pub workflow: String,
@@ -181,6 +187,26 @@ pub struct Config {
     /// for the start's warnings.
     #[serde(skip)]
     pub limit_notes: Vec<String>,
+}
+
+impl Config {
+    /// The far tiers and why they are these, one line: "file in /tmp, O_DIRECT (auto: ...)".
+    pub fn far_summary(&self) -> String {
+        let tiers: Vec<String> = self
+            .tiers
+            .iter()
+            .map(|t| match &t.path {
+                Some(p) => format!(
+                    "{} in {}{}",
+                    t.name,
+                    p.display(),
+                    if t.direct { ", O_DIRECT" } else { "" }
+                ),
+                None => t.name.clone(),
+            })
+            .collect();
+        format!("{} ({})", tiers.join(", "), self.far_reason)
+    }
 }
 
 /// Where a configuration value came from, for error messages.
@@ -236,6 +262,9 @@ pub struct Machine {
     /// The tightest memory limit of the process's cgroup and its ancestors (u64::MAX: none).
     pub memory_limit: u64,
     pub tmpdir: PathBuf,
+    /// What the node offers as far memory, for `far = "auto"` (the daemon's socket is
+    /// looked at when the configuration is read: it is an option).
+    pub far_offer: attune_policy::far::Offer,
 }
 
 impl Machine {
@@ -250,6 +279,7 @@ impl Machine {
             memory_limit: crate::topology::cgroup_memory_limit(&cgroup, &|p| {
                 std::fs::read_to_string(p).ok()
             }),
+            far_offer: far_offer(&tmpdir),
             tmpdir,
         }
     }
@@ -271,6 +301,61 @@ impl Machine {
         // lowered by a few bytes with a warning.
         let room = (self.memory_limit / 100 * 10).max(32 << 20);
         self.memory_limit.saturating_sub(room).max(1 << 20)
+    }
+}
+
+/// The file system class of `magic` (`statfs`'s `f_type`): RAM, network or local.
+pub fn fs_class(magic: u64) -> attune_policy::far::FsClass {
+    use attune_policy::far::FsClass;
+    const TMPFS: u64 = 0x0102_1994;
+    const RAMFS: u64 = 0x8584_58f6;
+    const NFS: u64 = 0x6969;
+    const SMB2: u64 = 0xfe53_4d42;
+    const CIFS: u64 = 0xff53_4d42;
+    const LUSTRE: u64 = 0x0bd0_0bd0;
+    const GPFS: u64 = 0x4750_4653;
+    const BEEGFS: u64 = 0x1996_0209;
+    const CEPH: u64 = 0x00c3_6400;
+    const FUSE: u64 = 0x6573_5546;
+    match magic {
+        TMPFS | RAMFS => FsClass::Memory,
+        NFS | SMB2 | CIFS | LUSTRE | GPFS | BEEGFS | CEPH | FUSE => FsClass::Network,
+        _ => FsClass::Local,
+    }
+}
+
+/// The node's far memory as `far = "auto"` weighs it: CPU-less NUMA nodes with memory,
+/// and the scratch directories ($TMPDIR, then /tmp and /var/tmp) by file system class.
+fn far_offer(tmpdir: &std::path::Path) -> attune_policy::far::Offer {
+    let topo = crate::topology::discover(std::path::Path::new("/"));
+    let cpuless_nodes = topo
+        .nodes
+        .iter()
+        .filter(|n| !n.has_cpus && n.mem_total > 0)
+        .map(|n| n.id)
+        .collect();
+    let mut scratch: Vec<attune_policy::far::Scratch> = Vec::new();
+    for d in [
+        tmpdir,
+        std::path::Path::new("/tmp"),
+        std::path::Path::new("/var/tmp"),
+    ] {
+        let path = d.display().to_string();
+        if !d.is_dir() || scratch.iter().any(|s| s.path == path) {
+            continue;
+        }
+        if let Ok(magic) = attune_sys::os::fs_magic(d) {
+            scratch.push(attune_policy::far::Scratch {
+                path,
+                fs: fs_class(magic),
+            });
+        }
+    }
+    attune_policy::far::Offer {
+        cpuless_nodes,
+        daemon: false,
+        scratch,
+        memory_limit: false,
     }
 }
 
@@ -480,17 +565,53 @@ pub fn load_text(
             ),
         ));
     }
+    let mut far_reason = format!("named in {pname}");
+    let mut far_warning = None;
+    let kind_table = |k: &str| {
+        let mut t = toml::Table::new();
+        t.insert("name".into(), toml::Value::String(k.to_string()));
+        t.insert("kind".into(), toml::Value::String(k.to_string()));
+        t
+    };
     let file_tiers: Vec<toml::Table> = match file.get("tier") {
-        None => g
-            .text("far")
-            .split(',')
-            .map(|k| {
-                let mut t = toml::Table::new();
-                t.insert("name".into(), toml::Value::String(k.to_string()));
-                t.insert("kind".into(), toml::Value::String(k.to_string()));
-                t
-            })
-            .collect(),
+        None if g.text("far") == "auto" => {
+            let daemon: DaemonMode = g.choice("daemon")?;
+            let socket = std::path::Path::new(g.text("socket"));
+            let offer = attune_policy::far::Offer {
+                daemon: daemon != DaemonMode::Off && is_socket(socket),
+                memory_limit: m.memory_limit != u64::MAX,
+                ..m.far_offer.clone()
+            };
+            let choice = attune_policy::far::choose(&offer);
+            far_reason = format!("auto: {}", choice.reason);
+            far_warning = choice.warning;
+            choice
+                .tiers
+                .iter()
+                .map(|ft| {
+                    let mut t = kind_table(ft.kind());
+                    match ft {
+                        attune_policy::far::FarTier::Numa { node } => {
+                            t.insert("node".into(), toml::Value::Integer(i64::from(*node)));
+                        }
+                        attune_policy::far::FarTier::File { path, direct } => {
+                            t.insert("path".into(), toml::Value::String(path.clone()));
+                            t.insert("direct".into(), toml::Value::Boolean(*direct));
+                            // The default's unit stays 4 KiB with read-ahead learned per
+                            // stream: the file kind's 16 KiB floor predates that read-ahead
+                            // (docs/design/paging.md, "The default far tier").
+                            t.insert("min_chunk".into(), toml::Value::String("4K".into()));
+                        }
+                        attune_policy::far::FarTier::Pool => {}
+                    }
+                    t
+                })
+                .collect()
+        }
+        None => {
+            far_reason = format!("far = \"{}\"", g.text("far"));
+            g.text("far").split(',').map(kind_table).collect()
+        }
         Some(toml::Value::Array(a)) => a
             .iter()
             .map(|t| match t {
@@ -674,6 +795,8 @@ pub fn load_text(
         mode: g.choice("mode")?,
         daemon: g.choice("daemon")?,
         far: g.text("far").to_string(),
+        far_reason,
+        far_warning,
         socket: g.text("socket").into(),
         workflow: g.text("workflow").to_string(),
         log: g.choice("log")?,
@@ -724,6 +847,7 @@ const OTHER_VARIABLES: &[&str] = &[
     "ATTUNE_BENCH_CGROUP",
     "ATTUNE_BENCH_SCALE",
     "ATTUNE_BENCH_SWAP_DIR",
+    "ATTUNE_BENCH_FAR",
     "ATTUNE_GUEST_CACHE",
 ];
 
@@ -774,6 +898,7 @@ pub fn warnings(cfg: &Config, env: &[(String, String)], m: &Machine) -> Vec<Stri
         });
     }
     out.extend(cfg.limit_notes.iter().cloned());
+    out.extend(cfg.far_warning.iter().cloned());
     if cfg.dram > m.total_memory {
         out.push(format!(
             "the DRAM budget ({} bytes) is above this machine's memory ({} bytes): the kernel will reclaim before Attune does",
@@ -798,6 +923,12 @@ fn distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
+/// Whether `p` is a Unix socket (the daemon's, for `far = "auto"`).
+fn is_socket(p: &std::path::Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(p).is_ok_and(|m| m.file_type().is_socket())
+}
+
 fn expand_vars(s: &str, m: &Machine) -> String {
     s.replace("$TMPDIR", &m.tmpdir.display().to_string())
 }
@@ -811,7 +942,22 @@ mod tests {
             total_memory: 16 << 30,
             memory_limit: u64::MAX,
             tmpdir: std::env::temp_dir(),
+            far_offer: attune_policy::far::Offer {
+                scratch: vec![attune_policy::far::Scratch {
+                    path: std::env::temp_dir().display().to_string(),
+                    fs: attune_policy::far::FsClass::Local,
+                }],
+                ..Default::default()
+            },
         }
+    }
+
+    /// `vars` with the in-process memory tier in front of a file tier (`far`), as the
+    /// experiments that emulate far memory name it.
+    fn emulated(vars: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut v = env(vars);
+        v.push(("ATTUNE_FAR".into(), "memory,file".into()));
+        v
     }
 
     /// The message of the error one environment variable causes.
@@ -873,9 +1019,114 @@ mod tests {
         let c = load(None, &[], &machine()).unwrap();
         assert_eq!(c.dram, 4 << 30);
         assert_eq!(c.fault_mode, FaultMode::Thread);
-        assert_eq!(c.tiers.len(), 2);
+        // No far device, no daemon: a file on scratch, buffered without a cgroup limit.
+        assert_eq!(c.tiers.len(), 1);
+        assert_eq!(c.tiers[0].kind, TierKind::File);
+        assert_eq!(
+            c.tiers[0].path.as_deref(),
+            Some(std::env::temp_dir().as_path())
+        );
+        assert!(!c.tiers[0].direct);
+        assert_eq!(c.tiers[0].min_chunk, 4096);
+        assert!(c.far_reason.starts_with("auto: "), "{}", c.far_reason);
+        // Named: the emulator.
+        let c = load(None, &emulated(&[]), &machine()).unwrap();
         assert_eq!(c.tiers[0].kind, TierKind::Memory);
         assert_eq!(c.tiers[1].kind, TierKind::File);
+        assert_eq!(c.far_reason, "far = \"memory,file\"");
+    }
+
+    #[test]
+    fn auto_takes_a_cpuless_node_then_the_daemons_pool_then_a_file() {
+        let kinds = |c: &Config| c.tiers.iter().map(|t| t.kind).collect::<Vec<_>>();
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("attuned.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let with_socket = env(&[("ATTUNE_SOCKET", sock.to_str().unwrap())]);
+        let c = load(None, &with_socket, &machine()).unwrap();
+        assert_eq!(kinds(&c), [TierKind::Pool, TierKind::File]);
+        assert!(c.far_reason.contains("far pool"), "{}", c.far_reason);
+        // The daemon switched off, or a path that is not a socket: no pool.
+        let mut off = with_socket.clone();
+        off.push(("ATTUNE_DAEMON".into(), "off".into()));
+        assert_eq!(
+            kinds(&load(None, &off, &machine()).unwrap()),
+            [TierKind::File]
+        );
+        let not_socket = env(&[("ATTUNE_SOCKET", dir.path().to_str().unwrap())]);
+        assert_eq!(
+            kinds(&load(None, &not_socket, &machine()).unwrap()),
+            [TierKind::File]
+        );
+        // Under a memory cgroup limit the file tier is O_DIRECT; its variables still win.
+        let limited = Machine {
+            memory_limit: 1 << 30,
+            ..machine()
+        };
+        assert!(load(None, &[], &limited).unwrap().tiers[0].direct);
+        let c = load(
+            None,
+            &env(&[("ATTUNE_TIER_FILE_DIRECT", "false")]),
+            &limited,
+        )
+        .unwrap();
+        assert!(!c.tiers[0].direct);
+        let other = tempfile::tempdir().unwrap();
+        let c = load(
+            None,
+            &env(&[("ATTUNE_TIER_FILE_PATH", other.path().to_str().unwrap())]),
+            &limited,
+        )
+        .unwrap();
+        assert_eq!(c.tiers[0].path.as_deref(), Some(other.path()));
+        // A CPU-less node: a numa tier on it.
+        let cxl = Machine {
+            far_offer: attune_policy::far::Offer {
+                cpuless_nodes: vec![1],
+                ..machine().far_offer
+            },
+            ..machine()
+        };
+        let c = load(None, &with_socket, &cxl).unwrap();
+        assert_eq!(kinds(&c), [TierKind::Numa]);
+        assert_eq!(c.tiers[0].node, Some(1));
+        // Scratch only in RAM: a warning at start.
+        let ram = Machine {
+            far_offer: attune_policy::far::Offer {
+                scratch: vec![attune_policy::far::Scratch {
+                    path: std::env::temp_dir().display().to_string(),
+                    fs: attune_policy::far::FsClass::Memory,
+                }],
+                ..Default::default()
+            },
+            ..machine()
+        };
+        let c = load(None, &[], &ram).unwrap();
+        assert!(warnings(&c, &[], &ram).iter().any(|w| w.contains("tmpfs")));
+        assert!(warnings(&load(None, &[], &machine()).unwrap(), &[], &machine()).is_empty());
+        // `auto` said out loud is the default; other words are refused.
+        assert_eq!(
+            load(None, &env(&[("ATTUNE_FAR", "auto")]), &machine())
+                .unwrap()
+                .tiers
+                .len(),
+            1
+        );
+        let e = env_error(None, "ATTUNE_FAR", "auto,file");
+        assert!(e.contains("expected auto"), "{e}");
+    }
+
+    #[test]
+    fn file_systems_are_classed_by_their_magic() {
+        use attune_policy::far::FsClass;
+        assert_eq!(fs_class(0x0102_1994), FsClass::Memory);
+        assert_eq!(fs_class(0x0bd0_0bd0), FsClass::Network);
+        assert_eq!(fs_class(0x6969), FsClass::Network);
+        assert_eq!(fs_class(0xef53), FsClass::Local);
+        // This machine's /dev/shm is tmpfs wherever it exists.
+        if let Ok(m) = attune_sys::os::fs_magic(std::path::Path::new("/dev/shm")) {
+            assert_eq!(fs_class(m), FsClass::Memory);
+        }
     }
 
     #[test]
@@ -921,7 +1172,7 @@ mod tests {
 
     #[test]
     fn a_file_tier_moves_16k_chunks_at_least_unless_told_otherwise() {
-        let c = load(None, &[], &machine()).unwrap();
+        let c = load(None, &emulated(&[]), &machine()).unwrap();
         assert_eq!(
             (c.tiers[0].min_chunk, c.tiers[1].min_chunk),
             (4096, 16 << 10)
@@ -958,7 +1209,7 @@ mod tests {
         std::fs::write(&p, "dram = \"1G\"\nchunk_size = \"64K\"\n").unwrap();
         let c = load(
             Some(&p),
-            &env(&[("ATTUNE_DRAM", "2G"), ("ATTUNE_TIER_MEMORY_CAPACITY", "3G")]),
+            &emulated(&[("ATTUNE_DRAM", "2G"), ("ATTUNE_TIER_MEMORY_CAPACITY", "3G")]),
             &machine(),
         )
         .unwrap();
@@ -1089,7 +1340,7 @@ mod tests {
             let want = o.parse(o.default_for(None).unwrap(), base).unwrap();
             assert_eq!(got[o.key], json(&want), "option {}", o.key);
         }
-        assert_eq!(c.tiers.len(), 2);
+        assert_eq!(c.tiers.len(), 1);
         for (t, tj) in c.tiers.iter().zip(got["tiers"].as_array().unwrap()) {
             for o in TIER_OPTIONS {
                 let Some(d) = o.default_for(Some(t.kind)) else {
@@ -1100,6 +1351,8 @@ mod tests {
                     "path" if t.kind != TierKind::File => continue,
                     "path" => json(&Value::Text(expand_vars(d, &m))),
                     "capacity" if t.kind == TierKind::File => continue,
+                    // `far = "auto"` sets its file tier's floor (embedded_default_works_with_nothing).
+                    "min_chunk" if t.kind == TierKind::File => continue,
                     _ => json(&o.parse(d, m.total_memory).unwrap()),
                 };
                 assert_eq!(tj[o.key], want, "tier {} option {}", t.name, o.key);
@@ -1164,7 +1417,7 @@ mod tests {
             .filter(|o| !matches!(o.key, "name" | "kind" | "path" | "node"))
         {
             let v = other_value(o);
-            let c = load(None, &env(&[(&o.tier_env("memory"), &v)]), &m).unwrap();
+            let c = load(None, &emulated(&[(&o.tier_env("memory"), &v)]), &m).unwrap();
             let got = serde_json::to_value(&c).unwrap();
             let want = json(&o.parse(&v, m.total_memory).unwrap());
             let t = got["tiers"]
@@ -1227,7 +1480,7 @@ mod tests {
         assert_eq!(m.limit_for_managed(), cap);
         let tier = |c: &Config, kind: TierKind| c.tiers.iter().find(|t| t.kind == kind).cloned();
         // Defaults: percentages of the limit, not of the node; nothing lowered.
-        let c = load(None, &[], &m).unwrap();
+        let c = load(None, &emulated(&[]), &m).unwrap();
         assert_eq!(c.dram, 128 << 20);
         assert_eq!(tier(&c, TierKind::Memory).unwrap().capacity, 256 << 20);
         assert!(c.limit_notes.is_empty(), "{:?}", c.limit_notes);
@@ -1247,7 +1500,7 @@ mod tests {
         );
         // The memory tier's pages count too: it gets what the budget leaves, then nothing
         // (left out: the file tier serves).
-        let c = load(None, &env(&[("ATTUNE_DRAM", "400M")]), &m).unwrap();
+        let c = load(None, &emulated(&[("ATTUNE_DRAM", "400M")]), &m).unwrap();
         assert_eq!(
             tier(&c, TierKind::Memory).unwrap().capacity,
             cap - (400 << 20)
@@ -1257,7 +1510,7 @@ mod tests {
             "{:?}",
             c.limit_notes
         );
-        let c = load(None, &env(&[("ATTUNE_DRAM", "1G")]), &m).unwrap();
+        let c = load(None, &emulated(&[("ATTUNE_DRAM", "1G")]), &m).unwrap();
         assert!(tier(&c, TierKind::Memory).is_none(), "{:?}", c.tiers);
         assert!(tier(&c, TierKind::File).is_some());
         assert!(c.limit_notes[1].contains("left out"), "{:?}", c.limit_notes);

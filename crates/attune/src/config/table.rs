@@ -282,11 +282,14 @@ fn parse_kind(kind: &Kind, raw: &str, base: u64) -> Result<Value, String> {
             }
             Kind::KernelMask => Ok(Value::U64(attune_sys::kernel::parse_mask(raw)?)),
             Kind::TierKinds => {
+                if raw.trim() == "auto" {
+                    return Ok(Value::Text("auto".into()));
+                }
                 let mut kinds: Vec<&str> = Vec::new();
                 for k in raw.split(',').map(str::trim) {
                     if !DEFAULT_TIER_KINDS.contains(&k) {
                         return Err(format!(
-                            "'{k}' is not a far tier kind here (expected {}; other kinds need [[tier]] tables)",
+                            "'{k}' is not a far tier kind here (expected auto, or {}; other kinds need [[tier]] tables)",
                             or_list(DEFAULT_TIER_KINDS)
                         ));
                     }
@@ -364,7 +367,7 @@ pub const OPTIONS: &[Opt] = &[
     Opt { key: "daemon", kind: Kind::Choice { what: "daemon mode", values: &["auto", "require", "off"], aliases: &[] }, default: Unset::Value("auto"), suggested: "auto; require on nodes where attuned arbitrates jobs", doc: "Node daemon (attuned): auto (use it when its socket exists), require (fail without it), off" },
     Opt { key: "socket", kind: Kind::Path, default: Unset::Value("/run/attune/attuned.sock"), suggested: "the default", doc: "Unix socket of the node daemon" },
     Opt { key: "workflow", kind: Kind::Name { max: 128 }, default: Unset::Found("$SLURM_JOB_ID, else program.pid", ""), suggested: "one name per job (attune run and the Slurm plugin set it)", doc: "Workflow this process belongs to: the daemon grants DRAM per workflow" },
-    Opt { key: "far", kind: Kind::TierKinds, default: Unset::Value("memory,file"), suggested: "pool,file on nodes with attuned (memory outside the job); the Slurm plugin sets it", doc: "Far tiers when the file has no [[tier]] tables, one of each kind named (each with its defaults and its ATTUNE_TIER_<KIND>_* variables); tiers are used fastest first" },
+    Opt { key: "far", kind: Kind::TierKinds, default: Unset::Value("auto"), suggested: "auto; memory,file only to emulate far memory in experiments (it stays in the job's RAM)", doc: "Far tiers when the file has no [[tier]] tables: auto (a CPU-less NUMA node, else attuned's pool then a file, else a file on local scratch, O_DIRECT under a memory cgroup limit; never the process's own RAM), or kinds from pool, file, memory, one tier each (with their defaults and ATTUNE_TIER_<KIND>_* variables), used fastest first" },
     Opt { key: "mode", kind: Kind::Choice { what: "mode", values: &["attuned", "temperature"], aliases: &[] }, default: Unset::Value("attuned"), suggested: "attuned", doc: "attuned (flags decide) or temperature (flags ignored: IMME's TME baseline)" },
     Opt { key: "log", kind: Kind::Choice { what: "log level", values: &["error", "warn", "info", "debug"], aliases: &[("warning", "warn")] }, default: Unset::Value("warn"), suggested: "warn", doc: "Messages on stderr: error, warn, info or debug" },
 ];
@@ -381,7 +384,7 @@ pub const TIER_OPTIONS: &[Opt] = &[
     Opt { key: "bandwidth", kind: size(0), default: Unset::ByKind(&[(TierKind::File, "1G"), (TierKind::Numa, "30G"), (TierKind::Remote, "1G")], "10G"), suggested: "measured, bytes/s", doc: "Declared bandwidth in bytes per second (BW plans)" },
     Opt { key: "emulate_delay_ns", kind: int(0, u64::MAX), default: Unset::Value("0"), suggested: "0; 2000-5000 to model a remote pool", doc: "Extra delay added to every fetch from a memory tier" },
     Opt { key: "emulate_bandwidth", kind: size(0), default: Unset::Value("0"), suggested: "0 (off); e.g. 2G to model a slower link", doc: "Bandwidth cap of fetches from a memory tier, bytes/s" },
-    Opt { key: "min_chunk", kind: Kind::Chunk, default: Unset::ByKind(&[(TierKind::File, "16K")], "4K"), suggested: "16K for a file tier; 64K if the tier is only streamed", doc: "Least chunk size of regions whose home is this tier (one I/O costs about as much for 16K as for 4K)" },
+    Opt { key: "min_chunk", kind: Kind::Chunk, default: Unset::ByKind(&[(TierKind::File, "16K")], "4K"), suggested: "16K for a file tier; 64K if the tier is only streamed", doc: "Least chunk size of regions whose home is this tier (one I/O costs about as much for 16K as for 4K); the file tier that far = auto makes keeps 4K (read-ahead grows what sequential faults move)" },
     Opt { key: "node", kind: int(0, 4095), default: Unset::Required, suggested: "the CPU-less node of the CXL device", doc: "NUMA node of a numa tier" },
     Opt { key: "servers", kind: Kind::Name { max: 4096 }, default: Unset::Required, suggested: "the job's memory servers", doc: "Memory servers of a remote tier: HOST:PORT,HOST:PORT,... (pages are spread over them by 64 KiB unit)" },
     Opt { key: "secret_file", kind: Kind::Path, default: Unset::Required, suggested: "a 0600 file the job made (attune memserver --new-secret)", doc: "The job's secret for a remote tier: a file only its owner can read" },
@@ -455,7 +458,7 @@ fn doc_of(kind: &Kind) -> String {
             "-feature,... (move, poison, wp_async, pagemap_scan, weighted_interleave, soft_dirty, all)".into()
         }
         Kind::TierKinds => format!(
-            "kinds from {}, comma-separated",
+            "auto, or kinds from {}, comma-separated",
             DEFAULT_TIER_KINDS.join(", ")
         ),
     }
