@@ -10,8 +10,14 @@ manages (allocations of at least the run threshold), so the program's other memo
 measured under `attune run` without pressure (peak RSS less the managed peak), is taken
 off the budget: both run in the same total.
 
+A program of several processes (`mpi`: two Open MPI ranks under one `mpirun`) is measured
+as a job: its peak is its cgroup's (all processes and MPI's shared-memory segments, as the
+kernel's limit counts them), the other memory is that peak under `attune run` without
+pressure less the ranks' managed peaks, and what is left of the limit is divided among
+the ranks, since Attune's budget is per process.
+
 Usage: python3 bench/real_programs.py [--reps 3] [--fractions 0.5]
-                                     [--only numpy,igraph,zstd,sort,openmp,jemalloc,btree]
+                                     [--only numpy,igraph,zstd,sort,openmp,jemalloc,mpi,btree]
 """
 import argparse
 import hashlib
@@ -61,6 +67,13 @@ def make_inputs(d):
             f.write("".join(f"{rnd.getrandbits(48):015d} {rnd.getrandbits(32):010d}\n" for _ in range(1000)))
 
 
+# Open MPI as root, two ranks on however many cores there are.
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+# Processes that hold managed memory, for programs of several (the budget is per process).
+RANKS = {"mpi": 2}
+
+
 def programs(d):
     """name -> (argv, environment, check(stdout, workdir) -> answer or None)."""
     def line(tag):
@@ -82,6 +95,9 @@ def programs(d):
                  sort_check),
         "openmp": ([os.path.join(d, "omp_stream"), "256"], {"OMP_NUM_THREADS": "2"}, line("omp_stream: OK")),
         "jemalloc": ([os.path.join(d, "allocators_jemalloc"), "256"], {}, line("allocators: OK")),
+        # Two ranks of 256 MiB each exchange their buffers in 8 MiB messages and verify them.
+        "mpi": (["mpirun", "-np", str(RANKS["mpi"]), os.path.join(d, "mpi_exchange"), "256"], MPI_ENV,
+                line("mpi_exchange: OK ranks=2")),
         # An in-memory B-tree index build (issue 28): 8 M random keys on 4 KiB pages from a
         # pool of 64 MiB slabs, peak RSS about 230 MB.
         "btree": ([os.path.join(d, "btree_index"), "8000000"], {},
@@ -96,6 +112,30 @@ def build(d):
                     os.path.join(d, "omp_stream")], check=True)
     subprocess.run(["gcc", "-O2", "-DUSE_JEMALLOC", os.path.join(ROOT, "tests/run/allocators.c"), "-o",
                     os.path.join(d, "allocators_jemalloc"), "-ljemalloc", "-lpthread"], check=True)
+    if shutil.which("mpicc"):
+        subprocess.run(["mpicc", "-O2", os.path.join(ROOT, "tests/run/mpi_exchange.c"), "-o",
+                        os.path.join(d, "mpi_exchange")], check=True)
+
+
+CGROUP_ROOT = "/sys/fs/cgroup/memory"
+
+
+def job_peak(prefix, argv, env, work):
+    """Peak memory of a whole job (every process, shared memory included) in a cgroup of
+    ours without a limit, as the kernel's limit would count it."""
+    g = os.path.join(CGROUP_ROOT, f"attune-real-{os.getpid()}")
+    os.mkdir(g)
+    try:
+        wrap = ["sh", "-c", f'echo $$ > {g}/cgroup.procs && exec "$@"', "sh"]
+        once(wrap + prefix, argv, env, None, work)
+        return int(open(os.path.join(g, "memory.max_usage_in_bytes")).read())
+    finally:
+        for _ in range(50):
+            try:
+                os.rmdir(g)
+                break
+            except OSError:
+                time.sleep(0.1)
 
 
 def once(prefix, argv, env, check, work):
@@ -114,26 +154,31 @@ def once(prefix, argv, env, check, work):
     rc = p.returncode
     # The kernel's OOM killer: SIGKILL of the program (kernel-swap passes 128+9 on).
     killed = rc in (137, -9)
-    answer = check(stdout, work) if rc == 0 else None
+    answer = check(stdout, work) if rc == 0 and check else None
     if rc != 0 and not killed:
         sys.exit(f"{' '.join(prefix + argv)} failed ({rc}): {stdout[-300:]} {stderr[-600:]}")
     shutil.rmtree(work, ignore_errors=True)
     return secs, answer, killed, ru.ru_maxrss * 1024
 
 
-def footprint(argv, env, check, work):
-    """Peak RSS under IE, and the part of it Attune would not manage."""
+def footprint(argv, env, check, work, ranks=1):
+    """Peak RSS under IE, and the part of it Attune would not manage (a job's, for a
+    program of several processes)."""
     _, ans, _, rss = once([], argv, env, check, work)
     if ans is None:
         sys.exit(f"{argv}: no answer")
+    unpressured = [ATT, "run", "-q", "--dram", "100%"]
     with tempfile.NamedTemporaryFile(suffix=".json") as rep:
-        _, ans, _, rss_att = once([ATT, "run", "-q", "--dram", "100%", "--report", rep.name, "--"], argv, env, check,
-                                  work)
+        _, ans, _, rss_att = once(unpressured + ["--report", rep.name, "--"], argv, env, check, work)
         if ans is None:
             sys.exit(f"{argv}: no answer under attune run without pressure")
         r = json.load(open(rep.name))
-    managed = max((p.get("peak_resident_bytes", 0) for p in r["per_process"]), default=0)
-    return rss, max(rss_att - managed, 0)
+    peaks = [p.get("peak_resident_bytes", 0) for p in r["per_process"]]
+    if ranks > 1:
+        job = job_peak([], argv, env, work)
+        job_att = job_peak(unpressured + ["--"], argv, env, work)
+        return job, max(job_att - sum(peaks), 0)
+    return rss, max(rss_att - max(peaks, default=0), 0)
 
 
 def main():
@@ -157,12 +202,15 @@ def main():
         for name in a.only.split(","):
             argv, env, check = progs[name]
             work = os.path.join(d, "w")
-            foot, other = footprint(argv, env, check, work)
+            if name == "mpi" and not os.path.exists(argv[3]):
+                sys.exit("mpi: mpicc not found (scripts/setup.sh installs Open MPI)")
+            foot, other = footprint(argv, env, check, work, RANKS.get(name, 1))
             for frac in map(float, a.fractions.split(",")):
                 jobs.append((name, argv, env, check, work, foot, other, frac))
         for name, argv, env, check, work, foot, other, frac in jobs:
             limit = int(foot * frac)
-            budget = max(limit - other, 16 << 20)
+            # Per process: a job's budget is divided among its ranks.
+            budget = max((limit - other) // RANKS.get(name, 1), 16 << 20)
             envs = {
                 "IE": [],
                 "attune run": [ATT, "run", "-q", "--far", EMULATED, "--dram", f"{budget >> 20}M", "--"],
