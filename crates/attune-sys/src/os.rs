@@ -279,33 +279,36 @@ pub fn total_memory() -> u64 {
     }
 }
 
-/// Free bytes available to unprivileged users on the file system holding `path`.
-pub fn fs_available(path: &std::path::Path) -> SysResult<u64> {
+/// `statfs(2)` of the file system holding `path`.
+fn statfs(path: &std::path::Path) -> SysResult<libc::statfs> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno(libc::EINVAL))?;
-    // SAFETY: c is NUL-terminated; st is an out-parameter.
-    unsafe {
-        let mut st: libc::statvfs = std::mem::zeroed();
-        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
-            return Err(Errno::last());
-        }
-        Ok(st.f_bavail as u64 * st.f_frsize as u64)
-    }
-}
-
-/// The file system type (`statfs`'s `f_type`, a `*_SUPER_MAGIC` number) of the file
-/// system holding `path`.
-pub fn fs_magic(path: &std::path::Path) -> SysResult<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno(libc::EINVAL))?;
-    // SAFETY: c is NUL-terminated; st is an out-parameter.
+    // SAFETY: c is NUL-terminated; st is an out-parameter the call fills.
     unsafe {
         let mut st: libc::statfs = std::mem::zeroed();
         if libc::statfs(c.as_ptr(), &mut st) != 0 {
             return Err(Errno::last());
         }
-        Ok(st.f_type as u64)
+        Ok(st)
     }
+}
+
+/// Free bytes available to unprivileged users on the file system holding `path`.
+pub fn fs_available(path: &std::path::Path) -> SysResult<u64> {
+    let st = statfs(path)?;
+    // The fragment size where the file system reports one (as statvfs's f_frsize).
+    let unit = if st.f_frsize > 0 {
+        st.f_frsize
+    } else {
+        st.f_bsize
+    };
+    Ok(st.f_bavail as u64 * unit as u64)
+}
+
+/// The file system type (`statfs`'s `f_type`, a `*_SUPER_MAGIC` number) of the file
+/// system holding `path`.
+pub fn fs_magic(path: &std::path::Path) -> SysResult<u64> {
+    Ok(statfs(path)?.f_type as u64)
 }
 
 /// Busy-waits for `ns` nanoseconds (emulated medium delay; no syscall, signal-safe).

@@ -599,6 +599,14 @@ fn amplification(t: &Value) -> f64 {
 
 /// Which fault delivery the program's regions used, and why the handler thread where
 /// `auto` chose it (docs/design/run.md, "Fault delivery").
+/// The processes' distinct texts under `key`, sorted.
+fn distinct<'a>(procs: &'a [Value], key: &str) -> Vec<&'a str> {
+    let mut v: Vec<&str> = procs.iter().filter_map(|p| p[key].as_str()).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 fn delivery_line(procs: &[Value]) -> String {
     let n = |k: &str| {
         procs
@@ -614,12 +622,7 @@ fn delivery_line(procs: &[Value]) -> String {
     if signal + thread == 0 && kept_out == 0 {
         return String::new();
     }
-    let mut reasons: Vec<&str> = procs
-        .iter()
-        .filter_map(|p| p["delivery_reason"].as_str())
-        .collect();
-    reasons.sort_unstable();
-    reasons.dedup();
+    let reasons = distinct(procs, "delivery_reason");
     let asked: Vec<&str> = procs
         .iter()
         .filter_map(|p| p["fault_mode"].as_str())
@@ -704,13 +707,7 @@ pub fn text_report(r: &Value) -> String {
     let procs = r["per_process"].as_array().cloned().unwrap_or_default();
     s += &delivery_line(&procs);
     // Why the far tiers are these (the configuration's, or what `far = "auto"` found).
-    let mut why: Vec<&str> = procs
-        .iter()
-        .filter_map(|p| p["far_reason"].as_str())
-        .collect();
-    why.sort_unstable();
-    why.dedup();
-    for w in why.iter().take(2) {
+    for w in distinct(&procs, "far_reason").iter().take(2) {
         s += &format!("  far tiers: {w}\n");
     }
     if t["demand_bytes"].as_u64().unwrap_or(0) > 0 {
