@@ -34,10 +34,16 @@ host=$(rustc -vV | sed -n 's/^host: //p')
 export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
 -Cllvm-args=-sanitizer-coverage-trace-compares"
-(cd fuzz && cargo build --release --locked --target "$host" --bins 2>&1 | grep -E '^(error|warning: unused)' -A5 || true)
-bin=$ROOT/fuzz/target/$host/release
 work=$(mktemp -d /tmp/attune-fuzz.XXXXXX)
 trap 'rm -rf "$work"' EXIT
+# A target that does not build fails the run: the binaries of an earlier build would
+# otherwise be fuzzed in its place (a clean clone has none, a working tree stale ones).
+if ! (cd fuzz && cargo build --release --locked --target "$host" --bins) >"$work/build.log" 2>&1; then
+  echo "FAIL fuzz: the targets do not build"; grep -E '^error' -A7 "$work/build.log" | head -n 40
+  exit 1
+fi
+grep -E '^warning: unused' -A5 "$work/build.log" || true
+bin=$ROOT/fuzz/target/$host/release
 status=0
 for t in "${targets[@]}"; do
   [ -x "$bin/$t" ] || { echo "fuzz.sh: $t was not built" >&2; exit 1; }
