@@ -24,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
         memory_limit: u64::MAX,
         tmpdir: "/nonexistent-tmp".into(),
         // No NUMA node, no scratch found: `far = "auto"` falls back to a file in /tmp.
-        far_offer: Default::default(),
+        far_offer: Some(Default::default()),
     };
     let with_file = (!file.is_empty()).then_some(("fuzz.toml", file));
     let Ok(cfg) = attune::config::load_text(with_file, &env, &m) else {

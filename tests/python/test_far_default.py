@@ -7,6 +7,7 @@ Needs the staged build (make build)."""
 import json
 import os
 import re
+import socket
 import subprocess
 
 import pytest
@@ -89,6 +90,24 @@ def test_with_attuned_the_default_is_its_pool(workdir, daemon):
     assert [t["kind"] for t in far] == ["pool", "file"], r["tiers"]
     assert far[0]["peak_used_bytes"] > 64 * MIB, r["tiers"]
     assert any("far pool" in (q.get("far_reason") or "") for q in r["per_process"]), r["per_process"]
+
+
+def test_a_dead_daemons_socket_loses_nothing(workdir):
+    """A socket file left by a daemon that is gone: `auto` takes the pool, the runtime
+    finds no daemon, and what leaves DRAM goes to the file tier; every buffer verifies."""
+    stale = workdir / "stale.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(stale))
+    s.close()
+    prog = build_plain(workdir, "c_matrix")
+    rep = workdir / "stale.json"
+    p = run([ATTUNE, "run", "--dram", "16M", "--report", rep, "--", prog, 96],
+            dict(no_daemon(workdir), ATTUNE_SOCKET=str(stale)))
+    assert p.returncode == 0 and "c_matrix: OK" in p.stdout, p.stdout + p.stderr
+    r = json.loads(rep.read_text())
+    far = {t["kind"]: t for t in r["tiers"] if t["kind"] != "dram"}
+    assert list(far) == ["pool", "file"], r["tiers"]
+    assert far["pool"]["peak_used_bytes"] == 0 and far["file"]["peak_used_bytes"] > 48 * MIB, r["tiers"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as another uid")

@@ -77,7 +77,7 @@ fn config(toml: &str) -> attune_core::config::Config {
         total_memory: 2 << 30,
         memory_limit: u64::MAX,
         tmpdir: std::env::temp_dir(),
-        far_offer: Default::default(),
+        far_offer: Some(Default::default()),
     };
     attune_core::config::load(Some(&p), &[], &m).unwrap()
 }

@@ -262,9 +262,10 @@ pub struct Machine {
     /// The tightest memory limit of the process's cgroup and its ancestors (u64::MAX: none).
     pub memory_limit: u64,
     pub tmpdir: PathBuf,
-    /// What the node offers as far memory, for `far = "auto"` (the daemon's socket is
-    /// looked at when the configuration is read: it is an option).
-    pub far_offer: attune_policy::far::Offer,
+    /// What the node offers as far memory, for `far = "auto"`; None: looked up on this
+    /// machine when (and only when) a configuration asks for `auto` (the daemon's socket
+    /// is looked at then too: it is an option).
+    pub far_offer: Option<attune_policy::far::Offer>,
 }
 
 impl Machine {
@@ -279,7 +280,7 @@ impl Machine {
             memory_limit: crate::topology::cgroup_memory_limit(&cgroup, &|p| {
                 std::fs::read_to_string(p).ok()
             }),
-            far_offer: far_offer(&tmpdir),
+            far_offer: None,
             tmpdir,
         }
     }
@@ -580,7 +581,7 @@ pub fn load_text(
             let offer = attune_policy::far::Offer {
                 daemon: daemon != DaemonMode::Off && is_socket(socket),
                 memory_limit: m.memory_limit != u64::MAX,
-                ..m.far_offer.clone()
+                ..m.far_offer.clone().unwrap_or_else(|| far_offer(&m.tmpdir))
             };
             let choice = attune_policy::far::choose(&offer);
             far_reason = format!("auto: {}", choice.reason);
@@ -942,13 +943,13 @@ mod tests {
             total_memory: 16 << 30,
             memory_limit: u64::MAX,
             tmpdir: std::env::temp_dir(),
-            far_offer: attune_policy::far::Offer {
+            far_offer: Some(attune_policy::far::Offer {
                 scratch: vec![attune_policy::far::Scratch {
                     path: std::env::temp_dir().display().to_string(),
                     fs: attune_policy::far::FsClass::Local,
                 }],
                 ..Default::default()
-            },
+            }),
         }
     }
 
@@ -1081,10 +1082,10 @@ mod tests {
         assert_eq!(c.tiers[0].path.as_deref(), Some(other.path()));
         // A CPU-less node: a numa tier on it.
         let cxl = Machine {
-            far_offer: attune_policy::far::Offer {
+            far_offer: Some(attune_policy::far::Offer {
                 cpuless_nodes: vec![1],
-                ..machine().far_offer
-            },
+                ..machine().far_offer.unwrap()
+            }),
             ..machine()
         };
         let c = load(None, &with_socket, &cxl).unwrap();
@@ -1092,13 +1093,13 @@ mod tests {
         assert_eq!(c.tiers[0].node, Some(1));
         // Scratch only in RAM: a warning at start.
         let ram = Machine {
-            far_offer: attune_policy::far::Offer {
+            far_offer: Some(attune_policy::far::Offer {
                 scratch: vec![attune_policy::far::Scratch {
                     path: std::env::temp_dir().display().to_string(),
                     fs: attune_policy::far::FsClass::Memory,
                 }],
                 ..Default::default()
-            },
+            }),
             ..machine()
         };
         let c = load(None, &[], &ram).unwrap();
