@@ -19,9 +19,11 @@ is its peak RSS alone, as in bench/imme.py); all workflows start at once and sha
   kernel   (reference; root) plain memory, all workflows in one cgroup limited to the
            node's DRAM with kernel swap on a memory medium (`attune kernel-swap`);
   pool     (root) attuned with flags as `attuned`, the far tier the node's pool held by
-           attuned (`kind = "pool"`), and every workflow inside the same cgroup and
-           limit as `kernel`: the far memory outside the jobs for both (the kernel's
-           swap device, attuned's pool), so the two are measured alike.
+           attuned (`kind = "pool"`), and every workflow inside a cgroup at the same
+           limit as `kernel`, without kernel swap: the far memory outside the jobs for
+           both (the kernel's swap device, attuned's pool), so the two are measured
+           alike; attuned divides the limit less each workflow's room (its part outside
+           Attune under `attune run`, measured alone, and 4 MiB).
 Attune's budgets cover the memory it manages; each workflow's unmanaged part (interpreter,
 small objects, measured alone) is subtracted from the node's DRAM, as bench/imme.py does
 per workflow, so every policy holds the same total.
@@ -33,20 +35,18 @@ result is checked (a workflow's RESULT line says OK) before it counts.
 import argparse
 import json
 import os
-import random
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import imme  # noqa: E402  (workloads, footprint measurement, runner)
 
-ATTUNED = os.path.join(os.path.dirname(imme.ATT), "attuned")
+ATTUNED = imme.ATTUNED
 POLICIES = ["default", "uniform", "attuned", "kernel", "pool"]
 DEFAULT_MIX = "dm,sc,stream,dc"
 
@@ -84,65 +84,16 @@ def group(cmds, envs):
     return out
 
 
-class Daemon:
-    """attuned on a private socket with the node's DRAM pool. Its status is sampled every
-    0.1 s: the DRAM each workflow was granted (median and peak over the samples that
-    listed it) says what the policy did."""
-
-    def __init__(self, tmp, pool, bw_dram_share, move_limit, far_pool=None):
-        self.sock = os.path.join(tmp, f"fig7-{random.randrange(1 << 30)}.sock")
-        far = ["--far-pool", imme.mb(far_pool)] if far_pool else []
-        self.p = subprocess.Popen([ATTUNED, "--socket", self.sock, "--dram", imme.mb(pool), "--metrics", "off",
-                                   "--min-grant", "8M", "--bw-dram-share", str(bw_dram_share),
-                                   "--move-limit", move_limit, *far],
-                                  stderr=subprocess.DEVNULL)
-        for _ in range(250):
-            if os.path.exists(self.sock):
-                break
-            time.sleep(0.02)
-        else:
-            self.p.terminate()
-            self.p.wait()
-            raise RuntimeError("attuned did not start")
-        self.grants = {}
-        self.done = threading.Event()
-        self.sampler = threading.Thread(target=self.sample, daemon=True)
-        self.sampler.start()
-
-    def sample(self):
-        while not self.done.wait(0.1):
-            r = subprocess.run([imme.ATT, "status", "--json", "--socket", self.sock], capture_output=True, text=True)
-            if r.returncode != 0:
-                continue
-            try:
-                for w in json.loads(r.stdout)["workflows"]:
-                    self.grants.setdefault(w["name"], []).append(w["grant"])
-            except (ValueError, KeyError):
-                continue
-
-    def stop(self):
-        self.done.set()
-        self.sampler.join()
-        self.p.terminate()
-        self.p.wait()
-        return {n: {"median": statistics.median(g), "peak": max(g)} for n, g in self.grants.items()}
-
-
-def pool_config(tmp):
-    """The `pool` policy's tiers: the node's pool, and a file tier (O_DIRECT: no page
-    cache charged to the jobs) for what the pool cannot take."""
-    p = os.path.join(tmp, "pool.toml")
-    with open(p, "w") as f:
-        f.write('[[tier]]\nname = "pool"\nkind = "pool"\ncapacity = "8G"\n\n'
-                f'[[tier]]\nname = "file"\nkind = "file"\npath = "{tmp}"\ncapacity = "8G"\ndirect = true\n')
-    return p
-
-
 def policy_run(policy, sel, tmp, node, pool, bw_dram_share, move_limit):
     """One co-located run of the selected workflows under `policy`."""
     cmds, envs = [], []
     far_pool = sum(w["footprint"] for w in sel) if policy == "pool" else None
-    daemon = (Daemon(tmp, pool, bw_dram_share, move_limit, far_pool)
+    if policy == "pool":
+        # In the node's cgroup, each runtime's ceiling is the limit less the room of all
+        # the workflows' parts outside Attune (measured alone, as bench/imme.py does).
+        pool = node - sum(w["room"] for w in sel)
+    daemon = (imme.Daemon(tmp, dram=pool, far_pool=far_pool, move_limit=move_limit,
+                          bw_dram_share=bw_dram_share, sample=True)
               if policy in ("default", "attuned", "pool") else None)
     grants = {}
     try:
@@ -159,7 +110,8 @@ def policy_run(policy, sel, tmp, node, pool, bw_dram_share, move_limit):
                     dram = pool
                     env.update(ATTUNE_SOCKET=daemon.sock, ATTUNE_DAEMON="require")
                 if policy == "pool":
-                    env["ATTUNE_CONFIG"] = pool_config(tmp)
+                    env["ATTUNE_CONFIG"] = imme.pool_config(tmp)
+                    env["ATTUNE_LIMIT_ROOM"] = imme.mb(node - pool)
                 cmd = [imme.ATT, "run", "-q", "--dram", imme.mb(dram)]
                 if policy != "pool":
                     cmd += ["--far", imme.EMULATED]   # the pool policy's file names its tiers
@@ -176,7 +128,10 @@ def policy_run(policy, sel, tmp, node, pool, bw_dram_share, move_limit):
                 os.unlink(res)      # an earlier round's; never read it as this one's
             with open(spec, "w") as f:
                 json.dump({"cmds": cmds, "envs": envs if policy == "pool" else None}, f)
-            r = subprocess.run([imme.ATT, "kernel-swap", "--limit", imme.mb(node), "--swap", "memory",
+            # The kernel's far memory is its swap device; the pool policy's is attuned's
+            # pool, and the kernel swaps none of its pages (swappiness 0).
+            swap = "memory" if policy == "kernel" else "none"
+            r = subprocess.run([imme.ATT, "kernel-swap", "--limit", imme.mb(node), "--swap", swap,
                                 "--swap-size", "4G", "--", sys.executable, os.path.abspath(__file__),
                                 "--group", spec, res], capture_output=True, text=True)
             if r.returncode != 0 or not os.path.exists(res):
@@ -198,7 +153,10 @@ def markdown(res, cmdline):
     pols = res["policies"]
     lines = [f"Reproduce: `{cmdline}` ({res['date']}, {res['reps']} rounds, median; node DRAM "
              f"{res['node_mib']} MiB = {100 - int(res['outside'] * 100)}% of the workflows' footprints added up, "
-             f"Attune's pool {res['pool_mib']} MiB after their unmanaged parts; a BW workflow claims "
+             f"Attune's pool {res['pool_mib']} MiB after their unmanaged parts"
+             + (f" ({res['pool_policy_mib']} MiB for the pool policy: its cgroup's limit less their rooms)"
+                if "pool" in pols and res.get("pool_policy_mib") else "")
+             + "; a BW workflow claims "
              f"{res.get('bw_dram_share', 100)}% of its want in DRAM, DRAM's share of a DRAM+CXL node's bandwidth). "
              "Wall time of each workflow "
              "started together with the others, normalized to its time alone with all the memory it wants (IE).",
@@ -326,11 +284,12 @@ def main():
             _, title, _, _, sizes, flags = known[n]
             size = sizes[1] if a.quick else sizes[0]
             prog = exes[n] + [str(size)]
-            foot, managed_peak, ie = imme.footprint(prog, bar, n)
+            foot, managed_peak, ie, outside_attune = imme.footprint(prog, bar, n, "pool" in pols)
             unmanaged = foot - managed_peak
             budget = int(foot * (1 - a.outside))
             sel.append({"name": n, "title": title, "flags": flags, "prog": prog, "footprint": foot, "ie": ie,
-                        "unmanaged": unmanaged, "managed_budget": max(budget - unmanaged, 8 << 20)})
+                        "unmanaged": unmanaged, "room": outside_attune + imme.ROOM_SLACK,
+                        "managed_budget": max(budget - unmanaged, 8 << 20)})
         node = int(sum(w["footprint"] for w in sel) * (1 - a.outside))
         pool = sum(w["managed_budget"] for w in sel)
         runs = {p: [] for p in pols}
@@ -345,7 +304,7 @@ def main():
         bar.close()
         shutil.rmtree(tmp, ignore_errors=True)
     res = {"date": time.strftime("%Y-%m-%d"), "reps": a.reps, "outside": a.outside, "node_mib": node >> 20,
-           "pool_mib": pool >> 20, "bw_dram_share": a.bw_dram_share, "policies": pols, "workflows": [],
+           "pool_mib": pool >> 20, "pool_policy_mib": (node - sum(w["room"] for w in sel)) >> 20, "bw_dram_share": a.bw_dram_share, "policies": pols, "workflows": [],
            "totals": {}}
     failed = 0
     for i, w in enumerate(sel):

@@ -7,12 +7,25 @@ Environments (IMME section IV-C3):
   CBE-mem   a cgroup memory limit at the budget, kernel swap on a memory medium (a zram device of ours);
   CBE-disk  the same with a swap file on disk;
   TME       `attune run`, temperature-only policy (flags ignored);
-  IMME      `attune run`, attuned, with the workflow's flags as a user would pass them.
-The budget is the IE footprint (peak RSS) times (1 - outside). Attune's budget covers the
-memory it manages, so the program's unmanaged part (interpreter, small objects; measured
-in an unconstrained `attune run`) is subtracted: every environment gets the same total.
+  IMME      `attune run` with the workflow's flags as a user would pass them.
+The budget is the IE footprint (peak RSS) times (1 - outside).
 
-Usage: python3 bench/imme.py [--reps 3] [--outside 0.5] [--only NAMES] [--sweep]
+Where Attune's far memory lives (--far), issue 25's fair accounting:
+  pool      (default; root) TME and IMME run in a memory cgroup limited to the budget, as
+            CBE does, without kernel swap (`attune kernel-swap --swap none`); their far
+            pages go to the node's pool held by an attuned of the harness, outside the
+            job's cgroup as CBE's swap device is, then to a file (O_DIRECT);
+  file      the same cgroup, and the far tier `attune run` picks by itself on a node
+            without a pool or far device (`far = "auto"`: a file on local scratch, O_DIRECT);
+  emulated  no cgroup; the in-process `memory` tier then a file (the accounting of the
+            tables before 2026-11-28): the far memory stays in the process, so Attune is
+            given only what the budget leaves after the program's unmanaged part.
+In a cgroup, Attune's DRAM budget is the limit less its room (`limit_room`): what the
+program holds outside Attune's regions under `attune run` (interpreter, small objects,
+the runtime itself; measured in an unconstrained run) and 4 MiB for the runtime's moving
+parts. Without root, --far pool and file fall back to emulated, with a message.
+
+Usage: python3 bench/imme.py [--reps 3] [--outside 0.5] [--only NAMES] [--sweep] [--far pool]
                              [--chunks] [--quick] [--out results] [--update-docs]
 """
 import argparse
@@ -25,7 +38,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import random
 
 # Far tiers of the recorded figures: emulated in the process (the `memory` tier, then a
 # file), as they were taken. Without a far device the default (`far = "auto"`) is a file
@@ -35,6 +50,13 @@ EMULATED = os.environ.get("ATTUNE_BENCH_FAR", "memory,file")
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 ATT = os.environ.get("ATTUNE_BIN") or os.path.join(ROOT, "build", "bin", "attune")
+ATTUNED = os.path.join(os.path.dirname(ATT), "attuned")
+FARS = ("pool", "file", "emulated")
+# What a cgroup's room holds beyond the measured part outside Attune: what moves while the
+# budget is full (the evictor's batch in flight, staging). 8 MiB left every job's peak 5-9
+# MiB under its limit, 2 MiB let SC touch it (the kernel then drops page cache): 4 MiB
+# (docs/design/evaluation.md; ATTUNE_BENCH_ROOM_SLACK to try others).
+ROOM_SLACK = int(os.environ.get("ATTUNE_BENCH_ROOM_SLACK", 4 << 20))
 W = os.path.join(HERE, "workloads")
 PY = sys.executable
 # Flags as the workflows' users pass them, never what an earlier `attune profile` of the
@@ -157,13 +179,16 @@ def finish_run(p, t, before, out, err, ru, cut):
     m = re.search(r"attune kernel-swap: .*? ([0-9.]+) s wall.*program faults: (\d+) minor, (\d+) major", err.decode())
     if m:
         wall, minflt, majflt = float(m.group(1)), int(m.group(2)), int(m.group(3))
+    # The job's cgroup at its peak (CBE, and Attune's runs in a cgroup): within the limit.
+    pk = re.search(r"attune kernel-swap: .*cgroup peak ([0-9.]+) (KiB|MiB|GiB|B) of a", err.decode())
+    cgroup_peak = int(float(pk.group(1)) * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[pk.group(2)]) if pk else None
     ok = p.returncode == 0 and " OK " in line and not cut
     # `attune kernel-swap` could not set up its swap device or cgroup (not enough disk for
     # the swap file, ...): the environment is missing, the workflow did not fail.
     setup = re.search(r"attune kernel-swap: (?:swap|cgroup|cannot set up kernel swap): (.*)", err.decode())
     return {
         "setup_failed": setup.group(1).strip() if setup and p.returncode == 2 else None,
-        "wall": wall, "ok": ok, "exit": p.returncode, "result": line, "cut": cut,
+        "wall": wall, "ok": ok, "exit": p.returncode, "result": line, "cut": cut, "cgroup_peak": cgroup_peak,
         "maxrss": ru.ru_maxrss * 1024, "majflt": majflt, "minflt": minflt,
         "pswpin": after["pswpin"] - before["pswpin"], "pswpout": after["pswpout"] - before["pswpout"],
         "stderr": err.decode()[-2000:],
@@ -186,13 +211,19 @@ def mb(b):
     return f"{max(int(b) >> 20, 4)}M"
 
 
-def env_cmd(envname, prog, total_budget, managed_budget, flags, chunk=None, report=None):
+def env_cmd(envname, prog, total_budget, managed_budget, flags, chunk=None, report=None, far="emulated"):
     if envname == "IE":
         return prog
     if envname.startswith("CBE"):
         medium = "memory" if envname == "CBE-mem" else "disk"
         return [ATT, "kernel-swap", "--limit", mb(total_budget), "--swap", medium, "--swap-size", "4G", "--"] + prog
-    cmd = [ATT, "run", "-q", "--far", EMULATED, "--dram", mb(managed_budget)]
+    cmd = [ATT, "run", "-q", "--dram", mb(managed_budget)]
+    if far == "emulated":
+        cmd += ["--far", EMULATED]
+    else:
+        # The job's cgroup at the budget, as CBE's, with no kernel swap: the far memory is
+        # Attune's, outside the cgroup (the pool's tiers come from ATTUNE_CONFIG).
+        cmd = [ATT, "kernel-swap", "--limit", mb(total_budget), "--swap", "none", "--"] + cmd
     if chunk:
         cmd += ["--chunk", chunk]
     if report:
@@ -202,20 +233,111 @@ def env_cmd(envname, prog, total_budget, managed_budget, flags, chunk=None, repo
     return cmd + ["--"] + prog
 
 
-def tme_env():
-    e = dict(os.environ)
-    e["ATTUNE_MODE"] = "temperature"
-    return e
+class Far:
+    """Where TME and IMME put their far memory (--far), and its set-up: for `pool` an
+    attuned of the harness on a private socket, started for each run (an empty pool, and no
+    grant of an earlier run left) and stopped after it, in the harness's own cgroup."""
+
+    def __init__(self, kind, tmp):
+        self.kind, self.tmp = kind, tmp
+
+    def env(self, envname, room):
+        e = dict(os.environ)
+        if envname == "TME":
+            e["ATTUNE_MODE"] = "temperature"
+        if self.kind != "emulated":
+            e["ATTUNE_LIMIT_ROOM"] = mb(room)
+            # The harness names the far tiers; a caller's would conflict or measure others.
+            e.pop("ATTUNE_FAR", None)
+            e.pop("ATTUNE_CONFIG", None)
+        if self.kind == "file":
+            e["ATTUNE_DAEMON"] = "off"      # `auto` then takes a file on local scratch
+        if self.kind == "pool":
+            e.update(ATTUNE_CONFIG=pool_config(self.tmp), ATTUNE_DAEMON="require")
+        return e
+
+    def start(self, size):
+        """The node pool for one run: returns the attuned process (None without a pool)."""
+        if self.kind != "pool":
+            return None
+        return Daemon(self.tmp, dram=max(size, 64 << 20), far_pool=4 * size + (64 << 20), move_limit="off")
 
 
-def measure(envname, prog, total, managed, flags, reps, bar, label, chunk=None, limit=None):
+class Daemon:
+    """attuned on a private socket in the harness's cgroup (never a job's), with `dram` to
+    grant and `far_pool` of node pool. With `sample`, its status is read every 0.1 s: the
+    DRAM each workflow was granted (median and peak over the samples that listed it)."""
+
+    def __init__(self, tmp, dram, far_pool=None, move_limit="1G", bw_dram_share=100, sample=False):
+        self.sock = os.path.join(tmp, f"attuned-{random.randrange(1 << 30)}.sock")
+        far = ["--far-pool", mb(far_pool)] if far_pool else []
+        self.p = subprocess.Popen([ATTUNED, "--socket", self.sock, "--dram", mb(dram), "--metrics", "off",
+                                   "--min-grant", "8M", "--bw-dram-share", str(bw_dram_share),
+                                   "--move-limit", move_limit, *far],
+                                  stderr=subprocess.DEVNULL)
+        for _ in range(250):
+            if os.path.exists(self.sock):
+                break
+            time.sleep(0.02)
+        else:
+            self.p.terminate()
+            self.p.wait()
+            raise RuntimeError("attuned did not start")
+        self.grants = {}
+        self.done = threading.Event()
+        self.sampler = threading.Thread(target=self.sample, daemon=True) if sample else None
+        if self.sampler:
+            self.sampler.start()
+
+    def sample(self):
+        while not self.done.wait(0.1):
+            r = subprocess.run([ATT, "status", "--json", "--socket", self.sock], capture_output=True, text=True)
+            if r.returncode != 0:
+                continue
+            try:
+                for w in json.loads(r.stdout)["workflows"]:
+                    self.grants.setdefault(w["name"], []).append(w["grant"])
+            except (ValueError, KeyError):
+                continue
+
+    def stop(self):
+        self.done.set()
+        if self.sampler:
+            self.sampler.join()
+        self.p.terminate()
+        self.p.wait()
+        return {n: {"median": statistics.median(g), "peak": max(g)} for n, g in self.grants.items()}
+
+
+def pool_config(tmp):
+    """Tiers on a node with attuned's pool: the pool, then a file (O_DIRECT: no page cache
+    charged to the job) for what the pool cannot take."""
+    p = os.path.join(tmp, "pool.toml")
+    if not os.path.exists(p):
+        with open(p, "w") as f:
+            f.write('[[tier]]\nname = "pool"\nkind = "pool"\ncapacity = "8G"\n\n'
+                    f'[[tier]]\nname = "file"\nkind = "file"\npath = "{tmp}"\ncapacity = "8G"\ndirect = true\n')
+    return p
+
+
+def measure(envname, prog, total, managed, flags, reps, bar, label, chunk=None, limit=None, far=None, room=0):
+    far = far or Far("emulated", None)
     runs = []
     for _ in range(reps):
         rep = tempfile.mktemp(suffix=".json")
         attune = envname in ("TME", "IMME")
-        cmd = env_cmd(envname, prog, total, managed, flags, chunk, rep if attune else None)
+        cmd = env_cmd(envname, prog, total, managed, flags, chunk, rep if attune else None,
+                      far.kind if attune else "emulated")
         bar.set_description(f"{label} {envname}")
-        r = run_wait4(cmd, tme_env() if envname == "TME" else None, limit)
+        env = far.env(envname, room) if attune else None
+        daemon = far.start(total) if attune else None
+        if daemon:
+            env["ATTUNE_SOCKET"] = daemon.sock
+        try:
+            r = run_wait4(cmd, env, limit)
+        finally:
+            if daemon:
+                daemon.stop()
         rj = None
         if attune and os.path.exists(rep):
             try:
@@ -242,6 +364,7 @@ def measure(envname, prog, total, managed, flags, reps, bar, label, chunk=None, 
         "majflt": statistics.median(r["majflt"] for r in runs),
         "minflt": statistics.median(r["minflt"] for r in runs),
         "moved_pages": statistics.median(r["moved_pages"] for r in runs),
+        "cgroup_peak": max((r["cgroup_peak"] for r in runs if r.get("cgroup_peak")), default=None),
         "result": runs[-1]["result"], "errors": [r["stderr"] for r in runs if not r["ok"]][:1],
         # The kernel's OOM killer (SIGKILL), as the paper's "would otherwise crash".
         "oom_killed": any(not r["ok"] and not r["cut"] and (r["exit"] == -9 or "signal 9" in r["stderr"]) for r in runs),
@@ -250,12 +373,30 @@ def measure(envname, prog, total, managed, flags, reps, bar, label, chunk=None, 
     }
 
 
-def footprint(prog, bar, label):
+def attune_budget(far_kind, budget, unmanaged, room):
+    """Attune's DRAM budget at a total budget: in the job's cgroup, the limit less the room
+    (what the process holds outside its regions, the runtime's moving parts); emulated,
+    what the budget leaves after the program's unmanaged part alone (its far tier is in
+    the process, outside any limit)."""
+    if far_kind == "emulated":
+        return max(budget - unmanaged, 8 << 20)
+    return max(budget - room, 8 << 20)
+
+
+def footprint(prog, bar, label, cgroup=False):
+    """Peak RSS alone, the managed part's peak under `attune run`, the IE time, and what
+    the process holds outside its managed regions under `attune run` (the runtime
+    included). With `cgroup`, that part is what a memory cgroup without a limit is charged
+    beyond the managed peak: the RSS counts library pages an earlier process brought in,
+    which a new cgroup is not charged for (the kernel's runs are charged alike)."""
     bar.set_description(f"{label} footprint")
     ie = run_wait4(prog)
     rep = tempfile.mktemp(suffix=".json")
     bar.set_description(f"{label} managed share")
-    r = run_wait4([ATT, "run", "-q", "--dram", "100%", "--report", rep, "--"] + prog)
+    cmd = [ATT, "run", "-q", "--dram", "100%", "--report", rep, "--"] + prog
+    if cgroup:
+        cmd = [ATT, "kernel-swap", "--limit", "100%", "--swap", "none", "--"] + cmd
+    r = run_wait4(cmd)
     managed = 0
     if os.path.exists(rep):
         with open(rep) as f:
@@ -264,7 +405,8 @@ def footprint(prog, bar, label):
     bar.update(2)
     if not ie["ok"] or not r["ok"]:
         raise RuntimeError(f"{label}: the unconstrained run failed: {ie['stderr']}{r['stderr']}")
-    return ie["maxrss"], min(managed, ie["maxrss"]), ie["wall"]
+    held = r["cgroup_peak"] if cgroup and r.get("cgroup_peak") else r["maxrss"]
+    return ie["maxrss"], min(managed, ie["maxrss"]), ie["wall"], max(held - managed, 0)
 
 
 def plots(res, out, sweep, chunks):
@@ -343,6 +485,16 @@ def plots(res, out, sweep, chunks):
     return made
 
 
+FAR_TEXT = {
+    "pool": "; Attune (TME, IMME) in a cgroup at the budget as CBE, without kernel swap, its far pages in the node's "
+            "pool held by attuned outside the cgroup, then a file (`--far pool`)",
+    "file": "; Attune (TME, IMME) in a cgroup at the budget as CBE, without kernel swap, its far tier the default "
+            "(`far = \"auto\"`: a file on local scratch, O_DIRECT; `--far file`)",
+    "emulated": "; Attune's far tier in its own process, outside any limit, and its DRAM budget what the budget "
+                "leaves after the program's unmanaged part (`--far emulated`)",
+}
+
+
 def markdown(res, cmdline):
     # Only the environments this run measured (--envs): one left out is not a failure.
     envs = [n for n in ENVS if any(n in r["envs"] for r in res["workloads"].values())] or ENVS
@@ -350,6 +502,7 @@ def markdown(res, cmdline):
     s = [f"Reproduce: `{cmdline}` ({res['date']}, {res['reps']} runs each, median; "
          f"{int(res['outside'] * 100)}% of each footprint outside DRAM). Time normalized to IE "
          "(min-max of the runs); OOM-killed: the kernel killed the program in its cgroup; FAILED: a wrong result or a crash"
+         + FAR_TEXT.get(res.get("far", "emulated"), "")
          + (f"; cut: stopped at {res['max_slowdown']:g}x the IE time" if res.get("max_slowdown") else "") + ".\n",
          ] + ([f"**Interrupted**: partial results, {len(res['workloads'])} of {res['selected']} workflows "
                "measured before the run was stopped.\n"] if res.get("interrupted") else []) + [
@@ -386,6 +539,15 @@ def markdown(res, cmdline):
                       for n, x in r["envs"].items() if x.get("setup_failed")})
     if missing:
         s.append("\nn/a (set-up): the environment could not be set up (" + "; ".join(missing) + ").")
+    if res.get("far", "emulated") != "emulated":
+        # Every environment but IE in a cgroup at the budget: the peak each reached.
+        cg = [n for n in envs if n != "IE"]
+        s.append("\nPeak of the job's memory cgroup, MiB (limit: the budget):\n")
+        s.append("| workflow | limit | " + " | ".join(cg) + " |")
+        s.append("|---|---|" + "---|" * len(cg))
+        for w, r in res["workloads"].items():
+            pk = [r["envs"].get(n, {}).get("cgroup_peak") for n in cg]
+            s.append(f"| {w} | {r['budget'] >> 20} | " + " | ".join("-" if not p else f"{p / 2**20:.1f}" for p in pk) + " |")
     s.append("\nFaults and pages moved (medians; Figure 9):\n")
     moved_envs = [n for n in envs if n != "IE"]
     s.append("| workflow | " + " | ".join(f"{n} major/minor/moved" for n in moved_envs) + " |")
@@ -442,6 +604,9 @@ def main():
     ap.add_argument("--chunks", action="store_true", help="rMap chunk sweep (stream, gups)")
     ap.add_argument("--quick", action="store_true", help="small sizes (tests)")
     ap.add_argument("--envs", default=",".join(ENVS))
+    ap.add_argument("--far", choices=FARS, default="pool",
+                    help="Attune's far memory: pool (attuned's, outside the job's cgroup; root), file (the "
+                         "default far tier, in the cgroup's limit; root) or emulated (in the process, no cgroup)")
     ap.add_argument("--max-slowdown", type=float, default=0,
                     help="stop a run at this multiple of the workflow's IE time (0: never)")
     ap.add_argument("--out", default=os.path.join(ROOT, "results"))
@@ -466,6 +631,14 @@ def main():
             envs = [e for e in envs if not e.startswith("CBE")]
     if not 0 < a.outside < 1:
         sys.exit("--outside must be between 0 and 1")
+    far_kind = a.far
+    if far_kind != "emulated" and any(e in ("TME", "IMME") for e in envs):
+        # The job's cgroup needs root and cgroup v1 (the same check as CBE's), the pool attuned.
+        chk = subprocess.run([ATT, "kernel-swap", "--check"], capture_output=True, text=True)
+        if chk.returncode != 0 or (far_kind == "pool" and not os.path.exists(ATTUNED)):
+            why = chk.stdout.strip() or chk.stderr.strip() or f"{ATTUNED} not found"
+            print(f"--far {far_kind}: no cgroup for Attune's runs ({why}): --far emulated", file=sys.stderr)
+            far_kind = "emulated"
     sel = [w for w in WORKLOADS if not a.only or w[0] in a.only.split(",")]
     if not sel:
         sys.exit(f"no workload matches {a.only}")
@@ -478,7 +651,9 @@ def main():
     total = len(sel) * (2 + a.reps * len(envs)) + len(sweep_sel) * 4 * a.reps * 3 \
         + len(chunk_sel) * len(chunk_sizes) * a.reps
     bar = progress(total)
+    far = Far(far_kind, tmp)
     res = {"date": time.strftime("%Y-%m-%d"), "reps": a.reps, "outside": a.outside, "max_slowdown": a.max_slowdown,
+           "far": far_kind,
            "machine": {"cpus": os.cpu_count()}, "workloads": {}, "selected": len(sel)}
     failed = 0
     # SIGTERM (a batch system's time limit, a cancelled job) stops it like Ctrl-C: the run
@@ -488,15 +663,17 @@ def main():
         for name, title, kind, src, sizes, flags in sel:
             size = sizes[1] if a.quick else sizes[0]
             prog = exes[name] + [str(size)]
-            foot, managed_peak, ie_wall = footprint(prog, bar, name)
+            foot, managed_peak, ie_wall, outside_attune = footprint(prog, bar, name, far_kind != "emulated")
             limit = a.max_slowdown * max(ie_wall, 0.5) if a.max_slowdown > 0 else None
             unmanaged = foot - managed_peak
+            room = outside_attune + ROOM_SLACK
             budget = int(foot * (1 - a.outside))
-            managed_budget = max(budget - unmanaged, 8 << 20)
+            managed_budget = attune_budget(far_kind, budget, unmanaged, room)
             r = {"title": title, "flags": flags, "size_mib": size, "footprint": foot,
-                 "unmanaged": unmanaged, "budget": budget, "managed_budget": managed_budget, "envs": {}}
+                 "unmanaged": unmanaged, "managed_peak": managed_peak, "room": room, "budget": budget, "managed_budget": managed_budget, "envs": {}}
             for e in envs:
-                r["envs"][e] = measure(e, prog, budget, managed_budget, flags, a.reps, bar, name, limit=limit)
+                r["envs"][e] = measure(e, prog, budget, managed_budget, flags, a.reps, bar, name, limit=limit,
+                                       far=far, room=room)
                 failed += not r["envs"][e]["ok"] and not r["envs"][e]["cut"] and e in ("IE", "TME", "IMME")
             ie = r["envs"].get("IE", {}).get("median")
             for e in r["envs"].values():
@@ -511,11 +688,12 @@ def main():
                 pts = []
                 for out in (0.1, 0.2, 0.3, 0.4, 0.5):
                     budget = int(r["footprint"] * (1 - out))
-                    mbud = max(budget - r["unmanaged"], 8 << 20)
+                    mbud = attune_budget(far_kind, budget, r["unmanaged"], r["room"])
                     p = {"outside": out}
                     for e in ("TME", "IMME", "CBE-mem"):
                         if e in envs:
-                            m = measure(e, prog, budget, mbud, flags, a.reps, bar, f"{name} {int(out * 100)}%")
+                            m = measure(e, prog, budget, mbud, flags, a.reps, bar, f"{name} {int(out * 100)}%",
+                                        far=far, room=r["room"])
                             p[e] = m["median"] / ie if m["ok"] else float("nan")
                     pts.append(p)
                 res["sweep"][name] = pts
@@ -529,7 +707,8 @@ def main():
                 for c in chunk_sizes:
                     # TME: in attuned mode a LAT region always moves 4 KiB (policy), which
                     # would hide the chunk size being swept.
-                    m = measure("TME", prog, r["budget"], r["managed_budget"], flags, a.reps, bar, f"{name} {c}", chunk=c)
+                    m = measure("TME", prog, r["budget"], r["managed_budget"], flags, a.reps, bar, f"{name} {c}", chunk=c,
+                                far=far, room=r["room"])
                     pts.append({"chunk": c, "normalized": m["median"] / ie if m["ok"] else float("nan")})
                 res["chunks"][name] = pts
     except KeyboardInterrupt:

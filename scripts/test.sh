@@ -544,6 +544,12 @@ if [ "$(id -u)" = 0 ]; then
     for m in memory disk; do
       expect "kernel-swap-$m" 0 "cgroup peak ([6-8][0-9]|9[0-6])\.[0-9] MiB of a 96\.0 MiB limit" "$ATT" kernel-swap --limit 96M --swap $m --swap-size 512M --swap-dir "$RT" -- "$RT/c_matrix" 128
     done
+    # The same limit without kernel swap, as the evaluation runs Attune (issue 25): the
+    # program alone is killed by the kernel; under attune run its far pages leave the
+    # cgroup (the default far tier: a file, O_DIRECT under a limit) and it finishes,
+    # checked word by word, within the limit.
+    expect kernel-swap-none-kills 137 "killed by signal 9, .* of a 96\.0 MiB limit, no swap" "$ATT" kernel-swap --limit 96M --swap none -- "$RT/c_matrix" 160
+    expect kernel-swap-none-attune 0 "c_matrix: OK .*exit 0, .* of a 96\.0 MiB limit, no swap" sh -c "ATTUNE_DAEMON=off '$ATT' kernel-swap --limit 96M --swap none -- '$ATT' run -q --dram 48M -- '$RT/c_matrix' 160 2>&1 | tr '\n' ' '"
     if [ -e /sys/class/zram-control/hot_add ]; then
       # A run killed with SIGKILL leaves its zram device on; the next run removes it.
       "$ATT" kernel-swap --limit 64M --swap zram --swap-size 64M -- sleep 30 >/dev/null 2>&1 &

@@ -331,6 +331,12 @@ impl MemCgroup {
         &self.path
     }
 
+    /// No kernel swap for the cgroup's pages (cgroup v1: `memory.swappiness` 0 leaves
+    /// anonymous memory out of the cgroup's reclaim; file pages are still dropped).
+    pub fn no_swap(&self) -> Result<(), String> {
+        self.write("memory.swappiness", "0")
+    }
+
     /// Starts a new peak measurement.
     pub fn reset_peak(&self) {
         let _ = self.write("memory.max_usage_in_bytes", "0");

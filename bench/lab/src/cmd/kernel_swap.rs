@@ -3,6 +3,12 @@
 //! (a zram device of our own, or a loop device over /dev/shm) or on disk. It is IMME's CBE environment and the
 //! baseline every "Attune vs kernel swap" figure is measured against. Needs root; the swap
 //! device and the cgroup are removed when the program ends.
+//!
+//! `--swap none` is the same cgroup and limit without kernel swap: how the evaluation runs
+//! Attune (issue 25's fair harness), whose far memory lives outside the job's cgroup (the
+//! node's pool, a file) as the kernel's lives on its swap device. The cgroup's
+//! `memory.swappiness` is 0 then, so no swap device of the host takes the job's pages:
+//! the only far memory the program gets is the one Attune gives it.
 
 use crate::kernel_env::{self, Medium, MemCgroup, Swap};
 use attune::size::{human, parse_size_or_percent};
@@ -14,8 +20,9 @@ pub struct Args {
     #[arg(long, value_name = "SIZE|PERCENT", required_unless_present = "check")]
     limit: Option<String>,
     /// Where the swap lives: memory (a zram device of ours where the kernel has zram, else
-    /// loop), zram, loop (a loop device over a file in /dev/shm) or disk.
-    #[arg(long, default_value = "memory", value_parser = ["memory", "zram", "loop", "disk"])]
+    /// loop), zram, loop (a loop device over a file in /dev/shm) or disk; none: the limit
+    /// alone, no kernel swap for the program (swappiness 0 in its cgroup).
+    #[arg(long, default_value = "memory", value_parser = ["memory", "zram", "loop", "disk", "none"])]
     swap: String,
     /// Size of the swap device.
     #[arg(long, default_value = "4G")]
@@ -65,18 +72,29 @@ pub fn run(a: Args) -> i32 {
         return fail(&format!("cannot set up kernel swap: {why}"));
     }
     kernel_env::clean_stale(&a.swap_dir);
-    let medium = match Medium::parse(&a.swap) {
-        Ok(m) => m,
-        Err(e) => return fail(&e),
+    let medium = match a.swap.as_str() {
+        "none" => None,
+        s => match Medium::parse(s) {
+            Ok(m) => Some(m),
+            Err(e) => return fail(&e),
+        },
     };
-    let swap = match Swap::new(medium, &a.swap_dir, swap_size) {
-        Ok(s) => s,
-        Err(e) => return fail(&format!("swap: {e}")),
+    let swap = match medium {
+        None => None,
+        Some(m) => match Swap::new(m, &a.swap_dir, swap_size) {
+            Ok(s) => Some(s),
+            Err(e) => return fail(&format!("swap: {e}")),
+        },
     };
     let cg = match MemCgroup::new(limit) {
         Ok(c) => c,
         Err(e) => return fail(&format!("cgroup: {e}")),
     };
+    if medium.is_none() {
+        if let Err(e) = cg.no_swap() {
+            return fail(&format!("cgroup: {e}"));
+        }
+    }
     // The program joins the cgroup before it starts (a shell writes its own pid, then
     // execs the program), so none of its memory is charged elsewhere.
     let procs = cg.path().join("cgroup.procs");
@@ -99,7 +117,7 @@ pub fn run(a: Args) -> i32 {
     match status {
         Ok(s) => {
             eprintln!(
-                "attune kernel-swap: {} — {}, {wall:.3} s wall, cgroup peak {} of a {} limit, swap on {}; program faults: {} minor, {} major",
+                "attune kernel-swap: {} — {}, {wall:.3} s wall, cgroup peak {} of a {} limit, {}; program faults: {} minor, {} major",
                 a.command[0],
                 match (s.code(), s.signal()) {
                     (Some(c), _) => format!("exit {c}"),
@@ -108,7 +126,7 @@ pub fn run(a: Args) -> i32 {
                 },
                 human(peak),
                 human(limit),
-                medium.name(),
+                medium.map_or("no swap".to_string(), |m| format!("swap on {}", m.name())),
                 min1 - min0,
                 maj1 - maj0
             );

@@ -183,6 +183,8 @@ pub struct Config {
     pub log: crate::log::Level,
     /// Far tiers, fastest first.
     pub tiers: Vec<TierConfig>,
+    /// Room a memory cgroup limit keeps for what Attune does not manage (resolved bytes).
+    pub limit_room: u64,
     /// What the memory cgroup's limit lowered or left out (`Machine::limit_for_managed`),
     /// for the start's warnings.
     #[serde(skip)]
@@ -290,17 +292,22 @@ impl Machine {
         self.total_memory.min(self.memory_limit)
     }
 
+    /// The room `limit_room = "auto"` keeps under a cgroup limit for the program's own
+    /// memory and the runtime's: the larger of 10% and 32 MiB, as the Slurm plugin leaves
+    /// under `--mem` (docs/design/slurm.md), computed as the plugin does (`limit / 100 *
+    /// 10`) so its default budget is never lowered by a few bytes with a warning.
+    pub fn default_limit_room(&self) -> u64 {
+        (self.usable_memory() / 100 * 10).max(32 << 20)
+    }
+
     /// What managed memory may take under the cgroup limit (u64::MAX: no limit): the limit
-    /// less room for the program's own memory and the runtime's, the larger of 10% and 32
-    /// MiB, as the Slurm plugin leaves under `--mem` (docs/design/slurm.md). Past the limit
-    /// the kernel reclaims the job's page cache, then kills it, before the evictor acts.
-    pub fn limit_for_managed(&self) -> u64 {
+    /// less `room` (None: the default room). Past the limit the kernel reclaims the job's
+    /// page cache, then kills it, before the evictor acts.
+    pub fn limit_for_managed(&self, room: Option<u64>) -> u64 {
         if self.memory_limit == u64::MAX {
             return u64::MAX;
         }
-        // As the plugin computes it (`limit / 100 * 10`), so its default budget is never
-        // lowered by a few bytes with a warning.
-        let room = (self.memory_limit / 100 * 10).max(32 << 20);
+        let room = room.unwrap_or_else(|| self.default_limit_room());
         self.memory_limit.saturating_sub(room).max(1 << 20)
     }
 }
@@ -520,7 +527,13 @@ pub fn load_text(
     // managed memory that the process's own pages hold (the budget, memory and NUMA tiers)
     // stays under the limit: past it the kernel kills the program before the evictor acts.
     let usable = m.usable_memory();
-    let cap = m.limit_for_managed();
+    let room_row = row(OPTIONS, "limit_room").expect("limit_room is an option");
+    let room =
+        match read(std::slice::from_ref(room_row), &file, None, &|_| usable)?.get("limit_room") {
+            Some(Value::U64(r)) => Some(*r),
+            _ => None,
+        };
+    let cap = m.limit_for_managed(room);
     let mut limit_notes = Vec::new();
     let dram_row = row(OPTIONS, "dram").expect("dram is an option");
     let dram_only = read(std::slice::from_ref(dram_row), &file, None, &|_| usable)?;
@@ -802,6 +815,7 @@ pub fn load_text(
         workflow: g.text("workflow").to_string(),
         log: g.choice("log")?,
         tiers,
+        limit_room: room.unwrap_or_else(|| m.default_limit_room()),
         limit_notes,
     })
 }
@@ -1338,7 +1352,11 @@ mod tests {
                 Some(Base::Budget) => c.dram,
                 _ => m.total_memory,
             };
-            let want = o.parse(o.default_for(None).unwrap(), base).unwrap();
+            let want = match o.key {
+                // `auto` is resolved for this machine.
+                "limit_room" => Value::U64(m.default_limit_room()),
+                _ => o.parse(o.default_for(None).unwrap(), base).unwrap(),
+            };
             assert_eq!(got[o.key], json(&want), "option {}", o.key);
         }
         assert_eq!(c.tiers.len(), 1);
@@ -1373,7 +1391,8 @@ mod tests {
             table::Kind::Name { .. } => "job42".into(),
             table::Kind::Path => "/tmp/other.sock".into(),
             table::Kind::Bool => "true".into(),
-            table::Kind::OrWord { words, .. } => words[0].into(),
+            // The word is the default where one is (`auto`): a value of the kind differs.
+            table::Kind::OrWord { kind, .. } => other_value(&Opt { kind: *kind, ..*o }),
             table::Kind::Percent { max, .. } => max.to_string(),
             table::Kind::Loopback => "127.0.0.1:1".into(),
             table::Kind::KernelMask => "-move".into(),
@@ -1478,7 +1497,7 @@ mod tests {
             ..machine()
         };
         let cap = (512u64 << 20) - (512u64 << 20) / 100 * 10;
-        assert_eq!(m.limit_for_managed(), cap);
+        assert_eq!(m.limit_for_managed(None), cap);
         let tier = |c: &Config, kind: TierKind| c.tiers.iter().find(|t| t.kind == kind).cloned();
         // Defaults: percentages of the limit, not of the node; nothing lowered.
         let c = load(None, &emulated(&[]), &m).unwrap();
@@ -1527,8 +1546,42 @@ mod tests {
             e.contains("ATTUNE_HEADROOM") && e.contains(&format!("{cap} bytes, lowered")),
             "{e}"
         );
-        // No limit: as before.
-        let c = load(None, &env(&[("ATTUNE_DRAM", "15G")]), &machine()).unwrap();
+        // A measured room (the evaluation harness's): the budget may come closer to the
+        // limit; a size, a percentage of the limit; too large a room leaves 1 MiB.
+        for (room, want) in [
+            ("8M", (504u64) << 20),
+            ("50%", 256 << 20),
+            ("0", 512 << 20),
+            ("2G", 1 << 20),
+        ] {
+            let c = load(
+                None,
+                &env(&[("ATTUNE_DRAM", "1G"), ("ATTUNE_LIMIT_ROOM", room)]),
+                &m,
+            )
+            .unwrap();
+            assert_eq!(c.dram, want, "limit_room {room}");
+        }
+        let c = load(
+            None,
+            &env(&[("ATTUNE_DRAM", "500M"), ("ATTUNE_LIMIT_ROOM", "8M")]),
+            &m,
+        )
+        .unwrap();
+        assert!(
+            c.dram == 500 << 20 && c.limit_notes.is_empty(),
+            "{:?}",
+            c.limit_notes
+        );
+        let e = env_error(None, "ATTUNE_LIMIT_ROOM", "lots");
+        assert!(e.contains("ATTUNE_LIMIT_ROOM") && e.contains("auto"), "{e}");
+        // No limit: as before, whatever the room.
+        let c = load(
+            None,
+            &env(&[("ATTUNE_DRAM", "15G"), ("ATTUNE_LIMIT_ROOM", "1G")]),
+            &machine(),
+        )
+        .unwrap();
         assert_eq!(c.dram, 15 << 30);
         assert!(c.limit_notes.is_empty());
     }
