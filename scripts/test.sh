@@ -549,6 +549,13 @@ if [ "$(id -u)" = 0 ]; then
     # cgroup (the default far tier: a file, O_DIRECT under a limit) and it finishes,
     # checked word by word, within the limit.
     expect kernel-swap-none-kills 137 "killed by signal 9, .* of a 96\.0 MiB limit, no swap" "$ATT" kernel-swap --limit 96M --swap none -- "$RT/c_matrix" 160
+    # SIGTERM (a time limit, the harness cutting a run) reaches the program, and the
+    # cgroup is removed after it: it was left behind, with the program running, before.
+    "$ATT" kernel-swap --limit 64M --swap none -- sleep 30 >/dev/null 2>&1 &
+    ks=$!
+    for _ in $(seq 100); do [ -s /sys/fs/cgroup/memory/attune-$ks-0/cgroup.procs ] && break; sleep 0.05; done
+    kill -TERM $ks; wait $ks; ks_rc=$?
+    expect kernel-swap-sigterm 0 "passed on" sh -c "[ $ks_rc = 143 ] && [ ! -e /sys/fs/cgroup/memory/attune-$ks-0 ] && echo passed on || echo \"exit $ks_rc\""
     expect kernel-swap-none-attune 0 "c_matrix: OK .*exit 0, .* of a 96\.0 MiB limit, no swap" sh -c "ATTUNE_DAEMON=off '$ATT' kernel-swap --limit 96M --swap none -- '$ATT' run -q --dram 48M -- '$RT/c_matrix' 160 2>&1 | tr '\n' ' '"
     if [ -e /sys/class/zram-control/hot_add ]; then
       # A run killed with SIGKILL leaves its zram device on; the next run removes it.

@@ -120,6 +120,12 @@ def test_a_user_who_is_not_root_gets_the_same_default(workdir, daemon):
     assert p.returncode == 0, p.stdout + p.stderr
     assert hwm_mib(p.stdout)[1] < 48, p.stdout
     assert "far tiers: file in /tmp" in p.stderr, p.stderr
+    # A $TMPDIR this user can see but not write (/, as another user's would be): the
+    # next scratch directory is taken, not a file tier that fails at its first store.
+    p = run([ATTUNE, "run", "--dram", "16M", "--", prog, 96], dict(env, TMPDIR="/"), preexec_fn=as_nobody)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert hwm_mib(p.stdout)[1] < 48, p.stdout
+    assert "far tiers: file in /tmp" in p.stderr, p.stderr
     d = daemon("--dram", "256M", "--far-pool", "512M", "--move-limit", "off")
     p = run([ATTUNE, "run", "--dram", "16M", "--", prog, 96], dict(env, ATTUNE_SOCKET=d.sock), preexec_fn=as_nobody)
     assert p.returncode == 0, p.stdout + p.stderr

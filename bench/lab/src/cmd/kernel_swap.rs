@@ -103,12 +103,24 @@ pub fn run(a: Args) -> i32 {
     // wall time of the program, and its faults from the reaped-children counters.
     let (min0, maj0) = attune_sys::os::children_faults();
     let t0 = std::time::Instant::now();
-    let status = std::process::Command::new("/bin/sh")
-        .arg("-c")
+    let mut cmd = std::process::Command::new("/bin/sh");
+    cmd.arg("-c")
         .arg("echo $$ > \"$0\" && exec \"$@\"")
         .arg(&procs)
-        .args(&a.command)
-        .status();
+        .args(&a.command);
+    // SIGTERM (a batch system's time limit, the harness cutting a run) goes to the
+    // program, whose end this process waits for, then removes its swap device and cgroup;
+    // a SIGKILL of this process takes the program with it (the next run cleans up).
+    attune_sys::os::die_with_launcher(&mut cmd);
+    let status = cmd.spawn().and_then(|mut child| {
+        attune_sys::os::forward_signals_to(child.id() as i32);
+        loop {
+            match child.wait() {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                r => break r,
+            }
+        }
+    });
     let wall = t0.elapsed().as_secs_f64();
     let (min1, maj1) = attune_sys::os::children_faults();
     let peak = cg.max_usage();

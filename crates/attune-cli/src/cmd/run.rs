@@ -446,11 +446,25 @@ fn predict(
 /// The statistics directory of this run (`$TMPDIR/attune-run-<pid>-<i>`, mode 0700). A
 /// run killed with SIGKILL leaves its directory; the next run of the same user removes
 /// those whose `attune run` is gone (owned by this user: the directory is shared).
+/// The statistics directory: in $TMPDIR, else /tmp, else /var/tmp. A $TMPDIR this user
+/// cannot write (another user's, a read-only mount) does not lose the run; the far tier's
+/// scratch is chosen in the same order (`far = "auto"`).
 fn tempdir() -> std::io::Result<PathBuf> {
-    let base = std::env::temp_dir();
-    let made = make_tempdir(&base)?;
-    attune_sys::mem::remove_stale(&base, "attune-run-", true);
-    Ok(made)
+    let mut last = std::io::Error::other("no directory to write in");
+    for base in [
+        std::env::temp_dir(),
+        PathBuf::from("/tmp"),
+        PathBuf::from("/var/tmp"),
+    ] {
+        match make_tempdir(&base) {
+            Ok(made) => {
+                attune_sys::mem::remove_stale(&base, "attune-run-", true);
+                return Ok(made);
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 fn make_tempdir(base: &Path) -> std::io::Result<PathBuf> {

@@ -352,6 +352,11 @@ fn far_offer(tmpdir: &std::path::Path) -> attune_policy::far::Offer {
         if !d.is_dir() || scratch.iter().any(|s| s.path == path) {
             continue;
         }
+        // Only a directory where this user can make the tier's file (a $TMPDIR of another
+        // user, a read-only mount, /proc): the file tier would fail at its first store.
+        if attune_sys::mem::open_private_file(d, false).is_err() {
+            continue;
+        }
         if let Ok(magic) = attune_sys::os::fs_magic(d) {
             scratch.push(attune_policy::far::Scratch {
                 path,
@@ -1584,6 +1589,24 @@ mod tests {
         .unwrap();
         assert_eq!(c.dram, 15 << 30);
         assert!(c.limit_notes.is_empty());
+    }
+
+    #[test]
+    fn auto_offers_only_scratch_where_a_file_can_be_made() {
+        // /proc is a directory no file can be made in (as is another user's $TMPDIR or a
+        // read-only mount): never offered, whatever $TMPDIR says.
+        let o = far_offer(std::path::Path::new("/proc"));
+        assert!(
+            o.scratch.iter().all(|s| s.path != "/proc"),
+            "{:?}",
+            o.scratch
+        );
+        assert!(!o.scratch.is_empty(), "/tmp or /var/tmp");
+        let tmp = tempfile::tempdir().unwrap();
+        let o = far_offer(tmp.path());
+        assert_eq!(o.scratch[0].path, tmp.path().display().to_string());
+        // Probing leaves nothing behind.
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
     }
 
     #[test]
