@@ -84,6 +84,13 @@ def group(cmds, envs):
     return out
 
 
+def pool_policy_dram(sel, node):
+    """What attuned divides under the pool policy: the node's limit less every workflow's
+    room (its held part and slack, bench/imme.py `room_at`), and 1/64 of what goes far."""
+    held = sum(w["held"] + imme.ROOM_SLACK for w in sel) - imme.ROOM_SLACK
+    return node - imme.room_at(held, sum(w["footprint"] for w in sel), node)
+
+
 def policy_run(policy, sel, tmp, node, pool, bw_dram_share, move_limit):
     """One co-located run of the selected workflows under `policy`."""
     cmds, envs = [], []
@@ -91,7 +98,7 @@ def policy_run(policy, sel, tmp, node, pool, bw_dram_share, move_limit):
     if policy == "pool":
         # In the node's cgroup, each runtime's ceiling is the limit less the room of all
         # the workflows' parts outside Attune (measured alone, as bench/imme.py does).
-        pool = node - sum(w["room"] for w in sel)
+        pool = pool_policy_dram(sel, node)
     daemon = (imme.Daemon(tmp, dram=pool, far_pool=far_pool, move_limit=move_limit,
                           bw_dram_share=bw_dram_share, sample=True)
               if policy in ("default", "attuned", "pool") else None)
@@ -288,7 +295,7 @@ def main():
             unmanaged = foot - managed_peak
             budget = int(foot * (1 - a.outside))
             sel.append({"name": n, "title": title, "flags": flags, "prog": prog, "footprint": foot, "ie": ie,
-                        "unmanaged": unmanaged, "room": outside_attune + imme.ROOM_SLACK,
+                        "unmanaged": unmanaged, "held": outside_attune,
                         "managed_budget": max(budget - unmanaged, 8 << 20)})
         node = int(sum(w["footprint"] for w in sel) * (1 - a.outside))
         pool = sum(w["managed_budget"] for w in sel)
@@ -304,7 +311,7 @@ def main():
         bar.close()
         shutil.rmtree(tmp, ignore_errors=True)
     res = {"date": time.strftime("%Y-%m-%d"), "reps": a.reps, "outside": a.outside, "node_mib": node >> 20,
-           "pool_mib": pool >> 20, "pool_policy_mib": (node - sum(w["room"] for w in sel)) >> 20, "bw_dram_share": a.bw_dram_share, "policies": pols, "workflows": [],
+           "pool_mib": pool >> 20, "pool_policy_mib": pool_policy_dram(sel, node) >> 20, "bw_dram_share": a.bw_dram_share, "policies": pols, "workflows": [],
            "totals": {}}
     failed = 0
     for i, w in enumerate(sel):

@@ -22,8 +22,8 @@ Where Attune's far memory lives (--far), issue 25's fair accounting:
             given only what the budget leaves after the program's unmanaged part.
 In a cgroup, Attune's DRAM budget is the limit less its room (`limit_room`): what the
 program holds outside Attune's regions under `attune run` (interpreter, small objects,
-the runtime itself; measured in an unconstrained run) and 4 MiB for the runtime's moving
-parts. Without root, --far pool and file fall back to emulated, with a message.
+the runtime itself; measured in an unconstrained run, `held_peak`), 4 MiB for the
+runtime's moving parts and 1/64 of the far part (`room_at`). Without root, --far pool and file fall back to emulated, with a message.
 
 Usage: python3 bench/imme.py [--reps 3] [--outside 0.5] [--only NAMES] [--sweep] [--far pool]
                              [--chunks] [--quick] [--out results] [--update-docs]
@@ -57,6 +57,15 @@ FARS = ("pool", "file", "emulated")
 # MiB under its limit, 2 MiB let SC touch it (the kernel then drops page cache): 4 MiB
 # (docs/design/evaluation.md; ATTUNE_BENCH_ROOM_SLACK to try others).
 ROOM_SLACK = int(os.environ.get("ATTUNE_BENCH_ROOM_SLACK", 4 << 20))
+
+
+def room_at(held, footprint, limit):
+    """The room under `limit` of a program that holds `held` outside its managed regions:
+    that, ROOM_SLACK, and 1/64 of what goes far (the runtime's tables and the page tables
+    of its far mappings grow with it: numpy at 314 MiB of a 337 MiB limit with 348 MiB
+    in the pool and a file peaked 5.6 MiB above its unconstrained held memory, and was
+    killed by the limit with 4 MiB of slack)."""
+    return held + ROOM_SLACK + max(footprint - limit, 0) // 64
 W = os.path.join(HERE, "workloads")
 PY = sys.executable
 # Flags as the workflows' users pass them, never what an earlier `attune profile` of the
@@ -383,20 +392,75 @@ def attune_budget(far_kind, budget, unmanaged, room):
     return max(budget - room, 8 << 20)
 
 
+CGROUP_ROOT = "/sys/fs/cgroup/memory"
+
+
+def held_peak(cmd, env=None):
+    """Runs `cmd` in a memory cgroup of the harness without a limit; returns the run (as
+    run_wait4) and the peak of what the cgroup held that a limit without swap cannot take
+    back without harm: anonymous and shmem pages, and file pages mapped into the program
+    (its libraries' code and data, in use; memory.stat `total_rss` + `total_shmem` +
+    `total_mapped_file`, sampled every 5 ms, or the cgroup's peak less the page cache
+    left charged at the end, whichever is larger). Page cache that is only cached is left
+    out (the input sort reads): under the limit the kernel drops it first, for Attune's
+    runs as for CBE's."""
+    g = os.path.join(CGROUP_ROOT, f"attune-held-{os.getpid()}-{random.randrange(1 << 30)}")
+    os.mkdir(g)
+    peak = [0]
+    done = threading.Event()
+
+    def sample():
+        while True:
+            try:
+                st = dict(line.split() for line in open(os.path.join(g, "memory.stat")))
+                peak[0] = max(peak[0], sum(int(st.get(k, 0)) for k in ("total_rss", "total_shmem", "total_mapped_file")))
+            except (OSError, ValueError):
+                pass
+            if done.wait(0.005):
+                return
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        r = run_wait4(["sh", "-c", f'echo $$ > {g}/cgroup.procs && exec "$@"', "sh"] + cmd, env)
+        # Sampling can miss a short peak (DM's held memory came out 5 MiB lower in one run
+        # of two, and IMME was killed by its limit): the cgroup's true peak less the page
+        # cache still charged to it at the end (no longer mapped: what a limit reclaims)
+        # bounds it from the other side; the larger of the two counts.
+        st = dict(line.split() for line in open(os.path.join(g, "memory.stat")))
+        cached = int(st.get("total_cache", 0)) - int(st.get("total_shmem", 0))
+        top = int(open(os.path.join(g, "memory.max_usage_in_bytes")).read())
+    finally:
+        done.set()
+        t.join()
+        remove_cgroup(g)
+    return r, max(peak[0], top - cached)
+
+
+def remove_cgroup(g):
+    """Removes a cgroup of ours once its processes are gone (retried while the kernel
+    settles)."""
+    for _ in range(50):
+        try:
+            os.rmdir(g)
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
 def footprint(prog, bar, label, cgroup=False):
     """Peak RSS alone, the managed part's peak under `attune run`, the IE time, and what
     the process holds outside its managed regions under `attune run` (the runtime
-    included). With `cgroup`, that part is what a memory cgroup without a limit is charged
-    beyond the managed peak: the RSS counts library pages an earlier process brought in,
-    which a new cgroup is not charged for (the kernel's runs are charged alike)."""
+    included). With `cgroup`, that part is what a memory cgroup holds beyond the managed
+    peak and could not reclaim (`held_peak`): the RSS counts library pages an earlier
+    process brought in, which a new cgroup is not charged for, and the cgroup's own peak
+    counts page cache, which a limit reclaims."""
     bar.set_description(f"{label} footprint")
     ie = run_wait4(prog)
     rep = tempfile.mktemp(suffix=".json")
     bar.set_description(f"{label} managed share")
     cmd = [ATT, "run", "-q", "--dram", "100%", "--report", rep, "--"] + prog
-    if cgroup:
-        cmd = [ATT, "kernel-swap", "--limit", "100%", "--swap", "none", "--"] + cmd
-    r = run_wait4(cmd)
+    r, held = held_peak(cmd) if cgroup else (run_wait4(cmd), 0)
     managed = 0
     if os.path.exists(rep):
         with open(rep) as f:
@@ -405,8 +469,7 @@ def footprint(prog, bar, label, cgroup=False):
     bar.update(2)
     if not ie["ok"] or not r["ok"]:
         raise RuntimeError(f"{label}: the unconstrained run failed: {ie['stderr']}{r['stderr']}")
-    held = r["cgroup_peak"] if cgroup and r.get("cgroup_peak") else r["maxrss"]
-    return ie["maxrss"], min(managed, ie["maxrss"]), ie["wall"], max(held - managed, 0)
+    return ie["maxrss"], min(managed, ie["maxrss"]), ie["wall"], max((held if cgroup else r["maxrss"]) - managed, 0)
 
 
 def plots(res, out, sweep, chunks):
@@ -666,11 +729,11 @@ def main():
             foot, managed_peak, ie_wall, outside_attune = footprint(prog, bar, name, far_kind != "emulated")
             limit = a.max_slowdown * max(ie_wall, 0.5) if a.max_slowdown > 0 else None
             unmanaged = foot - managed_peak
-            room = outside_attune + ROOM_SLACK
             budget = int(foot * (1 - a.outside))
+            room = room_at(outside_attune, foot, budget)
             managed_budget = attune_budget(far_kind, budget, unmanaged, room)
             r = {"title": title, "flags": flags, "size_mib": size, "footprint": foot,
-                 "unmanaged": unmanaged, "managed_peak": managed_peak, "room": room, "budget": budget, "managed_budget": managed_budget, "envs": {}}
+                 "unmanaged": unmanaged, "managed_peak": managed_peak, "held": outside_attune, "room": room, "budget": budget, "managed_budget": managed_budget, "envs": {}}
             for e in envs:
                 r["envs"][e] = measure(e, prog, budget, managed_budget, flags, a.reps, bar, name, limit=limit,
                                        far=far, room=room)
@@ -688,12 +751,13 @@ def main():
                 pts = []
                 for out in (0.1, 0.2, 0.3, 0.4, 0.5):
                     budget = int(r["footprint"] * (1 - out))
-                    mbud = attune_budget(far_kind, budget, r["unmanaged"], r["room"])
+                    room = room_at(r["held"], r["footprint"], budget)
+                    mbud = attune_budget(far_kind, budget, r["unmanaged"], room)
                     p = {"outside": out}
                     for e in ("TME", "IMME", "CBE-mem"):
                         if e in envs:
                             m = measure(e, prog, budget, mbud, flags, a.reps, bar, f"{name} {int(out * 100)}%",
-                                        far=far, room=r["room"])
+                                        far=far, room=room)
                             p[e] = m["median"] / ie if m["ok"] else float("nan")
                     pts.append(p)
                 res["sweep"][name] = pts

@@ -5,10 +5,15 @@ the memory it wants (IE). Environments are interleaved run by run in one invocat
 every answer is checked (the program's own check, or its output's hash against IE's).
 Needs root (swap and cgroups). Issue 24's benchmark; results in docs/benchmarks.md.
 
-The limit is the share (--fractions, 0.5 by default) of the program's peak RSS under IE. Attune's budget covers the memory it
-manages (allocations of at least the run threshold), so the program's other memory,
-measured under `attune run` without pressure (peak RSS less the managed peak), is taken
-off the budget: both run in the same total.
+The limit is the share (--fractions, 0.5 by default) of the program's peak RSS under IE.
+Where Attune's far memory lives (--far, as in bench/imme.py): `pool` (default) and `file`
+run `attune run` in a memory cgroup at the same limit as the kernel, without kernel swap,
+its far pages in the node's pool of an attuned of the harness (outside the cgroup, as the
+kernel's zram device is) or in the default far tier (a file, O_DIRECT); Attune's budget is
+the limit less the room: what a cgroup holds beyond the managed peaks during an
+unconstrained `attune run` (bench/imme.py, `held_peak` and `room_at`). `emulated` is the accounting before 2026-11-27: no
+cgroup, the far tier in the process, and the budget the limit less the program's other
+memory (peak RSS less the managed peak under `attune run` without pressure).
 
 A program of several processes (`mpi`: two Open MPI ranks under one `mpirun`) is measured
 as a job: its peak is its cgroup's (all processes and MPI's shared-memory segments, as the
@@ -16,7 +21,7 @@ kernel's limit counts them), the other memory is that peak under `attune run` wi
 pressure less the ranks' managed peaks, and what is left of the limit is divided among
 the ranks, since Attune's budget is per process.
 
-Usage: python3 bench/real_programs.py [--reps 3] [--fractions 0.5]
+Usage: python3 bench/real_programs.py [--reps 3] [--fractions 0.5] [--far pool]
                                      [--only numpy,igraph,zstd,sort,openmp,jemalloc,mpi,btree]
 """
 import argparse
@@ -38,6 +43,8 @@ import time
 EMULATED = os.environ.get("ATTUNE_BENCH_FAR", "memory,file")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import imme  # noqa: E402  (the fair accounting: Far, Daemon, ROOM_SLACK)
 ROOT = os.path.join(HERE, "..")
 ATT = os.path.join(ROOT, "build", "bin", "attune")
 PY = sys.executable
@@ -130,18 +137,14 @@ def job_peak(prefix, argv, env, work):
         once(wrap + prefix, argv, env, None, work)
         return int(open(os.path.join(g, "memory.max_usage_in_bytes")).read())
     finally:
-        for _ in range(50):
-            try:
-                os.rmdir(g)
-                break
-            except OSError:
-                time.sleep(0.1)
+        imme.remove_cgroup(g)
 
 
 def once(prefix, argv, env, check, work):
-    """(seconds, answer, killed, peak RSS in bytes of the largest process) of one run."""
+    """(seconds, answer, killed, peak RSS in bytes of the largest process) of one run. A
+    variable whose value is None in `env` is removed."""
     os.makedirs(work, exist_ok=True)
-    e = {**os.environ, **env, "W": work}
+    e = {k: v for k, v in {**os.environ, **env, "W": work}.items() if v is not None}
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t = time.perf_counter()
         p = subprocess.Popen(prefix + argv, stdout=out, stderr=err, env=e)
@@ -161,9 +164,10 @@ def once(prefix, argv, env, check, work):
     return secs, answer, killed, ru.ru_maxrss * 1024
 
 
-def footprint(argv, env, check, work, ranks=1):
+def footprint(argv, env, check, work, ranks=1, charged=False):
     """Peak RSS under IE, and the part of it Attune would not manage (a job's, for a
-    program of several processes)."""
+    program of several processes). With `charged`, that part is what a memory cgroup is
+    charged beyond the managed peaks (bench/imme.py, `footprint`)."""
     _, ans, _, rss = once([], argv, env, check, work)
     if ans is None:
         sys.exit(f"{argv}: no answer")
@@ -174,6 +178,18 @@ def footprint(argv, env, check, work, ranks=1):
             sys.exit(f"{argv}: no answer under attune run without pressure")
         r = json.load(open(rep.name))
     peaks = [p.get("peak_resident_bytes", 0) for p in r["per_process"]]
+    if charged:
+        # What a cgroup holds that its limit cannot reclaim (bench/imme.py, `held_peak`).
+        job = job_peak([], argv, env, work) if ranks > 1 else rss
+        os.makedirs(work, exist_ok=True)
+        with tempfile.NamedTemporaryFile(suffix=".json") as rep:
+            r, held = imme.held_peak(unpressured + ["--report", rep.name, "--"] + argv,
+                                     {k: v for k, v in {**os.environ, **env, "W": work}.items() if v is not None})
+            peaks = [p.get("peak_resident_bytes", 0) for p in json.load(open(rep.name))["per_process"]]
+        shutil.rmtree(work, ignore_errors=True)
+        if r["exit"] != 0:
+            sys.exit(f"{argv}: failed under attune run in a cgroup: {r['stderr'][-600:]}")
+        return job, max(held - sum(peaks), 0)
     if ranks > 1:
         job = job_peak([], argv, env, work)
         job_att = job_peak(unpressured + ["--"], argv, env, work)
@@ -187,12 +203,18 @@ def main():
     ap.add_argument("--only", default="numpy,igraph,zstd,sort,openmp,jemalloc")
     ap.add_argument("--fractions", default="0.5", help="limits as shares of the IE peak RSS, comma-separated")
     ap.add_argument("--skip-thread", action="store_true", help="leave out attune run under thread delivery")
+    ap.add_argument("--far", choices=imme.FARS, default="pool",
+                    help="Attune's far memory: pool (attuned's, outside the job's cgroup), file (the default far "
+                         "tier, in the cgroup's limit) or emulated (in the process, no cgroup)")
     a = ap.parse_args()
+    if a.far == "pool" and not os.path.exists(imme.ATTUNED):
+        sys.exit(f"{imme.ATTUNED} not found: run `make build` first")
     cols = ["IE (s)", "attune run"] + ([] if a.skip_thread else ["attune run (thread)"]) + ["kernel swap (zram)"]
     print("| program | IE peak RSS (MiB) | limit (MiB) | attune budget (MiB) | " + " | ".join(cols)
           + " | kernel / attune |")
     print("|---" * (len(cols) + 5) + "|", flush=True)
     d = tempfile.mkdtemp(prefix="attune-real-")
+    far = imme.Far(a.far, d)
     try:
         make_inputs(d)
         build(d)
@@ -204,26 +226,43 @@ def main():
             work = os.path.join(d, "w")
             if name == "mpi" and not os.path.exists(argv[3]):
                 sys.exit("mpi: mpicc not found (scripts/setup.sh installs Open MPI)")
-            foot, other = footprint(argv, env, check, work, RANKS.get(name, 1))
+            foot, other = footprint(argv, env, check, work, RANKS.get(name, 1), a.far != "emulated")
             for frac in map(float, a.fractions.split(",")):
                 jobs.append((name, argv, env, check, work, foot, other, frac))
         for name, argv, env, check, work, foot, other, frac in jobs:
             limit = int(foot * frac)
+            room = imme.room_at(other, foot, limit) if a.far != "emulated" else other
             # Per process: a job's budget is divided among its ranks.
-            budget = max((limit - other) // RANKS.get(name, 1), 16 << 20)
+            budget = max((limit - room) // RANKS.get(name, 1), 16 << 20)
+            att = [ATT, "run", "-q", "--dram", f"{budget >> 20}M"]
+            if a.far == "emulated":
+                att += ["--far", EMULATED]
+            else:
+                att = [ATT, "kernel-swap", "--limit", f"{limit >> 20}M", "--swap", "none", "--"] + att
             envs = {
                 "IE": [],
-                "attune run": [ATT, "run", "-q", "--far", EMULATED, "--dram", f"{budget >> 20}M", "--"],
-                "attune run (thread)": [ATT, "run", "-q", "--far", EMULATED, "--fault-mode", "thread", "--dram", f"{budget >> 20}M", "--"],
+                "attune run": att + ["--"],
+                "attune run (thread)": att + ["--fault-mode", "thread", "--"],
                 "kernel swap (zram)": [ATT, "kernel-swap", "--limit", f"{limit >> 20}M", "--swap", "memory", "--"],
             }
+            # The harness names Attune's far tiers (its pool's, or auto's) and the room.
+            fenv = far.env("IMME", room)
+            att_env = {k: fenv.get(k) for k in ("ATTUNE_LIMIT_ROOM", "ATTUNE_DAEMON", "ATTUNE_CONFIG", "ATTUNE_FAR")}
             if a.skip_thread:
                 del envs["attune run (thread)"]
             times = {k: [] for k in envs}
             answers, kills = {}, {k: 0 for k in envs}
             for _ in range(a.reps):
                 for k, prefix in envs.items():
-                    secs, ans, killed, _ = once(prefix, argv, env, check, work)
+                    daemon = far.start(limit) if k.startswith("attune") else None
+                    e = {**env, **att_env} if k.startswith("attune") else env
+                    if daemon:
+                        e["ATTUNE_SOCKET"] = daemon.sock
+                    try:
+                        secs, ans, killed, _ = once(prefix, argv, e, check, work)
+                    finally:
+                        if daemon:
+                            daemon.stop()
                     if killed:
                         kills[k] += 1
                         continue
@@ -235,15 +274,16 @@ def main():
                 sys.exit(f"{name}: answers differ between environments: {answers}")
             rows.append((name, foot, limit, budget, times, kills))
             ie = statistics.median(times["IE"])
-            att = statistics.median(times["attune run"])
+            att = statistics.median(times["attune run"]) if times["attune run"] else None
             print(f"| {name} | {foot >> 20} | {limit >> 20} ({frac:.0%}) | {budget >> 20} | " + " | ".join(
                 (f"{statistics.median(v):.2f} ({statistics.median(v) / ie:.2f}x)" if v else "OOM-killed")
                 + (f", {kills[k]} killed" if kills[k] and v else "")
                 for k, v in times.items()) + " | " + (
-                f"{statistics.median(times['kernel swap (zram)']) / att:.2f}x" if times["kernel swap (zram)"] else "-")
+                f"{statistics.median(times['kernel swap (zram)']) / att:.2f}x" if times["kernel swap (zram)"] and att
+                else "-")
                 + " |", flush=True)
         ratios = [statistics.median(t["kernel swap (zram)"]) / statistics.median(t["attune run"])
-                  for _, _, _, _, t, _ in rows if t["kernel swap (zram)"]]
+                  for _, _, _, _, t, _ in rows if t["kernel swap (zram)"] and t["attune run"]]
         if ratios:
             g = math.exp(sum(map(math.log, ratios)) / len(ratios))
             print(f"\ngeometric mean of kernel swap over attune run, where the kernel finished: {g:.2f}x")

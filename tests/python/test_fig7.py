@@ -40,6 +40,9 @@ def test_quick_mix(tmp_path):
     assert dm["policies"]["attuned"]["dram"] is not None
     if kernel:
         assert dm["policies"]["pool"]["dram"] is not None, "the pool policy ran through attuned"
+        # In its cgroup, the limit less every workflow's room (their parts outside Attune).
+        assert 0 < res["pool_policy_mib"] < res["node_mib"]
+        assert "for the pool policy: its cgroup's limit less their rooms" in (tmp_path / "fig7.md").read_text()
     for p in pols.split(","):
         assert res["totals"][p] > 0
     md = (tmp_path / "fig7.md").read_text()
