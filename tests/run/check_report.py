@@ -112,8 +112,11 @@ def main():
         for p in r["per_process"]:
             if p["peak_resident_bytes"] > p["budget_bytes"] + a.budget_slack:
                 fail(f"pid {p['pid']}: peak {p['peak_resident_bytes']} > budget {p['budget_bytes']} + {a.budget_slack}")
-            if p["evictions"] == 0 and a.min_procs:
-                fail(f"pid {p['pid']}: no evictions: the footprint never exceeded the budget")
+        # The run went over its budget somewhere. Not every process must: a forked pool
+        # worker that the scheduler gave no task holds only what it inherited (seen in CI:
+        # mp_fork's third worker, 0 faults, 0 evictions).
+        if a.min_procs and not any(p["evictions"] for p in r["per_process"]):
+            fail("no evictions: the footprint never exceeded the budget")
     t = r["totals"]
     if not isinstance(t.get("amplification"), (int, float)):
         fail("totals.amplification missing or not a number")
