@@ -378,6 +378,20 @@ pub fn forward_signals_to(child: i32) {
     }
 }
 
+/// For a launcher: passes signals on to `child` ([`forward_signals_to`]) and waits for it
+/// to end (a wait interrupted by a forwarded signal is resumed).
+pub fn wait_forwarding(
+    child: &mut std::process::Child,
+) -> std::io::Result<std::process::ExitStatus> {
+    forward_signals_to(child.id() as i32);
+    loop {
+        match child.wait() {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            r => return r,
+        }
+    }
+}
+
 /// For a launcher: the program `cmd` starts gets SIGKILL when the launcher dies, so a
 /// launcher killed with SIGKILL (which it cannot forward) does not leave its program
 /// running unsupervised. Set in the child between fork and exec; a launcher already gone

@@ -112,15 +112,9 @@ pub fn run(a: Args) -> i32 {
     // program, whose end this process waits for, then removes its swap device and cgroup;
     // a SIGKILL of this process takes the program with it (the next run cleans up).
     attune_sys::os::die_with_launcher(&mut cmd);
-    let status = cmd.spawn().and_then(|mut child| {
-        attune_sys::os::forward_signals_to(child.id() as i32);
-        loop {
-            match child.wait() {
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                r => break r,
-            }
-        }
-    });
+    let status = cmd
+        .spawn()
+        .and_then(|mut child| attune_sys::os::wait_forwarding(&mut child));
     let wall = t0.elapsed().as_secs_f64();
     let (min1, maj1) = attune_sys::os::children_faults();
     let peak = cg.max_usage();

@@ -354,15 +354,11 @@ pub fn run(a: Args) -> i32 {
             return fail(code, &format!("{}: {e}", path.display()));
         }
     };
-    attune_sys::os::forward_signals_to(child.id() as i32);
-    let status = loop {
-        match child.wait() {
-            Ok(s) => break s,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                eprintln!("attune run: waiting for the program failed: {e}");
-                return 2;
-            }
+    let status = match attune_sys::os::wait_forwarding(&mut child) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("attune run: waiting for the program failed: {e}");
+            return 2;
         }
     };
     let wall = t0.elapsed().as_secs_f64();
@@ -445,17 +441,12 @@ fn predict(
 
 /// The statistics directory of this run (`$TMPDIR/attune-run-<pid>-<i>`, mode 0700). A
 /// run killed with SIGKILL leaves its directory; the next run of the same user removes
-/// those whose `attune run` is gone (owned by this user: the directory is shared).
-/// The statistics directory: in $TMPDIR, else /tmp, else /var/tmp. A $TMPDIR this user
-/// cannot write (another user's, a read-only mount) does not lose the run; the far tier's
-/// scratch is chosen in the same order (`far = "auto"`).
+/// those whose `attune run` is gone (owned by this user: the directory is shared). In the
+/// first scratch directory this user can write, in the order the far tier's scratch is
+/// chosen: a $TMPDIR of another user or a read-only mount does not lose the run.
 fn tempdir() -> std::io::Result<PathBuf> {
     let mut last = std::io::Error::other("no directory to write in");
-    for base in [
-        std::env::temp_dir(),
-        PathBuf::from("/tmp"),
-        PathBuf::from("/var/tmp"),
-    ] {
+    for base in attune::config::scratch_dirs(&std::env::temp_dir()) {
         match make_tempdir(&base) {
             Ok(made) => {
                 attune_sys::mem::remove_stale(&base, "attune-run-", true);

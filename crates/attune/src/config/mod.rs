@@ -332,6 +332,13 @@ pub fn fs_class(magic: u64) -> attune_policy::far::FsClass {
     }
 }
 
+/// Where a process's scratch files may go, in the order they are tried: $TMPDIR (`tmpdir`),
+/// then /tmp and /var/tmp. The far tier's scratch (`far = "auto"`) and `attune run`'s
+/// statistics directory both take the first that serves.
+pub fn scratch_dirs(tmpdir: &std::path::Path) -> [PathBuf; 3] {
+    [tmpdir.to_path_buf(), "/tmp".into(), "/var/tmp".into()]
+}
+
 /// The node's far memory as `far = "auto"` weighs it: CPU-less NUMA nodes with memory,
 /// and the scratch directories ($TMPDIR, then /tmp and /var/tmp) by file system class.
 fn far_offer(tmpdir: &std::path::Path) -> attune_policy::far::Offer {
@@ -343,11 +350,8 @@ fn far_offer(tmpdir: &std::path::Path) -> attune_policy::far::Offer {
         .map(|n| n.id)
         .collect();
     let mut scratch: Vec<attune_policy::far::Scratch> = Vec::new();
-    for d in [
-        tmpdir,
-        std::path::Path::new("/tmp"),
-        std::path::Path::new("/var/tmp"),
-    ] {
+    for d in scratch_dirs(tmpdir) {
+        let d = d.as_path();
         let path = d.display().to_string();
         if !d.is_dir() || scratch.iter().any(|s| s.path == path) {
             continue;
