@@ -397,7 +397,8 @@ CGROUP_ROOT = "/sys/fs/cgroup/memory"
 
 def held_peak(cmd, env=None):
     """Runs `cmd` in a memory cgroup of the harness without a limit; returns the run (as
-    run_wait4) and the peak of what the cgroup held that a limit without swap cannot take
+    run_wait4), the cgroup's own peak (page cache included, as a limit counts it), and the
+    peak of what the cgroup held that a limit without swap cannot take
     back without harm: anonymous and shmem pages, and file pages mapped into the program
     (its libraries' code and data, in use; memory.stat `total_rss` + `total_shmem` +
     `total_mapped_file`, sampled every 5 ms, or the cgroup's peak less the page cache
@@ -434,7 +435,7 @@ def held_peak(cmd, env=None):
         done.set()
         t.join()
         remove_cgroup(g)
-    return r, max(peak[0], top - cached)
+    return r, max(peak[0], top - cached), top
 
 
 def remove_cgroup(g):
@@ -460,7 +461,7 @@ def footprint(prog, bar, label, cgroup=False):
     rep = tempfile.mktemp(suffix=".json")
     bar.set_description(f"{label} managed share")
     cmd = [ATT, "run", "-q", "--dram", "100%", "--report", rep, "--"] + prog
-    r, held = held_peak(cmd) if cgroup else (run_wait4(cmd), 0)
+    r, held, _ = held_peak(cmd) if cgroup else (run_wait4(cmd), 0, 0)
     managed = 0
     if os.path.exists(rep):
         with open(rep) as f:

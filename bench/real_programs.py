@@ -124,27 +124,36 @@ def build(d):
                         os.path.join(d, "mpi_exchange")], check=True)
 
 
-CGROUP_ROOT = "/sys/fs/cgroup/memory"
+def run_env(env, work):
+    """A program's environment: ours, its own, W=work; a variable set to None is removed."""
+    return {k: v for k, v in {**os.environ, **env, "W": work}.items() if v is not None}
+
+
+def in_cgroup(cmd, env, work):
+    """(held, peak) of `cmd` in a memory cgroup of ours without a limit: what it held that
+    a limit cannot reclaim, and the cgroup's peak as the kernel's limit counts it (every
+    process, shared memory and page cache included; bench/imme.py, `held_peak`)."""
+    os.makedirs(work, exist_ok=True)
+    try:
+        r, held, peak = imme.held_peak(cmd, run_env(env, work))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if r["exit"] != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({r['exit']}) in a cgroup: {r['stderr'][-600:]}")
+    return held, peak
 
 
 def job_peak(prefix, argv, env, work):
     """Peak memory of a whole job (every process, shared memory included) in a cgroup of
     ours without a limit, as the kernel's limit would count it."""
-    g = os.path.join(CGROUP_ROOT, f"attune-real-{os.getpid()}")
-    os.mkdir(g)
-    try:
-        wrap = ["sh", "-c", f'echo $$ > {g}/cgroup.procs && exec "$@"', "sh"]
-        once(wrap + prefix, argv, env, None, work)
-        return int(open(os.path.join(g, "memory.max_usage_in_bytes")).read())
-    finally:
-        imme.remove_cgroup(g)
+    return in_cgroup(prefix + argv, env, work)[1]
 
 
 def once(prefix, argv, env, check, work):
     """(seconds, answer, killed, peak RSS in bytes of the largest process) of one run. A
     variable whose value is None in `env` is removed."""
     os.makedirs(work, exist_ok=True)
-    e = {k: v for k, v in {**os.environ, **env, "W": work}.items() if v is not None}
+    e = run_env(env, work)
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t = time.perf_counter()
         p = subprocess.Popen(prefix + argv, stdout=out, stderr=err, env=e)
@@ -166,32 +175,26 @@ def once(prefix, argv, env, check, work):
 
 def footprint(argv, env, check, work, ranks=1, charged=False):
     """Peak RSS under IE, and the part of it Attune would not manage (a job's, for a
-    program of several processes). With `charged`, that part is what a memory cgroup is
-    charged beyond the managed peaks (bench/imme.py, `footprint`)."""
+    program of several processes). With `charged`, that part is what a memory cgroup holds
+    beyond the managed peaks and its limit could not reclaim (`in_cgroup`)."""
     _, ans, _, rss = once([], argv, env, check, work)
     if ans is None:
         sys.exit(f"{argv}: no answer")
     unpressured = [ATT, "run", "-q", "--dram", "100%"]
+    job = job_peak([], argv, env, work) if ranks > 1 else rss
+    if charged:
+        # One unconstrained run, in a cgroup: what it holds beyond the managed peaks.
+        with tempfile.NamedTemporaryFile(suffix=".json") as rep:
+            held, _ = in_cgroup(unpressured + ["--report", rep.name, "--"] + argv, env, work)
+            peaks = [p.get("peak_resident_bytes", 0) for p in json.load(open(rep.name))["per_process"]]
+        return job, max(held - sum(peaks), 0)
     with tempfile.NamedTemporaryFile(suffix=".json") as rep:
         _, ans, _, rss_att = once(unpressured + ["--report", rep.name, "--"], argv, env, check, work)
         if ans is None:
             sys.exit(f"{argv}: no answer under attune run without pressure")
         r = json.load(open(rep.name))
     peaks = [p.get("peak_resident_bytes", 0) for p in r["per_process"]]
-    if charged:
-        # What a cgroup holds that its limit cannot reclaim (bench/imme.py, `held_peak`).
-        job = job_peak([], argv, env, work) if ranks > 1 else rss
-        os.makedirs(work, exist_ok=True)
-        with tempfile.NamedTemporaryFile(suffix=".json") as rep:
-            r, held = imme.held_peak(unpressured + ["--report", rep.name, "--"] + argv,
-                                     {k: v for k, v in {**os.environ, **env, "W": work}.items() if v is not None})
-            peaks = [p.get("peak_resident_bytes", 0) for p in json.load(open(rep.name))["per_process"]]
-        shutil.rmtree(work, ignore_errors=True)
-        if r["exit"] != 0:
-            sys.exit(f"{argv}: failed under attune run in a cgroup: {r['stderr'][-600:]}")
-        return job, max(held - sum(peaks), 0)
     if ranks > 1:
-        job = job_peak([], argv, env, work)
         job_att = job_peak(unpressured + ["--"], argv, env, work)
         return job, max(job_att - sum(peaks), 0)
     return rss, max(rss_att - max(peaks, default=0), 0)

@@ -72,6 +72,32 @@ def test_the_default_far_tier_in_the_jobs_cgroup(tmp_path):
     assert "`--far file`" in md and "Peak of the job's memory cgroup" in md
 
 
+@pytest.mark.skipif(not os.path.exists(ATT) or os.geteuid() != 0, reason="make build first; root to become nobody")
+def test_a_user_who_is_not_root_gets_the_emulated_accounting_said():
+    # No cgroup for a user who is not root: the harness says so and measures the old way,
+    # rather than failing or pretending the runs were in the job's limit.
+    import pathlib
+    import shutil
+    import tempfile
+    # The system's interpreter: root's own (pyenv under /root) is not nobody's to run; the
+    # harness needs only the standard library for a C workload (no plots without matplotlib).
+    if not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("no /usr/bin/python3")
+    out = pathlib.Path(tempfile.mkdtemp(prefix="attune-imme-nobody-"))   # pytest's is root's alone
+    try:
+        os.chmod(out, 0o777)
+        r = subprocess.run(["runuser", "-u", "nobody", "--", "/usr/bin/python3", os.path.join(ROOT, "bench", "imme.py"),
+                            "--quick", "--reps", "1", "--only", "dgemm", "--envs", "IE,TME", "--out", str(out)],
+                           capture_output=True, text=True, timeout=600, env=dict(os.environ, HOME="/tmp"))
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert "--far pool: no cgroup for Attune's runs" in r.stderr and "--far emulated" in r.stderr, r.stderr[-2000:]
+        res = json.load(open(out / "imme.json"))
+        assert res["far"] == "emulated" and res["workloads"]["dgemm"]["envs"]["TME"]["ok"]
+        assert "`--far emulated`" in (out / "imme.md").read_text()
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def test_rejects_bad_arguments(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "imme.py"), "--outside", "1.5",
                         "--out", str(tmp_path)], capture_output=True, text=True)
