@@ -22,6 +22,8 @@ METRICS = [
     ("fault-attune-signal", "fault_median_us", False),
     ("seq-attune-thread", "seq_read_gbps", True),
     ("seq-attune-signal", "seq_read_gbps", True),
+    ("seq-attune-thread", "fill_evict_gbps", True),
+    ("seq-attune-signal", "fill_evict_gbps", True),
     ("rand-attune-thread", "updates_per_s", True),
     ("rand-attune-signal", "updates_per_s", True),
     ("rand-kswap-memory", "updates_per_s", True),
