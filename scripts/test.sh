@@ -337,6 +337,7 @@ gcc -O2 tests/run/c_matrix.c -o "$RT/c_matrix" && gcc -O2 tests/run/fork_exec.c 
   && gcc -O2 tests/run/madvise_zero.c -o "$RT/madvise_zero" && gcc -O2 tests/run/munmap_part.c -o "$RT/munmap_part" \
   && gcc -O2 tests/run/crash.c -o "$RT/crash" && gcc -O2 tests/run/rand_update.c -o "$RT/rand_update" \
   && gcc -O2 tests/run/small_syscall_args.c -o "$RT/small_syscall_args" \
+  && gcc -O2 tests/run/fork_first.c -o "$RT/fork_first" \
   && gcc -O2 -static tests/run/crash.c -o "$RT/crash_static" \
   && g++ -O2 -std=c++17 tests/run/cpp_vectors.cpp -o "$RT/cpp_vectors" -lpthread \
   && gcc -O2 -fopenmp tests/run/omp_stream.c -o "$RT/omp_stream" || { fail=$((fail+1)); failed+=(build-run-tests); }
@@ -388,6 +389,10 @@ expect run-inject-unknown-point 0 "ATTUNE_INJECT: unknown point 'handler-panik'.
 expect run-small-bash 0 "^hi$" "$ATT" run -q --small -- bash -c 'echo hi'
 expect run-small-bash-info 0 "^hi$" env ATTUNE_LOG=info "$ATT" run -q --small -- bash -c 'echo hi'
 expect run-small-python 0 "^499999500000$" "$ATT" run -q --small -- python3 -c 'print(sum(range(10**6)))'
+# --small and a fork before the first allocation (GNU time does so): the child's first
+# small request once waited forever on the allocator's fork gate (KILL after 60 s: a hung
+# child would outlive the timeout's TERM of `attune run`).
+expect run-small-fork-first 0 "parent and child OK" timeout -s KILL 60 "$ATT" run -q --small -- "$RT/fork_first"
 # --small: path strings and stat buffers moved out by the budget, then passed to stat(2),
 # which no wrapper covers: the arenas take the handler thread (auto), so the kernel's
 # access faults them back (before: EFAULT on every call).

@@ -45,6 +45,7 @@ struct Index(Cell<usize>);
 impl Drop for Index {
     fn drop(&mut self) {
         let i = self.0.get();
+        let _ = MY_SLOT.try_with(|m| m.set(NONE));
         if i < SLOTS {
             OWNER_TP[i].store(0, Relaxed);
             OWNED[i].store(false, Release);
@@ -54,6 +55,11 @@ impl Drop for Index {
 
 thread_local! {
     static INDEX: Index = const { Index(Cell::new(NONE)) };
+    /// A copy of `INDEX` without a destructor: reading it never registers one. The first
+    /// access to `INDEX` in a thread registers its destructor through glibc, which
+    /// allocates; in a forked child that allocation waited forever on the gate `reset`
+    /// was about to open (`attune run --small -- /usr/bin/time true` hung).
+    static MY_SLOT: Cell<usize> = const { Cell::new(NONE) };
 }
 
 /// This thread's slot, claimed on first use; NONE when all are taken or during the
@@ -70,6 +76,16 @@ fn index() -> usize {
     index_slow(tp)
 }
 
+/// This thread's slot if it has claimed one, found without claiming one and without
+/// touching `INDEX` (whose first access allocates).
+fn own_slot() -> usize {
+    let tp = attune_sys::os::thread_pointer();
+    if tp != 0 && OWNER_TP[home(tp)].load(Relaxed) == tp {
+        return home(tp);
+    }
+    MY_SLOT.try_with(|m| m.get()).unwrap_or(NONE)
+}
+
 #[cold]
 fn index_slow(tp: usize) -> usize {
     INDEX
@@ -84,6 +100,7 @@ fn index_slow(tp: usize) -> usize {
                 let o = &OWNED[k];
                 if !o.load(Relaxed) && o.compare_exchange(false, true, AcqRel, Relaxed).is_ok() {
                     ix.0.set(k);
+                    MY_SLOT.with(|m| m.set(k));
                     if tp != 0 && k == h {
                         OWNER_TP[k].store(tp, Relaxed);
                     }
@@ -158,8 +175,9 @@ impl ThreadGate {
 
     /// In the child of a fork (one thread): the threads counted inside do not exist there,
     /// their slots are free again, and the child's mm registers for membarrier anew.
+    /// Allocates nothing: the gate is still closed, and an allocation would wait on it.
     pub fn reset(&self) {
-        let me = index();
+        let me = own_slot();
         for (k, o) in OWNED.iter().enumerate() {
             if k != me {
                 OWNER_TP[k].store(0, Relaxed);
