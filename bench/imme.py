@@ -329,8 +329,15 @@ def pool_config(tmp):
     return p
 
 
-def measure(envname, prog, total, managed, flags, reps, bar, label, chunk=None, limit=None, far=None, room=0):
+def measure(envname, prog, total, managed, flags, reps, bar, label, chunk=None, limit=None, far=None, room=0,
+            held=0):
     far = far or Far("emulated", None)
+    why = no_room(far.kind, total, held) if envname in ("TME", "IMME") else None
+    if why:
+        bar.update(reps)
+        return {"ok": False, "median": float("nan"), "min": float("nan"), "max": float("nan"),
+                "majflt": 0, "minflt": 0, "moved_pages": 0, "cgroup_peak": None, "result": "",
+                "errors": [why], "oom_killed": False, "cut": False, "setup_failed": None, "no_room": why}
     runs = []
     for _ in range(reps):
         rep = tempfile.mktemp(suffix=".json")
@@ -382,14 +389,29 @@ def measure(envname, prog, total, managed, flags, reps, bar, label, chunk=None, 
     }
 
 
+# The least DRAM budget a run under Attune is given (attune_budget's floor).
+MIN_ATTUNE_BUDGET = 8 << 20
+
+
+def no_room(far_kind, budget, held):
+    """Why Attune cannot run in the job's limit, or None: what the program holds outside
+    Attune's regions (interpreter, small objects, libraries) must fit under the limit with
+    the least budget; past it the kernel kills the program whatever Attune does (a run
+    would only say OOM-killed). Emulated far memory is outside every limit: never."""
+    if far_kind == "emulated" or held + MIN_ATTUNE_BUDGET <= budget:
+        return None
+    return (f"{held / 2**20:.0f} MiB held outside Attune's regions against a "
+            f"{budget / 2**20:.0f} MiB limit")
+
+
 def attune_budget(far_kind, budget, unmanaged, room):
     """Attune's DRAM budget at a total budget: in the job's cgroup, the limit less the room
     (what the process holds outside its regions, the runtime's moving parts); emulated,
     what the budget leaves after the program's unmanaged part alone (its far tier is in
     the process, outside any limit)."""
     if far_kind == "emulated":
-        return max(budget - unmanaged, 8 << 20)
-    return max(budget - room, 8 << 20)
+        return max(budget - unmanaged, MIN_ATTUNE_BUDGET)
+    return max(budget - room, MIN_ATTUNE_BUDGET)
 
 
 CGROUP_ROOT = "/sys/fs/cgroup/memory"
@@ -502,7 +524,8 @@ def plots(res, out, sweep, chunks):
         ax.bar(pos, vals, width, label=e)
         for p, x in zip(pos, xs):
             if x and not x.get("ok"):
-                mark = "OOM" if x.get("oom_killed") else ("cut" if x.get("cut") else "X")
+                mark = ("OOM" if x.get("oom_killed") else "cut" if x.get("cut")
+                        else "no room" if x.get("no_room") else "X")
                 ax.text(p, 1.0, mark, rotation=90, fontsize=7, ha="center", va="bottom")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names)
     ax.set_ylabel("time / IE time")
@@ -580,6 +603,8 @@ def markdown(res, cmdline):
             x = e.get(n)
             if x and x.get("setup_failed"):
                 cells.append("n/a (set-up)")
+            elif x and x.get("no_room"):
+                cells.append("no room")
             elif x and x.get("oom_killed"):
                 cells.append("OOM-killed")
             elif x and x.get("cut"):
@@ -603,6 +628,11 @@ def markdown(res, cmdline):
                       for n, x in r["envs"].items() if x.get("setup_failed")})
     if missing:
         s.append("\nn/a (set-up): the environment could not be set up (" + "; ".join(missing) + ").")
+    roomless = [f"{w}: {r['envs'][n]['no_room']}" for w, r in res["workloads"].items()
+                for n in envs if r["envs"].get(n, {}).get("no_room")]
+    if roomless:
+        s.append("\nno room: not run, the program's own memory outside Attune's regions leaves no "
+                 "budget under the limit, and the kernel would kill it (" + "; ".join(dict.fromkeys(roomless)) + ").")
     if res.get("far", "emulated") != "emulated":
         # Every environment but IE in a cgroup at the budget: the peak each reached.
         cg = [n for n in envs if n != "IE"]
@@ -737,8 +767,9 @@ def main():
                  "unmanaged": unmanaged, "managed_peak": managed_peak, "held": outside_attune, "room": room, "budget": budget, "managed_budget": managed_budget, "envs": {}}
             for e in envs:
                 r["envs"][e] = measure(e, prog, budget, managed_budget, flags, a.reps, bar, name, limit=limit,
-                                       far=far, room=room)
-                failed += not r["envs"][e]["ok"] and not r["envs"][e]["cut"] and e in ("IE", "TME", "IMME")
+                                       far=far, room=room, held=outside_attune)
+                x = r["envs"][e]
+                failed += not x["ok"] and not x["cut"] and not x.get("no_room") and e in ("IE", "TME", "IMME")
             ie = r["envs"].get("IE", {}).get("median")
             for e in r["envs"].values():
                 e["normalized"] = e["median"] / ie if ie else float("nan")
@@ -758,7 +789,7 @@ def main():
                     for e in ("TME", "IMME", "CBE-mem"):
                         if e in envs:
                             m = measure(e, prog, budget, mbud, flags, a.reps, bar, f"{name} {int(out * 100)}%",
-                                        far=far, room=room)
+                                        far=far, room=room, held=r["held"])
                             p[e] = m["median"] / ie if m["ok"] else float("nan")
                     pts.append(p)
                 res["sweep"][name] = pts
@@ -773,7 +804,7 @@ def main():
                     # TME: in attuned mode a LAT region always moves 4 KiB (policy), which
                     # would hide the chunk size being swept.
                     m = measure("TME", prog, r["budget"], r["managed_budget"], flags, a.reps, bar, f"{name} {c}", chunk=c,
-                                far=far, room=r["room"])
+                                far=far, room=r["room"], held=r["held"])
                     pts.append({"chunk": c, "normalized": m["median"] / ie if m["ok"] else float("nan")})
                 res["chunks"][name] = pts
     except KeyboardInterrupt:
@@ -800,7 +831,8 @@ def main():
         for e, x in r["envs"].items():
             if not x["ok"]:
                 what = ("cut" if x.get("cut") else "OOM-killed" if x.get("oom_killed")
-                        else "set-up failed" if x.get("setup_failed") else "FAILED")
+                        else "set-up failed" if x.get("setup_failed")
+                        else "no room" if x.get("no_room") else "FAILED")
                 print(f"{w} {e}: {what} {x['result']} {''.join(x['errors'])[-400:]}", file=sys.stderr)
     sys.exit(130 if res.get("interrupted") else 1 if failed else 0)
 

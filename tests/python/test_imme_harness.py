@@ -180,3 +180,33 @@ def test_environments_left_out_are_not_columns_of_failures():
     assert "| IE | TME | IMME | IMME vs TME |" in md
     assert "| X | LAT | 1024 MiB | 512 MiB | 1.00 | 2.00 | 1.00 | 2.00x |" in md
     assert "| x | 0/5/7 | 0/5/7 |" in md
+
+
+def test_no_room_when_the_programs_own_memory_fills_the_limit():
+    # DL and SC at 30% (2026-11-28): the interpreter and small objects alone held more than
+    # the limit, and the runs were OOM-killed whatever Attune did. They are not run now,
+    # and the table says why, with the figures.
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import imme
+    mib = 1 << 20
+    assert imme.no_room("pool", 102 * mib, 116 * mib).startswith("116 MiB held outside")
+    assert imme.no_room("pool", 102 * mib, 95 * mib) is not None      # 8 MiB least budget
+    assert imme.no_room("pool", 102 * mib, 94 * mib) is None
+    assert imme.no_room("file", 102 * mib, 116 * mib) is not None
+    assert imme.no_room("emulated", 102 * mib, 116 * mib) is None    # far memory outside any limit
+    from types import SimpleNamespace
+    bar = SimpleNamespace(update=lambda n=1: None, set_description=lambda d: None)
+    x = imme.measure("IMME", ["/bin/false"], 102 * mib, 8 * mib, "BW", 1, bar, "dl",
+                     far=imme.Far("pool", None), room=124 * mib, held=116 * mib)
+    assert not x["ok"] and x["no_room"] and not x["oom_killed"]
+    # CBE is measured as before: only Attune's runs need room for a budget.
+    assert imme.no_room("pool", 102 * mib, 116 * mib) and "no_room" not in imme.measure(
+        "IE", ["/bin/true"], 102 * mib, 8 * mib, "BW", 1, bar, "dl", held=116 * mib)
+    res = {"date": "d", "reps": 1, "outside": 0.7, "far": "pool", "workloads": {"dl": {
+        "title": "DL", "flags": "BW", "footprint": 342 * mib, "budget": 102 * mib,
+        "envs": {"IE": {"ok": True, "cut": False, "median": 1.0, "min": 1.0, "max": 1.0, "normalized": 1.0,
+                        "majflt": 0, "minflt": 0, "moved_pages": 0},
+                 "IMME": dict(x, normalized=float("nan"))}}}}
+    md = imme.markdown(res, "cmd")
+    assert "| DL | BW | 342 MiB | 102 MiB | 1.00 | no room |" in md, md
+    assert "no room: not run" in md and "dl: 116 MiB held outside Attune's regions against a 102 MiB limit" in md
