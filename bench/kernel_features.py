@@ -10,6 +10,7 @@ Usage: python3 bench/kernel_features.py [--reps 3] [--masks ",-move,-poison,-all
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -38,7 +39,10 @@ def once(attune, mask, only):
     if r.returncode != 0:
         sys.exit(f"ATTUNE_KERNEL_FEATURES={mask} {' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
     got = {}
-    for s in json.load(open(os.path.join(out, "bench.json")))["results"]:
+    with open(os.path.join(out, "bench.json")) as f:
+        results = json.load(f)["results"]
+    shutil.rmtree(out, ignore_errors=True)
+    for s in results:
         for k, v in s.get("metrics", {}).items():
             got[(s["scenario"], k)] = v["median"]
     return got
