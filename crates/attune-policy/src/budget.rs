@@ -22,20 +22,9 @@ pub fn overrun(resident: u64, budget: u64) -> u64 {
 /// fault (signal delivery) evicts for itself and wakes it only past the budget: the
 /// evictor's moves on the other CPU would interrupt its own. A handler thread serves many
 /// faulting threads and gains from the evictor keeping the headroom (the high watermark).
-/// One exception for an inline thread: a stream (`read_ahead`, the fault brings more than
-/// the touched chunk) where eviction copies (no `UFFDIO_MOVE`). Each byte it brings in
-/// then sends a byte out by a copy, which costs it more than the interruptions; scattered
-/// faults evict scattered runs, where the interruptions still cost more.
-/// Measured: docs/benchmarks-history.md, "Why eviction stays one move per run", and
-/// "Eviction by copy beside a stream".
-pub fn wake_evictor_above(
-    budget: u64,
-    high: u64,
-    resolves_inline: bool,
-    evict_copies: bool,
-    read_ahead: bool,
-) -> u64 {
-    if resolves_inline && !(evict_copies && read_ahead) {
+/// Measured: docs/benchmarks-history.md, "Why eviction stays one move per run".
+pub fn wake_evictor_above(budget: u64, high: u64, resolves_inline: bool) -> u64 {
+    if resolves_inline {
         budget
     } else {
         high
@@ -118,18 +107,8 @@ mod tests {
 
     #[test]
     fn the_evictor_is_woken_and_stops_by_who_asks() {
-        // (inline, evict_copies, read_ahead) -> wake above
-        for (inline, copies, ahead, want) in [
-            (true, false, false, 100),
-            (true, false, true, 100),
-            (true, true, false, 100),
-            // A stream whose evictions copy: the evictor keeps the headroom.
-            (true, true, true, 90),
-            (false, false, false, 90),
-            (false, true, true, 90),
-        ] {
-            assert_eq!(wake_evictor_above(100, 90, inline, copies, ahead), want);
-        }
+        assert_eq!(wake_evictor_above(100, 90, true), 100);
+        assert_eq!(wake_evictor_above(100, 90, false), 90);
         assert_eq!(evictor_keep_below(100, 90, true), 90);
         assert_eq!(evictor_keep_below(100, 90, false), 100);
         assert_eq!((overrun(120, 100), overrun(80, 100)), (20, 0));

@@ -189,12 +189,9 @@ fn claim_readahead(e: &Pager, r: &Region, c: usize, src: Where, tier: usize) -> 
 /// under the budget: a woken evictor runs on another CPU, and every move of either one
 /// then flushes the other's TLB by IPI, where a lone thread's flushes stay local. A
 /// handler thread serves many faulting threads and gains from the evictor working beside
-/// it. `read_ahead`: the fault brings a run (a stream); where eviction copies, the
-/// evictor then keeps the headroom for an inline thread too. The rule is
-/// `attune_policy::budget::wake_evictor_above`; the measurements are in
-/// docs/benchmarks-history.md, "Why eviction stays one move per run" and "Eviction by copy
-/// beside a stream".
-fn reserve_dram(e: &Pager, bytes: u64, inline: bool, read_ahead: bool) {
+/// it. The rule is `attune_policy::budget::wake_evictor_above`; the measurements are in
+/// docs/benchmarks-history.md, "Why eviction stays one move per run".
+fn reserve_dram(e: &Pager, bytes: u64, inline: bool) {
     e.reserving.fetch_add(bytes, AcqRel);
     let now = e.resident.fetch_add(bytes, AcqRel) + bytes;
     let (high, _) = e.watermarks();
@@ -206,8 +203,7 @@ fn reserve_dram(e: &Pager, bytes: u64, inline: bool, read_ahead: bool) {
             e.counters.budget_overruns.fetch_add(1, Relaxed);
         }
     }
-    let wake_above =
-        budget::wake_evictor_above(e.budget(), high, inline, !e.moves_pages(), read_ahead);
+    let wake_above = budget::wake_evictor_above(e.budget(), high, inline);
     if e.resident.load(Relaxed) > wake_above {
         e.wake_evictor.notify();
     }
@@ -281,7 +277,7 @@ fn place_run(
         0
     };
     let len = n * r.chunk;
-    reserve_dram(e, len as u64, r.delivery == Delivery::Signal, n > 1);
+    reserve_dram(e, len as u64, r.delivery == Delivery::Signal);
     let run = Run {
         c,
         n,
