@@ -393,6 +393,10 @@ expect run-small-python 0 "^499999500000$" "$ATT" run -q --small -- python3 -c '
 # small request once waited forever on the allocator's fork gate (KILL after 60 s: a hung
 # child would outlive the timeout's TERM of `attune run`).
 expect run-small-fork-first 0 "parent and child OK" timeout -s KILL 60 "$ATT" run -q --small -- "$RT/fork_first"
+# --small, Python multiprocessing and a budget that moves arena pages out: starting the
+# child's handler thread reads arena memory (locale data, the new thread's DTV); each
+# worker hung until the child served its faults inline while its threads start.
+expect run-small-multiprocessing-fork 0 "mp_fork: OK" timeout -s KILL 120 "$ATT" run -q --small --dram 32M -- python3 tests/run/mp_fork.py 64
 # --small: path strings and stat buffers moved out by the budget, then passed to stat(2),
 # which no wrapper covers: the arenas take the handler thread (auto), so the kernel's
 # access faults them back (before: EFAULT on every call).

@@ -90,12 +90,19 @@ impl Engine {
 
     /// Starts the background threads (evictor, fault handler, NUMA heat scanner, sampler):
     /// at start, and in a forked child, which has none of its parent's threads.
-    pub(crate) fn start_threads(self: &'static Self) -> Result<(), InitError> {
+    /// Starts the runtime's threads; returns how many. Each counts itself in
+    /// `threads_started` when its body begins.
+    pub(crate) fn start_threads(self: &'static Self) -> Result<u32, InitError> {
         let pager = &self.pager;
         let cfg = &pager.cfg;
+        let spawned = std::cell::Cell::new(0u32);
         let spawn = |name: &str, what: &str, f: Box<dyn FnOnce() + Send>| {
-            attune_sys::os::spawn_runtime_thread(name, f)
-                .map(|_| ())
+            let body = move || {
+                pager.threads_started.fetch_add(1, AcqRel);
+                f()
+            };
+            attune_sys::os::spawn_runtime_thread(name, body)
+                .map(|_| spawned.set(spawned.get() + 1))
                 .map_err(|e| InitError(format!("cannot start the {what} thread: {e}")))
         };
         spawn(
@@ -122,7 +129,7 @@ impl Engine {
                 Box::new(move || crate::paging::sampler::sampler_loop(pager)),
             )?;
         }
-        Ok(())
+        Ok(spawned.get())
     }
 }
 

@@ -28,6 +28,7 @@ use crate::engine::Engine;
 use crate::paging::{Pager, MAX_RUN};
 use crate::region::SHARED;
 use crate::sync::thread_gate::ThreadGate;
+use attune_sys::uffd::Delivery;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 use std::sync::Mutex;
 
@@ -111,19 +112,33 @@ pub(crate) fn child(e: Option<&'static Engine>, small: Option<&ThreadGate>) -> b
         return ADOPTED_OK.load(Acquire);
     }
     let ok = match e {
-        None => true,
+        None => {
+            if let Some(g) = small {
+                g.reset();
+            }
+            true
+        }
         Some(e) => {
             let ok = QUIESCED.load(Acquire) && take_over(e).is_ok();
             if !ok {
                 abandon(&e.pager);
             }
+            // Open before the threads start: starting one faults (served inline).
             e.pager.gate.reset();
-            ok
+            if let Some(g) = small {
+                g.reset();
+            }
+            let served = ok
+                && start_serving(e)
+                    .map_err(|m| crate::log::emit(crate::log::Level::Error, &format!("fork: {m}")))
+                    .is_ok();
+            if ok && !served {
+                // Loud, never zeros: the child cannot serve what it inherited.
+                abandon(&e.pager);
+            }
+            served
         }
     };
-    if let Some(g) = small {
-        g.reset();
-    }
     ADOPTED_OK.store(ok, Release);
     ADOPTED_PID.store(pid, Release);
     restore_mask();
@@ -153,6 +168,9 @@ fn take_over(e: &'static Engine) -> Result<(), String> {
         t.reopen_in_child(internal)
             .map_err(|x| format!("tier '{}': {x}", t.name()))?;
     }
+    // Until the child's threads run, faults are resolved by the thread that takes them
+    // (`Pager::serving_inline`, switched back in `start_serving`).
+    p.serving_inline.store(true, Release);
     {
         let table = p.regions.read().unwrap_or_else(|p| p.into_inner());
         for r in table.iter() {
@@ -176,8 +194,59 @@ fn take_over(e: &'static Engine) -> Result<(), String> {
     }
     p.reset_event_counters();
     p.forks.fetch_add(1, Release);
-    e.start_threads().map_err(|x| x.0)?;
     Ok(())
+}
+
+/// How long the child waits for its runtime threads to begin.
+const START_TIMEOUT_NS: u64 = 5_000_000_000;
+
+/// The child's threads, started while every region is served inline: creating a thread
+/// and its start in glibc read memory the program allocated, which is managed under
+/// `--small` (the locale data `__ctype_init` reads, the DTV `pthread_create` allocates). Had
+/// the arena pages been moved out, those threads would have waited for a handler thread
+/// that was not running yet (`attune run --small --dram 32M -- python3
+/// tests/run/mp_fork.py 64` hung in every worker). Once every thread's body has begun,
+/// the thread-delivery regions go back to the handler thread's userfaultfd, with the
+/// gate closed so that no eviction is moving their pages meanwhile. The runtime's
+/// threads touch no managed memory of their own, and the forking thread touches none
+/// between the two registrations.
+fn start_serving(e: &'static Engine) -> Result<(), String> {
+    let p = &e.pager;
+    let before = p.threads_started.load(Acquire);
+    let started = e.start_threads().map_err(|x| x.0)?;
+    let t0 = attune_sys::os::now_ns();
+    while p.threads_started.load(Acquire).wrapping_sub(before) < started {
+        if attune_sys::os::now_ns() - t0 > START_TIMEOUT_NS {
+            return Err("the runtime's threads did not start within 5 s".into());
+        }
+        attune_sys::os::sleep_us(200);
+    }
+    if !p.gate.close(QUIESCE_TIMEOUT_NS) {
+        p.gate.open();
+        return Err("the runtime's threads did not settle within 5 s".into());
+    }
+    let mut res = Ok(());
+    {
+        let table = p.regions.read().unwrap_or_else(|p| p.into_inner());
+        for r in table.iter().filter(|r| r.delivery == Delivery::Thread) {
+            if let Err(x) = p
+                .uffd_signal
+                .unregister(r.base, r.len)
+                .and_then(|_| p.uffd_thread.register(r.base, r.len, p.region_mode()))
+            {
+                res = Err(format!(
+                    "region at {:#x} back to the handler thread: {x}",
+                    r.base
+                ));
+                break;
+            }
+        }
+    }
+    if res.is_ok() {
+        p.serving_inline.store(false, Release);
+    }
+    p.gate.open();
+    res
 }
 
 /// The child cannot serve its managed memory: unmap it, so a touch faults loudly instead

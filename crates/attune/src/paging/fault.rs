@@ -406,7 +406,7 @@ fn publish_run(e: &Pager, r: &Region, run: &Run, fault_ns: u64, result: Result<(
             crate::log::emit_static("attune: error: a page could not be read back from its tier (");
             crate::log::emit_static(errno_name(err));
             crate::log::emit_static("); the access fails with SIGBUS\n");
-            if r.delivery == Delivery::Thread {
+            if r.delivery == Delivery::Thread && !e.serving_inline.load(Acquire) {
                 let _ = uffd.poison(dst, len);
             }
             for i in 0..n {
@@ -533,7 +533,7 @@ pub fn on_sigbus(e: &Pager, addr: usize) -> bool {
     }
     let _in = e.enter();
     match e.find(addr) {
-        Some(r) if r.delivery == Delivery::Signal => {
+        Some(r) if r.delivery == Delivery::Signal || e.serving_inline.load(Acquire) => {
             crate::inject::at(crate::inject::Point::Signal);
             resolve(e, &r, addr)
         }

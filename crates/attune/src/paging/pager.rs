@@ -182,6 +182,13 @@ pub struct Pager {
     /// Operations that claim chunks or take engine locks run inside it; a fork waits
     /// until none is in flight (`crate::fork`).
     pub(crate) gate: crate::sync::gate::Gate,
+    /// A forked child starting its runtime threads (`crate::fork`): thread-delivery regions
+    /// are registered on the signal userfaultfd meanwhile, so whoever faults resolves the
+    /// fault itself; the handler thread cannot serve before it runs, and starting it reads
+    /// memory the program allocated (locale data, the new thread's DTV under `--small`).
+    pub(crate) serving_inline: AtomicBool,
+    /// Runtime threads whose body has begun (glibc's thread start-up done).
+    pub(crate) threads_started: AtomicU32,
     /// Forks this process took part in, as parent or child: after one, pages may be
     /// shared copy-on-write and `UFFDIO_MOVE` refuses them (EBUSY).
     pub forks: AtomicU64,
@@ -324,6 +331,8 @@ impl Pager {
             next_id: AtomicU32::new(1),
             shutdown: AtomicBool::new(false),
             gate: crate::sync::gate::Gate::new(),
+            serving_inline: AtomicBool::new(false),
+            threads_started: AtomicU32::new(0),
             forks: AtomicU64::new(0),
             unshare_pending: AtomicU64::new(0),
         })
@@ -359,10 +368,12 @@ impl Pager {
         self.uffd_thread.has(feature::POISON)
     }
 
+    /// The userfaultfd a region of delivery `d` is registered on (the signal one for every
+    /// region while a forked child starts its threads: `serving_inline`).
     pub(crate) fn uffd_for(&self, d: Delivery) -> &Uffd {
         match d {
-            Delivery::Thread => &self.uffd_thread,
-            Delivery::Signal => &self.uffd_signal,
+            Delivery::Thread if !self.serving_inline.load(Acquire) => &self.uffd_thread,
+            _ => &self.uffd_signal,
         }
     }
 
