@@ -709,6 +709,12 @@ assert d["user_mode_only"] == (not full and not dev), d
   # --small under bash and Python (a start inside the C library's locale lock), and the
   # report's amplification, as a user: the same as root's rows.
   expect unpriv-run-small-bash 0 "^hi$" runuser -u nobody -- "$UP/bin/attune" run -q --small -- bash -c 'echo hi'
+  # The fork-before-allocating program as nobody (its small requests stay with glibc where
+  # the userfaultfd sees user-mode faults only; the fork path must not hang either way).
+  cp "$RT/fork_first" "$UP/bin/" && chmod 755 "$UP/bin/fork_first"
+  expect unpriv-run-small-fork-first 0 "parent and child OK" timeout -s KILL 60 runuser -u nobody -- "$UP/bin/attune" run -q --small -- "$UP/bin/fork_first"
+  cp tests/run/mp_fork.py "$UP/bin/" && chmod 644 "$UP/bin/mp_fork.py"
+  expect unpriv-run-small-multiprocessing-fork 0 "mp_fork: OK" timeout -s KILL 120 runuser -u nobody -- "$UP/bin/attune" run -q --small --dram 32M -- /usr/bin/python3 "$UP/bin/mp_fork.py" 64
   expect unpriv-run-small-python 0 "^499999500000$" runuser -u nobody -- "$UP/bin/attune" run -q --small -- /usr/bin/python3 -c 'print(sum(range(10**6)))'
   # As nobody the userfaultfd sees user-mode faults only: --small keeps small requests
   # with the program's allocator and says why, and every call works.

@@ -89,9 +89,8 @@ impl Engine {
     }
 
     /// Starts the background threads (evictor, fault handler, NUMA heat scanner, sampler):
-    /// at start, and in a forked child, which has none of its parent's threads.
-    /// Starts the runtime's threads; returns how many. Each counts itself in
-    /// `threads_started` when its body begins.
+    /// at start, and in a forked child, which has none of its parent's threads. Returns
+    /// how many; each counts itself in `threads_started` when its body begins.
     pub(crate) fn start_threads(self: &'static Self) -> Result<u32, InitError> {
         let pager = &self.pager;
         let cfg = &pager.cfg;
