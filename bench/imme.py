@@ -404,6 +404,15 @@ def no_room(far_kind, budget, held):
             f"{budget / 2**20:.0f} MiB limit")
 
 
+def failure(x):
+    """What kept a measured environment from a time, as the table says it, or None: one
+    order for the table, the plots and the summary on stderr."""
+    if not x or x.get("ok"):
+        return None if x else "FAILED"
+    return ("n/a (set-up)" if x.get("setup_failed") else "no room" if x.get("no_room")
+            else "OOM-killed" if x.get("oom_killed") else "cut" if x.get("cut") else "FAILED")
+
+
 def attune_budget(far_kind, budget, unmanaged, room):
     """Attune's DRAM budget at a total budget: in the job's cgroup, the limit less the room
     (what the process holds outside its regions, the runtime's moving parts); emulated,
@@ -524,8 +533,7 @@ def plots(res, out, sweep, chunks):
         ax.bar(pos, vals, width, label=e)
         for p, x in zip(pos, xs):
             if x and not x.get("ok"):
-                mark = ("OOM" if x.get("oom_killed") else "cut" if x.get("cut")
-                        else "no room" if x.get("no_room") else "X")
+                mark = {"OOM-killed": "OOM", "FAILED": "X"}.get(failure(x), failure(x))
                 ax.text(p, 1.0, mark, rotation=90, fontsize=7, ha="center", va="bottom")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names)
     ax.set_ylabel("time / IE time")
@@ -601,16 +609,11 @@ def markdown(res, cmdline):
         cells = []
         for n in envs:
             x = e.get(n)
-            if x and x.get("setup_failed"):
-                cells.append("n/a (set-up)")
-            elif x and x.get("no_room"):
-                cells.append("no room")
-            elif x and x.get("oom_killed"):
-                cells.append("OOM-killed")
-            elif x and x.get("cut"):
+            why = failure(x)
+            if why == "cut":
                 cells.append(f"> {res['max_slowdown']:g} (cut)")
-            elif not x or not x["ok"]:
-                cells.append("FAILED")
+            elif why:
+                cells.append(why)
             elif x["max"] > x["min"] and x["median"]:
                 # The spread of the runs, normalized like the median.
                 k = x["normalized"] / x["median"]
@@ -830,10 +833,7 @@ def main():
     for w, r in res["workloads"].items():
         for e, x in r["envs"].items():
             if not x["ok"]:
-                what = ("cut" if x.get("cut") else "OOM-killed" if x.get("oom_killed")
-                        else "set-up failed" if x.get("setup_failed")
-                        else "no room" if x.get("no_room") else "FAILED")
-                print(f"{w} {e}: {what} {x['result']} {''.join(x['errors'])[-400:]}", file=sys.stderr)
+                print(f"{w} {e}: {failure(x)} {x['result']} {''.join(x['errors'])[-400:]}", file=sys.stderr)
     sys.exit(130 if res.get("interrupted") else 1 if failed else 0)
 
 
