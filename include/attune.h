@@ -144,7 +144,9 @@ int attune_phase_end(void);
  * only. Reference counted: it lives until the last process holding it closes it or exits.
  * Another user's region opens only after its owner calls attune_shared_grant.
  * NULL with errno: ENOTCONN (no daemon), EACCES (not granted), ENOENT (size 0 and none),
- * EINVAL (bad name: 1-64 of A-Z a-z 0-9 . _ -, or another size), ENOMEM (shared_max). */
+ * EINVAL (bad name: 1-64 of A-Z a-z 0-9 . _ -, or another size), ENOMEM (shared_max),
+ * EAGAIN (an input still being staged). A staged input (`attune stage NAME FILE`, opened
+ * with size 0) is sealed read-only: it maps read-only and a store into it is a SIGSEGV. */
 void *attune_shared_open(const char *name, size_t size, int flags);
 int attune_shared_close(void *ptr);
 int attune_shared_grant(const char *name, uint32_t uid);

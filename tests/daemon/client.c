@@ -9,6 +9,8 @@
  *   client refused NAME                 opening must fail with EACCES
  *   client grant NAME MIB UID HOLD_S    create, fill, grant UID, hold
  *   client nodaemon                     shared open must fail with ENOTCONN
+ *   client staged NAME FILE             open a staged input (size 0), compare it with FILE
+ *                                       byte for byte; a store into it must be a SIGSEGV
  */
 #include "check.h"
 #include <attune.h>
@@ -16,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <time.h>
 
 static double now(void) {
@@ -128,6 +132,36 @@ static int read_region(const char *name, size_t mib) {
     CHECK_DONE();
 }
 
+static int staged(const char *name, const char *path) {
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL, "%s: %s", path, strerror(errno));
+    if (!f) CHECK_DONE();
+    fseek(f, 0, SEEK_END);
+    size_t len = (size_t)ftell(f);
+    rewind(f);
+    unsigned char *want = malloc(len);
+    CHECK(want && fread(want, 1, len, f) == len, "reading %s", path);
+    fclose(f);
+    unsigned char *p = attune_shared_open(name, 0, 0);
+    CHECK(p != NULL, "attune_shared_open(%s, 0): %s", name, attune_last_error());
+    if (!p || !want) CHECK_DONE();
+    CHECK(memcmp(p, want, len) == 0, "staged '%s' differs from %s", name, path);
+    /* Read-only: a store faults in a child, and the data stays. */
+    pid_t c = fork();
+    if (c == 0) {
+        p[len / 2] ^= 1;
+        _exit(0);
+    }
+    int st = 0;
+    waitpid(c, &st, 0);
+    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, "a store into a staged input: status %#x", st);
+    CHECK(memcmp(p, want, len) == 0, "staged '%s' changed", name);
+    CHECK(attune_shared_close(p) == 0, "close: %s", attune_last_error());
+    printf("staged: OK %s %zu bytes verified, read-only\n", name, len);
+    free(want);
+    CHECK_DONE();
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
     const char *m = argv[1];
@@ -142,6 +176,7 @@ int main(int argc, char **argv) {
         if (!p) printf("refused: OK (%s)\n", attune_last_error());
         CHECK_DONE();
     }
+    if (!strcmp(m, "staged") && argc == 4) return staged(argv[2], argv[3]);
     if (!strcmp(m, "nodaemon")) {
         void *p = attune_shared_open("x", 4096, 0);
         CHECK(p == NULL && errno == ENOTCONN, "p=%p errno=%d", p, errno);

@@ -48,6 +48,10 @@ enum Command {
     Usage(cmd::usage::Args),
     /// What the node daemon (attuned) knows: tiers, workflows, budgets, shared regions.
     Status(cmd::status::Args),
+    /// Copy a read-only input into node memory once, for every instance to map.
+    Stage(cmd::stage::StageArgs),
+    /// Drop a staged input (freed when its last user closes it).
+    Unstage(cmd::stage::UnstageArgs),
     /// Serve memory to the remote tiers of a job's runtimes on other hosts (libfabric).
     Memserver(cmd::memserver::Args),
     /// Load the node daemon's control plane and report requests per second.
@@ -101,6 +105,8 @@ fn main() {
         Command::Profile(a) => cmd::profile::run(a),
         Command::Status(a) => cmd::status::run(a),
         Command::Memserver(a) => cmd::memserver::run(a),
+        Command::Stage(a) => cmd::stage::stage(a),
+        Command::Unstage(a) => cmd::stage::unstage(a),
         Command::DaemonBench(a) => lab("daemon-bench", a),
     };
     std::process::exit(code);

@@ -79,6 +79,26 @@ pub enum Request {
         id: u64,
         name: String,
     },
+    /// Stages a read-only input once for the node: the daemon copies the source the
+    /// client opened with its own rights (attached, `fds` = 1: a regular file or a pipe)
+    /// into a new shared region `name`, seals it against writes and holds it itself
+    /// until [`Request::Unstage`] (or the end of the Slurm job that staged it). `size`:
+    /// the most bytes a pipe may bring (0: what is left of `shared_max`); a regular
+    /// file's own size is used.
+    Stage {
+        id: u64,
+        name: String,
+        flags: String,
+        #[serde(default)]
+        size: u64,
+        fds: usize,
+    },
+    /// Drops the daemon's own reference of a staged region (owner or root); it is freed
+    /// when the last process that opened it closes it.
+    Unstage {
+        id: u64,
+        name: String,
+    },
     /// Lets `uid` open the caller's shared region `name`.
     SharedGrant {
         id: u64,
@@ -189,7 +209,17 @@ pub enum Reply {
         size: u64,
         created: bool,
         owner: u32,
+        /// The region is staged input, sealed against writes: map it read-only.
+        #[serde(default, skip_serializing_if = "is_false")]
+        read_only: bool,
         fds: usize,
+    },
+    /// A staged input is in place: its size and how long the copy took.
+    Staged {
+        id: u64,
+        name: String,
+        size: u64,
+        ms: u64,
     },
     Ok {
         id: u64,
@@ -340,6 +370,12 @@ pub struct SharedStatus {
     /// How many users it is granted to.
     #[serde(default)]
     pub granted_count: u64,
+    /// Staged input (read-only), held by the daemon until unstaged; `job`: the Slurm job
+    /// that staged it, whose end unstages it (empty: none).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub staged: bool,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub job: String,
 }
 
 /// The pool unit: a runtime takes its pool segment in units of this size, and the
@@ -486,7 +522,7 @@ impl Request {
     /// Descriptors a request carries.
     pub fn fds(&self) -> usize {
         match self {
-            Request::Hello { fds, .. } => *fds,
+            Request::Hello { fds, .. } | Request::Stage { fds, .. } => *fds,
             _ => 0,
         }
     }
@@ -511,7 +547,16 @@ pub fn connect(path: &std::path::Path, timeout: std::time::Duration) -> io::Resu
 
 /// One request and its reply on a connection nobody else reads (the CLI's way).
 pub fn call(sock: &UnixStream, req: &Request) -> Result<(Reply, Vec<OwnedFd>), ReadError> {
-    write_frame(sock, req, &[]).map_err(ReadError::Io)?;
+    call_with(sock, req, &[])
+}
+
+/// [`call`] with descriptors attached to the request.
+pub fn call_with(
+    sock: &UnixStream,
+    req: &Request,
+    fds: &[RawFd],
+) -> Result<(Reply, Vec<OwnedFd>), ReadError> {
+    write_frame(sock, req, fds).map_err(ReadError::Io)?;
     FrameReader::default().read(sock, Reply::fds)
 }
 
@@ -534,6 +579,7 @@ mod tests {
             size: 4096,
             created: true,
             owner: 0,
+            read_only: false,
             fds: 1,
         };
         write_frame(&a, &r, &[raw(&m)]).unwrap();

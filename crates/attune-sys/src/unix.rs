@@ -182,6 +182,46 @@ pub fn memfd_sized(name: &str, size: u64) -> SysResult<OwnedFd> {
     Ok(fd)
 }
 
+/// An empty anonymous memory file that grows as it is written and can be sealed later
+/// ([`seal_read_only`]): what a staged input is copied into. Close-on-exec.
+pub fn memfd_growable(name: &str) -> SysResult<OwnedFd> {
+    let cname = std::ffi::CString::new(name.replace('\0', "_")).map_err(|_| Errno(libc::EINVAL))?;
+    // SAFETY: cname is a valid C string.
+    let fd =
+        unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: fd was just returned by the kernel and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Seals a memory file against every change (size, contents, seals): nobody who gets
+/// it, the daemon included, can write to it any more, so many users may map one copy.
+/// Fails with EBUSY while a writable shared mapping of it exists.
+pub fn seal_read_only(fd: &impl AsRawFd) -> SysResult<()> {
+    // SAFETY: fcntl on a descriptor the caller holds; no memory is passed.
+    let r = unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL,
+        )
+    };
+    if r != 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+/// Whether a memory file is sealed against writes (a staged input): it can only be
+/// mapped read-only.
+pub fn is_write_sealed(fd: &impl AsRawFd) -> bool {
+    // SAFETY: fcntl on a descriptor the caller holds; no memory is passed.
+    let s = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    s >= 0 && s & libc::F_SEAL_WRITE != 0
+}
+
 /// An empty, unsealed anonymous memory file for one runtime's segment of the node's far
 /// pool (`attuned` grows and shrinks it with [`resize_allocated`]). Close-on-exec.
 pub fn pool_memfd(name: &str) -> SysResult<OwnedFd> {
@@ -302,6 +342,18 @@ pub fn dup(fd: &impl AsRawFd) -> SysResult<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
+/// A duplicate that programs this process starts inherit (no close-on-exec), at or
+/// above 3: `attune run --staged` hands its program a staged input this way.
+pub fn dup_inheritable(fd: &impl AsRawFd) -> SysResult<OwnedFd> {
+    // SAFETY: F_DUPFD on a descriptor the caller holds returns a new one we own.
+    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD, 3) };
+    if n < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: n is a fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -352,6 +404,23 @@ mod tests {
         }
         crate::mem::unmap(p, 1 << 16).unwrap();
         crate::mem::unmap(q, 1 << 16).unwrap();
+    }
+
+    #[test]
+    fn read_only_seal_refuses_writes_and_writable_maps() {
+        use std::io::Write;
+        let fd = memfd_growable("stage-test").unwrap();
+        let mut f = std::fs::File::from(fd.try_clone().unwrap());
+        f.write_all(&[7u8; 8192]).unwrap();
+        assert!(!is_write_sealed(&fd));
+        seal_read_only(&fd).unwrap();
+        assert!(is_write_sealed(&fd));
+        assert!(f.write_all(&[1]).is_err());
+        assert_eq!(map_shared(&fd, 8192, true), Err(Errno(libc::EPERM)));
+        let a = map_shared(&fd, 8192, false).unwrap();
+        // SAFETY: a maps 8192 readable bytes.
+        assert_eq!(unsafe { *(a as *const u8).add(8191) }, 7);
+        crate::mem::unmap(a, 8192).unwrap();
     }
 
     #[test]

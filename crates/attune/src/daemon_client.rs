@@ -592,7 +592,10 @@ pub fn shared_open(name: &str, size: u64, flags: Flags) -> Result<usize, Errno> 
         size,
         flags: flags.to_string(),
     })?;
-    let Reply::Shared { size, .. } = r else {
+    let Reply::Shared {
+        size, read_only, ..
+    } = r
+    else {
         return Err(reply_error(r));
     };
     let Some(fd) = fds.pop() else {
@@ -606,7 +609,9 @@ pub fn shared_open(name: &str, size: u64, flags: Flags) -> Result<usize, Errno> 
         x.refs += 1;
         return Ok(x.addr);
     }
-    let addr = match attune_sys::unix::map_shared(&fd, size as usize, true) {
+    // A staged input is sealed against writes: it maps read-only, and a store into it
+    // faults (SIGSEGV) as into any read-only mapping.
+    let addr = match attune_sys::unix::map_shared(&fd, size as usize, !read_only) {
         Ok(a) => a,
         Err(e) => {
             drop(h);

@@ -48,7 +48,7 @@ pub const DAEMON_OPTIONS: &[Opt] = &[
     Opt { key: "metrics", kind: Kind::OrWord { words: &["off"], kind: &Kind::Loopback }, default: Unset::Value("127.0.0.1:9464"), suggested: "the default, scraped by a local Prometheus agent", doc: "Prometheus text endpoint on a loopback address, or off" },
     Opt { key: "max_clients", kind: Kind::Int { min: 1, max: 1_000_000 }, default: Unset::Value("4096"), suggested: "4096", doc: "Connections beyond this are refused at once (root's are always taken)" },
     Opt { key: "max_clients_per_user", kind: Kind::Int { min: 1, max: 1_000_000 }, default: Unset::Value("1024"), suggested: "1024; at least the processes of the largest job on a node", doc: "Connections of one user (other than root) beyond this are refused at once, so one user's idle connections cannot lock the others out" },
-    Opt { key: "idle_timeout_ms", kind: Kind::Int { min: 100, max: 3_600_000 }, default: Unset::Value("10000"), suggested: "10000", doc: "A connection that sends no request for this long before it registers is closed (a registered runtime's is kept)" },
+    Opt { key: "idle_timeout_ms", kind: Kind::Int { min: 100, max: 3_600_000 }, default: Unset::Value("10000"), suggested: "10000", doc: "A connection that sends no request for this long before it registers is closed (a registered runtime's is kept, and one holding a shared region)" },
 ];
 
 /// The command-line flag of a row.

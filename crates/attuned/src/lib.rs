@@ -2,7 +2,7 @@
 //! co-located workflows' runtimes, keeps shared regions, serves status and metrics.
 //!
 //! Layout: `config.rs` (options), `server.rs` (socket, requests), `state.rs` (clients,
-//! workflows, budgets, shared regions), `metrics.rs` (Prometheus endpoint); `main.rs`
+//! workflows, budgets, shared regions), `metrics.rs` (Prometheus endpoint), `stage.rs` (staged inputs); `main.rs`
 //! starts them. The budget policy itself is pure: `attune_policy::share`. A library so
 //! that the request handling can be driven without a socket (`fuzz/`, tests).
 
@@ -11,6 +11,7 @@
 pub mod config;
 pub mod metrics;
 pub mod server;
+pub mod stage;
 pub mod state;
 
 /// One line on standard error: the daemon's own events.

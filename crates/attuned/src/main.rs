@@ -110,6 +110,23 @@ fn main() {
             std::process::exit(1);
         }
     }
+    {
+        // Staged inputs of Slurm jobs go with their job: slurmd removes the job's cgroup
+        // when the job ends, however it ends (scancel, OOM, time limit).
+        let st = state.clone();
+        if let Err(e) = std::thread::Builder::new()
+            .name("attuned-jobs".into())
+            .spawn(move || loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+                st.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .unstage_ended_jobs(|p| !p.is_dir());
+            })
+        {
+            eprintln!("attuned: cannot start the job watcher thread: {e}");
+            std::process::exit(1);
+        }
+    }
     if let Some(addr) = metrics {
         if let Err(e) = metrics::serve(&addr, state.clone()) {
             eprintln!("attuned: {e}");

@@ -73,15 +73,54 @@ fn connection(sock: UnixStream, state: Shared) {
     let mut rd = FrameReader::default();
     loop {
         match rd.read(&sock, Request::fds) {
+            Ok((
+                Request::Stage {
+                    id: rid,
+                    name,
+                    flags,
+                    size,
+                    fds: _,
+                },
+                fds,
+            )) => {
+                // The copy runs without the state lock: staging a large input holds up
+                // no other client (stage.rs).
+                let begun = {
+                    let mut st = lock(&state);
+                    st.requests += 1;
+                    crate::stage::begin(&mut st, id, cred.uid, rid, name, flags, size, fds)
+                };
+                let reply = match begun {
+                    Err(r) => r,
+                    Ok(mut sg) => {
+                        let copied =
+                            crate::stage::copy(&mut sg, Some(sock.as_raw_fd()), &mut |n, need| {
+                                crate::stage::reserve(&mut lock(&state), n, need)
+                            });
+                        let alive = peer_waits(&sock);
+                        crate::stage::finish(&mut lock(&state), sg, copied, alive)
+                    }
+                };
+                let s = writer.lock().unwrap_or_else(|p| p.into_inner());
+                if attune_proto::write_frame(&s, &reply, &[]).is_err() {
+                    break;
+                }
+            }
             Ok((req, fds)) => {
                 let (reply, registered) = {
                     let mut st = lock(&state);
                     st.requests += 1;
                     let reply = handle(&mut st, id, cred.uid, req, fds);
-                    (reply, st.clients.get(&id).is_some_and(|c| c.reg.is_some()))
+                    let c = st.clients.get(&id);
+                    (
+                        reply,
+                        c.is_some_and(|c| c.reg.is_some() || !c.shared_refs.is_empty()),
+                    )
                 };
                 if registered {
-                    // A runtime: it reports on its own schedule for its whole life.
+                    // A runtime: it reports on its own schedule for its whole life. A
+                    // launcher holding a region for its program (`attune run --staged`)
+                    // sends nothing more until the program ends.
                     let _ = sock.set_read_timeout(None);
                 }
                 if let Some((reply, fd)) = reply {
@@ -118,6 +157,15 @@ fn connection(sock: UnixStream, state: Shared) {
         }
     }
     lock(&state).remove_client(id);
+}
+
+/// Whether the client of a staging still waits for its answer: it sends nothing while
+/// it waits, so readable here means it closed the connection (or broke the protocol).
+fn peer_waits(sock: &UnixStream) -> bool {
+    !attune_sys::os::poll_readable(&[sock.as_raw_fd()], 0)
+        .first()
+        .copied()
+        .unwrap_or(true)
 }
 
 fn err(id: u64, errno: i32, message: impl Into<String>) -> Option<(Reply, Option<OwnedFd>)> {
@@ -386,6 +434,26 @@ pub fn handle(
                 ),
             }
         }
+        Request::Stage {
+            id: rid,
+            name,
+            flags,
+            size,
+            fds: _,
+        } => {
+            // Driven without a socket (fuzz, tests): the copy runs under the caller's lock.
+            let mut sg = match crate::stage::begin(st, id, uid, rid, name, flags, size, fds) {
+                Ok(sg) => sg,
+                Err(reply) => return Some((reply, None)),
+            };
+            let copied = crate::stage::copy(&mut sg, None, &mut |name, need| {
+                crate::stage::reserve(st, name, need)
+            });
+            Some((crate::stage::finish(st, sg, copied, true), None))
+        }
+        Request::Unstage { id: rid, name } => {
+            Some((crate::stage::unstage(st, uid, rid, &name), None))
+        }
         Request::SharedGrant {
             id: rid,
             name,
@@ -435,6 +503,13 @@ fn shared_open(
         return err(rid, libc::EINVAL, format!("flags {flags:?}"));
     }
     let created = if let Some(s) = st.shared.get(&name) {
+        if !s.ready {
+            return err(
+                rid,
+                libc::EAGAIN,
+                format!("shared region '{name}' is still being staged; open it once `attune stage` has returned"),
+            );
+        }
         if !may_open(st, &name, uid) {
             st.rejected += 1;
             crate::log_user(
@@ -497,18 +572,12 @@ fn shared_open(
         );
         st.shared.insert(
             name.clone(),
-            crate::state::SharedRegion {
-                owner: uid,
-                flags,
-                size,
-                file,
-                granted: Default::default(),
-            },
+            crate::state::SharedRegion::opened(uid, flags, size, file),
         );
         true
     };
     let s = &st.shared[&name];
-    let (size, owner) = (s.size, s.owner);
+    let (size, owner, read_only) = (s.size, s.owner, s.read_only);
     let fd = match attune_sys::unix::dup(&s.file) {
         Ok(f) => f,
         Err(e) => {
@@ -532,6 +601,7 @@ fn shared_open(
             size,
             created,
             owner,
+            read_only,
             fds: 1,
         },
         Some(fd),
@@ -660,13 +730,7 @@ fn readopt(st: &mut State, cid: u64, uid: u32, h: attune_proto::SharedHeld, fd: 
             );
             st.shared.insert(
                 h.name.clone(),
-                crate::state::SharedRegion {
-                    owner: uid,
-                    flags: flags.to_string(),
-                    size,
-                    file: fd,
-                    granted: Default::default(),
-                },
+                crate::state::SharedRegion::opened(uid, flags.to_string(), size, fd),
             );
         }
     }

@@ -116,9 +116,39 @@ impl PoolSegment {
 pub struct SharedRegion {
     pub owner: u32,
     pub flags: String,
+    /// Bytes it takes from the pool (while being staged: what is reserved so far).
     pub size: u64,
     pub file: OwnedFd,
     pub granted: HashSet<u32>,
+    /// Staged input: the daemon holds a reference of its own until it is unstaged.
+    pub staged: bool,
+    /// False while a staged input is being copied in: nobody may open it yet.
+    pub ready: bool,
+    /// Sealed against writes (a staged input, or a re-adopted one): mapped read-only.
+    pub read_only: bool,
+    /// The Slurm job that staged it and that job's cgroup directory: when the directory
+    /// is gone, the job has ended and the daemon's reference goes with it.
+    pub job: String,
+    pub job_cgroup: Option<std::path::PathBuf>,
+}
+
+impl SharedRegion {
+    /// A region `shared_open` (or a re-registration) creates: writable, no daemon reference.
+    pub fn opened(owner: u32, flags: String, size: u64, file: OwnedFd) -> SharedRegion {
+        let read_only = attune_sys::unix::is_write_sealed(&file);
+        SharedRegion {
+            owner,
+            flags,
+            size,
+            file,
+            granted: Default::default(),
+            staged: false,
+            ready: true,
+            read_only,
+            job: String::new(),
+            job_cgroup: None,
+        }
+    }
 }
 
 /// A shrinking rebalance in progress: clients that must acknowledge, and since when.
@@ -211,7 +241,8 @@ impl State {
     }
 
     pub fn release_if_unused(&mut self, name: &str) {
-        if self.shared_refs(name) == 0 {
+        let held = self.shared.get(name).is_some_and(|s| s.staged || !s.ready);
+        if !held && self.shared_refs(name) == 0 {
             if self.shared.remove(name).is_some() {
                 crate::log(&format!(
                     "shared region '{name}' freed (last reference gone)"
@@ -525,6 +556,8 @@ impl State {
                     refs: self.shared_refs(name),
                     granted_uids: granted,
                     granted_count,
+                    staged: s.staged,
+                    job: s.job.clone(),
                 }
             })
             .collect();
@@ -596,6 +629,31 @@ pub fn rebalancer(state: Arc<Mutex<State>>) {
         std::thread::sleep(COALESCE);
         *DIRTY.0.lock().unwrap_or_else(|p| p.into_inner()) = false;
         state.lock().unwrap_or_else(|p| p.into_inner()).rebalance();
+    }
+}
+
+impl State {
+    /// Staged inputs whose Slurm job has ended (`gone` says its cgroup directory no longer
+    /// exists) lose the daemon's reference; each is freed once its last opener closes it.
+    /// Called every second by the daemon's job watcher.
+    pub fn unstage_ended_jobs(&mut self, gone: impl Fn(&std::path::Path) -> bool) {
+        let ended: Vec<String> = self
+            .shared
+            .iter()
+            .filter(|(_, s)| s.staged && s.ready)
+            .filter(|(_, s)| s.job_cgroup.as_deref().is_some_and(&gone))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in ended {
+            let s = self.shared.get_mut(&name).unwrap();
+            s.staged = false;
+            crate::log(&format!(
+                "staged input '{name}' unstaged: job {} has ended",
+                s.job
+            ));
+            self.release_if_unused(&name);
+            request_rebalance();
+        }
     }
 }
 

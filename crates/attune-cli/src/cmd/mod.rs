@@ -5,6 +5,7 @@ pub mod numa;
 pub mod profile;
 pub mod report;
 pub mod run;
+pub mod stage;
 pub mod status;
 pub mod topology;
 pub mod usage;

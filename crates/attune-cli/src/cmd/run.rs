@@ -56,6 +56,11 @@ pub struct Args {
     /// Run the program even if LD_PRELOAD cannot work for it (statically linked, setuid).
     #[arg(long)]
     allow_unmanaged: bool,
+    /// Give the program the staged input NAME (`attune stage`): its path in
+    /// $ATTUNE_STAGED_NAME (upper case, other characters as _), held until the program
+    /// ends; repeatable.
+    #[arg(long, value_name = "NAME")]
+    staged: Vec<String>,
     /// No text report on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -339,6 +344,28 @@ pub fn run(a: Args) -> i32 {
             ),
         );
     }
+    // Staged inputs: the launcher's connection is the daemon's reference of each for as
+    // long as the program runs; the program inherits each memory file at its number.
+    let _held = if a.staged.is_empty() {
+        None
+    } else {
+        match super::stage::hold(&a.staged) {
+            Ok(h) => {
+                for (name, f) in &h.files {
+                    use std::os::fd::AsRawFd;
+                    cmd.env(
+                        super::stage::env_name(name),
+                        format!("/proc/self/fd/{}", f.as_raw_fd()),
+                    );
+                }
+                Some(h)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return fail(2, &e);
+            }
+        }
+    };
     // SIGKILL of `attune run` cannot be passed on: the kernel ends the program with it.
     attune_sys::os::die_with_launcher(&mut cmd);
     let t0 = std::time::Instant::now();

@@ -171,8 +171,15 @@ pub fn render(s: &Status) -> String {
             if r.granted_count > g.len() as u64 && !g.is_empty() {
                 g.push(format!("... ({} in all)", r.granted_count));
             }
+            // A staged input: the daemon holds it too (until `attune unstage`, or its
+            // job's end).
+            let staged = match (r.staged, r.job.is_empty()) {
+                (false, _) => String::new(),
+                (true, true) => "  (staged)".into(),
+                (true, false) => format!("  (staged by job {})", r.job),
+            };
             o += &format!(
-                "  {:<24} {:>6} {:<8} {:>10} {:>10} {:>5}  {}\n",
+                "  {:<24} {:>6} {:<8} {:>10} {:>10} {:>5}  {}{staged}\n",
                 r.name,
                 r.owner,
                 if r.flags.is_empty() { "-" } else { &r.flags },

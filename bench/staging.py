@@ -1,0 +1,165 @@
+"""Cold start of an ensemble with and without a staged input (issue 26, item 4; IMME
+§III-C5), side by side in one run.
+
+A compute node and a store are two hosts (network namespaces on a bridge, the hosts of
+tests/python/test_remote.py); the store serves the input over HTTP through a link capped
+with `tbf` (--rate), as a site's shared storage or image registry would. N instances start
+at once on the node, each in a bubblewrap container when bwrap is installed, and each
+brings the whole input into memory and reads it (bench/stage_reader.c, checksum checked
+against the source). Variants, interleaved in each repetition:
+
+  fetch   each instance fetches its own copy from the store (what a job does today
+          without a node-local copy: N transfers, N private copies in DRAM)
+  staged  the node fetches it once into attuned (`curl | attune stage in -`), each
+          instance maps that copy (`attune run --staged in`)
+  local   the node fetches it once to a file on local disk, each instance maps the file
+          (the sbcast way: one copy, in the page cache, counted to no one)
+
+The time is the makespan: from the first start (the staging or the local fetch included)
+to the last instance's end. The memory is the peak of the instances' memory cgroup (with
+the staged copy, charged to attuned, added). Needs root, bwrap optional.
+
+Usage: python3 bench/staging.py [--reps 3] [--counts 10,50,100] [--mib 16] [--rate 2gbit]
+"""
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD = ROOT / "build"
+ATTUNE = BUILD / "bin" / "attune"
+ATTUNED = BUILD / "bin" / "attuned"
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+from test_remote import Hosts, sh  # noqa: E402
+
+MIB = 1 << 20
+PORT = 18080
+CGROUP = Path("/sys/fs/cgroup/memory")
+
+
+def container():
+    """The container each instance runs in: the node's own root, read-only, in its own
+    PID namespace (bubblewrap), or none."""
+    b = shutil.which("bwrap")
+    if not b:
+        return ""
+    return f"{b} --ro-bind / / --dev /dev --proc /proc --unshare-pid --die-with-parent"
+
+
+def script(variant, n, url, reader, work, cont):
+    inst = {
+        "fetch": f"curl -sf {url} | {cont} {reader} -",
+        "staged": f"{ATTUNE} run -q --staged in -- sh -c '{cont} {reader} \"$ATTUNE_STAGED_IN\"'",
+        "local": f"{cont} {reader} {work}/local.dat",
+    }[variant]
+    first = {
+        "fetch": "",
+        "staged": f"curl -sf {url} | {ATTUNE} stage in - > /dev/null || exit 1",
+        "local": f"curl -sf {url} -o {work}/local.dat || exit 1",
+    }[variant]
+    return (f"{first}\nfor i in $(seq {n}); do ({inst}) > {work}/out.$i 2>&1 & done\nwait\n")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--counts", default="10,50,100")
+    ap.add_argument("--mib", type=int, default=16)
+    ap.add_argument("--rate", default="2gbit", help="the store's link (tbf)")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("staging.py: needs root (network namespaces, a memory cgroup)")
+    counts = [int(c) for c in a.counts.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="attune-staging-"))
+    os.chmod(work, 0o755)
+    reader = work / "stage_reader"
+    subprocess.run(["gcc", "-O2", "-o", reader, ROOT / "bench" / "stage_reader.c"], check=True)
+    store = work / "store"
+    store.mkdir()
+    data = os.urandom(a.mib * MIB)
+    (store / "input.dat").write_bytes(data)
+    want = subprocess.run([reader, store / "input.dat"], capture_output=True, text=True).stdout.strip()
+    cg = CGROUP / f"attune-stagebench-{os.getpid()}"
+    cg.mkdir()
+    h = Hosts(1)
+    daemon = None
+    try:
+        srv = h.servers[0]
+        sh("ip", "netns", "exec", srv, "tc", "qdisc", "replace", "dev", h.links[srv], "root", "tbf", "rate", a.rate,
+           "burst", "256kbit", "latency", "50ms")
+        web = subprocess.Popen(["ip", "netns", "exec", srv, "python3", "-m", "http.server", str(PORT), "--bind",
+                                "127.77.0.2", "--directory", str(store)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        h.procs.append(web)
+        sock = work / "attuned.sock"
+        daemon = subprocess.Popen([ATTUNED, "--socket", sock, "--metrics", "off", "--dram", "4G",
+                                   "--shared-max", "1G"], stdout=open(work / "attuned.log", "w"),
+                                  stderr=subprocess.STDOUT)
+        url = f"http://127.77.0.2:{PORT}/input.dat"
+        for _ in range(100):
+            ok = subprocess.run(h.on_client(["curl", "-sf", "-o", "/dev/null", url])).returncode == 0
+            if ok and sock.exists():
+                break
+            time.sleep(0.1)
+        env = dict(os.environ, ATTUNE_SOCKET=str(sock))
+        cont = container()
+        variants = ["fetch", "staged", "local"]
+        res = {}
+        for rep in range(a.reps):
+            for n in counts:
+                for v in variants:
+                    (cg / "memory.max_usage_in_bytes").write_text("0")
+                    body = script(v, n, url, reader, work, cont)
+                    t0 = time.monotonic()
+                    r = subprocess.run(["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh",
+                                        *h.on_client(["sh", "-c", body])], env=env, capture_output=True,
+                                       text=True)
+                    dt = time.monotonic() - t0
+                    peak = int((cg / "memory.max_usage_in_bytes").read_text())
+                    outs = [(work / f"out.{i}").read_text().strip() for i in range(1, n + 1)]
+                    bad = [o for o in outs if o != want]
+                    if r.returncode != 0 or bad:
+                        sys.exit(f"{v} x{n} failed (rc {r.returncode}): {r.stderr[-400:]} "
+                                 f"{len(bad)} wrong: {bad[:2]} (want {want})")
+                    if v == "staged":
+                        peak += a.mib * MIB
+                        subprocess.run([ATTUNE, "unstage", "in"], env=env, check=True)
+                    if v == "local":
+                        (work / "local.dat").unlink()
+                    res.setdefault((n, v), []).append((dt, peak))
+                    print(f"rep {rep + 1} n={n:4d} {v:7s} {dt:7.2f} s  peak {peak / MIB:8.1f} MiB",
+                          file=sys.stderr)
+        print(f"\nCold start of N instances each reading a {a.mib} MiB input from a store behind a "
+              f"{a.rate} link; {'bubblewrap containers' if cont else 'no container'}; medians of "
+              f"{a.reps} (min-max); every instance's checksum verified.\n")
+        print("| instances | variant | makespan (s) | vs fetch | node memory peak (MiB) |")
+        print("|---|---|---|---|---|")
+        for n in counts:
+            base = statistics.median(t for t, _ in res[(n, "fetch")])
+            for v in variants:
+                ts = [t for t, _ in res[(n, v)]]
+                m = statistics.median(ts)
+                mem = statistics.median(p for _, p in res[(n, v)]) / MIB
+                print(f"| {n} | {v} | {m:.2f} ({min(ts):.2f}-{max(ts):.2f}) | {base / m:.1f}x | {mem:.0f} |")
+    finally:
+        if daemon:
+            daemon.terminate()
+            daemon.wait()
+        h.close()
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

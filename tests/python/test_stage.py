@@ -1,0 +1,213 @@
+"""Staged inputs for real: `attune stage` copies a file or a pipe once into attuned, every
+instance maps the one copy read-only (C API, `attune run --staged`), `attune unstage` and
+the end of the staging Slurm job release it, and other users get in only when granted.
+
+Needs the staged build (make build)."""
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from test_daemon import ATTUNE, MIB, as_nobody, daemon, workdir  # noqa: F401
+from test_pool import CGROUP_ROOT, needs_cgroup
+
+
+def attune(d, *args, stdin=None, user=None, timeout=60):
+    return subprocess.run([str(ATTUNE), *map(str, args)], env=d.env(), capture_output=True,
+                          text=True, stdin=stdin, preexec_fn=as_nobody if user == "nobody" else None,
+                          timeout=timeout)
+
+
+def region(d, name):
+    return next((r for r in d.status()["shared"] if r["name"] == name), None)
+
+
+def data_file(dirpath, name, mib, mode=0o644):
+    p = Path(dirpath) / name
+    p.write_bytes(os.urandom(mib * MIB))
+    os.chmod(p, mode)
+    return p
+
+
+def wait_gone(d, name, timeout=10):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if region(d, name) is None:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_file_and_a_pipe_staged_once_mapped_read_only(workdir, daemon):
+    d = daemon("--dram", "512M")
+    src = data_file(workdir, "input.dat", 16)
+    p = attune(d, "stage", "in", src)
+    assert p.returncode == 0 and f"staged 'in': {16 * MIB} bytes" in p.stdout, p
+    r = region(d, "in")
+    # Held by the daemon alone, all of it in memory (the daemon wrote it).
+    assert r["staged"] and r["refs"] == 0 and r["size"] == 16 * MIB, r
+    assert r["resident"] == 16 * MIB, r
+    assert d.status()["shared_bytes"] == 16 * MIB
+    # The C API maps it read-only; a store faults and changes nothing.
+    out = subprocess.run([str(workdir / "client"), "staged", "in", str(src)], env=d.env(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "staged: OK in" in out.stdout, out
+    # An unmodified program gets its path; the launcher holds it while the program runs.
+    run = subprocess.Popen(
+        [str(ATTUNE), "run", "-q", "--staged", "in", "--", "sh", "-c",
+         f'cmp "$ATTUNE_STAGED_IN" {src} && echo SAME; sleep 1.5'],
+        env=d.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.7)
+    assert region(d, "in")["refs"] == 1
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 0 and "SAME" in out, (out, err)
+    assert region(d, "in")["refs"] == 0
+    # A pipe (the input fetched from elsewhere), read until its end; larger than one step
+    # of its reservation (64 MiB).
+    big = data_file(workdir, "piped.dat", 72)
+    cat = subprocess.Popen(["cat", big], stdout=subprocess.PIPE)
+    p = attune(d, "stage", "piped", "-", stdin=cat.stdout)
+    cat.stdout.close()
+    cat.wait()
+    assert p.returncode == 0 and f"{72 * MIB} bytes" in p.stdout, p
+    assert region(d, "piped")["size"] == 72 * MIB
+    out = subprocess.run([str(workdir / "client"), "staged", "piped", str(big)], env=d.env(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "staged: OK piped" in out.stdout, out
+    # Unstaged with nobody holding it: freed at once; a second unstage says why not.
+    for n in ("in", "piped"):
+        assert attune(d, "unstage", n).returncode == 0
+    assert d.status()["shared"] == [] and d.status()["shared_bytes"] == 0
+    p = attune(d, "unstage", "in")
+    assert p.returncode == 1 and "no staged input 'in'" in p.stderr, p
+
+
+def test_unstaged_while_in_use_lives_until_its_last_user(workdir, daemon):
+    d = daemon("--dram", "512M")
+    src = data_file(workdir, "held.dat", 4)
+    assert attune(d, "stage", "held", src).returncode == 0
+    run = subprocess.Popen(
+        [str(ATTUNE), "run", "-q", "--staged", "held", "--", "sh", "-c",
+         f'sleep 1.5; cmp "$ATTUNE_STAGED_HELD" {src} && echo SAME'],
+        env=d.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    assert attune(d, "unstage", "held").returncode == 0
+    r = region(d, "held")
+    assert r is not None and not r.get("staged") and r["refs"] == 1, r
+    # Nobody new may stage over it while it lives.
+    p = attune(d, "stage", "held", src)
+    assert p.returncode == 1 and "exists already" in p.stderr, p
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 0 and "SAME" in out, (out, err)
+    assert wait_gone(d, "held", 5), d.status()
+
+
+def test_bad_input_is_refused_with_a_reason_and_leaves_nothing(workdir, daemon, tmp_path):
+    d = daemon("--dram", "256M", "--shared-max", "8M")
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    big = data_file(tmp_path, "big", 12)
+    small = data_file(tmp_path, "small", 1)
+    cases = [
+        (("stage", "x", tmp_path / "missing"), None, "No such file"),
+        (("stage", "x", tmp_path), None, "not a regular file"),
+        (("stage", "x", empty), None, "empty"),
+        (("stage", "bad/name", small), None, "staged input name"),
+        (("stage", "x", small, "--flags", "FAST"), None, "--flags"),
+        (("stage", "x", big), None, "left of shared_max"),
+        (("stage", "x", "-", "--size", "256K"), big, "more than the 262144 bytes"),
+        (("stage", "x", "-"), big, "shared_max"),
+        (("run", "--staged", "nothere", "--", "true"), None, "no shared region 'nothere'"),
+        (("unstage", "nothere"), None, "no staged input"),
+    ]
+    for args, pipe_from, msg in cases:
+        # A pipe, as from `curl URL | attune stage x -`.
+        cat = subprocess.Popen(["cat", pipe_from], stdout=subprocess.PIPE) if pipe_from else None
+        p = attune(d, *args, stdin=cat.stdout if cat else None)
+        if cat:
+            cat.stdout.close()
+            cat.wait()
+        assert p.returncode != 0 and msg in p.stderr, (args, p)
+        assert d.status()["shared"] == [], (args, d.status()["shared"])
+    # A region opened with attune_shared_open is not unstaged, and a staged name is taken.
+    assert attune(d, "stage", "x", small).returncode == 0
+    p = attune(d, "stage", "x", small)
+    assert p.returncode == 1 and "exists already" in p.stderr, p
+    assert attune(d, "unstage", "x").returncode == 0
+    # `attune stage` interrupted while its pipe stays open: the staging stops and its
+    # reservation goes, without waiting for the pipe.
+    w = subprocess.Popen(["sh", "-c", f"cat {small}; exec sleep 30"], stdout=subprocess.PIPE)
+    st = subprocess.Popen([str(ATTUNE), "stage", "x", "-"], env=d.env(), stdin=w.stdout)
+    time.sleep(0.7)
+    assert region(d, "x")["staged"], "reserved while it is copied"
+    st.kill()
+    st.wait()
+    assert wait_gone(d, "x", 5), d.status()
+    w.kill()
+    w.wait()
+    # No daemon: a clear error.
+    p = subprocess.run([str(ATTUNE), "stage", "x", small, "--socket", tmp_path / "none.sock"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1 and "no attuned answers" in p.stderr, p
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as another uid")
+def test_another_user_needs_a_grant_and_cannot_unstage(workdir, daemon):
+    d = daemon("--dram", "512M")
+    src = data_file(workdir, "root-only.dat", 2, mode=0o644)
+    assert attune(d, "stage", "mine", src).returncode == 0
+    p = subprocess.run([str(workdir / "client"), "refused", "mine"], env=d.env(),
+                       capture_output=True, text=True, preexec_fn=as_nobody, timeout=30)
+    assert p.returncode == 0 and "refused: OK" in p.stdout, p
+    p = attune(d, "run", "--staged", "mine", "--", "true", user="nobody")
+    assert p.returncode == 2 and "has not granted" in p.stderr, p
+    p = attune(d, "unstage", "mine", user="nobody")
+    assert p.returncode == 1 and "only its owner or root" in p.stderr, p
+    # Granted at staging: nobody reads it, verified.
+    assert attune(d, "stage", "shared-in", src, "--grant", 65534).returncode == 0
+    p = subprocess.run([str(workdir / "client"), "staged", "shared-in", str(src)], env=d.env(),
+                       capture_output=True, text=True, preexec_fn=as_nobody, timeout=30)
+    assert p.returncode == 0 and "staged: OK" in p.stdout, p
+    # The daemon reads only what the user could open: a file nobody cannot read is refused
+    # by the user's own open, before any daemon sees it.
+    secret = data_file(workdir, "secret.dat", 1, mode=0o600)
+    p = attune(d, "stage", "stolen", secret, user="nobody")
+    assert p.returncode == 1 and "Permission denied" in p.stderr, p
+    assert region(d, "stolen") is None
+    # nobody's own input is nobody's.
+    p = attune(d, "stage", "theirs", src, user="nobody")
+    assert p.returncode == 0, p
+    assert region(d, "theirs")["owner"] == 65534
+    for n in ("mine", "shared-in"):
+        assert attune(d, "unstage", n).returncode == 0
+    # Root may unstage any.
+    assert attune(d, "unstage", "theirs").returncode == 0
+    assert d.status()["shared"] == []
+
+
+@needs_cgroup
+def test_a_slurm_jobs_input_goes_when_its_job_cgroup_does(workdir, daemon):
+    """slurmd removes a job's cgroup when the job ends, however it ends: the daemon's
+    watcher unstages what the job staged. The job is a cgroup named as slurmd names it."""
+    d = daemon("--dram", "512M")
+    src = data_file(workdir, "job.dat", 2)
+    top = CGROUP_ROOT / f"attune-stagetest-{os.getpid()}"
+    job = top / "job_4242"
+    job.mkdir(parents=True)
+    try:
+        p = subprocess.run(["sh", "-c", f'echo $$ > {job}/cgroup.procs && exec "$@"', "sh",
+                            str(ATTUNE), "stage", "job-in", str(src)],
+                           env=d.env(), capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p
+        r = region(d, "job-in")
+        assert r["staged"] and r["job"] == "4242", r
+        time.sleep(1.5)
+        assert region(d, "job-in") is not None, "kept while the job lives"
+        job.rmdir()
+        assert wait_gone(d, "job-in", 5), d.status()
+    finally:
+        for c in (job, top):
+            if c.exists():
+                c.rmdir()
