@@ -479,6 +479,35 @@ def test_a_container_whose_seccomp_profile_forbids_userfaultfd_gets_the_fallback
     assert "continuing with plain DRAM" in p.stderr, p.stderr
 
 
+def test_a_jobs_staged_input_serves_its_tasks_and_goes_with_the_job(slurm):
+    """nobody's batch job stages an input once; two tasks read it through `attune run
+    --staged`, verified; the daemon names the job; scancel (no unstage run) frees it."""
+    data = slurm.jobs / "staged-input.dat"
+    data.write_bytes(os.urandom(8 * MIB))
+    os.chmod(data, 0o644)
+    out = slurm.jobs / "staged.out"
+    script = (f"#!/bin/sh\nexport ATTUNE_SOCKET={slurm.daemon.sock}\n"
+              f"{ATTUNE} stage jobin {data} || exit 1\n"
+              f"srun --ntasks=2 {ATTUNE} run -q --staged jobin -- "
+              f"sh -c 'cmp \"$ATTUNE_STAGED_JOBIN\" {data} && echo SAME'\n"
+              "sleep 120\n")
+    job = slurm.sbatch(script, "--mem=200M", "--ntasks=2", f"--output={out}", user="nobody")
+    for _ in range(300):
+        if out.exists() and out.read_text().count("SAME") == 2:
+            break
+        time.sleep(0.1)
+    assert out.read_text().count("SAME") == 2, out.read_text()
+    (r,) = [r for r in daemon_status(slurm)["shared"] if r["name"] == "jobin"]
+    assert r["staged"] and r["job"] == job and r["owner"] == 65534 and r["size"] == 8 * MIB, r
+    slurm.run(["scancel", job], user="nobody")
+    slurm.wait(job)
+    for _ in range(100):
+        if not any(r["name"] == "jobin" for r in daemon_status(slurm)["shared"]):
+            break
+        time.sleep(0.1)
+    assert not any(r["name"] == "jobin" for r in daemon_status(slurm)["shared"]), "outlived its job"
+
+
 def test_an_array_ensemble_of_tiered_jobs_finishes_verified(slurm):
     """The ensemble at small size: 8 array tasks of one workflow class, each twice its
     --mem, scheduled two at a time on the node's 2 CPUs: every task completes verified, each
