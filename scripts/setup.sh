@@ -26,6 +26,10 @@ command -v slurmctld >/dev/null || need+=(slurmctld)
 command -v slurmd >/dev/null || need+=(slurmd)
 command -v srun >/dev/null || need+=(slurm-client)
 command -v munged >/dev/null || need+=(munge)
+# Job accounting in the Slurm tests (sacct shows the jobs' summaries): slurmdbd on a
+# private MariaDB that the tests start and stop (tests/python/slurm_cluster.py).
+command -v slurmdbd >/dev/null || need+=(slurmdbd)
+command -v mariadbd >/dev/null || need+=(mariadb-server)
 command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v ch-run >/dev/null || need+=(charliecloud-runtime)
 # The failing-tier test: an ext4 file system on a loop device (docs/reliability.md).

@@ -1,7 +1,8 @@
 """A real single-node Slurm for tests and benchmarks (../shared/notes/slurm-containers.md):
 its own munged, slurmctld and slurmd on private ports, sockets, state and log files in one
-directory, Attune's SPANK plugin in its plugstack, cgroup v1 memory limits. Stopped by
-the PIDs it started; the job cgroups Slurm leaves behind are removed.
+directory, Attune's SPANK plugin in its plugstack, cgroup v1 memory limits; with
+`accounting=True` also slurmdbd on a private MariaDB (sacct). Stopped by the PIDs it
+started; the job cgroups Slurm leaves behind are removed.
 
     with Slurm(plugin_args=["socket=/tmp/x.sock"]) as s:
         s.run(["srun", "--mem=200M", "--tm-flags=CAP", "./prog"])
@@ -36,8 +37,20 @@ def available():
     return None
 
 
+def accounting_available():
+    """Why job accounting (slurmdbd on a private MariaDB) cannot run here, or None."""
+    for tool in ("slurmdbd", "mariadbd", "mariadb-install-db", "mariadb", "sacct"):
+        if not shutil.which(tool):
+            return f"{tool} is not installed (scripts/setup.sh)"
+    return None
+
+
 class Slurm:
-    def __init__(self, plugin_args=(), cpus=2, mem_mib=16000):
+    def __init__(self, plugin_args=(), cpus=2, mem_mib=16000, accounting=False):
+        """`accounting`: also a private MariaDB and slurmdbd, so that sacct answers and
+        keeps the jobs' comments (AccountingStoreFlags=job_comment)."""
+        self.accounting = accounting
+        self.db_proc = None
         self.dir = Path(tempfile.mkdtemp(prefix="attune-slurmtest-"))
         os.chmod(self.dir, 0o755)
         self.jobs = self.dir / "jobs"
@@ -81,6 +94,33 @@ SchedulerParameters=sched_interval=1
 NodeName=localhost CPUs={cpus} RealMemory={mem_mib}
 PartitionName=debug Nodes=localhost Default=YES State=UP MaxTime=INFINITE
 """)
+        if accounting:
+            self.db_port = port + 2
+            self.dbd_port = port + 3
+            with open(d / "slurm.conf", "a") as f:
+                f.write(f"""AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort={self.dbd_port}
+AccountingStoreFlags=job_comment
+AccountingStoragePass={self.munge_sock}
+JobAcctGatherType=jobacct_gather/none
+""")
+            conf = d / "slurmdbd.conf"
+            conf.write_text(f"""AuthType=auth/munge
+AuthInfo=socket={self.munge_sock}
+DbdHost=localhost
+DbdPort={self.dbd_port}
+SlurmUser=root
+PidFile={d}/slurmdbd.pid
+LogFile={d}/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={self.db_port}
+StorageUser=slurm
+StoragePass=attune-test
+StorageLoc=slurm_acct_{self.cluster}
+""")
+            os.chmod(conf, 0o600)
         (d / "cgroup.conf").write_text(
             "CgroupPlugin=cgroup/v1\nConstrainRAMSpace=yes\nConstrainSwapSpace=yes\nAllowedSwapSpace=0\n")
         self.write_plugstack(plugin_args)
@@ -105,6 +145,8 @@ PartitionName=debug Nodes=localhost Default=YES State=UP MaxTime=INFINITE
                         f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log",
                         f"--seed-file={d}/munged.seed"], check=True, capture_output=True)
         self.pids.append(int((d / "munged.pid").read_text()))
+        if self.accounting:
+            self._start_accounting()
         for daemon in ("slurmctld", "slurmd"):
             subprocess.run([daemon, "-f", str(d / "slurm.conf")], check=True, capture_output=True,
                            env=self.env)
@@ -116,6 +158,42 @@ PartitionName=debug Nodes=localhost Default=YES State=UP MaxTime=INFINITE
                 return
             time.sleep(0.1)
         raise RuntimeError("slurmd did not come up: " + (d / "slurmd.log").read_text()[-2000:])
+
+    def _start_accounting(self):
+        """A private MariaDB (its own data directory and port, root only through its
+        socket) and slurmdbd on it."""
+        d = self.dir
+        db = d / "db"
+        subprocess.run(["mariadb-install-db", f"--datadir={db}", "--user=root",
+                        "--auth-root-authentication-method=socket", "--skip-test-db"],
+                       check=True, capture_output=True)
+        sock = d / "mariadb.sock"
+        self.db_proc = subprocess.Popen(["mariadbd", "--no-defaults", f"--datadir={db}", f"--socket={sock}",
+                          f"--port={self.db_port}", "--bind-address=127.0.0.1", "--user=root",
+                          f"--pid-file={d}/mariadb.pid", f"--log-error={d}/mariadb.log",
+                          "--skip-name-resolve"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.pids.append(self._pid("mariadb"))
+        sql = ("CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY 'attune-test'; "
+               f"GRANT ALL ON slurm_acct_{self.cluster}.* TO 'slurm'@'127.0.0.1';")
+        for _ in range(100):
+            if subprocess.run(["mariadb", "--no-defaults", "-S", str(sock), "-u", "root", "-e", sql],
+                              capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("mariadb did not come up: " + (d / "mariadb.log").read_text()[-2000:])
+        # slurmdbd reads the slurmdbd.conf beside $SLURM_CONF (it has no -f).
+        subprocess.run(["slurmdbd"], check=True, capture_output=True, env=self.env)
+        self.pids.append(self._pid("slurmdbd"))
+        # slurmctld registers its cluster with slurmdbd only once slurmdbd answers.
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            if subprocess.run(["sacctmgr", "-n", "list", "cluster"], capture_output=True,
+                              env=self.env, timeout=20).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("slurmdbd did not come up: " + (d / "slurmdbd.log").read_text()[-2000:])
 
     def _pid(self, daemon):
         f = self.dir / f"{daemon}.pid"
@@ -183,6 +261,8 @@ PartitionName=debug Nodes=localhost Default=YES State=UP MaxTime=INFINITE
                 except ProcessLookupError:
                     pass
         self.pids = []
+        if self.db_proc:
+            self.db_proc.wait(timeout=30)
         # A step whose job was not ended (a failed test) keeps its slurmstepd: every process
         # left in the job cgroups of our slurmd is ours to end.
         for procs in Path("/sys/fs/cgroup").glob("*/slurm_localhost/**/cgroup.procs"):

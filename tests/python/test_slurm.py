@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_cluster import BUILD, PLUGIN, ROOT, Slurm, available
+from slurm_cluster import BUILD, PLUGIN, ROOT, Slurm, accounting_available, available
 from test_daemon import Daemon
 
 ATTUNE = BUILD / "bin" / "attune"
@@ -32,7 +32,9 @@ pytestmark = pytest.mark.skipif(why is not None, reason=why or "")
 
 @pytest.fixture(scope="module")
 def slurm():
-    s = Slurm()
+    # With job accounting where slurmdbd and MariaDB are installed (scripts/setup.sh does),
+    # as a site runs it: sacct then shows the jobs' summaries.
+    s = Slurm(accounting=accounting_available() is None)
     # The node daemon, as a site would run it: its socket named in plugstack.conf.
     s.metrics = random.randrange(20000, 40000)
     d = Daemon(s.dir, "--dram", "2G", "--far-pool", "512M", sock=str(s.dir / "attuned.sock"),
@@ -267,6 +269,24 @@ def test_the_jobs_summary_becomes_its_comment_and_its_files_go(slurm):
             break
         time.sleep(0.1)
     assert not os.path.exists(f"/tmp/attune-slurm-65534/{job}"), "the job's statistics stay behind"
+
+
+@pytest.mark.skipif(accounting_available() is not None, reason=accounting_available() or "")
+def test_the_jobs_summary_shows_in_sacct(slurm):
+    """With slurmdbd and AccountingStoreFlags=job_comment, the summary the plugin put in
+    the job's comment is what sacct shows the user after the job."""
+    job = slurm.sbatch("#!/bin/sh\nsrun ./c_matrix 300\n", "--mem=200M", "--tm-flags=CAP",
+                       "--tm-far=file", user="nobody")
+    assert slurm.wait(job) == "COMPLETED"
+    out = ""
+    for _ in range(150):
+        out = slurm.run(["sacct", "-n", "-X", "-j", job, "-o", "JobID,State,Comment%300"],
+                        user="nobody").stdout
+        if "attune:" in out:
+            break
+        time.sleep(0.2)
+    assert re.search(rf"^\s*{job}\s+COMPLETED\s+attune: 1 process\(es\), peak DRAM [\d.]+ MiB, far "
+                     r"[\d.]+ (MiB|GiB) \(file\), \d+ faults", out, re.M), out
 
 
 def daemon_status(slurm):
@@ -506,6 +526,33 @@ def test_a_jobs_staged_input_serves_its_tasks_and_goes_with_the_job(slurm):
             break
         time.sleep(0.1)
     assert not any(r["name"] == "jobin" for r in daemon_status(slurm)["shared"]), "outlived its job"
+
+
+def test_array_tasks_share_one_staged_copy_that_goes_after_the_last(slurm):
+    """Each task of an array (jobs of their own) runs `attune stage --reuse`: one copy
+    serves them all, every read verified, and it goes when the last task's job ends."""
+    data = slurm.jobs / "array-input.dat"
+    data.write_bytes(os.urandom(4 * MIB))
+    os.chmod(data, 0o644)
+    out = slurm.jobs / "stagearr-%a.out"
+    script = (f"#!/bin/sh\nexport ATTUNE_SOCKET={slurm.daemon.sock}\n"
+              f"{ATTUNE} stage --reuse arrin {data} || exit 1\n"
+              f"{ATTUNE} run -q --staged arrin -- sh -c 'cmp \"$ATTUNE_STAGED_ARRIN\" {data} && echo SAME'\n"
+              "sleep 3\n")
+    job = slurm.sbatch(script, "--array=0-3", "--mem=100M", f"--output={out}", user="nobody")
+    seen = set()
+    for i in range(4):
+        assert slurm.wait(f"{job}_{i}", timeout=120) == "COMPLETED"
+    for i in range(4):
+        text = (slurm.jobs / f"stagearr-{i}.out").read_text()
+        assert "SAME" in text, text
+        seen.add("staged already" in text)
+    assert seen == {True, False}, "one task copied, the others reused"
+    for _ in range(100):
+        if not any(r["name"] == "arrin" for r in daemon_status(slurm)["shared"]):
+            break
+        time.sleep(0.1)
+    assert not any(r["name"] == "arrin" for r in daemon_status(slurm)["shared"]), "outlived its jobs"
 
 
 def test_an_array_ensemble_of_tiered_jobs_finishes_verified(slurm):

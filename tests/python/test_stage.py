@@ -165,6 +165,8 @@ def test_another_user_needs_a_grant_and_cannot_unstage(workdir, daemon):
     assert p.returncode == 2 and "has not granted" in p.stderr, p
     p = attune(d, "unstage", "mine", user="nobody")
     assert p.returncode == 1 and "only its owner or root" in p.stderr, p
+    p = attune(d, "stage", "--reuse", "mine", src, user="nobody")
+    assert p.returncode == 1 and "has not granted" in p.stderr, p
     # Granted at staging: nobody reads it, verified.
     assert attune(d, "stage", "shared-in", src, "--grant", 65534).returncode == 0
     p = subprocess.run([str(workdir / "client"), "staged", "shared-in", str(src)], env=d.env(),
@@ -187,27 +189,71 @@ def test_another_user_needs_a_grant_and_cannot_unstage(workdir, daemon):
     assert d.status()["shared"] == []
 
 
+def test_reuse_keeps_one_copy_and_waits_for_one_being_staged(workdir, daemon):
+    d = daemon("--dram", "512M")
+    src = data_file(workdir, "reuse.dat", 4)
+    # A second stager of the same name waits for the copy in progress, then reuses it.
+    w = subprocess.Popen(["sh", "-c", f"cat {src}; exec sleep 1"], stdout=subprocess.PIPE)
+    first = subprocess.Popen([str(ATTUNE), "stage", "r", "-"], env=d.env(), stdin=w.stdout,
+                             stdout=subprocess.PIPE, text=True)
+    w.stdout.close()
+    time.sleep(0.3)
+    p = attune(d, "stage", "--reuse", "r", src)
+    assert p.returncode == 0 and "staged already" in p.stdout, p
+    assert first.wait(timeout=30) == 0 and w.wait(timeout=30) == 0
+    assert [x["name"] for x in d.status()["shared"]] == ["r"]
+    out = subprocess.run([str(workdir / "client"), "staged", "r", str(src)], env=d.env(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out
+    # Without --reuse the name is taken; a writable region is not a staged input.
+    assert "exists already" in attune(d, "stage", "r", src).stderr
+    hold = subprocess.Popen([str(workdir / "client"), "write", "rw", "1", "3"], env=d.env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(100):
+        if region(d, "rw"):
+            break
+        time.sleep(0.05)
+    p = attune(d, "stage", "--reuse", "rw", src)
+    assert p.returncode == 1 and "writable shared region" in p.stderr, p
+    hold.kill()
+    hold.wait()
+    assert attune(d, "unstage", "r").returncode == 0
+    assert wait_gone(d, "r", 5)
+
+
 @needs_cgroup
-def test_a_slurm_jobs_input_goes_when_its_job_cgroup_does(workdir, daemon):
+def test_a_slurm_jobs_input_goes_when_its_last_job_cgroup_does(workdir, daemon):
     """slurmd removes a job's cgroup when the job ends, however it ends: the daemon's
-    watcher unstages what the job staged. The job is a cgroup named as slurmd names it."""
+    watcher drops each ended job of a staged input and unstages it after the last (two
+    array tasks: one stages, the other reuses). Jobs are cgroups named as slurmd names
+    them."""
     d = daemon("--dram", "512M")
     src = data_file(workdir, "job.dat", 2)
     top = CGROUP_ROOT / f"attune-stagetest-{os.getpid()}"
-    job = top / "job_4242"
-    job.mkdir(parents=True)
+    jobs = [top / "job_4242", top / "job_4243"]
+    for j in jobs:
+        j.mkdir(parents=True)
+
+    def stage_in(job, *extra):
+        return subprocess.run(["sh", "-c", f'echo $$ > {job}/cgroup.procs && exec "$@"', "sh",
+                               str(ATTUNE), "stage", *extra, "job-in", str(src)],
+                              env=d.env(), capture_output=True, text=True, timeout=60)
     try:
-        p = subprocess.run(["sh", "-c", f'echo $$ > {job}/cgroup.procs && exec "$@"', "sh",
-                            str(ATTUNE), "stage", "job-in", str(src)],
-                           env=d.env(), capture_output=True, text=True, timeout=60)
+        p = stage_in(jobs[0])
         assert p.returncode == 0, p
+        p = stage_in(jobs[1], "--reuse")
+        assert p.returncode == 0 and "staged already" in p.stdout, p
         r = region(d, "job-in")
-        assert r["staged"] and r["job"] == "4242", r
+        assert r["staged"] and r["job"] == "4242,4243", r
         time.sleep(1.5)
-        assert region(d, "job-in") is not None, "kept while the job lives"
-        job.rmdir()
+        assert region(d, "job-in") is not None, "kept while its jobs live"
+        jobs[0].rmdir()
+        time.sleep(1.5)
+        r = region(d, "job-in")
+        assert r is not None and r["job"] == "4243", r
+        jobs[1].rmdir()
         assert wait_gone(d, "job-in", 5), d.status()
     finally:
-        for c in (job, top):
+        for c in (*jobs, top):
             if c.exists():
                 c.rmdir()

@@ -91,6 +91,10 @@ pub enum Request {
         flags: String,
         #[serde(default)]
         size: u64,
+        /// An input of this name that the caller may open, staged already, is kept for
+        /// the caller's job too instead of refused; one being staged answers EAGAIN.
+        #[serde(default, skip_serializing_if = "is_false")]
+        reuse: bool,
         fds: usize,
     },
     /// Drops the daemon's own reference of a staged region (owner or root); it is freed
@@ -220,6 +224,9 @@ pub enum Reply {
         name: String,
         size: u64,
         ms: u64,
+        /// It was staged already (`reuse`): nothing was copied.
+        #[serde(default, skip_serializing_if = "is_false")]
+        reused: bool,
     },
     Ok {
         id: u64,

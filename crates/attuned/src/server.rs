@@ -79,6 +79,7 @@ fn connection(sock: UnixStream, state: Shared) {
                     name,
                     flags,
                     size,
+                    reuse,
                     fds: _,
                 },
                 fds,
@@ -88,7 +89,7 @@ fn connection(sock: UnixStream, state: Shared) {
                 let begun = {
                     let mut st = lock(&state);
                     st.requests += 1;
-                    crate::stage::begin(&mut st, id, cred.uid, rid, name, flags, size, fds)
+                    crate::stage::begin(&mut st, id, cred.uid, rid, name, flags, size, reuse, fds)
                 };
                 let reply = match begun {
                     Err(r) => r,
@@ -439,10 +440,12 @@ pub fn handle(
             name,
             flags,
             size,
+            reuse,
             fds: _,
         } => {
             // Driven without a socket (fuzz, tests): the copy runs under the caller's lock.
-            let mut sg = match crate::stage::begin(st, id, uid, rid, name, flags, size, fds) {
+            let mut sg = match crate::stage::begin(st, id, uid, rid, name, flags, size, reuse, fds)
+            {
                 Ok(sg) => sg,
                 Err(reply) => return Some((reply, None)),
             };

@@ -47,7 +47,8 @@ fn error(rid: u64, errno: i32, message: String) -> Reply {
 }
 
 /// Checks a stage request of client `cid` (user `uid`), reserves the bytes it needs and
-/// enters the region, not yet openable. The error reply otherwise.
+/// enters the region, not yet openable; or the reply to send at once: a refusal, or
+/// (`reuse`) the input staged already, now kept for the caller's job too.
 #[allow(clippy::too_many_arguments)]
 pub fn begin(
     st: &mut State,
@@ -57,6 +58,7 @@ pub fn begin(
     name: String,
     flags: String,
     limit: u64,
+    reuse: bool,
     mut fds: Vec<OwnedFd>,
 ) -> Result<Staging, Reply> {
     if !valid_name(&name) {
@@ -76,12 +78,52 @@ pub fn begin(
             "a stage request carries exactly one descriptor: the source".into(),
         ));
     }
-    if st.shared.contains_key(&name) {
-        return Err(error(
-            rid,
-            libc::EEXIST,
-            format!("a shared region '{name}' exists already (unstage it, or choose another name)"),
-        ));
+    let stager = stager_of(st, cid);
+    if let Some(r) = st.shared.get_mut(&name) {
+        if !reuse {
+            return Err(error(
+                rid,
+                libc::EEXIST,
+                format!("a shared region '{name}' exists already (unstage it, reuse it with --reuse, or choose another name)"),
+            ));
+        }
+        if !(uid == 0 || r.owner == uid || r.granted.contains(&uid)) {
+            st.rejected += 1;
+            return Err(error(
+                rid,
+                libc::EACCES,
+                format!(
+                    "staged input '{name}' belongs to another user, who has not granted uid {uid}"
+                ),
+            ));
+        }
+        if !r.read_only {
+            return Err(error(
+                rid,
+                libc::EEXIST,
+                format!("'{name}' is a writable shared region, not a staged input"),
+            ));
+        }
+        if !r.ready {
+            return Err(error(
+                rid,
+                libc::EAGAIN,
+                format!("'{name}' is being staged by another process"),
+            ));
+        }
+        match stager {
+            Some(j) if r.stagers.iter().any(|(id, _)| *id == j.0) => {}
+            Some(j) if r.stagers.len() < crate::state::MAX_STAGERS => r.stagers.push(j),
+            Some(_) => {}
+            None => r.by_hand = true,
+        }
+        return Err(Reply::Staged {
+            id: rid,
+            name,
+            size: r.size,
+            ms: 0,
+            reused: true,
+        });
     }
     let src = std::fs::File::from(fds.pop().unwrap());
     let meta = match src.metadata() {
@@ -125,18 +167,13 @@ pub fn begin(
         Ok(d) => std::fs::File::from(d),
         Err(e) => return Err(error(rid, e.0, format!("cannot create '{name}': {e}"))),
     };
-    let (pid, job) = st
-        .clients
-        .get(&cid)
-        .map_or((0, String::new()), |c| (c.pid, c.placement.job.clone()));
-    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    let job_cgroup = job_cgroup_dir(&cgroup, &|p| p.is_dir()).filter(|_| !job.is_empty());
     let mut region = SharedRegion::opened(uid, f.to_string(), want, file);
-    region.staged = true;
     region.ready = false;
     region.read_only = true;
-    region.job = job;
-    region.job_cgroup = job_cgroup;
+    match stager {
+        Some(j) => region.stagers.push(j),
+        None => region.by_hand = true,
+    }
     st.shared.insert(name.clone(), region);
     request_rebalance();
     Ok(Staging {
@@ -150,6 +187,18 @@ pub fn begin(
         limit,
         started: Instant::now(),
     })
+}
+
+/// The Slurm job client `cid` runs in and its cgroup directory (None: not in a job, or
+/// its cgroup cannot be found: then only `attune unstage` ends what it stages).
+fn stager_of(st: &State, cid: u64) -> Option<(String, std::path::PathBuf)> {
+    let c = st.clients.get(&cid)?;
+    if c.placement.job.is_empty() {
+        return None;
+    }
+    let cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", c.pid)).ok()?;
+    let dir = job_cgroup_dir(&cgroup, &|p| p.is_dir())?;
+    Some((c.placement.job.clone(), dir))
 }
 
 /// Grows the reservation of the region being staged as `name` to at least `need` bytes
@@ -294,10 +343,10 @@ pub fn finish(
                 &format!(
                     "staged input '{name}' of uid {}: {n} bytes in {ms} ms{}",
                     sg.uid,
-                    if r.job.is_empty() {
+                    if r.stagers.is_empty() {
                         String::new()
                     } else {
-                        format!(", until job {} ends", r.job)
+                        format!(", until job {} ends", r.jobs())
                     }
                 ),
             );
@@ -306,6 +355,7 @@ pub fn finish(
                 name,
                 size: n,
                 ms,
+                reused: false,
             }
         }
         Err((errno, m)) => {
@@ -339,14 +389,15 @@ pub fn unstage(st: &mut State, uid: u32, rid: u64, name: &str) -> Reply {
     if !r.ready {
         return error(rid, libc::EBUSY, format!("'{name}' is still being staged"));
     }
-    if !r.staged {
+    if !r.staged() {
         return error(
             rid,
             libc::EINVAL,
             format!("'{name}' is not staged (a region opened with attune_shared_open goes when its last user closes it)"),
         );
     }
-    r.staged = false;
+    r.stagers.clear();
+    r.by_hand = false;
     crate::log_user(uid, &format!("staged input '{name}' unstaged by uid {uid}"));
     st.release_if_unused(name);
     request_rebalance();

@@ -120,17 +120,19 @@ pub struct SharedRegion {
     pub size: u64,
     pub file: OwnedFd,
     pub granted: HashSet<u32>,
-    /// Staged input: the daemon holds a reference of its own until it is unstaged.
-    pub staged: bool,
     /// False while a staged input is being copied in: nobody may open it yet.
     pub ready: bool,
     /// Sealed against writes (a staged input, or a re-adopted one): mapped read-only.
     pub read_only: bool,
-    /// The Slurm job that staged it and that job's cgroup directory: when the directory
-    /// is gone, the job has ended and the daemon's reference goes with it.
-    pub job: String,
-    pub job_cgroup: Option<std::path::PathBuf>,
+    /// What keeps a staged input in the daemon (its own reference): the Slurm jobs that
+    /// staged or reused it, each with its cgroup directory (gone: the job has ended), and
+    /// `by_hand`, staged outside any job (until `attune unstage`).
+    pub stagers: Vec<(String, std::path::PathBuf)>,
+    pub by_hand: bool,
 }
+
+/// Jobs one staged input keeps track of (a job array's tasks each reuse it).
+pub const MAX_STAGERS: usize = 1024;
 
 impl SharedRegion {
     /// A region `shared_open` (or a re-registration) creates: writable, no daemon reference.
@@ -142,11 +144,24 @@ impl SharedRegion {
             size,
             file,
             granted: Default::default(),
-            staged: false,
             ready: true,
             read_only,
-            job: String::new(),
-            job_cgroup: None,
+            stagers: Vec::new(),
+            by_hand: false,
+        }
+    }
+
+    /// The daemon holds a reference of its own (a staged input not yet unstaged).
+    pub fn staged(&self) -> bool {
+        self.by_hand || !self.stagers.is_empty()
+    }
+
+    /// The jobs that keep it, as `attune status` shows them.
+    pub fn jobs(&self) -> String {
+        let ids: Vec<&str> = self.stagers.iter().map(|(j, _)| j.as_str()).collect();
+        match ids.len() {
+            0..=8 => ids.join(","),
+            n => format!("{},... ({n} jobs)", ids[..8].join(",")),
         }
     }
 }
@@ -241,7 +256,10 @@ impl State {
     }
 
     pub fn release_if_unused(&mut self, name: &str) {
-        let held = self.shared.get(name).is_some_and(|s| s.staged || !s.ready);
+        let held = self
+            .shared
+            .get(name)
+            .is_some_and(|s| s.staged() || !s.ready);
         if !held && self.shared_refs(name) == 0 {
             if self.shared.remove(name).is_some() {
                 crate::log(&format!(
@@ -556,8 +574,8 @@ impl State {
                     refs: self.shared_refs(name),
                     granted_uids: granted,
                     granted_count,
-                    staged: s.staged,
-                    job: s.job.clone(),
+                    staged: s.staged(),
+                    job: s.jobs(),
                 }
             })
             .collect();
@@ -637,19 +655,23 @@ impl State {
     /// exists) lose the daemon's reference; each is freed once its last opener closes it.
     /// Called every second by the daemon's job watcher.
     pub fn unstage_ended_jobs(&mut self, gone: impl Fn(&std::path::Path) -> bool) {
-        let ended: Vec<String> = self
-            .shared
-            .iter()
-            .filter(|(_, s)| s.staged && s.ready)
-            .filter(|(_, s)| s.job_cgroup.as_deref().is_some_and(&gone))
-            .map(|(n, _)| n.clone())
-            .collect();
+        let mut ended = Vec::new();
+        for (name, s) in self.shared.iter_mut().filter(|(_, s)| s.ready) {
+            let before = s.stagers.len();
+            s.stagers.retain(|(job, dir)| {
+                let g = gone(dir);
+                if g {
+                    crate::log(&format!("staged input '{name}': job {job} has ended"));
+                }
+                !g
+            });
+            if before > 0 && !s.staged() {
+                ended.push(name.clone());
+            }
+        }
         for name in ended {
-            let s = self.shared.get_mut(&name).unwrap();
-            s.staged = false;
             crate::log(&format!(
-                "staged input '{name}' unstaged: job {} has ended",
-                s.job
+                "staged input '{name}' unstaged: its last job has ended"
             ));
             self.release_if_unused(&name);
             request_rebalance();

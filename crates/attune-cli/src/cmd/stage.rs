@@ -25,6 +25,11 @@ pub struct StageArgs {
     /// Let this user (uid) open it too; repeatable.
     #[arg(long, value_name = "UID")]
     grant: Vec<u32>,
+    /// If an input of this name that this user may open is staged already, keep it for
+    /// this job too instead of failing (one being staged is waited for): the tasks of a
+    /// job array each run `attune stage --reuse` and only the first copies.
+    #[arg(long)]
+    reuse: bool,
     /// The daemon's socket [default: $ATTUNE_SOCKET or /run/attune/attuned.sock].
     #[arg(long)]
     socket: Option<PathBuf>,
@@ -106,12 +111,27 @@ pub fn stage(a: StageArgs) -> i32 {
         name: a.name.clone(),
         flags: a.flags.clone(),
         size,
+        reuse: a.reuse,
         fds: 1,
     };
-    let (size, ms) = match attune_proto::call_with(&s, &req, &[src.as_raw_fd()]) {
-        Ok((Reply::Staged { size, ms, .. }, _)) => (size, ms),
-        Ok((r, _)) => return fail(reply_error(r)),
-        Err(e) => return fail(format!("attuned on {}: {e}", socket.display())),
+    // With --reuse, an input another task is staging now is waited for.
+    let t0 = std::time::Instant::now();
+    let (size, ms, reused) = loop {
+        match attune_proto::call_with(&s, &req, &[src.as_raw_fd()]) {
+            Ok((
+                Reply::Staged {
+                    size, ms, reused, ..
+                },
+                _,
+            )) => break (size, ms, reused),
+            Ok((Reply::Error { errno, .. }, _))
+                if errno == libc::EAGAIN && a.reuse && t0.elapsed() < STAGING_WAIT =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok((r, _)) => return fail(reply_error(r)),
+            Err(e) => return fail(format!("attuned on {}: {e}", socket.display())),
+        }
     };
     drop(src);
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
@@ -126,6 +146,13 @@ pub fn stage(a: StageArgs) -> i32 {
             Ok((r, _)) => return fail(format!("--grant {uid}: {}", reply_error(r))),
             Err(e) => return fail(format!("--grant {uid}: {e}")),
         }
+    }
+    if reused {
+        println!(
+            "staged '{}': {size} bytes, staged already: kept for this job too",
+            a.name
+        );
+        return 0;
     }
     println!(
         "staged '{}': {} bytes in {ms} ms; `attune run --staged {}` gives a program its path, attune_shared_open(\"{}\", 0, 0) maps it; `attune unstage {}` ends it",
@@ -187,36 +214,54 @@ pub struct Held {
     pub files: Vec<(String, OwnedFd)>,
 }
 
+/// How long an open waits for an input another process is still staging.
+const STAGING_WAIT: Duration = Duration::from_secs(600);
+
+/// Opens the region `name` on connection `s`, waiting while another process stages it
+/// (EAGAIN): its size and memory file. A reference of this connection.
+fn open_when_staged(
+    s: &std::os::unix::net::UnixStream,
+    name: &str,
+) -> Result<(u64, OwnedFd), String> {
+    let t0 = std::time::Instant::now();
+    let mut id = 0;
+    loop {
+        id += 1;
+        let req = Request::SharedOpen {
+            id,
+            name: name.into(),
+            size: 0,
+            flags: String::new(),
+        };
+        match attune_proto::call(s, &req) {
+            Ok((Reply::Shared { size, .. }, mut fds)) => {
+                return fds
+                    .pop()
+                    .map(|f| (size, f))
+                    .ok_or_else(|| format!("{name}: attuned sent no memory file"))
+            }
+            Ok((Reply::Error { errno, .. }, _))
+                if errno == libc::EAGAIN && t0.elapsed() < STAGING_WAIT =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok((r, _)) => return Err(format!("{name}: {}", reply_error(r))),
+            Err(e) => return Err(format!("{name}: attuned: {e}")),
+        }
+    }
+}
+
 /// Opens each staged input (or any shared region this user may open) for a program
-/// `attune run` starts.
+/// `attune run` starts, waiting for one that is still being staged.
 pub fn hold(names: &[String]) -> Result<Held, String> {
     let socket = attune_proto::socket_path();
     let s = connect(&socket)?;
     let mut files = Vec::new();
-    for (i, name) in names.iter().enumerate() {
-        let req = Request::SharedOpen {
-            id: i as u64 + 1,
-            name: name.clone(),
-            size: 0,
-            flags: String::new(),
-        };
-        match attune_proto::call(&s, &req) {
-            Ok((Reply::Shared { .. }, mut fds)) => match fds.pop() {
-                Some(f) => {
-                    let f = attune_sys::unix::dup_inheritable(&f)
-                        .map_err(|e| format!("--staged {name}: {e}"))?;
-                    files.push((name.clone(), f));
-                }
-                None => return Err(format!("--staged {name}: attuned sent no memory file")),
-            },
-            Ok((r, _)) => return Err(format!("--staged {name}: {}", reply_error(r))),
-            Err(e) => {
-                return Err(format!(
-                    "--staged {name}: attuned on {}: {e}",
-                    socket.display()
-                ))
-            }
-        }
+    for name in names {
+        let (_, f) = open_when_staged(&s, name).map_err(|e| format!("--staged {e}"))?;
+        let f =
+            attune_sys::unix::dup_inheritable(&f).map_err(|e| format!("--staged {name}: {e}"))?;
+        files.push((name.clone(), f));
     }
     Ok(Held { _conn: s, files })
 }
