@@ -457,6 +457,29 @@ static int job_ids(spank_t sp, uint32_t *job, uid_t *uid)
            spank_get_item(sp, S_JOB_UID, uid) == ESPANK_SUCCESS;
 }
 
+/* For a job allocated several nodes (the job's, not the step's: a batch step runs on one):
+ * this node's name, made safe for a path, and 1; 0 for a one-node job. */
+static int job_node(spank_t sp, char *node, size_t n)
+{
+    char nodes[16] = "";
+    if (spank_getenv(sp, "SLURM_JOB_NUM_NODES", nodes, sizeof nodes) != ESPANK_SUCCESS ||
+        atoi(nodes) <= 1)
+        return 0;
+    /* slurmd's own environment names its node (slurmstepd inherits it); the job's may
+     * hold the name of the node a step was started from. */
+    const char *self = getenv("SLURMD_NODENAME");
+    if (self && *self)
+        snprintf(node, n, "%s", self);
+    else if (gethostname(node, n) != 0 || !*node)
+        snprintf(node, n, "node");
+    node[n - 1] = 0;
+    for (char *c = node; *c; c++)
+        if (!(*c >= 'a' && *c <= 'z') && !(*c >= 'A' && *c <= 'Z') && !(*c >= '0' && *c <= '9') &&
+            *c != '-' && *c != '_')
+            *c = '_';
+    return 1;
+}
+
 /* A directory `path` this user owns, private to it (made if missing): 0 or -1. */
 static int private_dir(const char *path, uid_t uid)
 {
@@ -484,6 +507,11 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
     char base[64], dir[96];
     snprintf(base, sizeof base, "/tmp/attune-slurm-%u", (unsigned)uid);
     snprintf(dir, sizeof dir, "%s/%u", base, job);
+    /* A job on several nodes: one directory per node below the job's, so that each node's
+     * summary is its own also where /tmp is shared (the epilog empties both levels). */
+    char node[64];
+    if (job_node(sp, node, sizeof node) && private_dir(dir, uid) == 0)
+        snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "/%s", node);
     if (private_dir(base, uid) || private_dir(dir, uid)) {
         slurm_info("attune: %s cannot be this job's private report directory (%s): no summary",
                    dir, strerror(errno));
@@ -555,6 +583,83 @@ static int run_for_line(char *const argv[], uid_t uid, gid_t gid, int with_stder
     return (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0) ? 0 : -1;
 }
 
+/* Most bytes of a job's comment the plugin writes (each node's part is about 130; parts
+ * of 16 nodes are kept). */
+#define COMMENT_MAX 8192
+
+/* `comment` with this node's part `node: summary` put in, the parts sorted by node:
+ * "attune: n1: ...; n2: ...". Parts of other nodes are kept as they are. */
+static void merge_comment(char *comment, size_t n, const char *node, const char *summary)
+{
+    char parts[16][640];
+    int np = 0;
+    if (!strncmp(comment, "attune: ", 8)) {
+        char *save = NULL;
+        for (char *p = strtok_r(comment + 8, ";", &save); p && np < 16;
+             p = strtok_r(NULL, ";", &save)) {
+            while (*p == ' ')
+                p++;
+            size_t k = strlen(node);
+            if (!*p || (!strncmp(p, node, k) && p[k] == ':'))
+                continue;
+            snprintf(parts[np++], sizeof parts[0], "%s", p);
+        }
+    }
+    if (np < 16)
+        snprintf(parts[np++], sizeof parts[0], "%.63s: %.512s", node, summary);
+    for (int i = 1; i < np; i++)
+        for (int j = i; j > 0 && strcmp(parts[j - 1], parts[j]) > 0; j--) {
+            char t[sizeof parts[0]];
+            memcpy(t, parts[j], sizeof t);
+            memcpy(parts[j], parts[j - 1], sizeof t);
+            memcpy(parts[j - 1], t, sizeof t);
+        }
+    size_t at = (size_t)snprintf(comment, n, "attune: ");
+    for (int i = 0; i < np && at < n; i++)
+        at += (size_t)snprintf(comment + at, n - at, "%s%s", i ? "; " : "", parts[i]);
+}
+
+/* The job's comment becomes its summary: the line itself on a one-node job; on a job of
+ * several nodes each node's slurmstepd puts its own part in (`node` set), reading the
+ * comment first. Two nodes may write at once, so each reads its part back and tries again
+ * (at most 8 times, after a random pause) until the comment holds it. */
+static void set_comment(uint32_t job, const char *node, const char *summary)
+{
+    char id[32], cur[COMMENT_MAX], arg[COMMENT_MAX + 16], out[256];
+    snprintf(id, sizeof id, "%u", job);
+    for (int attempt = 0; attempt < 8; attempt++) {
+        cur[0] = 0;
+        if (node) {
+            char *show[] = {"/usr/bin/squeue", "-h", "-j", id, "-o", "%k", NULL};
+            if (run_for_line(show, (uid_t)-1, 0, 0, cur, sizeof cur, 10) != 0 ||
+                !strcmp(cur, "(null)"))
+                cur[0] = 0;
+            merge_comment(cur, sizeof cur, node, summary);
+        } else {
+            snprintf(cur, sizeof cur, "attune: %s", summary);
+        }
+        char jid[48];
+        snprintf(jid, sizeof jid, "JobId=%u", job);
+        snprintf(arg, sizeof arg, "Comment=%s", cur);
+        char *update[] = {"/usr/bin/scontrol", "update", jid, arg, NULL};
+        if (run_for_line(update, (uid_t)-1, 0, 1, out, sizeof out, 10) != 0) {
+            slurm_info("attune: job %u: scontrol could not set the comment: %s", job, out);
+            return;
+        }
+        if (!node)
+            return;
+        srand((unsigned)getpid() ^ (unsigned)time(NULL) ^ (unsigned)attempt);
+        struct timespec pause = {0, (50 + rand() % 200) * 1000000L};
+        nanosleep(&pause, NULL);
+        char *show[] = {"/usr/bin/squeue", "-h", "-j", id, "-o", "%k", NULL};
+        char mine[640];
+        snprintf(mine, sizeof mine, "%.63s: %.512s", node, summary);
+        if (run_for_line(show, (uid_t)-1, 0, 0, cur, sizeof cur, 10) != 0 || strstr(cur, mine))
+            return;
+    }
+    slurm_info("attune: job %u: node %s's summary did not stay in the comment", job, node);
+}
+
 /* In slurmstepd (root) when the step's last task on the node has ended (the job is still
  * running then; at the step's exit an srun-only job has already finished and its comment
  * cannot change): the job's summary so far becomes its comment. The summary is made by the
@@ -576,8 +681,15 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
     gid_t gid;
     if (!job_ids(sp, &job, &uid) || spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS)
         return 0;
-    char line[512] = "";
-    char *report[] = {attune_cli, "report", "--oneline", report_dir, NULL};
+    char line[512] = "", node[64], dir[PATH_MAX + 80];
+    int multi = job_node(sp, node, sizeof node);
+    snprintf(dir, sizeof dir, "%s", report_dir);
+    /* A step that saw one node when it began (a batch step) reports this node's part of a
+     * job on several nodes, as the job's other steps on this node wrote it. */
+    size_t k = strlen(report_dir), m = strlen(node);
+    if (multi && !(k > m && report_dir[k - m - 1] == '/' && !strcmp(report_dir + k - m, node)))
+        snprintf(dir, sizeof dir, "%s/%s", report_dir, node);
+    char *report[] = {attune_cli, "report", "--oneline", dir, NULL};
     if (run_for_line(report, uid, gid, 0, line, sizeof line, 10) != 0 ||
         strncmp(line, "attune:", 7)) {
         slurm_info("attune: job %u: no summary (%s report failed)", job, attune_cli);
@@ -587,12 +699,7 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
         if (*c < ' ' || *c > '~')
             *c = '?';
     slurm_info("attune: job %u: %s", job, line);
-    char id[32], comment[600], out[256];
-    snprintf(id, sizeof id, "JobId=%u", job);
-    snprintf(comment, sizeof comment, "Comment=%s", line);
-    char *update[] = {"/usr/bin/scontrol", "update", id, comment, NULL};
-    if (run_for_line(update, (uid_t)-1, 0, 1, out, sizeof out, 10) != 0)
-        slurm_info("attune: job %u: scontrol could not set the comment: %s", job, out);
+    set_comment(job, multi ? node : NULL, line + strlen("attune: "));
     return 0;
 }
 
@@ -671,6 +778,35 @@ int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
     return 0;
 }
 
+/* Empties the directory open at `dfd` (closing it): its files, and with `depth` its
+ * subdirectories of the job's user (a job's per-node directories), never following a link. */
+static void empty_dir(int dfd, uid_t uid, int depth)
+{
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        if (unlinkat(dfd, e->d_name, 0) == 0 || errno != EISDIR || !depth)
+            continue;
+        int sub = openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        struct stat st;
+        if (sub < 0)
+            continue;
+        if (fstat(sub, &st) != 0 || st.st_uid != uid) {
+            close(sub);
+            continue;
+        }
+        empty_dir(sub, uid, depth - 1);
+        unlinkat(dfd, e->d_name, AT_REMOVEDIR);
+    }
+    closedir(d);
+}
+
 /* In slurmd (root) when the job ends on the node: its statistics directory goes. The
  * directories are the user's, so nothing is reached through a path the user could bend: each
  * level is opened without following links and must belong to the job's user, and entries
@@ -697,16 +833,9 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
         close(dfd);
         dfd = -1;
     }
-    DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-                unlinkat(dfd, e->d_name, 0);
-        closedir(d);
+    if (dfd >= 0) {
+        empty_dir(dfd, uid, 1);
         unlinkat(bfd, name, AT_REMOVEDIR);
-    } else if (dfd >= 0) {
-        close(dfd);
     }
     close(bfd);
     return 0;

@@ -11,6 +11,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -45,12 +46,21 @@ def accounting_available():
     return None
 
 
+def sh(*argv):
+    subprocess.run([str(a) for a in argv], check=True, capture_output=True, text=True)
+
+
 class Slurm:
-    def __init__(self, plugin_args=(), cpus=2, mem_mib=16000, accounting=False):
+    def __init__(self, plugin_args=(), cpus=2, mem_mib=16000, accounting=False, nodes=1):
         """`accounting`: also a private MariaDB and slurmdbd, so that sacct answers and
-        keeps the jobs' comments (AccountingStoreFlags=job_comment)."""
+        keeps the jobs' comments (AccountingStoreFlags=job_comment). `nodes` above 1:
+        a cluster of emulated nodes, each a network namespace with its own slurmd and
+        node name (cgroups `slurm_NAME`), the controller (and the client commands of
+        `run`) in one more, all on one bridge; they share this machine's file systems,
+        CPUs and memory."""
         self.accounting = accounting
         self.db_proc = None
+        self.netns = []
         self.dir = Path(tempfile.mkdtemp(prefix="attune-slurmtest-"))
         os.chmod(self.dir, 0o755)
         self.jobs = self.dir / "jobs"
@@ -66,8 +76,21 @@ class Slurm:
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o600)
         self.munge_sock = d / "munge.sock"
+        self.multi = nodes > 1
+        if self.multi:
+            self.nodes = [f"{self.cluster}n{i}" for i in range(1, nodes + 1)]
+            net = f"127.79.{os.getpid() % 250}"
+            ctl_host = f"{socket.gethostname().split('.')[0]}({net}.1)"
+            node_lines = "\n".join(f"NodeName={n} NodeAddr={net}.{i + 2} CPUs={cpus} RealMemory={mem_mib}"
+                                    for i, n in enumerate(self.nodes))
+            suffix = "-%n"
+        else:
+            self.nodes = ["localhost"]
+            ctl_host = "localhost"
+            node_lines = f"NodeName=localhost CPUs={cpus} RealMemory={mem_mib}"
+            suffix = ""
         (d / "slurm.conf").write_text(f"""ClusterName={self.cluster}
-SlurmctldHost=localhost
+SlurmctldHost={ctl_host}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -77,11 +100,11 @@ MpiDefault=none
 SlurmctldPort={port}
 SlurmdPort={port + 1}
 StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool
+SlurmdSpoolDir={d}/spool/{"%n" if self.multi else ""}
 SlurmctldPidFile={d}/slurmctld.pid
-SlurmdPidFile={d}/slurmd.pid
+SlurmdPidFile={d}/slurmd{suffix}.pid
 SlurmctldLogFile={d}/slurmctld.log
-SlurmdLogFile={d}/slurmd.log
+SlurmdLogFile={d}/slurmd{suffix}.log
 ProctrackType=proctrack/cgroup
 TaskPlugin=task/cgroup,task/affinity
 SelectType=select/cons_tres
@@ -91,8 +114,8 @@ PlugStackConfig={d}/plugstack.conf
 MailProg=/bin/true
 ReturnToService=2
 SchedulerParameters=sched_interval=1
-NodeName=localhost CPUs={cpus} RealMemory={mem_mib}
-PartitionName=debug Nodes=localhost Default=YES State=UP MaxTime=INFINITE
+{node_lines}
+PartitionName=debug Nodes={",".join(self.nodes)} Default=YES State=UP MaxTime=INFINITE
 """)
         if accounting:
             self.db_port = port + 2
@@ -130,6 +153,10 @@ StorageLoc=slurm_acct_{self.cluster}
                     and k != "LD_PRELOAD"}
         self.env["SLURM_CONF"] = str(d / "slurm.conf")
         try:
+            if self.multi:
+                self._network(net)
+                for n in self.nodes:
+                    (d / "spool" / n).mkdir()
             self._start()
         except Exception:
             self.stop()
@@ -139,6 +166,38 @@ StorageLoc=slurm_acct_{self.cluster}
         args = [f"preload={PRELOAD}", *plugin_args]
         (self.dir / "plugstack.conf").write_text(f"required {PLUGIN} {' '.join(args)}\n")
 
+    def _network(self, net):
+        """The controller's and each node's namespace, on one bridge: the controller at
+        NET.1, node i at NET.i+2 (127.x: a per-namespace setting allows them on a wire)."""
+        tag = self.cluster
+        switch = f"{tag}sw"
+        sh("ip", "netns", "add", switch)
+        self.netns.append(switch)
+        sh("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", switch, "link", "set", "br0", "up")
+        for i, name in enumerate(["ctl", *self.nodes], 1):
+            ns = f"{tag}{name}" if name == "ctl" else name
+            a, b = f"{tag}h{i}", f"{tag}p{i}"
+            sh("ip", "netns", "add", ns)
+            self.netns.append(ns)
+            sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
+            sh("ip", "link", "set", a, "netns", ns)
+            sh("ip", "link", "set", b, "netns", switch)
+            sh("ip", "-n", switch, "link", "set", b, "master", "br0")
+            sh("ip", "-n", switch, "link", "set", b, "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            sh("ip", "-n", ns, "link", "set", a, "up")
+            sh("ip", "netns", "exec", ns, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/conf/all/route_localnet && "
+               f"echo 1 > /proc/sys/net/ipv4/conf/{a}/route_localnet")
+            sh("ip", "-n", ns, "addr", "add", f"{net}.{i}/32", "dev", a)
+            sh("ip", "-n", ns, "route", "add", f"{net}.0/24", "dev", a)
+        self.ctl_ns = f"{tag}ctl"
+
+    def on(self, ns):
+        """The prefix that runs a command in namespace `ns`'s network only (`ip netns
+        exec` would also mount a /sys of its own, hiding the cgroups slurmd needs)."""
+        return ["nsenter", f"--net=/run/netns/{ns}"] if self.multi else []
+
     def _start(self):
         d = self.dir
         subprocess.run(["munged", f"--socket={self.munge_sock}", f"--key-file={d}/munge.key",
@@ -147,17 +206,26 @@ StorageLoc=slurm_acct_{self.cluster}
         self.pids.append(int((d / "munged.pid").read_text()))
         if self.accounting:
             self._start_accounting()
-        for daemon in ("slurmctld", "slurmd"):
-            subprocess.run([daemon, "-f", str(d / "slurm.conf")], check=True, capture_output=True,
-                           env=self.env)
-            self.pids.append(self._pid(daemon))
+        conf = str(d / "slurm.conf")
+        if not self.multi:
+            for daemon in ("slurmctld", "slurmd"):
+                subprocess.run([daemon, "-f", conf], check=True, capture_output=True, env=self.env)
+                self.pids.append(self._pid(daemon))
+        else:
+            subprocess.run([*self.on(self.ctl_ns), "slurmctld", "-f", conf], check=True,
+                           capture_output=True, env=self.env)
+            self.pids.append(self._pid("slurmctld"))
+            for n in self.nodes:
+                subprocess.run([*self.on(n), "slurmd", "-f", conf, "-N", n], check=True,
+                               capture_output=True, env=self.env)
+                self.pids.append(self._pid(f"slurmd-{n}"))
         for _ in range(300):
-            p = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True,
-                               env=self.env)
-            if p.stdout.strip() == "idle":
+            p = self.run(["sinfo", "-h", "-N", "-o", "%t"], timeout=30)
+            if p.stdout.split() == ["idle"] * len(self.nodes):
                 return
             time.sleep(0.1)
-        raise RuntimeError("slurmd did not come up: " + (d / "slurmd.log").read_text()[-2000:])
+        logs = sorted(d.glob("slurm*.log"))
+        raise RuntimeError("slurmd did not come up: " + " ".join(p.read_text()[-1000:] for p in logs))
 
     def _start_accounting(self):
         """A private MariaDB (its own data directory and port, root only through its
@@ -168,7 +236,8 @@ StorageLoc=slurm_acct_{self.cluster}
                         "--auth-root-authentication-method=socket", "--skip-test-db"],
                        check=True, capture_output=True)
         sock = d / "mariadb.sock"
-        self.db_proc = subprocess.Popen(["mariadbd", "--no-defaults", f"--datadir={db}", f"--socket={sock}",
+        ctl = self.on(self.ctl_ns) if self.multi else []
+        self.db_proc = subprocess.Popen([*ctl, "mariadbd", "--no-defaults", f"--datadir={db}", f"--socket={sock}",
                           f"--port={self.db_port}", "--bind-address=127.0.0.1", "--user=root",
                           f"--pid-file={d}/mariadb.pid", f"--log-error={d}/mariadb.log",
                           "--skip-name-resolve"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -183,12 +252,12 @@ StorageLoc=slurm_acct_{self.cluster}
         else:
             raise RuntimeError("mariadb did not come up: " + (d / "mariadb.log").read_text()[-2000:])
         # slurmdbd reads the slurmdbd.conf beside $SLURM_CONF (it has no -f).
-        subprocess.run(["slurmdbd"], check=True, capture_output=True, env=self.env)
+        subprocess.run([*ctl, "slurmdbd"], check=True, capture_output=True, env=self.env)
         self.pids.append(self._pid("slurmdbd"))
         # slurmctld registers its cluster with slurmdbd only once slurmdbd answers.
         deadline = time.time() + 20
         while time.time() < deadline:
-            if subprocess.run(["sacctmgr", "-n", "list", "cluster"], capture_output=True,
+            if subprocess.run([*ctl, "sacctmgr", "-n", "list", "cluster"], capture_output=True,
                               env=self.env, timeout=20).returncode == 0:
                 break
             time.sleep(0.1)
@@ -208,6 +277,8 @@ StorageLoc=slurm_acct_{self.cluster}
         argv = [str(a) for a in argv]
         if user:
             argv = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={self.env['SLURM_CONF']}", *argv]
+        if self.multi:
+            argv = [*self.on(self.ctl_ns), *argv]
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self.env,
                               cwd=self.jobs, **kw)
 
@@ -265,16 +336,20 @@ StorageLoc=slurm_acct_{self.cluster}
             self.db_proc.wait(timeout=30)
         # A step whose job was not ended (a failed test) keeps its slurmstepd: every process
         # left in the job cgroups of our slurmd is ours to end.
-        for procs in Path("/sys/fs/cgroup").glob("*/slurm_localhost/**/cgroup.procs"):
-            for pid in procs.read_text().split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
+        for n in self.nodes:
+            for procs in Path("/sys/fs/cgroup").glob(f"*/slurm_{n}/**/cgroup.procs"):
+                for pid in procs.read_text().split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except (ProcessLookupError, ValueError):
+                        pass
         time.sleep(0.2)
+        for ns in self.netns:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self.netns = []
         # slurmd leaves empty job cgroups behind: remove them, deepest first.
-        for ctrl in Path("/sys/fs/cgroup").iterdir():
-            top = ctrl / "slurm_localhost"
+        for ctrl, n in ((c, n) for c in Path("/sys/fs/cgroup").iterdir() for n in self.nodes):
+            top = ctrl / f"slurm_{n}"
             if top.is_dir():
                 for sub in sorted(top.rglob("*"), key=lambda p: -len(p.parts)):
                     if sub.is_dir():

@@ -289,6 +289,37 @@ def test_the_jobs_summary_shows_in_sacct(slurm):
                      r"[\d.]+ (MiB|GiB) \(file\), \d+ faults", out, re.M), out
 
 
+@pytest.fixture(scope="module")
+def cluster2():
+    """Two emulated nodes (network namespaces, a slurmd each; slurm_cluster.py)."""
+    s = Slurm(nodes=2)
+    d = Daemon(s.dir, "--dram", "2G", sock=str(s.dir / "attuned.sock"))
+    s.write_plugstack([f"socket={d.sock}"])
+    subprocess.run(["gcc", "-O2", str(ROOT / "tests/run/c_matrix.c"), "-o", str(s.jobs / "c_matrix")],
+                   check=True)
+    yield s
+    d.stop()
+    s.stop()
+
+
+def test_a_two_node_jobs_comment_holds_each_nodes_summary(cluster2):
+    """Each node's slurmstepd puts its own part in the comment (they finish together and
+    read each other's part back), and each node's statistics are its own."""
+    s = cluster2
+    job = s.sbatch("#!/bin/sh\nsrun ./c_matrix 300\n", "-N2", "--ntasks-per-node=1", "--mem=200M",
+                   "--tm-flags=CAP", "--tm-far=file", user="nobody")
+    assert s.wait(job) == "COMPLETED", s.show(job)
+    c = comment_of(s, job)
+    part = r"1 process\(es\), peak DRAM [\d.]+ MiB, far [\d.]+ (MiB|GiB) \(file\), \d+ faults"
+    m = re.fullmatch(rf"attune: {s.nodes[0]}: {part}.*; {s.nodes[1]}: {part}.*", c)
+    assert m, c
+    for _ in range(50):
+        if not os.path.exists(f"/tmp/attune-slurm-65534/{job}"):
+            break
+        time.sleep(0.1)
+    assert not os.path.exists(f"/tmp/attune-slurm-65534/{job}"), "the job's statistics stay behind"
+
+
 def daemon_status(slurm):
     return json.loads(subprocess.run([str(ATTUNE), "status", "--json", "--socket", slurm.daemon.sock],
                                      capture_output=True, text=True, check=True).stdout)
