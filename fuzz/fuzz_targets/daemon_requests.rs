@@ -5,7 +5,9 @@
 //! decoded with the daemon's own reader and handled as its connection thread would.
 //! Checked after each request: no panic; shared regions within `shared_max`; grants
 //! within the pool; pool segments within the far pool; every reply (the status reply above all, which any user may ask for)
-//! fits in one frame; a client's departure releases what it held.
+//! fits in one frame; a client's departure releases what it held. A stage request gets a
+//! pipe of the next bytes of the input as its source; staged inputs are the only regions
+//! left when every client has gone, and root unstages them.
 #![no_main]
 
 use attune_proto::{FrameReader, Reply, Request};
@@ -75,7 +77,7 @@ fuzz_target!(|data: &[u8]| {
         }
         readers[who].feed(&(body.len() as u32).to_le_bytes());
         readers[who].feed(body);
-        let req = match readers[who].next::<Request>(Request::fds) {
+        let mut req = match readers[who].next::<Request>(Request::fds) {
             Some(Ok((req, fds))) => (req, fds),
             // A malformed frame closes the connection.
             Some(Err(_)) | None => {
@@ -83,6 +85,15 @@ fuzz_target!(|data: &[u8]| {
                 continue;
             }
         };
+        if let (Request::Stage { fds: 0, .. }, true) = (&req.0, req.1.is_empty()) {
+            // A stage request's source: a pipe with the next record's bytes, then its end.
+            let n = rest.first().map_or(0, |&n| n as usize).min(rest.len().saturating_sub(1));
+            let (r, mut w) = std::io::pipe().unwrap();
+            std::io::Write::write_all(&mut w, &rest[1.min(rest.len())..1 + n]).unwrap();
+            drop(w);
+            rest = &rest[(1 + n).min(rest.len())..];
+            req.1.push(std::os::fd::OwnedFd::from(r));
+        }
         st.requests += 1;
         if let Some((reply, _fd)) =
             attuned::server::handle(&mut st, ids[who], UIDS[who], req.0, req.1)
@@ -94,6 +105,12 @@ fuzz_target!(|data: &[u8]| {
     }
     for id in ids {
         st.remove_client(id);
+    }
+    // Only staged inputs outlive their clients, and root's unstage frees each.
+    let staged: Vec<String> = st.shared.keys().cloned().collect();
+    for name in staged {
+        assert!(st.shared[&name].staged(), "region '{name}' outlives every client");
+        attuned::stage::unstage(&mut st, 0, 1, &name);
     }
     assert!(st.shared.is_empty(), "regions outlive every client");
 });
