@@ -22,7 +22,9 @@ Usage: python3 bench/ensemble.py [--nodes 1,2] [--per-class 4] [--share 0.5]
                                  [--envs IE,CBE,TME,IMME] [--quick]
 """
 import argparse
+import atexit
 import os
+import shutil
 import re
 import statistics
 import subprocess
@@ -96,6 +98,7 @@ def main():
         sys.exit(f"ensemble.py: {why}")
     envs = a.envs.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="attune-ensemble-"))
+    atexit.register(shutil.rmtree, tmp, True)
     os.chmod(tmp, 0o755)
     exes = imme.build(str(tmp))
     work = {}
