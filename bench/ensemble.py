@@ -19,7 +19,7 @@ task's end), tasks completed and verified (each workflow's RESULT line says OK),
 class's mean task time (GNU time's wall clock). Needs root.
 
 Usage: python3 bench/ensemble.py [--nodes 1,2] [--per-class 4] [--share 0.5]
-                                 [--envs IE,CBE,TME,IMME] [--quick]
+                                 [--envs IE,CBE,TME,IMME] [--quick] [--plugin-budget]
 """
 import argparse
 import atexit
@@ -59,19 +59,20 @@ class Bar:
         pass
 
 
-def submit(s, env, name, w, n, tme_conf):
+def submit(s, env, name, w, n, tme_conf, plugin_budget=False):
     """One array of `n` tasks of workflow `name` in environment `env`: its job id, or
     None where Attune has no room under the limit (imme.no_room)."""
     mem = int(w["peak"] * 1.5) if env == "IE" else w["limit"]
     args = [f"--array=0-{n - 1}", f"--mem={max(mem >> 20, 64)}M",
             f"--output={s.jobs}/{env}-{name}-%a.out", f"--job-name={env}-{name}"]
     if env in ("TME", "IMME"):
-        if w["no_room"]:
-            return None
         # The budget a careful user gives (what bench/imme.py computes): the limit less
         # what the program holds outside Attune; the plugin's default room (10%, at least
-        # 32 MiB) is less than a Python workflow's interpreter and libraries.
-        args.append(f"--tm-dram={max(w['budget'] >> 20, 4)}M")
+        # 32 MiB; --plugin-budget) is less than a Python workflow's interpreter and libraries.
+        if not plugin_budget:
+            if w["no_room"]:
+                return None
+            args.append(f"--tm-dram={max(w['budget'] >> 20, 4)}M")
         args += [f"--tm-flags={w['flags']}"] if env == "IMME" else ["--tm-flags=auto", f"--tm-config={tme_conf}"]
     return s.sbatch(script(w["prog"]), *args)
 
@@ -92,6 +93,8 @@ def main():
     ap.add_argument("--envs", default="IE,CBE,TME,IMME")
     ap.add_argument("--node-mib", type=int, default=3072)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--plugin-budget", action="store_true",
+                    help="TME and IMME on the plugin's default budget (no --tm-dram)")
     a = ap.parse_args()
     why = available()
     if why:
@@ -127,7 +130,7 @@ def main():
         try:
             for env in envs:
                 t0 = time.monotonic()
-                jobs = {n: submit(s, env, n, work[n], a.per_class, tme_conf) for n in CLASSES}
+                jobs = {n: submit(s, env, n, work[n], a.per_class, tme_conf, a.plugin_budget) for n in CLASSES}
                 while queued(s, [j for j in jobs.values() if j]):
                     time.sleep(0.5)
                 makespan = time.monotonic() - t0

@@ -36,6 +36,8 @@ BUILD = ROOT / "build"
 ATTUNE = BUILD / "bin" / "attune"
 ATTUNED = BUILD / "bin" / "attuned"
 sys.path.insert(0, str(ROOT / "tests" / "python"))
+sys.path.insert(0, str(ROOT / "bench"))
+import imme  # noqa: E402
 from test_remote import Hosts, sh  # noqa: E402
 
 MIB = 1 << 20
@@ -152,12 +154,7 @@ def main():
             daemon.terminate()
             daemon.wait()
         h.close()
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        imme.remove_cgroup(cg)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -320,6 +320,16 @@ def test_a_two_node_jobs_comment_holds_each_nodes_summary(cluster2):
     assert not os.path.exists(f"/tmp/attune-slurm-65534/{job}"), "the job's statistics stay behind"
 
 
+def region_gone(slurm, name, timeout=10):
+    """Whether the daemon's shared region `name` is gone, waiting up to `timeout` s."""
+    t0 = time.time()
+    while any(r["name"] == name for r in daemon_status(slurm)["shared"]):
+        if time.time() - t0 > timeout:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def daemon_status(slurm):
     return json.loads(subprocess.run([str(ATTUNE), "status", "--json", "--socket", slurm.daemon.sock],
                                      capture_output=True, text=True, check=True).stdout)
@@ -342,11 +352,7 @@ def test_two_users_jobs_cannot_open_each_others_shared_regions(slurm):
     assert p.returncode == 0, p.stdout + p.stderr
     slurm.run(["scancel", job], user="nobody")
     slurm.wait(job)
-    for _ in range(100):
-        if not any(r["name"] == "slurmshared" for r in daemon_status(slurm)["shared"]):
-            break
-        time.sleep(0.1)
-    assert not any(r["name"] == "slurmshared" for r in daemon_status(slurm)["shared"]), "the region outlived its users"
+    assert region_gone(slurm, "slurmshared"), "the region outlived its users"
 
 
 def test_the_plugin_starts_attuned_at_the_first_job_where_none_runs():
@@ -552,11 +558,7 @@ def test_a_jobs_staged_input_serves_its_tasks_and_goes_with_the_job(slurm):
     assert r["staged"] and r["job"] == job and r["owner"] == 65534 and r["size"] == 8 * MIB, r
     slurm.run(["scancel", job], user="nobody")
     slurm.wait(job)
-    for _ in range(100):
-        if not any(r["name"] == "jobin" for r in daemon_status(slurm)["shared"]):
-            break
-        time.sleep(0.1)
-    assert not any(r["name"] == "jobin" for r in daemon_status(slurm)["shared"]), "outlived its job"
+    assert region_gone(slurm, "jobin"), "outlived its job"
 
 
 def test_array_tasks_share_one_staged_copy_that_goes_after_the_last(slurm):
@@ -579,11 +581,7 @@ def test_array_tasks_share_one_staged_copy_that_goes_after_the_last(slurm):
         assert "SAME" in text, text
         seen.add("staged already" in text)
     assert seen == {True, False}, "one task copied, the others reused"
-    for _ in range(100):
-        if not any(r["name"] == "arrin" for r in daemon_status(slurm)["shared"]):
-            break
-        time.sleep(0.1)
-    assert not any(r["name"] == "arrin" for r in daemon_status(slurm)["shared"]), "outlived its jobs"
+    assert region_gone(slurm, "arrin"), "outlived its jobs"
 
 
 def test_an_array_ensemble_of_tiered_jobs_finishes_verified(slurm):

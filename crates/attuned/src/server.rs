@@ -73,35 +73,16 @@ fn connection(sock: UnixStream, state: Shared) {
     let mut rd = FrameReader::default();
     loop {
         match rd.read(&sock, Request::fds) {
-            Ok((
-                Request::Stage {
-                    id: rid,
-                    name,
-                    flags,
-                    size,
-                    reuse,
-                    fds: _,
-                },
-                fds,
-            )) => {
-                // The copy runs without the state lock: staging a large input holds up
-                // no other client (stage.rs).
-                let begun = {
-                    let mut st = lock(&state);
-                    st.requests += 1;
-                    crate::stage::begin(&mut st, id, cred.uid, rid, name, flags, size, reuse, fds)
-                };
-                let reply = match begun {
-                    Err(r) => r,
-                    Ok(mut sg) => {
-                        let copied =
-                            crate::stage::copy(&mut sg, Some(sock.as_raw_fd()), &mut |n, need| {
-                                crate::stage::reserve(&mut lock(&state), n, need)
-                            });
-                        let alive = peer_waits(&sock);
-                        crate::stage::finish(&mut lock(&state), sg, copied, alive)
-                    }
-                };
+            Ok((req @ Request::Stage { .. }, fds)) => {
+                lock(&state).requests += 1;
+                let reply = crate::stage::run(
+                    &mut |step| step(&mut lock(&state)),
+                    id,
+                    cred.uid,
+                    req,
+                    fds,
+                    Some(sock.as_raw_fd()),
+                );
                 let s = writer.lock().unwrap_or_else(|p| p.into_inner());
                 if attune_proto::write_frame(&s, &reply, &[]).is_err() {
                     break;
@@ -158,15 +139,6 @@ fn connection(sock: UnixStream, state: Shared) {
         }
     }
     lock(&state).remove_client(id);
-}
-
-/// Whether the client of a staging still waits for its answer: it sends nothing while
-/// it waits, so readable here means it closed the connection (or broke the protocol).
-fn peer_waits(sock: &UnixStream) -> bool {
-    !attune_sys::os::poll_readable(&[sock.as_raw_fd()], 0)
-        .first()
-        .copied()
-        .unwrap_or(true)
 }
 
 fn err(id: u64, errno: i32, message: impl Into<String>) -> Option<(Reply, Option<OwnedFd>)> {
@@ -435,25 +407,10 @@ pub fn handle(
                 ),
             }
         }
-        Request::Stage {
-            id: rid,
-            name,
-            flags,
-            size,
-            reuse,
-            fds: _,
-        } => {
-            // Driven without a socket (fuzz, tests): the copy runs under the caller's lock.
-            let mut sg = match crate::stage::begin(st, id, uid, rid, name, flags, size, reuse, fds)
-            {
-                Ok(sg) => sg,
-                Err(reply) => return Some((reply, None)),
-            };
-            let copied = crate::stage::copy(&mut sg, None, &mut |name, need| {
-                crate::stage::reserve(st, name, need)
-            });
-            Some((crate::stage::finish(st, sg, copied, true), None))
-        }
+        req @ Request::Stage { .. } => Some((
+            crate::stage::run(&mut |step| step(st), id, uid, req, fds, None),
+            None,
+        )),
         Request::Unstage { id: rid, name } => {
             Some((crate::stage::unstage(st, uid, rid, &name), None))
         }
@@ -580,7 +537,9 @@ fn shared_open(
         true
     };
     let s = &st.shared[&name];
-    let (size, owner, read_only) = (s.size, s.owner, s.read_only);
+    let (size, owner) = (s.size, s.owner);
+    // A staged input is sealed against writes: its openers map it read-only.
+    let read_only = attune_sys::unix::is_write_sealed(&s.file);
     let fd = match attune_sys::unix::dup(&s.file) {
         Ok(f) => f,
         Err(e) => {

@@ -3,8 +3,8 @@
 //!
 //! The client opens the source with its own rights and passes the descriptor; the daemon
 //! never opens a path for a user. The copy runs in the requesting connection's thread
-//! without the state lock ([`begin`] reserves under it, [`copy`] runs outside it,
-//! [`finish`] commits under it), so staging a large input holds up nobody else. The pages
+//! without the state lock ([`run`]: [`begin`] reserves under it, [`copy`] runs outside
+//! it, [`finish`] commits under it), so staging a large input holds up nobody else. The pages
 //! are written by the daemon, so they are charged to its memory cgroup, not the job's,
 //! and they count against `shared_max` and the DRAM pool like any shared region.
 
@@ -44,6 +44,72 @@ fn error(rid: u64, errno: i32, message: String) -> Reply {
         errno,
         message,
     }
+}
+
+/// Access to the daemon's state for one step of a staging: the connection thread locks
+/// it for each step, so the copy between them holds up no other client; the fuzz target
+/// and tests, which hold the state throughout, pass it through.
+pub type With<'a> = dyn FnMut(&mut dyn FnMut(&mut State)) + 'a;
+
+/// A stage request of client `cid` (user `uid`), whole: [`begin`] and [`finish`] under
+/// `with`, the [`copy`] between them outside it. `client`: the requester's socket, watched
+/// while copying (None when there is none). The reply to send.
+pub fn run(
+    with: &mut With,
+    cid: u64,
+    uid: u32,
+    req: attune_proto::Request,
+    fds: Vec<OwnedFd>,
+    client: Option<RawFd>,
+) -> Reply {
+    let attune_proto::Request::Stage {
+        id: rid,
+        name,
+        flags,
+        size,
+        reuse,
+        fds: _,
+    } = req
+    else {
+        return error(0, libc::EPROTO, "not a stage request".into());
+    };
+    let mut args = Some((name, flags, fds));
+    let mut begun = None;
+    with(&mut |st| {
+        let (name, flags, fds) = args.take().expect("begun once");
+        begun = Some(begin(st, cid, uid, rid, name, flags, size, reuse, fds));
+    });
+    let mut sg = match begun.expect("with calls its step") {
+        Ok(sg) => sg,
+        Err(reply) => return reply,
+    };
+    let copied = copy(&mut sg, client, &mut |name, need| {
+        let mut r = Err("the daemon's state was not reached".to_string());
+        with(&mut |st| r = reserve(st, name, need));
+        r
+    });
+    let alive = client.is_none_or(peer_waits);
+    let mut sg = Some(sg);
+    let mut copied = Some(copied);
+    let mut reply = None;
+    with(&mut |st| {
+        reply = Some(finish(
+            st,
+            sg.take().unwrap(),
+            copied.take().unwrap(),
+            alive,
+        ));
+    });
+    reply.expect("with calls its step")
+}
+
+/// Whether the client of a staging still waits for its answer: it sends nothing while
+/// it waits, so readable here means it closed the connection (or broke the protocol).
+fn peer_waits(sock: RawFd) -> bool {
+    !attune_sys::os::poll_readable(&[sock], 0)
+        .first()
+        .copied()
+        .unwrap_or(true)
 }
 
 /// Checks a stage request of client `cid` (user `uid`), reserves the bytes it needs and
@@ -97,18 +163,19 @@ pub fn begin(
                 ),
             ));
         }
-        if !r.read_only {
-            return Err(error(
-                rid,
-                libc::EEXIST,
-                format!("'{name}' is a writable shared region, not a staged input"),
-            ));
-        }
+        // Being copied: not sealed yet.
         if !r.ready {
             return Err(error(
                 rid,
                 libc::EAGAIN,
                 format!("'{name}' is being staged by another process"),
+            ));
+        }
+        if !attune_sys::unix::is_write_sealed(&r.file) {
+            return Err(error(
+                rid,
+                libc::EEXIST,
+                format!("'{name}' is a writable shared region, not a staged input"),
             ));
         }
         match stager {
@@ -169,7 +236,6 @@ pub fn begin(
     };
     let mut region = SharedRegion::opened(uid, f.to_string(), want, file);
     region.ready = false;
-    region.read_only = true;
     match stager {
         Some(j) => region.stagers.push(j),
         None => region.by_hand = true,

@@ -122,8 +122,6 @@ pub struct SharedRegion {
     pub granted: HashSet<u32>,
     /// False while a staged input is being copied in: nobody may open it yet.
     pub ready: bool,
-    /// Sealed against writes (a staged input, or a re-adopted one): mapped read-only.
-    pub read_only: bool,
     /// What keeps a staged input in the daemon (its own reference): the Slurm jobs that
     /// staged or reused it, each with its cgroup directory (gone: the job has ended), and
     /// `by_hand`, staged outside any job (until `attune unstage`).
@@ -137,7 +135,6 @@ pub const MAX_STAGERS: usize = 1024;
 impl SharedRegion {
     /// A region `shared_open` (or a re-registration) creates: writable, no daemon reference.
     pub fn opened(owner: u32, flags: String, size: u64, file: OwnedFd) -> SharedRegion {
-        let read_only = attune_sys::unix::is_write_sealed(&file);
         SharedRegion {
             owner,
             flags,
@@ -145,7 +142,6 @@ impl SharedRegion {
             file,
             granted: Default::default(),
             ready: true,
-            read_only,
             stagers: Vec::new(),
             by_hand: false,
         }
