@@ -21,7 +21,11 @@ from test_daemon import ATTUNE, MIB, ROOT
 from test_pool import Cgroup, needs_cgroup
 
 LIMIT = 192 * MIB
-CAP = LIMIT - max(LIMIT // 100 * 10, 32 * MIB)  # Machine::limit_for_managed
+def CAP_AT(limit):
+    return limit - max(limit // 100 * 10, 32 * MIB)  # Machine::limit_for_managed
+
+
+CAP = CAP_AT(LIMIT)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +51,8 @@ def env(**kw):
     # The in-process memory tier named: its pages are the process's own, which is what the
     # limit rule holds (the default far tier is a file: tests/python/test_far_default.py).
     e = {k: v for k, v in os.environ.items() if not k.startswith("ATTUNE_")}
-    e.update(ATTUNE_DAEMON="off", ATTUNE_FAR="memory,file", TMPDIR="/tmp", **kw)
+    e.update(ATTUNE_DAEMON="off", ATTUNE_FAR="memory,file", TMPDIR="/tmp")
+    e.update(kw)
     return e
 
 
@@ -120,3 +125,71 @@ def test_within_the_limit_nothing_changes(c_matrix, work):
     finally:
         g.remove()
 
+
+
+GROW = """
+import sys, time
+n = int(sys.argv[1]) << 20
+buf = bytearray(n)  # one managed region
+for i in range(0, n, 4096):
+    buf[i] = (i >> 12) & 255
+# Then the interpreter's own heap grows (arenas it maps itself, outside Attune) past the
+# room the limit kept for it: about 70 MiB, in a tenth of a second or in ten steps.
+objs, steps, pause = [], int(sys.argv[3]), float(sys.argv[4])
+for s in range(steps):
+    objs += [str(i) * 2 for i in range(int(sys.argv[2]) // steps)]
+    time.sleep(pause)
+bad = sum(1 for i in range(0, n, 4096) if buf[i] != (i >> 12) & 255)
+print("grow: bad", bad, "objs", len(objs), flush=True)
+sys.exit(1 if bad else 0)
+"""
+
+
+@needs_cgroup
+@pytest.mark.parametrize("far,dram,tier_env,steps", [
+    ("auto", "1G", {}, ["1", "0"]),
+    # The memory tier gets what a 64 MiB budget leaves (64 MiB); the file tier bypasses
+    # the page cache, as `auto` makes it under a limit (buffered stores are charged too).
+    # Its regions move 4 KiB chunks, which a file takes at less than the 700 MB/s the heap
+    # grows by at once: the heap grows in ten steps (docs/design/paging.md says the bound).
+    ("memory,file", "64M", {"ATTUNE_TIER_FILE_DIRECT": "true"}, ["10", "0.02"]),
+])
+def test_the_budget_follows_what_the_program_holds_outside(work, far, dram, tier_env, steps):
+    """A Python program fills a buffer up to its budget (the limit less the room), then its
+    own heap grows past that room (docs/design/paging.md, "Budgets under a memory
+    cgroup"). With a fixed budget the kernel kills it at the limit; following the
+    cgroup's usage, the runtime lowers the budget as the heap grows, moves the buffer's
+    pages out, and the program finishes with its data intact. With the in-process memory
+    tier the lowered budget also leaves that tier's room (it is charged to the job too)."""
+    prog = work / "grow.py"
+    prog.write_text(GROW)
+    limit = 160 * MIB
+    argv = ["/usr/bin/python3", prog, "112", "1100000", *steps]
+    fixed = Cgroup("fixed", limit)
+    try:
+        p = run_in(fixed, [ATTUNE, "run", "-q", "--dram", dram, "--", *argv],
+                   ATTUNE_FAR=far, ATTUNE_FOLLOW_LIMIT="false", **tier_env)
+        assert p.returncode != 0 and "grow: bad 0" not in p.stdout, p.stdout + p.stderr
+        assert fixed.oom_kills() >= 1
+    finally:
+        fixed.remove()
+    g = Cgroup("follow", limit)
+    try:
+        rep = work / f"follow-{far}.json"
+        p = run_in(g, [ATTUNE, "run", "--dram", dram, "--report", rep, "--", *argv],
+                   ATTUNE_FAR=far, **tier_env)
+        assert p.returncode == 0 and "grow: bad 0 objs 1100000" in p.stdout, p.stdout + p.stderr
+        assert g.oom_kills() == 0
+    finally:
+        g.remove()
+    assert "DRAM budget lowered from" in p.stderr and "follow_limit" in p.stderr, p.stderr
+    assert "memory cgroup: limit 160.0 MiB" in p.stderr, p.stderr
+    proc = json.loads(rep.read_text())["per_process"][0]
+    assert proc["cgroup_limit_bytes"] == limit and proc["cgroup_lowered"] >= 1, proc
+    # The heap outside Attune reached about 70 MiB over the interpreter's own; the budget
+    # went well below what it started at, so the buffer's pages went to a far tier and
+    # came back intact.
+    assert 60 * MIB < proc["cgroup_outside_peak_bytes"] < limit, proc
+    start = min(CAP_AT(limit), int(dram[:-1]) << (30 if dram.endswith("G") else 20))
+    assert proc["cgroup_lowest_budget_bytes"] < start - 40 * MIB, proc
+    assert proc["evicted_bytes"] > 16 * MIB, proc

@@ -83,6 +83,126 @@ pub fn daemon_want(committed: u64, resident: u64, headroom: u64, dram: u64) -> u
         .min(dram)
 }
 
+/// Room a budget that follows its memory cgroup keeps below the limit: what the program
+/// may grow by before the runtime reads again and its evictor catches up, since the kernel
+/// reclaims cache and then kills at the limit. A 32nd of the limit, 4 to 64 MiB; at least
+/// what was held outside the runtime's pages grows by in 100 ms at its recent `rate`
+/// (bytes/s; a Python interpreter filling a list grows by 700 MB/s), at most a quarter of
+/// the limit.
+pub fn cgroup_margin(limit: u64, rate: u64) -> u64 {
+    (limit / 32)
+        .clamp(4 << 20, 64 << 20)
+        .max((rate / 10).min(limit / 4))
+}
+
+/// The recent growth rate of what a group holds outside the runtime's pages (bytes/s):
+/// the rate since the last reading, or the previous one halved every 500 ms if higher, so
+/// a program that grows in steps keeps its margin through the pauses between them.
+pub fn cgroup_rate(prev_rate: u64, rise: u64, dt_ns: u64) -> u64 {
+    let dt = dt_ns.max(1_000_000) as f64 / 1e9;
+    let now = rise as f64 / dt;
+    let kept = prev_rate as f64 * 0.5f64.powf(dt / 0.5);
+    now.max(kept) as u64
+}
+
+/// Bytes of this process's own pages the kernel may still count after the runtime stopped
+/// counting them (a region just freed; the memory tier's slots waiting to be released):
+/// what `outside` rose by, up to what `ours` fell by since the last reading. Counted as
+/// the runtime's for one reading, a freed region does not cut the budget to nothing; real
+/// growth shows again at the next reading, 5 ms later near the limit.
+pub fn cgroup_lag(prev_outside: u64, outside: u64, prev_ours: u64, ours: u64) -> u64 {
+    outside
+        .saturating_sub(prev_outside)
+        .min(prev_ours.saturating_sub(ours))
+}
+
+/// The levels at which a memory cgroup v1 wakes the runtime (`cgroup.event_control`
+/// thresholds, crossed either way): 8, 4, 2, 1 and a half margin below the limit. The
+/// low ones give warning early enough for the evictor to outrun fast growth: a program
+/// growing by 700 MB/s from a reading at 115 MiB reached a 160 MiB limit before the
+/// two-margin level woke the evictor (1 run in 15); from the 8-margin level it has 40 ms.
+pub fn cgroup_thresholds(limit: u64) -> [u64; 5] {
+    let m = cgroup_margin(limit, 0);
+    [8 * m, 4 * m, 2 * m, m, m / 2].map(|d| limit.saturating_sub(d))
+}
+
+/// A memory cgroup as the runtime reads it, and what of it is the runtime's own.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CgroupReading {
+    /// u64::MAX: no limit (lifted while the job runs).
+    pub limit: u64,
+    pub usage: u64,
+    /// Page cache the kernel takes back before it kills (unmapped file pages).
+    pub reclaimable: u64,
+    /// This process's managed pages charged to the group: resident ones and those of its
+    /// in-process far tiers (memory, NUMA).
+    pub ours: u64,
+    /// What the in-process far tiers may still grow to hold (their capacity): eviction into
+    /// them does not relieve the group, so the budget leaves it room as if they were full.
+    pub reserved: u64,
+    /// How fast `outside` grew lately, bytes/s (`cgroup_rate`; 0 at the first reading).
+    pub rate: u64,
+}
+
+impl CgroupReading {
+    /// What the group holds that is neither this process's managed pages nor cache: the
+    /// program's own heap, an interpreter, other processes of the job.
+    pub fn outside(&self) -> u64 {
+        self.usage
+            .saturating_sub(self.reclaimable)
+            .saturating_sub(self.ours)
+    }
+}
+
+/// The cap a memory cgroup's usage puts on the DRAM budget (u64::MAX: none), from the
+/// cap in force (`now`, u64::MAX at first). The budget is what the limit leaves less the
+/// margin, what is outside the runtime's pages, and the in-process tiers' room; moving a
+/// page between DRAM and those tiers leaves it unchanged, so it does not feed on itself.
+/// A lower cap applies at once (the kernel kills at the limit); a higher one rises by half
+/// the gap per reading, so several runtimes in one group, each seeing the others' pages as
+/// outside, settle instead of rising and falling together. Changes under a 16th of the
+/// margin are noise in the kernel's per-CPU charge batches and are left alone.
+pub fn cgroup_cap(r: &CgroupReading, now: u64) -> u64 {
+    if r.limit == u64::MAX {
+        return u64::MAX;
+    }
+    let margin = cgroup_margin(r.limit, r.rate);
+    let target = r
+        .limit
+        .saturating_sub(margin)
+        .saturating_sub(r.outside())
+        .saturating_sub(r.reserved);
+    if now == u64::MAX {
+        return target;
+    }
+    let step = cgroup_margin(r.limit, 0) / 16;
+    if target + step < now {
+        target
+    } else if target > now + step {
+        now + (target - now) / 2
+    } else {
+        now
+    }
+}
+
+/// Whether what a memory cgroup holds (less reclaimable cache) is within two margins of
+/// its limit: the runtime reads it every 5 ms then, and collapses no huge page (a collapse
+/// allocates its 2 MiB page before it frees the small ones).
+pub fn cgroup_near(r: &CgroupReading) -> bool {
+    let held = r.usage.saturating_sub(r.reclaimable);
+    r.limit != u64::MAX && held.saturating_add(2 * cgroup_margin(r.limit, r.rate)) >= r.limit
+}
+
+/// How long the runtime may wait before it reads its memory cgroup again: 5 ms near the
+/// limit, else 50 ms (the evictor's tick).
+pub fn cgroup_check_ms(r: &CgroupReading) -> u32 {
+    if cgroup_near(r) {
+        5
+    } else {
+        50
+    }
+}
+
 pub use crate::victim::active_target;
 
 #[cfg(test)]
@@ -139,5 +259,187 @@ mod tests {
         assert_eq!(daemon_want(10 * M, 30 * M, 8 * M, 1024 * M), 38 * M);
         assert_eq!(daemon_want(2000 * M, 0, 8 * M, 1024 * M), 1024 * M);
         assert_eq!(daemon_want(0, 0, 0, 1024 * M), 4 * M);
+    }
+
+    #[test]
+    fn the_cgroup_cap_leaves_the_limit_less_what_is_held_outside() {
+        let r = |limit, usage, reclaimable, ours, reserved| CgroupReading {
+            limit,
+            usage,
+            reclaimable,
+            ours,
+            reserved,
+            rate: 0,
+        };
+        // (reading, cap now) -> cap
+        for (rd, now, want, why) in [
+            // 85 MiB limit (margin 4), an interpreter of 59 MiB, 20 MiB ours: 22 MiB.
+            (
+                r(85 * M, 79 * M, 0, 20 * M, 0),
+                u64::MAX,
+                22 * M,
+                "first reading",
+            ),
+            // Evicting our pages changes nothing: usage and ours fall together.
+            (
+                r(85 * M, 69 * M, 0, 10 * M, 0),
+                22 * M,
+                22 * M,
+                "stable after eviction",
+            ),
+            // Reclaimable cache is not outside.
+            (
+                r(85 * M, 89 * M, 10 * M, 20 * M, 0),
+                u64::MAX,
+                22 * M,
+                "cache",
+            ),
+            // The in-process memory tier's room is kept, whatever it holds now.
+            (
+                r(85 * M, 79 * M, 0, 20 * M, 16 * M),
+                u64::MAX,
+                6 * M,
+                "memory tier",
+            ),
+            (
+                r(85 * M, 95 * M, 0, 36 * M, 16 * M),
+                6 * M,
+                6 * M,
+                "tier filled",
+            ),
+            // Outside shrinks: up by half the gap per reading.
+            (
+                r(85 * M, 40 * M, 0, 20 * M, 0),
+                22 * M,
+                41 * M + M / 2,
+                "rising",
+            ),
+            // Noise under a 16th of the margin is left alone, both ways.
+            (
+                r(85 * M, 79 * M + (100 << 10), 0, 20 * M, 0),
+                22 * M,
+                22 * M,
+                "noise down",
+            ),
+            (
+                r(85 * M, 79 * M - (100 << 10), 0, 20 * M, 0),
+                22 * M,
+                22 * M,
+                "noise up",
+            ),
+            // Outside alone over the limit: no budget at all (the pager keeps its floor).
+            (r(85 * M, 120 * M, 0, 0, 0), 22 * M, 0, "over"),
+            // A limit lifted: no cap.
+            (
+                r(u64::MAX, 79 * M, 0, 20 * M, 0),
+                22 * M,
+                u64::MAX,
+                "lifted",
+            ),
+            // Ours above usage (charged elsewhere after a move of cgroup): outside 0.
+            (
+                r(85 * M, 10 * M, 0, 20 * M, 0),
+                u64::MAX,
+                81 * M,
+                "ours elsewhere",
+            ),
+            // Outside rising fast: the margin is what 100 ms of growth adds (10 MiB here).
+            (
+                CgroupReading {
+                    rate: 100 * M,
+                    ..r(85 * M, 79 * M, 0, 20 * M, 0)
+                },
+                30 * M,
+                16 * M,
+                "rising fast",
+            ),
+        ] {
+            assert_eq!(cgroup_cap(&rd, now), want, "{why}");
+        }
+    }
+
+    #[test]
+    fn two_runtimes_in_one_group_settle_under_the_limit() {
+        // Each sees the other's pages as outside; both read before either evicts.
+        let (limit, other) = (200 * M, 20 * M);
+        let (mut a, mut b) = (150 * M, 150 * M);
+        let (mut ca, mut cb) = (u64::MAX, u64::MAX);
+        for _ in 0..40 {
+            let ra = CgroupReading {
+                limit,
+                usage: a + b + other,
+                reclaimable: 0,
+                ours: a,
+                reserved: 0,
+                rate: 0,
+            };
+            let rb = CgroupReading {
+                limit,
+                usage: a + b + other,
+                reclaimable: 0,
+                ours: b,
+                reserved: 0,
+                rate: 0,
+            };
+            (ca, cb) = (cgroup_cap(&ra, ca), cgroup_cap(&rb, cb));
+            // Each evicts down to its cap; neither grows past it (both want all they can).
+            (a, b) = (ca, cb);
+        }
+        let held = a + b + other;
+        assert!(held <= limit - cgroup_margin(limit, 0), "{held}");
+        assert!(
+            held + 2 * cgroup_margin(limit, 0) >= limit,
+            "settles near the limit: {held}"
+        );
+    }
+
+    #[test]
+    fn the_cgroup_is_read_more_often_near_its_limit() {
+        let r = |usage| CgroupReading {
+            limit: 128 * M,
+            usage,
+            reclaimable: 0,
+            ours: 0,
+            reserved: 0,
+            rate: 0,
+        };
+        assert_eq!(cgroup_check_ms(&r(64 * M)), 50);
+        assert_eq!(cgroup_check_ms(&r(120 * M)), 5);
+        assert_eq!(cgroup_margin(128 * M, 0), 4 * M);
+        assert_eq!(cgroup_margin(8 << 30, 0), 64 * M);
+        // Fast growth widens the margin, to a quarter of the limit at most.
+        assert_eq!(cgroup_margin(128 * M, 200 * M), 20 * M);
+        assert_eq!(cgroup_margin(128 * M, 1000 * M), 32 * M);
+        assert_eq!(
+            cgroup_thresholds(128 * M),
+            [96 * M, 112 * M, 120 * M, 124 * M, 126 * M]
+        );
+    }
+
+    #[test]
+    fn growth_in_steps_keeps_its_rate_through_the_pauses() {
+        // 7 MiB in 20 ms: 350 MiB/s.
+        let r = cgroup_rate(0, 7 * M, 20_000_000);
+        assert_eq!(r, 350 * M);
+        // A pause of 50 ms with no growth keeps most of it (halved every 500 ms).
+        let kept = cgroup_rate(r, 0, 50_000_000);
+        assert!(kept > 320 * M && kept < r, "{kept}");
+        // Two seconds later it has gone.
+        assert!(cgroup_rate(r, 0, 2_000_000_000) < 25 * M);
+        // Faster growth wins at once; a zero interval is read as a millisecond.
+        assert_eq!(cgroup_rate(10 * M, 1 * M, 0), 1000 * M);
+    }
+
+    #[test]
+    fn a_freed_region_still_charged_is_not_growth_outside() {
+        // (prev outside, outside, prev ours, ours) -> lag
+        for (po, o, pu, u, want) in [
+            (70 * M, 118 * M, 76 * M, 8 * M, 48 * M), // freed 68, kernel still counts 48
+            (70 * M, 80 * M, 76 * M, 76 * M, 0),      // real growth: ours did not fall
+            (70 * M, 80 * M, 76 * M, 72 * M, 4 * M),  // both: 4 of the 10 may be ours
+            (70 * M, 60 * M, 76 * M, 8 * M, 0),       // outside fell
+        ] {
+            assert_eq!(cgroup_lag(po, o, pu, u), want);
+        }
     }
 }

@@ -235,6 +235,16 @@ impl EventFd {
             false
         }
     }
+    /// Whether a notification waits, without taking it.
+    pub fn pending(&self) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; a zero timeout does not block.
+        unsafe { libc::poll(&mut pfd, 1, 0) > 0 }
+    }
     pub fn raw_fd(&self) -> i32 {
         self.0.as_raw_fd()
     }

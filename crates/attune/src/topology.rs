@@ -215,6 +215,14 @@ pub fn discover(root: &Path) -> Topology {
 /// The daemon bounds each claim by it (a job's processes cannot keep more DRAM than their
 /// limit); the runtime keeps its budget and memory tier under it (`config::Machine`).
 pub fn cgroup_memory_limit(cgroup: &str, read: &dyn Fn(&str) -> Option<String>) -> u64 {
+    limiting_cgroup(cgroup, read).map_or(u64::MAX, |(l, _)| l)
+}
+
+/// The memory cgroup whose limit is the tightest on a process's path, and that limit.
+pub fn limiting_cgroup(
+    cgroup: &str,
+    read: &dyn Fn(&str) -> Option<String>,
+) -> Option<(u64, CgroupMemory)> {
     let mut v1 = None;
     let mut v2 = None;
     for l in cgroup.lines() {
@@ -226,20 +234,20 @@ pub fn cgroup_memory_limit(cgroup: &str, read: &dyn Fn(&str) -> Option<String>) 
             v2 = Some(path);
         }
     }
-    let (base, file, path) = match (v1, v2) {
-        (Some(p), _) => ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", p),
-        (None, Some(p)) => ("/sys/fs/cgroup", "memory.max", p),
-        _ => return u64::MAX,
+    let (base, v1, path) = match (v1, v2) {
+        (Some(p), _) => ("/sys/fs/cgroup/memory", true, p),
+        (None, Some(p)) => ("/sys/fs/cgroup", false, p),
+        _ => return None,
     };
-    let mut best = u64::MAX;
+    let mut best: Option<(u64, CgroupMemory)> = None;
     let mut p = path.trim_end_matches('/');
     loop {
-        if let Some(v) = read(&format!("{base}{p}/{file}")) {
-            // v1 writes "no limit" as a page-rounded i64::MAX, v2 as "max".
-            if let Ok(x) = v.trim().parse::<u64>() {
-                if x > 0 && x < 1 << 62 {
-                    best = best.min(x);
-                }
+        let dir = format!("{base}{p}");
+        let limit =
+            read(&format!("{dir}/{}", CgroupMemory::limit_file(v1))).and_then(|v| parse_limit(&v));
+        if let Some(x) = limit {
+            if best.as_ref().map_or(true, |(b, _)| x < *b) {
+                best = Some((x, CgroupMemory { dir, v1 }));
             }
         }
         match p.rfind('/') {
@@ -250,6 +258,90 @@ pub fn cgroup_memory_limit(cgroup: &str, read: &dyn Fn(&str) -> Option<String>) 
     best
 }
 
+/// A limit file's value; None for "no limit" (v1 writes a page-rounded i64::MAX, v2
+/// "max") and for what does not parse.
+fn parse_limit(v: &str) -> Option<u64> {
+    v.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|x| *x > 0 && *x < 1 << 62)
+}
+
+/// A memory cgroup directory (v1 or v2), read while a job runs: its limit may change, and
+/// what the job holds beside the runtime's pages is what the budget must leave room for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CgroupMemory {
+    pub dir: String,
+    pub v1: bool,
+}
+
+/// One reading of a memory cgroup.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CgroupSample {
+    /// u64::MAX: the limit was lifted.
+    pub limit: u64,
+    pub usage: u64,
+    /// Page cache the kernel reclaims before it kills: file pages neither mapped by a
+    /// process (programs' text and data: reclaiming them thrashes) nor dirty.
+    pub reclaimable: u64,
+}
+
+impl CgroupMemory {
+    fn limit_file(v1: bool) -> &'static str {
+        if v1 {
+            "memory.limit_in_bytes"
+        } else {
+            "memory.max"
+        }
+    }
+
+    /// Reads the limit, the usage and the reclaimable cache; None when the group is gone.
+    pub fn sample(&self, read: &dyn Fn(&str) -> Option<String>) -> Option<CgroupSample> {
+        let f = |name: &str| read(&format!("{}/{name}", self.dir));
+        let usage_file = if self.v1 {
+            "memory.usage_in_bytes"
+        } else {
+            "memory.current"
+        };
+        let usage = f(usage_file)?.trim().parse::<u64>().ok()?;
+        let limit = f(Self::limit_file(self.v1))
+            .and_then(|v| parse_limit(&v))
+            .unwrap_or(u64::MAX);
+        let reclaimable = f("memory.stat").map_or(0, |s| reclaimable(&s, self.v1));
+        Some(CgroupSample {
+            limit,
+            usage,
+            reclaimable,
+        })
+    }
+}
+
+/// Reclaimable page cache from a `memory.stat`: active and inactive file pages less the
+/// mapped, dirty and writeback ones (v1's hierarchical `total_*` rows; v2's rows are hierarchical already).
+pub fn reclaimable(stat: &str, v1: bool) -> u64 {
+    let row = |key: &str| -> u64 {
+        let key = if v1 {
+            format!("total_{key}")
+        } else {
+            key.to_string()
+        };
+        stat.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == key).then(|| v.trim().parse::<u64>().ok()).flatten()
+            })
+            .unwrap_or(0)
+    };
+    // Dirty and writeback pages wait for the disk before the kernel can take them (a
+    // buffered file tier's stores are such pages).
+    let held = if v1 {
+        row("mapped_file") + row("dirty") + row("writeback")
+    } else {
+        row("file_mapped") + row("file_dirty") + row("file_writeback")
+    };
+    (row("active_file") + row("inactive_file")).saturating_sub(held)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,5 +350,62 @@ mod tests {
     fn lists() {
         assert_eq!(parse_list("0-2,5,7-8"), vec![0, 1, 2, 5, 7, 8]);
         assert_eq!(parse_list(""), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn the_limiting_cgroup_is_where_the_tightest_limit_is_and_is_read_there() {
+        use std::collections::HashMap;
+        let files: HashMap<&str, &str> = [
+            ("/sys/fs/cgroup/memory/slurm/job_7/step_0/memory.limit_in_bytes", "209715200\n"),
+            ("/sys/fs/cgroup/memory/slurm/job_7/memory.limit_in_bytes", "104857600\n"),
+            ("/sys/fs/cgroup/memory/slurm/job_7/memory.usage_in_bytes", "73400320\n"),
+            (
+                "/sys/fs/cgroup/memory/slurm/job_7/memory.stat",
+                "cache 1\nmapped_file 2\ntotal_cache 9\ntotal_mapped_file 3145728\ntotal_inactive_file 8388608\ntotal_active_file 2097152\n",
+            ),
+            ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n"),
+        ]
+        .into_iter()
+        .collect();
+        let read = |p: &str| files.get(p).map(|s| s.to_string());
+        let (limit, cg) = limiting_cgroup("4:memory:/slurm/job_7/step_0\n", &read).unwrap();
+        assert_eq!(limit, 100 << 20);
+        assert_eq!(cg.dir, "/sys/fs/cgroup/memory/slurm/job_7");
+        let s = cg.sample(&read).unwrap();
+        // 8 + 2 MiB of file pages, 3 MiB of them mapped.
+        assert_eq!(
+            (s.limit, s.usage, s.reclaimable),
+            (100 << 20, 70 << 20, 7 << 20)
+        );
+        // A group gone (the job ended) reads as None; a lifted limit as u64::MAX.
+        let gone = CgroupMemory {
+            dir: "/nowhere".into(),
+            v1: true,
+        };
+        assert_eq!(gone.sample(&read), None);
+        let lifted = |p: &str| {
+            if p.ends_with("limit_in_bytes") {
+                Some("9223372036854771712".into())
+            } else {
+                read(p)
+            }
+        };
+        assert_eq!(cg.sample(&lifted).unwrap().limit, u64::MAX);
+        // No limit anywhere: no limiting group.
+        assert_eq!(limiting_cgroup("4:memory:/other\n", &read), None);
+    }
+
+    #[test]
+    fn reclaimable_cache_is_unmapped_file_pages_in_both_versions() {
+        let v2 = "anon 100\nfile 9\nactive_file 4096\ninactive_file 8192\nfile_mapped 1024\nfile_dirty 512\nfile_writeback 256\nshmem 77\n";
+        assert_eq!(reclaimable(v2, false), 10496);
+        // Mapped shared memory can count more mapped than file pages: never below zero.
+        assert_eq!(
+            reclaimable("total_active_file 1\ntotal_mapped_file 5\n", true),
+            0
+        );
+        assert_eq!(reclaimable("garbage", true), 0);
+        // v1's own-group rows are not the hierarchy's.
+        assert_eq!(reclaimable("active_file 4096\n", true), 0);
     }
 }

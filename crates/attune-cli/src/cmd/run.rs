@@ -678,6 +678,36 @@ fn delivery_line(procs: &[Value]) -> String {
     s
 }
 
+/// Where the memory cgroup's usage lowered a process's budget (`follow_limit`): the
+/// limit, the most held outside Attune's pages, and the lowest budget it left.
+fn cgroup_line(procs: &[Value]) -> String {
+    let n = |p: &Value, k: &str| p[k].as_u64().unwrap_or(0);
+    let lowered: Vec<&Value> = procs
+        .iter()
+        .filter(|p| n(p, "cgroup_lowered") > 0)
+        .collect();
+    let Some(limit) = lowered.iter().map(|p| n(p, "cgroup_limit_bytes")).max() else {
+        return String::new();
+    };
+    let outside = lowered
+        .iter()
+        .map(|p| n(p, "cgroup_outside_peak_bytes"))
+        .max()
+        .unwrap_or(0);
+    let lowest = lowered
+        .iter()
+        .map(|p| n(p, "cgroup_lowest_budget_bytes"))
+        .min()
+        .unwrap_or(0);
+    format!(
+        "  memory cgroup: limit {}, up to {} held outside Attune's pages; the budget followed it down to {} in {} process(es)\n",
+        human(limit),
+        human(outside),
+        human(lowest),
+        lowered.len()
+    )
+}
+
 pub fn text_report(r: &Value) -> String {
     let mut s = String::new();
     let t = &r["totals"];
@@ -755,6 +785,7 @@ pub fn text_report(r: &Value) -> String {
             t["huge_collapses"], t["huge_splits"], u(&t["huge_bytes"])
         );
     }
+    s += &cgroup_line(&procs);
     // User-mode-only userfaultfd: system calls on managed memory were retried.
     if procs
         .iter()

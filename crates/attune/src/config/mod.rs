@@ -185,6 +185,8 @@ pub struct Config {
     pub tiers: Vec<TierConfig>,
     /// Room a memory cgroup limit keeps for what Attune does not manage (resolved bytes).
     pub limit_room: u64,
+    /// The budget follows the memory cgroup's usage (`paging::limit`).
+    pub follow_limit: bool,
     /// What the memory cgroup's limit lowered or left out (`Machine::limit_for_managed`),
     /// for the start's warnings.
     #[serde(skip)]
@@ -825,6 +827,7 @@ pub fn load_text(
         log: g.choice("log")?,
         tiers,
         limit_room: room.unwrap_or_else(|| m.default_limit_room()),
+        follow_limit: g.bool("follow_limit"),
         limit_notes,
     })
 }

@@ -422,6 +422,9 @@ pub fn test_active(e: &Pager, max: usize) -> usize {
     tested
 }
 
+/// Longest the evictor collapses huge pages in one tick.
+const HUGE_SLICE_NS: u64 = 10_000_000;
+
 /// The background evictor: keeps `headroom` free below the budget, and tests active
 /// chunks while activations are denied (paced to `ACTIVE_TESTS_PER_S`).
 pub fn evictor_loop(e: &'static Pager) {
@@ -431,16 +434,27 @@ pub fn evictor_loop(e: &'static Pager) {
     let mut last = os::now_ns();
     let mut full = FullWarning::default();
     let mut huge_due = 0u64;
+    let mut huge_left = 0usize;
+    let mut limit = super::limit::LimitWatch::new(e);
+    let mut wait_ms = 50;
     while !e.shutdown.load(Relaxed) {
-        let notified = e.wake_evictor.wait(50);
+        let notified = e.wake_evictor.wait(wait_ms);
+        wait_ms = limit.tick(e);
         // Outside the gate: a hole in an un-shared range faults into the fault path.
         super::unshare::unshare_pass(e);
         let _in = e.enter();
         drop_retired(e);
         let now = os::now_ns();
+        // A second's collapses go in slices of at most 10 ms a tick, so the evictor reads
+        // the memory cgroup and serves wake-ups between them; none near the cgroup's limit
+        // (a collapse allocates its 2 MiB page first).
         if now >= huge_due {
-            super::huge::pass(e);
+            huge_left = attune_policy::huge::MAX_BYTES_PER_PASS;
             huge_due = now + attune_policy::huge::PASS_EVERY_NS;
+        }
+        if huge_left > 0 && !limit.near() {
+            let (done, more) = super::huge::pass(e, huge_left, now + HUGE_SLICE_NS);
+            huge_left = if more { huge_left - done } else { 0 };
         }
         let rate = attune_policy::victim::ACTIVE_TESTS_PER_S as f64;
         test_credit = (test_credit + (now - last) as f64 * 1e-9 * rate).min(rate / 10.0);

@@ -19,6 +19,7 @@ use crate::region::{Region, Where};
 use attune_policy::huge::{self as rule, SPAN};
 use attune_policy::Flags;
 use attune_sys::mem::{self, Collapse};
+use attune_sys::os;
 use std::sync::atomic::Ordering::*;
 
 const SMALL: u8 = 0;
@@ -81,12 +82,15 @@ pub fn huge_bytes(r: &Region) -> u64 {
     r.huge.iter().filter(|c| c.load(Relaxed) == HUGE).count() as u64 * SPAN as u64
 }
 
-/// One pass: collapses whole resident spans of the regions the rule allows, at most
-/// `MAX_BYTES_PER_PASS`. Returns the bytes collapsed. On the evictor thread, inside the
-/// fork gate.
-pub fn pass(e: &Pager) -> usize {
+/// Collapses whole resident spans of the regions the rule allows, at most `left` bytes,
+/// until `deadline` (ns). Returns the bytes collapsed and whether spans may be left (the
+/// work or the time ran out before the table did). On the evictor thread, inside the fork
+/// gate. It stops at the deadline and when the evictor is woken (a fault wants room):
+/// a pass of 112 MiB held the evictor 208 ms while a Python program grew to its memory
+/// cgroup's limit unread (`super::limit`) and was killed.
+pub fn pass(e: &Pager, left: usize, deadline: u64) -> (usize, bool) {
     if mode(e) == rule::Mode::Off {
-        return 0;
+        return (0, false);
     }
     // A copy of the table: a collapse takes up to a millisecond, and new regions must
     // not wait for the whole pass on the table's lock.
@@ -98,7 +102,8 @@ pub fn pass(e: &Pager) -> usize {
         .filter(|r| !r.huge.is_empty())
         .cloned()
         .collect();
-    let mut left = rule::MAX_BYTES_PER_PASS;
+    let start = left;
+    let mut left = left;
     for r in &table {
         if r.freed.load(Acquire)
             || !rule::eligible(rule::Mode::Auto, effective(e, r.flags()), r.len)
@@ -117,8 +122,8 @@ pub fn pass(e: &Pager) -> usize {
         }
         let per_span = SPAN / r.chunk;
         for (s, cell) in r.huge.iter().enumerate() {
-            if left < SPAN {
-                return rule::MAX_BYTES_PER_PASS - left;
+            if left < SPAN || e.wake_evictor.pending() || os::now_ns() >= deadline {
+                return (start - left, true);
             }
             if cell.load(Relaxed) != SMALL {
                 continue;
@@ -144,5 +149,5 @@ pub fn pass(e: &Pager) -> usize {
             }
         }
     }
-    rule::MAX_BYTES_PER_PASS - left
+    (start - left, false)
 }

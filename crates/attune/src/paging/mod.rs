@@ -6,6 +6,7 @@
 //! * `sample.rs`: what the fault path records for access sampling.
 //! * `unshare.rs`: copies pages a fork left shared, so they can move again.
 //! * `evict.rs`: the CLOCK and the background evictor (decisions: `attune_policy::victim`).
+//! * `limit.rs`: the budget capped by the memory cgroup's usage, read on the evictor's tick.
 //! * `fault.rs`: the fault path (claim, read-ahead, place) and both deliveries.
 //! * `ops.rs`: allocate, free, pin, hold, discard, prefetch.
 //! * `sampler.rs`: the sampler thread and the online flag prediction.
@@ -14,6 +15,7 @@ mod behind;
 pub mod evict;
 pub mod fault;
 pub mod huge;
+mod limit;
 pub mod ops;
 pub mod pager;
 pub mod sample;
@@ -21,6 +23,6 @@ pub mod sampler;
 mod unshare;
 
 pub use pager::{
-    AllocOptions, ClockState, Counters, InitError, Pager, KERNEL_ACCESS_MAY_FAIL, MAX_RUN,
-    THREAD_FOR_NEW_REGIONS,
+    AllocOptions, CgroupStats, ClockState, Counters, InitError, Pager, KERNEL_ACCESS_MAY_FAIL,
+    MAX_RUN, THREAD_FOR_NEW_REGIONS,
 };

@@ -125,6 +125,18 @@ impl Counters {
     }
 }
 
+/// How a memory cgroup's usage bounded the budget (`super::limit`).
+#[derive(Default)]
+pub struct CgroupStats {
+    /// The limit of the group read (0: no limit, or `follow_limit` off).
+    pub limit: AtomicU64,
+    /// Times the cap lowered the budget, the lowest budget it left (0: never), and the
+    /// most the group held outside the runtime's pages.
+    pub lowered: AtomicU64,
+    pub lowest_budget: AtomicU64,
+    pub outside_peak: AtomicU64,
+}
+
 /// Clock hand over all regions.
 #[derive(Default)]
 pub struct ClockState {
@@ -166,8 +178,14 @@ pub struct Pager {
     pub pinned: AtomicU64,
     /// Bytes of resident chunks in the active class (refaulted soon after eviction).
     pub active: AtomicU64,
-    /// The DRAM budget now: the configured `dram`, or the node daemon's grant (`crate::daemon_client`).
+    /// The DRAM budget now: the lower of `grant` and `cgroup_cap`.
     budget: AtomicU64,
+    /// The configured `dram`, or the node daemon's grant (`crate::daemon_client`).
+    grant: AtomicU64,
+    /// What the memory cgroup's usage leaves (`super::limit`; u64::MAX: no cap).
+    cgroup_cap: AtomicU64,
+    /// How the cgroup's usage bounded the budget, for the reports.
+    pub cgroup: CgroupStats,
     /// Page movement limit in bytes/s (0: none), set by the node daemon while a
     /// latency-sensitive neighbour runs; `move_next` is the pacing's virtual time.
     move_limit: AtomicU64,
@@ -304,6 +322,9 @@ impl Pager {
         let zero = pool(1, false)?;
         Ok(Pager {
             budget: AtomicU64::new(cfg.dram),
+            grant: AtomicU64::new(cfg.dram),
+            cgroup_cap: AtomicU64::new(u64::MAX),
+            cgroup: CgroupStats::default(),
             move_limit: AtomicU64::new(cfg.move_limit),
             move_next: AtomicU64::new(0),
             capacity,
@@ -399,15 +420,40 @@ impl Pager {
         self.budget.load(Relaxed)
     }
 
-    /// A new budget (the node daemon's grant, never above the configured `dram`): the
-    /// evictor demotes down to it at once. Returns the budget applied.
+    /// A new grant (the node daemon's, never above the configured `dram`): the evictor
+    /// demotes down to the budget at once. Returns the budget applied.
     pub fn set_budget(&self, bytes: u64) -> u64 {
-        let b = bytes.clamp(1 << 20, self.cfg.dram);
-        let old = self.budget.swap(b, Relaxed);
-        if b < old {
-            self.wake_evictor.notify();
+        self.grant.store(bytes, Relaxed);
+        self.apply_budget()
+    }
+
+    /// A new cap from the memory cgroup's usage (`super::limit`); u64::MAX lifts it.
+    pub(crate) fn set_cgroup_cap(&self, cap: u64) -> u64 {
+        self.cgroup_cap.store(cap, Relaxed);
+        self.apply_budget()
+    }
+
+    /// The budget from the grant and the cap, within 1 MiB and the configured `dram`.
+    /// The daemon client and the evictor set them from two threads: the budget is stored
+    /// again until neither changed under it, so the last writer's view is the one kept.
+    fn apply_budget(&self) -> u64 {
+        loop {
+            let (g, c) = (self.grant.load(Relaxed), self.cgroup_cap.load(Relaxed));
+            let b = g.min(c).clamp(1 << 20, self.cfg.dram);
+            let old = self.budget.swap(b, Relaxed);
+            if (g, c) != (self.grant.load(Relaxed), self.cgroup_cap.load(Relaxed)) {
+                continue;
+            }
+            if b < old {
+                self.wake_evictor.notify();
+            }
+            return b;
         }
-        b
+    }
+
+    /// The budget the grant alone would give (reports: what the cgroup's usage lowered).
+    pub fn granted_budget(&self) -> u64 {
+        self.grant.load(Relaxed).clamp(1 << 20, self.cfg.dram)
     }
 
     /// Limits page movement (fetches and evictions) to `bps` bytes/s (the node daemon's

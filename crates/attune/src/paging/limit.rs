@@ -1,0 +1,181 @@
+//! The budget follows the memory cgroup's usage (`follow_limit`). At start the budget is
+//! held under the limit less `limit_room` (`config::Machine`); a program that then holds
+//! more outside Attune's pages (an interpreter's heap, its libraries, another process of
+//! the job) would reach the limit, where the kernel reclaims cache and then kills. The
+//! background evictor reads the group on its tick and caps the budget at what is left
+//! (`attune_policy::budget::cgroup_cap`); the evictor then moves the difference out.
+//! Found with bench/ensemble.py: DM at half its peak under the Slurm plugin's default
+//! budget was OOM-killed (docs/design/paging.md, "Budgets under a memory cgroup").
+
+use super::Pager;
+use crate::config::TierKind;
+use crate::topology::{limiting_cgroup, CgroupMemory};
+use attune_policy::budget::{self, CgroupReading};
+use std::sync::atomic::Ordering::Relaxed;
+
+fn read(p: &str) -> Option<String> {
+    std::fs::read_to_string(p).ok()
+}
+
+/// The evictor's view of the group: where it is, the cap it last applied, what was held
+/// outside at the last reading, and the limit its wake-up thresholds were set for.
+pub(crate) struct LimitWatch {
+    group: Option<CgroupMemory>,
+    cap: u64,
+    /// The last reading: when (ns), outside and ours; and the growth rate outside.
+    last: Option<(u64, u64, u64)>,
+    rate: u64,
+    thresholds_for: u64,
+    near: bool,
+    warned: bool,
+}
+
+impl LimitWatch {
+    /// The group whose limit is the tightest on this process's path; none without a limit
+    /// or with `follow_limit` off.
+    pub(crate) fn new(e: &Pager) -> LimitWatch {
+        let group = if e.cfg.follow_limit {
+            let cgroup = read("/proc/self/cgroup").unwrap_or_default();
+            limiting_cgroup(&cgroup, &read).map(|(limit, g)| {
+                e.cgroup.limit.store(limit, Relaxed);
+                g
+            })
+        } else {
+            None
+        };
+        LimitWatch {
+            group,
+            cap: u64::MAX,
+            last: None,
+            rate: 0,
+            thresholds_for: 0,
+            near: false,
+            warned: false,
+        }
+    }
+
+    /// Under cgroup v1, asks the kernel to wake the evictor (its eventfd) when the group's
+    /// usage crosses levels below the limit (`cgroup.event_control`): a program can grow
+    /// faster than any polling. The file is root's alone on this machine's kernel (mode
+    /// 0200), and v2 has no such thresholds: for a user the 5 ms reading near the limit is
+    /// all, which held 50 runs of 50 (docs/design/paging.md). Failures only cost that.
+    fn set_thresholds(&mut self, e: &Pager, g: &CgroupMemory, limit: u64) {
+        if !g.v1 || limit == u64::MAX || limit == self.thresholds_for {
+            return;
+        }
+        self.thresholds_for = limit;
+        let usage = match std::fs::File::open(format!("{}/memory.usage_in_bytes", g.dir)) {
+            Ok(f) => f,
+            Err(_) => return,
+        };
+        let ctl = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("{}/cgroup.event_control", g.dir));
+        let mut ctl = match ctl {
+            Ok(c) => c,
+            Err(err) => {
+                // Root's only on recent kernels (mode 0200): then polling is all there is.
+                crate::info!("memory cgroup thresholds not set ({err}): read every 5 ms near the limit instead");
+                return;
+            }
+        };
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        for t in budget::cgroup_thresholds(limit) {
+            // One registration per write; the kernel holds the eventfd, not the usage file.
+            let line = format!("{} {} {t}", e.wake_evictor.raw_fd(), usage.as_raw_fd());
+            if let Err(err) = ctl.write_all(line.as_bytes()) {
+                crate::info!("memory cgroup thresholds not set ({err}): read every 5 ms near the limit instead");
+                return;
+            }
+        }
+    }
+
+    /// Reads the group and applies the cap; returns how long the evictor may wait (ms).
+    pub(crate) fn tick(&mut self, e: &Pager) -> i32 {
+        let Some(g) = self.group.clone() else {
+            return 50;
+        };
+        // Resident bytes before and after the reading, the larger kept: a region freed
+        // between them leaves the kernel's usage lower than `resident` read first, and
+        // counting it as outside would cut the budget to nothing for one reading.
+        let before = e.resident.load(Relaxed);
+        let Some(s) = g.sample(&read) else {
+            // The group is gone (moved out of it, or the job's directory removed): no cap.
+            self.group = None;
+            self.near = false;
+            self.cap = u64::MAX;
+            e.set_cgroup_cap(u64::MAX);
+            return 50;
+        };
+        let (mut ours, mut reserved) = (before.max(e.resident.load(Relaxed)), 0u64);
+        for t in e
+            .tiers
+            .iter()
+            .filter(|t| matches!(t.cfg.kind, TierKind::Memory | TierKind::Numa))
+        {
+            ours = ours.saturating_add(t.counters.stored.load(Relaxed));
+            reserved = reserved.saturating_add(t.capacity());
+        }
+        let mut r = CgroupReading {
+            limit: s.limit,
+            usage: s.usage,
+            reclaimable: s.reclaimable,
+            ours,
+            reserved,
+            rate: 0,
+        };
+        let now = attune_sys::os::now_ns();
+        if let Some((t, outside, prev_ours)) = self.last {
+            r.ours += budget::cgroup_lag(outside, r.outside(), prev_ours, ours);
+            self.rate =
+                budget::cgroup_rate(self.rate, r.outside().saturating_sub(outside), now - t);
+            r.rate = self.rate;
+        }
+        self.last = Some((now, r.outside(), ours));
+        self.set_thresholds(e, &g, s.limit);
+        let st = &e.cgroup;
+        st.limit
+            .store(if s.limit == u64::MAX { 0 } else { s.limit }, Relaxed);
+        st.outside_peak.fetch_max(r.outside(), Relaxed);
+        let cap = budget::cgroup_cap(&r, self.cap);
+        if cap != self.cap {
+            let before = e.budget();
+            self.cap = cap;
+            let after = e.set_cgroup_cap(cap);
+            if after < before {
+                st.lowered.fetch_add(1, Relaxed);
+                let low = st.lowest_budget.load(Relaxed);
+                if low == 0 || after < low {
+                    st.lowest_budget.store(after, Relaxed);
+                }
+                self.say(e, &r, before, after);
+            }
+        }
+        self.near = budget::cgroup_near(&r);
+        budget::cgroup_check_ms(&r) as i32
+    }
+
+    /// Whether the group held within two margins of its limit at the last reading.
+    pub(crate) fn near(&self) -> bool {
+        self.near
+    }
+
+    /// Says once, as a warning, that the cgroup lowered the budget (with the figures a
+    /// user needs to size `--mem` or `limit_room`); later changes go to the info log.
+    fn say(&mut self, e: &Pager, r: &CgroupReading, before: u64, after: u64) {
+        let text = format!(
+            "the memory cgroup's limit ({} MiB) leaves less than the budget: {} MiB held outside Attune's pages; DRAM budget lowered from {} to {} MiB (follow_limit)",
+            r.limit >> 20,
+            r.outside() >> 20,
+            before >> 20,
+            after >> 20
+        );
+        if !self.warned && after + (4 << 20) < e.granted_budget() {
+            self.warned = true;
+            crate::warn!("{text}; a larger --mem or a smaller --dram avoids the moves");
+        } else {
+            crate::info!("{text}");
+        }
+    }
+}
