@@ -1402,6 +1402,8 @@ mod tests {
             table::Kind::Choice { values, .. } => values.last().unwrap().to_string(),
             table::Kind::Name { .. } => "job42".into(),
             table::Kind::Path => "/tmp/other.sock".into(),
+            // The opposite of the default (`direct` is off, `follow_limit` on).
+            table::Kind::Bool if o.default_for(None) == Some("true") => "false".into(),
             table::Kind::Bool => "true".into(),
             // The word is the default where one is (`auto`): a value of the kind differs.
             table::Kind::OrWord { kind, .. } => other_value(&Opt { kind: *kind, ..*o }),
