@@ -373,14 +373,7 @@ mod tests {
                 reserved: 0,
                 rate: 0,
             };
-            let rb = CgroupReading {
-                limit,
-                usage: a + b + other,
-                reclaimable: 0,
-                ours: b,
-                reserved: 0,
-                rate: 0,
-            };
+            let rb = CgroupReading { ours: b, ..ra };
             (ca, cb) = (cgroup_cap(&ra, ca), cgroup_cap(&rb, cb));
             // Each evicts down to its cap; neither grows past it (both want all they can).
             (a, b) = (ca, cb);

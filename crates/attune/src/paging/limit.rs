@@ -17,11 +17,10 @@ fn read(p: &str) -> Option<String> {
     std::fs::read_to_string(p).ok()
 }
 
-/// The evictor's view of the group: where it is, the cap it last applied, what was held
+/// The evictor's view of the group: where it is, what was held
 /// outside at the last reading, and the limit its wake-up thresholds were set for.
 pub(crate) struct LimitWatch {
     group: Option<CgroupMemory>,
-    cap: u64,
     /// The last reading: when (ns), outside and ours; and the growth rate outside.
     last: Option<(u64, u64, u64)>,
     rate: u64,
@@ -45,7 +44,6 @@ impl LimitWatch {
         };
         LimitWatch {
             group,
-            cap: u64::MAX,
             last: None,
             rate: 0,
             thresholds_for: 0,
@@ -104,7 +102,6 @@ impl LimitWatch {
             // The group is gone (moved out of it, or the job's directory removed): no cap.
             self.group = None;
             self.near = false;
-            self.cap = u64::MAX;
             e.set_cgroup_cap(u64::MAX);
             return 50;
         };
@@ -138,10 +135,10 @@ impl LimitWatch {
         st.limit
             .store(if s.limit == u64::MAX { 0 } else { s.limit }, Relaxed);
         st.outside_peak.fetch_max(r.outside(), Relaxed);
-        let cap = budget::cgroup_cap(&r, self.cap);
-        if cap != self.cap {
+        let now_cap = e.cgroup_cap();
+        let cap = budget::cgroup_cap(&r, now_cap);
+        if cap != now_cap {
             let before = e.budget();
-            self.cap = cap;
             let after = e.set_cgroup_cap(cap);
             if after < before {
                 st.lowered.fetch_add(1, Relaxed);

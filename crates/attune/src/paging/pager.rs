@@ -433,6 +433,11 @@ impl Pager {
         self.apply_budget()
     }
 
+    /// The cap in force from the memory cgroup (u64::MAX: none).
+    pub(crate) fn cgroup_cap(&self) -> u64 {
+        self.cgroup_cap.load(Relaxed)
+    }
+
     /// The budget from the grant and the cap, within 1 MiB and the configured `dram`.
     /// The daemon client and the evictor set them from two threads: the budget is stored
     /// again until neither changed under it, so the last writer's view is the one kept.
