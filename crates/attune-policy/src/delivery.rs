@@ -159,9 +159,10 @@ pub fn choose(requested: Requested, reason: Option<Reason>) -> Chosen {
     }
 }
 
-/// What becomes of an interposed program's small-object arenas (`attune run --small`).
+/// What becomes of memory that holds a program's small objects: the runtime's arenas
+/// under `attune run --small`, and the mappings a program's allocator makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SmallArenas {
+pub enum Heap {
     /// Managed, with this delivery.
     Managed(Chosen),
     /// Small requests stay with the program's allocator, untiered.
@@ -174,11 +175,40 @@ pub enum SmallArenas {
 /// under either delivery when the userfaultfd sees user-mode faults only
 /// (`kernel_faults` false). So the arenas take the handler thread, or stay out; an
 /// explicit `signal` is kept, as for regions (the user has been told its limit).
-pub fn small_arenas(requested: Requested, kernel_faults: bool) -> SmallArenas {
+pub fn small_arenas(requested: Requested, kernel_faults: bool) -> Heap {
     match requested {
-        Requested::Signal => SmallArenas::Managed(Chosen::Signal),
-        _ if kernel_faults => SmallArenas::Managed(Chosen::Thread),
-        _ => SmallArenas::KeptOut,
+        Requested::Signal => Heap::Managed(Chosen::Signal),
+        _ if kernel_faults => Heap::Managed(Chosen::Thread),
+        _ => Heap::KeptOut,
+    }
+}
+
+/// Whose code asked for a mapping (`mmap`) the interposer would manage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MappedBy {
+    /// The program's allocator when it is not glibc's (jemalloc, tcmalloc, mimalloc): a
+    /// heap, whose small objects are system-call arguments.
+    Allocator,
+    /// Other code: the program's own data, or a heap nobody can tell (Python's arenas).
+    Program,
+}
+
+/// The rule for mappings. A mapping may be a heap: jemalloc, tcmalloc, mimalloc and
+/// Python map their arenas this way, and their objects reach system calls no wrapper
+/// covers (`opendir`'s buffer, which glibc fills with its internal `getdents64`; a path
+/// string). A kernel write to a fresh or moved-out page of one fails with EFAULT under
+/// signal delivery. So under `auto`, where the userfaultfd serves kernel faults, every
+/// mapping takes the handler thread (no heap is missed; the cost falls on programs whose
+/// bulk data is `mmap`ed: docs/benchmarks.md). Where it does not, the allocator's own
+/// mappings follow the small arenas' rule (unmanaged), and other mappings keep the
+/// regions' delivery: bulk data, whose transfers the wrapped calls retry, as malloc's
+/// large blocks. Explicit choices are kept, as for regions.
+pub fn mapping(requested: Requested, kernel_faults: bool, by: MappedBy) -> Heap {
+    match (requested, by) {
+        (_, MappedBy::Allocator) => small_arenas(requested, kernel_faults),
+        (Requested::Auto, MappedBy::Program) if kernel_faults => Heap::Managed(Chosen::Thread),
+        (Requested::Thread, MappedBy::Program) => Heap::Managed(Chosen::Thread),
+        (_, MappedBy::Program) => Heap::Managed(Chosen::Signal),
     }
 }
 
@@ -248,7 +278,7 @@ mod tests {
 
     #[test]
     fn small_arenas_need_kernel_faults_served() {
-        use SmallArenas::*;
+        use Heap::*;
         for (req, kernel_faults, want) in [
             (Requested::Auto, true, Managed(Chosen::Thread)),
             (Requested::Thread, true, Managed(Chosen::Thread)),
@@ -261,6 +291,34 @@ mod tests {
                 small_arenas(req, kernel_faults),
                 want,
                 "{req:?} {kernel_faults}"
+            );
+        }
+    }
+
+    #[test]
+    fn mappings_get_kernel_faults_served_or_the_allocators_stay_out() {
+        use Heap::*;
+        use MappedBy::*;
+        use Requested::*;
+        let (t, s) = (Managed(Chosen::Thread), Managed(Chosen::Signal));
+        for (req, kernel_faults, by, want) in [
+            (Auto, true, Allocator, t),
+            (Auto, true, Program, t),
+            (Auto, false, Allocator, KeptOut),
+            (Auto, false, Program, s),
+            (Thread, true, Allocator, t),
+            (Thread, true, Program, t),
+            (Thread, false, Allocator, KeptOut),
+            (Thread, false, Program, t),
+            (Signal, true, Allocator, s),
+            (Signal, true, Program, s),
+            (Signal, false, Allocator, s),
+            (Signal, false, Program, s),
+        ] {
+            assert_eq!(
+                mapping(req, kernel_faults, by),
+                want,
+                "{req:?} {kernel_faults} {by:?}"
             );
         }
     }

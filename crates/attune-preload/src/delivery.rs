@@ -10,7 +10,7 @@
 use crate::settings;
 use attune_policy::delivery::{self, Chosen, Requested};
 use attune_sys::elf;
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
 struct State {
@@ -157,14 +157,14 @@ pub fn settle_small_arenas() -> bool {
         return false;
     };
     match delivery::small_arenas(requested(), !e.pager.user_mode_only()) {
-        delivery::SmallArenas::Managed(c) => {
+        delivery::Heap::Managed(c) => {
             attune::small::set_arena_fault_mode(Some(match c {
                 Chosen::Thread => attune::config::FaultMode::Thread,
                 Chosen::Signal => attune::config::FaultMode::Signal,
             }));
             true
         }
-        delivery::SmallArenas::KeptOut => {
+        delivery::Heap::KeptOut => {
             attune::log::emit(
                 attune::log::Level::Warn,
                 "attune run: --small: small objects are the arguments of system calls no \
@@ -176,6 +176,44 @@ pub fn settle_small_arenas() -> bool {
                  job (docs/design/run.md, \"Fault delivery\")",
             );
             false
+        }
+    }
+}
+
+/// Mappings the program's allocator asked for that stayed unmanaged (`for_mapping`).
+pub static MAPPINGS_KEPT_OUT: AtomicU64 = AtomicU64::new(0);
+
+/// The delivery of a mapping asked for from code address `caller` (0 unknown), or None
+/// when it stays with the kernel: `attune_policy::delivery::mapping`. The runtime runs.
+pub fn for_mapping(caller: usize) -> Option<attune::config::FaultMode> {
+    let kernel_faults = attune::runtime::engine_if_started()
+        .map(|e| !e.pager.user_mode_only())
+        .unwrap_or(false);
+    let by = if caller != 0 && attune_sys::libc_alloc::is_allocator_code(caller) {
+        delivery::MappedBy::Allocator
+    } else {
+        delivery::MappedBy::Program
+    };
+    match delivery::mapping(requested(), kernel_faults, by) {
+        delivery::Heap::Managed(Chosen::Thread) => Some(attune::config::FaultMode::Thread),
+        delivery::Heap::Managed(Chosen::Signal) => Some(attune::config::FaultMode::Signal),
+        delivery::Heap::KeptOut => {
+            if MAPPINGS_KEPT_OUT.fetch_add(1, Relaxed) == 0 {
+                attune::log::emit(
+                    attune::log::Level::Info,
+                    &format!(
+                        "attune run: the program's allocator ({}) maps its heap, whose \
+                         small objects reach system calls no wrapper retries, and this \
+                         process's userfaultfd sees user-mode faults only \
+                         (vm.unprivileged_userfaultfd=0): its mappings stay unmanaged; \
+                         its large blocks (malloc) are tiered. Kernel faults are served \
+                         where /dev/userfaultfd is handed to the job (docs/design/run.md, \
+                         \"Fault delivery\")",
+                        attune_sys::libc_alloc::program_allocator().unwrap_or_default()
+                    ),
+                );
+            }
+            None
         }
     }
 }

@@ -40,21 +40,23 @@ fn round_page(n: usize) -> Option<usize> {
 /// serves it). With
 /// `region`, the result is a page-aligned region of its own (mmap, large alignments).
 fn managed(size: usize, region: bool) -> usize {
-    managed_fresh(size, region, false).0
+    managed_fresh(size, region, None).0
 }
 
-/// As `managed`, and whether the memory is fresh (reads as zeros).
+/// As `managed`, and whether the memory is fresh (reads as zeros). `mapping`: an `mmap`
+/// request, with its caller's return address (0 unknown).
 #[inline]
-fn managed_fresh(size: usize, region: bool, mapped: bool) -> (usize, bool) {
+fn managed_fresh(size: usize, region: bool, mapping: Option<usize>) -> (usize, bool) {
     // THRESHOLD is 0 in small mode (everything managed) and usize::MAX before start.
     if size < THRESHOLD.load(Relaxed) {
         return (0, false);
     }
-    managed_slow(size, region, mapped)
+    managed_slow(size, region, mapping)
 }
 
 #[inline(never)]
-fn managed_slow(size: usize, region: bool, mapped: bool) -> (usize, bool) {
+fn managed_slow(size: usize, region: bool, mapping: Option<usize>) -> (usize, bool) {
+    let mapped = mapping.is_some();
     let s = settings();
     if size < s.threshold && (region || !s.small) {
         return (0, false);
@@ -83,6 +85,14 @@ fn managed_slow(size: usize, region: bool, mapped: bool) -> (usize, bool) {
     if crate::delivery::kept_out() {
         return (0, false);
     }
+    // A mapping may be a heap whose objects reach system calls no wrapper covers.
+    let fault_mode = match mapping {
+        None => None,
+        Some(caller) => match crate::delivery::for_mapping(caller) {
+            None => return (0, false),
+            m => m,
+        },
+    };
     let (flags, hot) = match predicted(size) {
         Some(r) => (r.flags, r.hot.as_slice()),
         None => (s.flags_for(size), &[][..]),
@@ -98,6 +108,7 @@ fn managed_slow(size: usize, region: bool, mapped: bool) -> (usize, bool) {
     }
     let opts = region.then(|| AllocOptions {
         own_region: true,
+        fault_mode,
         ..Default::default()
     });
     let len = if region {
@@ -234,7 +245,7 @@ pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
         alloc::set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
-    let (p, fresh) = managed_fresh(total, false, false);
+    let (p, fresh) = managed_fresh(total, false, None);
     if p != 0 {
         // Fresh regions read as zeros (first touch is zero-filled); reused memory does not.
         if !fresh {
@@ -371,14 +382,19 @@ fn map_failed(e: i32) -> *mut c_void {
     libc::MAP_FAILED
 }
 
-#[no_mangle]
-pub extern "C" fn mmap(
+// `mmap` and `mmap64` pass on their caller's return address: a mapping the program's
+// allocator asks for is its heap (`attune_policy::delivery::mapping`).
+attune_sys::mmap_entry_with_caller!(mmap, mmap_from);
+attune_sys::mmap_entry_with_caller!(mmap64, mmap_from);
+
+extern "C" fn mmap_from(
     addr: *mut c_void,
     len: usize,
     prot: c_int,
     flags: c_int,
     fd: c_int,
     off: off_t,
+    caller: usize,
 ) -> *mut c_void {
     let addr = addr as usize;
     let plain = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
@@ -389,7 +405,7 @@ pub extern "C" fn mmap(
         && prot == libc::PROT_READ | libc::PROT_WRITE
         && len > 0
     {
-        let p = managed_fresh(len, true, true).0;
+        let p = managed_fresh(len, true, Some(caller)).0;
         if p != 0 {
             return p as *mut c_void;
         }
@@ -407,18 +423,6 @@ pub extern "C" fn mmap(
         Ok(p) => p as *mut c_void,
         Err(e) => map_failed(e.0),
     }
-}
-
-#[no_mangle]
-pub extern "C" fn mmap64(
-    addr: *mut c_void,
-    len: usize,
-    prot: c_int,
-    flags: c_int,
-    fd: c_int,
-    off: off_t,
-) -> *mut c_void {
-    mmap(addr, len, prot, flags, fd, off)
 }
 
 fn status(r: Result<(), attune_sys::Errno>) -> c_int {
@@ -503,12 +507,16 @@ pub extern "C" fn mremap(
     if flags & libc::MREMAP_MAYMOVE == 0 {
         return map_failed(libc::ENOMEM);
     }
-    let q = mmap(
+    // The moved mapping's caller is unknown here (0): the program's own mapping, whose
+    // rule under kernel faults is the allocator's too; the allocator's mappings where
+    // kernel faults are not served were never managed, so never reach this.
+    let q = mmap_from(
         std::ptr::null_mut(),
         new_len,
         libc::PROT_READ | libc::PROT_WRITE,
         libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
         -1,
+        0,
         0,
     );
     if q == libc::MAP_FAILED {

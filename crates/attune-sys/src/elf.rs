@@ -246,6 +246,51 @@ unsafe fn find_import(base: usize, dynamic: usize, want: &dyn Fn(&str) -> bool) 
     None
 }
 
+const PT_LOAD: u32 = 1;
+const PF_X: u32 = 1;
+
+/// The span of the executable segments of the loaded object whose code holds `addr`:
+/// from the lowest start to the highest end of its `PT_LOAD` segments marked `PF_X`.
+/// None when no object's code holds it. Takes the loader's lock.
+pub fn code_span(addr: usize) -> Option<(usize, usize)> {
+    struct Find {
+        addr: usize,
+        span: Option<(usize, usize)>,
+    }
+    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
+        // SAFETY: data is the &mut Find passed below; info and its program headers are
+        // valid for the call (the loader's lock is held).
+        unsafe {
+            let f = &mut *(data as *mut Find);
+            let info = &*info;
+            let base = info.dlpi_addr as usize;
+            let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
+            let code = phdrs
+                .iter()
+                .filter(|p| p.p_type == PT_LOAD && p.p_flags & PF_X != 0)
+                .map(|p| {
+                    let start = base + p.p_vaddr as usize;
+                    (start, start + p.p_memsz as usize)
+                });
+            let (mut lo, mut hi, mut holds) = (usize::MAX, 0usize, false);
+            for (s, e) in code {
+                lo = lo.min(s);
+                hi = hi.max(e);
+                holds |= (s..e).contains(&f.addr);
+            }
+            if holds {
+                f.span = Some((lo, hi));
+                return 1; // stop
+            }
+        }
+        0
+    }
+    let mut f = Find { addr, span: None };
+    // SAFETY: the callback reads only what the loader hands it; f outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(each), &mut f as *mut Find as *mut c_void) };
+    f.span
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,5 +323,19 @@ mod tests {
         assert!(!f.by_import && f.object.contains("libc.so"));
         let (adds, subs) = generation();
         assert!(adds >= seen.len() as u64 && subs <= adds, "{adds} {subs}");
+    }
+
+    #[test]
+    fn the_code_span_holds_the_function_and_excludes_data() {
+        let f = code_span as *const () as usize;
+        let (lo, hi) = code_span(f).expect("this test binary's code");
+        assert!(lo <= f && f < hi, "{lo:#x}..{hi:#x} {f:#x}");
+        // libc's code is another object's.
+        let m = libc::malloc as *const () as usize;
+        let (l2, h2) = code_span(m).expect("libc's code");
+        assert!(l2 <= m && m < h2 && (h2 <= lo || l2 >= hi));
+        // A heap address is nobody's code.
+        let b = Box::new(7u64);
+        assert_eq!(code_span(&*b as *const u64 as usize), None);
     }
 }

@@ -180,12 +180,16 @@ pub fn resolve() {
     } else {
         LIB_NAME.store(fname, Release);
     }
-    let (libc_base, libc_name) = object_of(__libc_malloc as *const () as usize);
-    SAME_HEAP.store(
-        found[MALLOC] == __libc_malloc as *const () as usize
-            || object_of(found[MALLOC]).0 == libc_base,
-        Release,
-    );
+    let same_heap = found[MALLOC] == __libc_malloc as *const () as usize
+        || object_of(found[MALLOC]).0 == object_of(__libc_malloc as *const () as usize).0;
+    if !same_heap {
+        if let Some((lo, hi)) = crate::elf::code_span(found[MALLOC]) {
+            ALLOCATOR_CODE.0.store(lo, Release);
+            ALLOCATOR_CODE.1.store(hi, Release);
+        }
+    }
+    let (_, libc_name) = object_of(__libc_malloc as *const () as usize);
+    SAME_HEAP.store(same_heap, Release);
     if libc_name != 0 {
         // SAFETY: libc_name is the loaded libc's path (dladdr); RTLD_NOLOAD only returns
         // a handle to it, and dlsym on that handle searches libc and its dependencies.
@@ -416,6 +420,18 @@ fn entry(i: usize) -> Option<usize> {
         }
     }
     Some(FNS[i].load(Relaxed))
+}
+
+/// The code of the program's allocator when it is not glibc's (jemalloc's, tcmalloc's,
+/// mimalloc's library, or the executable that defines `malloc`): start and end, 0 and 0
+/// until resolved or for glibc, whose own mappings never reach the interposer.
+static ALLOCATOR_CODE: (AtomicUsize, AtomicUsize) = (AtomicUsize::new(0), AtomicUsize::new(0));
+
+/// Whether code address `pc` (a caller's return address) lies in the program's allocator
+/// other than glibc's: a mapping it asks for is its heap, holding small objects.
+#[inline]
+pub fn is_allocator_code(pc: usize) -> bool {
+    pc >= ALLOCATOR_CODE.0.load(Relaxed) && pc < ALLOCATOR_CODE.1.load(Relaxed)
 }
 
 /// The file name of the library whose allocator serves the program's unmanaged blocks

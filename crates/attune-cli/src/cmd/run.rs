@@ -651,7 +651,8 @@ fn delivery_line(procs: &[Value]) -> String {
         .iter()
         .filter(|p| p["kept_out"] == json!(true))
         .count();
-    if signal + thread == 0 && kept_out == 0 {
+    let heap_kept = n("mappings_kept_out");
+    if signal + thread == 0 && kept_out == 0 && heap_kept == 0 {
         return String::new();
     }
     let reasons = distinct(procs, "delivery_reason");
@@ -673,6 +674,11 @@ fn delivery_line(procs: &[Value]) -> String {
     if kept_out > 0 {
         s += &format!(
             "    {kept_out} process(es) left new allocations untiered: their userfaultfd sees user-mode faults only, which no delivery serves for the kernel's accesses\n"
+        );
+    }
+    if heap_kept > 0 {
+        s += &format!(
+            "    {heap_kept} mapping(s) of the program's allocator left untiered: its heap holds system-call arguments, and the userfaultfd sees user-mode faults only\n"
         );
     }
     s
