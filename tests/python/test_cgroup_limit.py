@@ -193,3 +193,62 @@ def test_the_budget_follows_what_the_program_holds_outside(work, far, dram, tier
     start = min(CAP_AT(limit), int(dram[:-1]) << (30 if dram.endswith("G") else 20))
     assert proc["cgroup_lowest_budget_bytes"] < start - 40 * MIB, proc
     assert proc["evicted_bytes"] > 16 * MIB, proc
+
+
+MOVED = """
+import sys, time
+n = int(sys.argv[1]) << 20
+buf = bytearray(n)  # one managed region, resident: the budget under the first group
+for i in range(0, n, 4096):
+    buf[i] = (i >> 12) & 255
+print("ready", flush=True)
+sys.stdin.readline()  # the test has moved the job to another group
+time.sleep(1.5)  # the runtime looks at its groups once a second
+objs = [str(i) * 2 for i in range(int(sys.argv[2]))]  # about 70 MiB outside Attune
+bad = sum(1 for i in range(0, n, 4096) if buf[i] != (i >> 12) & 255)
+print("moved: bad", bad, "objs", len(objs), flush=True)
+sys.exit(1 if bad else 0)
+"""
+
+
+@needs_cgroup
+def test_a_job_moved_to_a_tighter_group_follows_the_new_limit(work):
+    """A job moved to another memory cgroup (a Slurm step, an administrator's
+    `cgclassify`) follows the new group's limit within a second, and the group it
+    started in may then be removed: before, the runtime kept reading the first group (and
+    took no cap at all once it was gone), so the budget stayed where the old, wider limit
+    had put it. cgroup v1 leaves the charges already made in the old group (this kernel
+    refuses `memory.move_charge_at_immigrate`); what the program allocates after the move
+    is the new group's."""
+    prog = work / "moved.py"
+    prog.write_text(MOVED)
+    wide, tight = Cgroup("wide", 512 * MIB), Cgroup("tight", 192 * MIB)
+    rep = work / "moved.json"
+    try:
+        p = subprocess.Popen(
+            wide.wrap(as_nobody([ATTUNE, "run", "--dram", "1G", "--report", rep, "--",
+                                 "/usr/bin/python3", prog, "200", "1100000"])),
+            env=env(ATTUNE_FAR="file", ATTUNE_TIER_FILE_DIRECT="true"),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout.readline().strip() == "ready", p.communicate(timeout=60)
+            for pid in (wide.path / "cgroup.procs").read_text().split():
+                (tight.path / "cgroup.procs").write_text(pid)
+            wide.remove()
+            assert not wide.path.exists()
+            out, err = p.communicate("go\n", timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert p.returncode == 0 and "moved: bad 0 objs 1100000" in out, out + err
+        assert tight.oom_kills() == 0
+    finally:
+        wide.remove()
+        tight.remove()
+    proc = json.loads(rep.read_text())["per_process"][0]
+    # The last reading is the new group's, and it lowered the budget below that limit
+    # (it started under the wide group's: 512 MiB less the room).
+    assert proc["cgroup_limit_bytes"] == 192 * MIB and proc["cgroup_lowered"] >= 1, proc
+    assert proc["cgroup_lowest_budget_bytes"] < 192 * MIB, proc
+    assert proc["evicted_bytes"] > 4 * MIB, proc

@@ -20,7 +20,14 @@ fn read(p: &str) -> Option<String> {
 /// The evictor's view of the group: where it is, what was held
 /// outside at the last reading, and the limit its wake-up thresholds were set for.
 pub(crate) struct LimitWatch {
+    /// `follow_limit`: off, nothing is read.
+    enabled: bool,
     group: Option<CgroupMemory>,
+    /// `/proc/self/cgroup` when the group was found, and when it was last read (ns): a
+    /// process moved to another group (a job's step, an admin's `cgclassify`) follows the
+    /// new one's limit within a second.
+    path: String,
+    path_read: u64,
     /// The last reading: when (ns), outside and ours; and the growth rate outside.
     last: Option<(u64, u64, u64)>,
     rate: u64,
@@ -33,22 +40,61 @@ impl LimitWatch {
     /// The group whose limit is the tightest on this process's path; none without a limit
     /// or with `follow_limit` off.
     pub(crate) fn new(e: &Pager) -> LimitWatch {
-        let group = if e.cfg.follow_limit {
-            let cgroup = read("/proc/self/cgroup").unwrap_or_default();
-            limiting_cgroup(&cgroup, &read).map(|(limit, g)| {
-                e.cgroup.limit.store(limit, Relaxed);
-                g
-            })
-        } else {
-            None
-        };
-        LimitWatch {
-            group,
+        let mut w = LimitWatch {
+            enabled: e.cfg.follow_limit,
+            group: None,
+            path: String::new(),
+            path_read: 0,
             last: None,
             rate: 0,
             thresholds_for: 0,
             near: false,
             warned: false,
+        };
+        w.find(e);
+        w
+    }
+
+    /// Reads which groups the process is in and, when that changed since the last look,
+    /// finds the one whose limit is the tightest again (None: no limit, no cap).
+    fn find(&mut self, e: &Pager) {
+        if !self.enabled {
+            return;
+        }
+        self.path_read = attune_sys::os::now_ns();
+        let cgroup = read("/proc/self/cgroup").unwrap_or_default();
+        if !self.path.is_empty() && cgroup == self.path {
+            return;
+        }
+        let moved = !self.path.is_empty();
+        self.path = cgroup;
+        let found = limiting_cgroup(&self.path, &read);
+        if moved {
+            crate::info!(
+                "the process moved to another memory cgroup: the budget follows {}",
+                found
+                    .as_ref()
+                    .map_or("no limit".to_string(), |(l, g)| format!(
+                        "{} ({} MiB)",
+                        g.dir,
+                        l >> 20
+                    ))
+            );
+            self.last = None;
+            self.rate = 0;
+            self.near = false;
+            self.thresholds_for = 0;
+        }
+        match found {
+            Some((limit, g)) => {
+                e.cgroup.limit.store(limit, Relaxed);
+                self.group = Some(g);
+            }
+            None => {
+                self.group = None;
+                e.cgroup.limit.store(0, Relaxed);
+                e.set_cgroup_cap(u64::MAX);
+            }
         }
     }
 
@@ -91,6 +137,10 @@ impl LimitWatch {
 
     /// Reads the group and applies the cap; returns how long the evictor may wait (ms).
     pub(crate) fn tick(&mut self, e: &Pager) -> i32 {
+        if self.enabled && attune_sys::os::now_ns().saturating_sub(self.path_read) >= 1_000_000_000
+        {
+            self.find(e);
+        }
         let Some(g) = self.group.clone() else {
             return 50;
         };
@@ -99,10 +149,12 @@ impl LimitWatch {
         // counting it as outside would cut the budget to nothing for one reading.
         let before = e.resident.load(Relaxed);
         let Some(s) = g.sample(&read) else {
-            // The group is gone (moved out of it, or the job's directory removed): no cap.
+            // The group is gone (the job's directory removed): look again at once, and
+            // until then no cap.
             self.group = None;
             self.near = false;
             e.set_cgroup_cap(u64::MAX);
+            self.path_read = 0;
             return 50;
         };
         let (mut ours, mut reserved) = (before.max(e.resident.load(Relaxed)), 0u64);
