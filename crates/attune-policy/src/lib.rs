@@ -19,6 +19,7 @@ pub mod predict;
 pub mod promote;
 pub mod readahead;
 pub mod share;
+pub mod spread;
 pub mod stream;
 pub mod victim;
 

@@ -1,111 +1,23 @@
-//! The `remote` tier: pages on memory servers (`attune memserver`) on other hosts, over
-//! libfabric (docs/design/remote.md).
-//!
-//! The fault path is signal-safe and the fabric library is not (it allocates and locks),
-//! so one I/O thread owns the endpoint and every fabric call: a store or load posts a job
-//! in a fixed table and sleeps on a futex until the thread answers. A job's range is cut
-//! into 64 KiB units; each unit has one owner server (a hash of the unit), consecutive
-//! units of one owner go as one request, and all the requests of a job are in flight at
-//! once (each reply tagged with its request's number lands in the buffer posted for it).
-//!
-//! Failures are loud: a server that does not answer within `timeout_ms` fails the job
-//! (ETIMEDOUT; a load then makes its region fail with SIGBUS) and the log names it; a
-//! full server answers ENOSPC and the pages go to the next tier.
+//! The remote tier's I/O thread: it owns the libfabric endpoint and every fabric call
+//! (the fabric library allocates and locks, which the fault path must not). It turns the
+//! posted jobs into requests to the servers that own their units
+//! (`attune_policy::spread`), sends them all at once, and keeps each server's session:
+//! hello with the job's secret, pings at a quarter of the lease, lost servers asked back.
 
+use super::jobs::{Shared, JOBS};
+use super::UNIT;
 use crate::config::TierConfig;
+use attune_policy::spread;
 use attune_proto::remote::{self as proto, Header, Op};
 use attune_sys::fabric::{Endpoint, OpContext};
-use attune_sys::uffd::Uffd;
-use attune_sys::{Errno, SysResult};
-use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize,
-    Ordering::{AcqRel, Acquire, Relaxed, Release},
-};
+use attune_sys::Errno;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::Arc;
 
-/// Pages are spread over the servers by units of this size.
-pub const UNIT: u64 = 64 << 10;
 /// How long the I/O thread polls for a reply before it sleeps (`Endpoint::wait`).
 const SPIN_NS: u64 = 100_000;
 /// How often lost servers are asked to rejoin (while the tier is idle).
 const REJOIN_NS: u64 = 2_000_000_000;
-/// Jobs posted at once (callers beyond wait for a free one).
-const JOBS: usize = 8;
-
-const FREE: u32 = 0;
-const CLAIMED: u32 = 1;
-const POSTED: u32 = 2;
-const DONE: u32 = 3;
-
-#[derive(Default)]
-struct Job {
-    state: AtomicU32,
-    op: AtomicU32,
-    addr: AtomicUsize,
-    off: AtomicU64,
-    len: AtomicUsize,
-    result: AtomicI32,
-    /// Nobody waits: the I/O thread frees the job (discards).
-    detached: AtomicBool,
-}
-
-struct Shared {
-    jobs: [Job; JOBS],
-    /// Bumped at every post; the I/O thread sleeps on it.
-    doorbell: AtomicU32,
-    /// Bumped when a job is freed; callers waiting for a job sleep on it.
-    freed: AtomicU32,
-    /// Per page of the offset space: bit r set when copy r (server `(owner + r) % n`,
-    /// the owner of the page's unit) holds the page's current content. Per page, not per
-    /// unit: the pages of one unit are stored, discarded and refused apart, and a unit's
-    /// bit once cleared by one page's discard lost its other pages (seen in
-    /// bench/remote.py's random updates). Written by the I/O thread; read by stores, which
-    /// must not skip writing content no server holds any more. Zero pages mapped on
-    /// demand (`AtomicTable`): only the offsets in use cost memory.
-    valid: attune_sys::mem::AtomicTable,
-}
-
-impl Shared {
-    fn new(pages: usize) -> Result<Shared, Errno> {
-        Ok(Shared {
-            jobs: Default::default(),
-            doorbell: AtomicU32::new(0),
-            freed: AtomicU32::new(0),
-            valid: attune_sys::mem::AtomicTable::new(pages)?,
-        })
-    }
-
-    fn word(&self, page: u64) -> Option<&AtomicU64> {
-        ((page as usize) < self.valid.len()).then(|| self.valid.get(page as usize))
-    }
-
-    /// The copies of the page at byte offset `at`.
-    fn bits(&self, at: u64) -> u8 {
-        self.word(at / proto::PAGE)
-            .map_or(0, |v| v.load(Acquire) as u8)
-    }
-
-    /// The copies every page of `[off, off+len)` has.
-    fn common(&self, off: u64, len: u64) -> u8 {
-        (off / proto::PAGE..(off + len).div_ceil(proto::PAGE))
-            .fold(0xff, |m, p| m & self.bits(p * proto::PAGE))
-    }
-
-    /// Whether every page of `[off, off+len)` has a copy on some server.
-    fn held(&self, off: u64, len: usize) -> bool {
-        (off / proto::PAGE..(off + len as u64).div_ceil(proto::PAGE))
-            .all(|p| self.bits(p * proto::PAGE) != 0)
-    }
-
-    /// Applies `f` to the copy bits of every page of `[off, off+len)`.
-    fn update(&self, off: u64, len: u64, f: impl Fn(&AtomicU64)) {
-        for p in off / proto::PAGE..(off + len).div_ceil(proto::PAGE) {
-            if let Some(v) = self.word(p) {
-                f(v);
-            }
-        }
-    }
-}
 
 /// An error and its message (naming the server).
 type Failure = (Errno, String);
@@ -141,7 +53,7 @@ struct Server {
 }
 
 /// What the I/O thread owns.
-struct Client {
+pub(super) struct Client {
     ep: Endpoint,
     servers: Vec<Server>,
     seq: u64,
@@ -161,66 +73,59 @@ fn is_loss(e: Errno) -> bool {
     !matches!(e.0, libc::ENOSPC)
 }
 
-pub struct RemoteTier {
-    shared: Arc<Shared>,
-    /// In a forked child: the parent's sessions are not ours; stores go to the next tier.
-    detached: AtomicBool,
-}
-
-/// Reads the job's secret: a file only its owner may read (a secret others can read is
-/// no secret, so it is refused, as ssh refuses such a key).
-pub fn read_secret(path: &std::path::Path) -> Result<Vec<u8>, String> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).map_err(|e| format!("secret file {}: {e}", path.display()))?;
-    if m.mode() & 0o077 != 0 {
-        return Err(format!(
-            "secret file {} can be read by others (mode {:o}): chmod 600 it",
-            path.display(),
-            m.mode() & 0o777
-        ));
-    }
-    let s = std::fs::read(path).map_err(|e| format!("secret file {}: {e}", path.display()))?;
-    let s = s.trim_ascii().to_vec();
-    if s.len() < 16 || s.len() > proto::SECRET_MAX {
-        return Err(format!(
-            "secret file {}: a secret has 16 to {} bytes",
-            path.display(),
-            proto::SECRET_MAX
-        ));
-    }
-    Ok(s)
-}
-
-/// The server that owns `unit` (a 64 KiB unit of the tier's offset space) among `n`.
-pub fn owner(unit: u64, n: usize) -> usize {
-    // A multiplicative hash: neighbouring units land on different servers, so a stream
-    // is spread over all of them (rMap §IV's interleaving).
-    ((unit.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) % n as u64) as usize
-}
-
-/// The pieces of `[off, off+len)`: (server, offset, length), units of one owner merged,
-/// none above the protocol's payload bound.
-pub fn pieces(off: u64, len: u64, n: usize) -> Vec<(usize, u64, u64)> {
-    let mut out: Vec<(usize, u64, u64)> = Vec::new();
-    let mut a = off;
-    let end = off + len;
-    while a < end {
-        let b = ((a / UNIT + 1) * UNIT).min(end);
-        let s = owner(a / UNIT, n);
-        match out.last_mut() {
-            Some((ls, lo, ll))
-                if *ls == s && *lo + *ll == a && *ll + (b - a) <= proto::MAX_PAYLOAD as u64 =>
-            {
-                *ll += b - a
-            }
-            _ => out.push((s, a, b - a)),
-        }
-        a = b;
-    }
-    out
-}
-
 impl Client {
+    /// Opens the endpoint, resolves every server of `cfg` and says hello to each: an
+    /// error names the tier and the server.
+    pub(super) fn connect(cfg: &TierConfig, secret: Vec<u8>) -> Result<Client, String> {
+        let mut ep = Endpoint::open(&cfg.provider, None).map_err(|e| {
+            format!(
+                "tier '{}': libfabric provider '{}': {e}",
+                cfg.name, cfg.provider
+            )
+        })?;
+        let mut servers = Vec::new();
+        for s in cfg.server_list() {
+            let (h, p) = s
+                .rsplit_once(':')
+                .ok_or_else(|| format!("'{s}' is not HOST:PORT"))?;
+            let fi = ep
+                .resolve(&cfg.provider, h, p)
+                .map_err(|e| format!("tier '{}': server {s}: {e}", cfg.name))?;
+            servers.push(Server {
+                name: s.to_string(),
+                fi,
+                session: 0,
+                token: [0; 16],
+            });
+        }
+        let n = servers.len().max(1);
+        let replicas = (cfg.replicas as usize).clamp(1, n);
+        let mut c = Client {
+            ep,
+            seq: 0,
+            timeout_ns: cfg.timeout_ms * 1_000_000,
+            lease_ns: 60_000_000_000,
+            replicas,
+            down: vec![false; servers.len()],
+            servers,
+            secret,
+            // Each server holds `replicas` shares of the capacity over n servers.
+            ask: cfg.capacity.saturating_mul(replicas as u64) / n as u64 + UNIT,
+        };
+        let all: Vec<usize> = (0..c.servers.len()).collect();
+        for r in c.hello(&all) {
+            r.map_err(|e| format!("tier '{}': {e}", cfg.name))?;
+        }
+        crate::info!(
+            "tier '{}': {} memory server(s) over libfabric '{}', {} cop(ies) of each page",
+            cfg.name,
+            c.servers.len(),
+            c.ep.provider(),
+            replicas
+        );
+        Ok(c)
+    }
+
     /// Sends every request of `reqs` at once and waits for their replies, up to the
     /// timeout. Each request's payload goes out of (store, hello) or comes back into
     /// (load) its buffer. Returns each request's reply header or error.
@@ -419,7 +324,13 @@ impl Client {
     fn write_requests(&self, sh: &Shared, at: At, op: Op, len: usize, out: &mut Vec<Req>) {
         let off = at.off;
         sh.update(off, len as u64, |v| v.store(0, Release));
-        for (s, o, l) in pieces(off, len as u64, self.servers.len()) {
+        for (s, o, l) in spread::pieces(
+            off,
+            len as u64,
+            self.servers.len(),
+            UNIT,
+            proto::MAX_PAYLOAD as u64,
+        ) {
             for r in 0..self.replicas {
                 let t = self.slot(s, r);
                 if !self.down[t] {
@@ -440,7 +351,8 @@ impl Client {
         l: u64,
         out: &mut Vec<Req>,
     ) -> Result<(), u64> {
-        for (s, po, pl) in pieces(o, l, self.servers.len()) {
+        for (s, po, pl) in spread::pieces(o, l, self.servers.len(), UNIT, proto::MAX_PAYLOAD as u64)
+        {
             let all = sh.common(po, pl);
             let pick = |bits: u8| {
                 (0..self.replicas).find(|&r| bits & (1 << r) != 0 && !self.down[self.slot(s, r)])
@@ -477,7 +389,7 @@ impl Client {
             if v.load(Relaxed) == 0 {
                 continue;
             }
-            let s = owner(p as u64 * proto::PAGE / UNIT, n);
+            let s = spread::owner(p as u64 * proto::PAGE / UNIT, n);
             for r in 0..self.replicas {
                 if (s + r) % n == t {
                     v.fetch_and(!(1u64 << r), AcqRel);
@@ -592,14 +504,6 @@ impl Client {
     fn serve(&mut self, sh: &Shared, ops: &[Option<Op>; JOBS]) -> [i32; JOBS] {
         let mut codes = [0i32; JOBS];
         let mut reqs: Vec<Req> = Vec::new();
-        let job = |k: usize| {
-            let j = &sh.jobs[k];
-            (
-                j.addr.load(Relaxed),
-                j.off.load(Relaxed),
-                j.len.load(Relaxed),
-            )
-        };
         let what = |op: Op| match op {
             Op::Store => "a store",
             Op::Load => "a load",
@@ -607,7 +511,7 @@ impl Client {
         };
         for (k, op) in ops.iter().enumerate() {
             let Some(op) = *op else { continue };
-            let (addr, off, len) = job(k);
+            let (addr, off, len) = sh.job(k);
             if op == Op::Load {
                 let at = At { job: k, addr, off };
                 if let Err(bad) = self.load_requests(sh, at, off, len as u64, &mut reqs) {
@@ -641,7 +545,7 @@ impl Client {
                             self.lose(sh, q.server, &m);
                         }
                         if op == Op::Load && codes[q.job] == 0 {
-                            let (addr, off, _) = job(q.job);
+                            let (addr, off, _) = sh.job(q.job);
                             let at = At {
                                 job: q.job,
                                 addr,
@@ -665,7 +569,7 @@ impl Client {
             // asked while a server is lost or full); otherwise its pages stay in DRAM.
             for (k, op) in ops.iter().enumerate() {
                 if *op == Some(Op::Store) && codes[k] == 0 {
-                    let (_, off, len) = job(k);
+                    let (_, off, len) = sh.job(k);
                     if !sh.held(off, len) {
                         let (e, m) = first_err[k]
                             .take()
@@ -687,21 +591,13 @@ impl Client {
         codes
     }
 
-    fn run(mut self, shared: Arc<Shared>) {
+    /// The I/O thread: serves posted jobs, keeps sessions alive, asks lost servers back.
+    pub(super) fn run(mut self, shared: Arc<Shared>) {
         let mut last_ping = attune_sys::os::now_ns();
         let mut last_rejoin = last_ping;
         loop {
             let bell = shared.doorbell.load(Acquire);
-            let mut ops = [None; JOBS];
-            for (k, j) in shared.jobs.iter().enumerate() {
-                if j.state.load(Acquire) == POSTED {
-                    ops[k] = Some(match j.op.load(Relaxed) {
-                        2 => Op::Store,
-                        3 => Op::Load,
-                        _ => Op::Discard,
-                    });
-                }
-            }
+            let ops = shared.posted();
             // Every live server is pinged at a quarter of the lease, busy or not (a
             // server whose units are not in use would lose the session otherwise).
             let now = attune_sys::os::now_ns();
@@ -722,276 +618,7 @@ impl Client {
                 continue;
             }
             let codes = self.serve(&shared, &ops);
-            for (k, j) in shared.jobs.iter().enumerate() {
-                if ops[k].is_none() {
-                    continue;
-                }
-                j.result.store(codes[k], Relaxed);
-                if j.detached.load(Relaxed) {
-                    j.state.store(FREE, Release);
-                    shared.freed.fetch_add(1, Release);
-                    attune_sys::os::futex_wake(&shared.freed, i32::MAX);
-                } else {
-                    j.state.store(DONE, Release);
-                    attune_sys::os::futex_wake(&j.state, 1);
-                }
-            }
+            shared.answer(&ops, &codes);
         }
-    }
-}
-
-impl RemoteTier {
-    pub fn new(cfg: &TierConfig, space: u64) -> Result<RemoteTier, String> {
-        let path = cfg
-            .secret_file
-            .as_deref()
-            .ok_or_else(|| format!("tier '{}' has no secret_file", cfg.name))?;
-        let secret = read_secret(path).map_err(|e| format!("tier '{}': {e}", cfg.name))?;
-        let mut ep = Endpoint::open(&cfg.provider, None).map_err(|e| {
-            format!(
-                "tier '{}': libfabric provider '{}': {e}",
-                cfg.name, cfg.provider
-            )
-        })?;
-        let mut servers = Vec::new();
-        for s in cfg.server_list() {
-            let (h, p) = s
-                .rsplit_once(':')
-                .ok_or_else(|| format!("'{s}' is not HOST:PORT"))?;
-            let fi = ep
-                .resolve(&cfg.provider, h, p)
-                .map_err(|e| format!("tier '{}': server {s}: {e}", cfg.name))?;
-            servers.push(Server {
-                name: s.to_string(),
-                fi,
-                session: 0,
-                token: [0; 16],
-            });
-        }
-        let n = servers.len().max(1);
-        let replicas = (cfg.replicas as usize).clamp(1, n);
-        let mut c = Client {
-            ep,
-            seq: 0,
-            timeout_ns: cfg.timeout_ms * 1_000_000,
-            lease_ns: 60_000_000_000,
-            replicas,
-            down: vec![false; servers.len()],
-            servers,
-            secret,
-            // Each server holds `replicas` shares of the capacity over n servers.
-            ask: cfg.capacity.saturating_mul(replicas as u64) / n as u64 + UNIT,
-        };
-        let all: Vec<usize> = (0..c.servers.len()).collect();
-        for r in c.hello(&all) {
-            r.map_err(|e| format!("tier '{}': {e}", cfg.name))?;
-        }
-        crate::info!(
-            "tier '{}': {} memory server(s) over libfabric '{}', {} cop(ies) of each page",
-            cfg.name,
-            c.servers.len(),
-            c.ep.provider(),
-            replicas
-        );
-        let shared = Arc::new(
-            Shared::new(space.div_ceil(proto::PAGE) as usize)
-                .map_err(|e| format!("tier '{}': its copy table: {e}", cfg.name))?,
-        );
-        let s2 = shared.clone();
-        attune_sys::os::spawn_runtime_thread("attune-remote", move || c.run(s2))
-            .map_err(|e| format!("tier '{}': cannot start its I/O thread: {e}", cfg.name))?;
-        Ok(RemoteTier {
-            shared,
-            detached: AtomicBool::new(false),
-        })
-    }
-
-    /// Posts a job to the I/O thread and (unless `detached`) waits for its answer.
-    /// Signal-safe: atomics and futexes only.
-    fn post(&self, op: Op, addr: usize, off: u64, len: usize, detached: bool) -> SysResult<()> {
-        let sh = &*self.shared;
-        let job = loop {
-            let seen = sh.freed.load(Acquire);
-            if let Some(j) = sh.jobs.iter().find(|j| {
-                j.state
-                    .compare_exchange(FREE, CLAIMED, AcqRel, Relaxed)
-                    .is_ok()
-            }) {
-                break j;
-            }
-            attune_sys::os::futex_wait(&sh.freed, seen, 10_000_000);
-        };
-        job.op.store(op as u32, Relaxed);
-        job.addr.store(addr, Relaxed);
-        job.off.store(off, Relaxed);
-        job.len.store(len, Relaxed);
-        job.detached.store(detached, Relaxed);
-        job.state.store(POSTED, Release);
-        sh.doorbell.fetch_add(1, Release);
-        attune_sys::os::futex_wake(&sh.doorbell, 1);
-        if detached {
-            return Ok(());
-        }
-        loop {
-            let s = job.state.load(Acquire);
-            if s == DONE {
-                break;
-            }
-            attune_sys::os::futex_wait(&job.state, s, 0);
-        }
-        let r = job.result.load(Relaxed);
-        job.state.store(FREE, Release);
-        sh.freed.fetch_add(1, Release);
-        attune_sys::os::futex_wake(&sh.freed, i32::MAX);
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(Errno(r))
-        }
-    }
-}
-
-impl super::Medium for RemoteTier {
-    fn store(
-        &self,
-        io: &super::IoContext,
-        region_uffd: &Uffd,
-        src: usize,
-        off: u64,
-        len: usize,
-        already_there: &mut dyn FnMut(usize) -> bool,
-    ) -> SysResult<()> {
-        if self.detached.load(Relaxed) {
-            return Err(Errno(libc::ENOSPC));
-        }
-        super::store_staged(io, region_uffd, src, len, &mut |st| {
-            // Clean content the servers hold already is not sent again, unless the
-            // copies were on servers since lost.
-            if already_there(st) && self.shared.held(off, len) {
-                return Ok(());
-            }
-            // The provider's send reads the staged pages in the kernel: a page the
-            // program had discarded is absent there and would fail the whole connection
-            // (EFAULT inside the provider), so holes are filled with zeros first.
-            super::file::fill_holes(io.internal, st, len);
-            self.post(Op::Store, st, off, len, false)
-        })
-    }
-
-    fn load(
-        &self,
-        io: &super::IoContext,
-        region_uffd: &Uffd,
-        dst: usize,
-        off: u64,
-        len: usize,
-        seen: &mut dyn FnMut(usize) -> bool,
-    ) -> SysResult<()> {
-        if self.detached.load(Relaxed) {
-            return Err(Errno(libc::EIO));
-        }
-        super::load_bounced(
-            io,
-            region_uffd,
-            dst,
-            len,
-            &mut |b| self.post(Op::Load, b, off, len, false),
-            seen,
-        )
-    }
-
-    fn discard(&self, off: u64, len: usize) {
-        if !self.detached.load(Relaxed) {
-            let _ = self.post(Op::Discard, 0, off, len, true);
-        }
-    }
-
-    fn keeps_copy(&self) -> bool {
-        true
-    }
-
-    fn is_node_memory(&self) -> bool {
-        false
-    }
-
-    /// A child cannot share the parent's sessions (both would write the same pages), and
-    /// the fabric endpoint does not survive a fork: the child's remote tier is detached
-    /// (stores go to the next tier). What the parent holds remotely the child cannot see.
-    fn prepare_fork(
-        &self,
-        _cfg: &TierConfig,
-        has_data: bool,
-        _buf: usize,
-        _buf_len: usize,
-    ) -> Result<bool, String> {
-        if has_data {
-            return Err("pages on memory servers are not copied for a child".into());
-        }
-        Ok(false)
-    }
-
-    fn reopen_in_child(&self, _internal: &Uffd) -> Result<(), String> {
-        self.detached.store(true, Relaxed);
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pieces_cover_the_range_once_and_merge_one_owners_units() {
-        for n in 1..=4 {
-            for &(off, len) in &[
-                (0u64, 4096u64),
-                (60 << 10, 8 << 10),
-                (0, 2 << 20),
-                (4096, 1 << 20),
-            ] {
-                let p = pieces(off, len, n);
-                let mut a = off;
-                for &(s, o, l) in &p {
-                    assert_eq!(o, a, "contiguous");
-                    assert!(s < n && l > 0 && l <= proto::MAX_PAYLOAD as u64);
-                    // Every unit of a piece has the piece's owner.
-                    let mut u = o / UNIT;
-                    while u * UNIT < o + l {
-                        assert_eq!(owner(u, n), s);
-                        u += 1;
-                    }
-                    a += l;
-                }
-                assert_eq!(a, off + len);
-                if n == 1 {
-                    assert_eq!(p.len(), 1, "one server: one request");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn units_spread_over_every_server() {
-        for n in 2..=8 {
-            let mut seen = vec![0u32; n];
-            for u in 0..(64 * n as u64) {
-                seen[owner(u, n)] += 1;
-            }
-            assert!(seen.iter().all(|&c| c >= 32), "{n}: {seen:?}");
-        }
-    }
-
-    #[test]
-    fn a_secret_others_can_read_is_refused() {
-        use std::os::unix::fs::PermissionsExt;
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("s");
-        std::fs::write(&p, "0123456789abcdef0123\n").unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(read_secret(&p).unwrap_err().contains("chmod 600"));
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert_eq!(read_secret(&p).unwrap(), b"0123456789abcdef0123");
-        std::fs::write(&p, "short").unwrap();
-        assert!(read_secret(&p).unwrap_err().contains("16 to"));
     }
 }

@@ -1,0 +1,185 @@
+//! The table between the fault path and the remote tier's I/O thread. The fault path is
+//! signal-safe and the fabric library is not, so a store or load claims one of `JOBS`
+//! slots, fills it, rings the doorbell and sleeps on a futex until the I/O thread has
+//! served it (`Shared::post`: atomics and futexes only). The I/O thread takes every job
+//! posted (`posted`), serves them together and answers each (`answer`). The table also
+//! holds which servers have each page's current content (`valid`).
+
+use attune_proto::remote::{self as proto, Op};
+use attune_sys::{Errno, SysResult};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize,
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
+};
+
+/// Jobs posted at once (callers beyond wait for a free one).
+pub(super) const JOBS: usize = 8;
+
+const FREE: u32 = 0;
+const CLAIMED: u32 = 1;
+const POSTED: u32 = 2;
+const DONE: u32 = 3;
+
+#[derive(Default)]
+pub(super) struct Job {
+    pub(super) state: AtomicU32,
+    pub(super) op: AtomicU32,
+    pub(super) addr: AtomicUsize,
+    pub(super) off: AtomicU64,
+    pub(super) len: AtomicUsize,
+    pub(super) result: AtomicI32,
+    /// Nobody waits: the I/O thread frees the job (discards).
+    pub(super) detached: AtomicBool,
+}
+
+pub(super) struct Shared {
+    jobs: [Job; JOBS],
+    /// Bumped at every post; the I/O thread sleeps on it.
+    pub(super) doorbell: AtomicU32,
+    /// Bumped when a job is freed; callers waiting for a job sleep on it.
+    freed: AtomicU32,
+    /// Per page of the offset space: bit r set when copy r (server `(owner + r) % n`,
+    /// the owner of the page's unit) holds the page's current content. Per page, not per
+    /// unit: the pages of one unit are stored, discarded and refused apart, and a unit's
+    /// bit once cleared by one page's discard lost its other pages (seen in
+    /// bench/remote.py's random updates). Written by the I/O thread; read by stores, which
+    /// must not skip writing content no server holds any more. Zero pages mapped on
+    /// demand (`AtomicTable`): only the offsets in use cost memory.
+    pub(super) valid: attune_sys::mem::AtomicTable,
+}
+
+impl Shared {
+    pub(super) fn new(pages: usize) -> Result<Shared, Errno> {
+        Ok(Shared {
+            jobs: Default::default(),
+            doorbell: AtomicU32::new(0),
+            freed: AtomicU32::new(0),
+            valid: attune_sys::mem::AtomicTable::new(pages)?,
+        })
+    }
+
+    fn word(&self, page: u64) -> Option<&AtomicU64> {
+        ((page as usize) < self.valid.len()).then(|| self.valid.get(page as usize))
+    }
+
+    /// The copies of the page at byte offset `at`.
+    pub(super) fn bits(&self, at: u64) -> u8 {
+        self.word(at / proto::PAGE)
+            .map_or(0, |v| v.load(Acquire) as u8)
+    }
+
+    /// The copies every page of `[off, off+len)` has.
+    pub(super) fn common(&self, off: u64, len: u64) -> u8 {
+        (off / proto::PAGE..(off + len).div_ceil(proto::PAGE))
+            .fold(0xff, |m, p| m & self.bits(p * proto::PAGE))
+    }
+
+    /// Whether every page of `[off, off+len)` has a copy on some server.
+    pub(super) fn held(&self, off: u64, len: usize) -> bool {
+        (off / proto::PAGE..(off + len as u64).div_ceil(proto::PAGE))
+            .all(|p| self.bits(p * proto::PAGE) != 0)
+    }
+
+    /// Applies `f` to the copy bits of every page of `[off, off+len)`.
+    pub(super) fn update(&self, off: u64, len: u64, f: impl Fn(&AtomicU64)) {
+        for p in off / proto::PAGE..(off + len).div_ceil(proto::PAGE) {
+            if let Some(v) = self.word(p) {
+                f(v);
+            }
+        }
+    }
+
+    /// Posts a job to the I/O thread and (unless `detached`) waits for its answer.
+    /// Signal-safe: atomics and futexes only.
+    pub(super) fn post(
+        &self,
+        op: Op,
+        addr: usize,
+        off: u64,
+        len: usize,
+        detached: bool,
+    ) -> SysResult<()> {
+        let job = loop {
+            let seen = self.freed.load(Acquire);
+            if let Some(j) = self.jobs.iter().find(|j| {
+                j.state
+                    .compare_exchange(FREE, CLAIMED, AcqRel, Relaxed)
+                    .is_ok()
+            }) {
+                break j;
+            }
+            attune_sys::os::futex_wait(&self.freed, seen, 10_000_000);
+        };
+        job.op.store(op as u32, Relaxed);
+        job.addr.store(addr, Relaxed);
+        job.off.store(off, Relaxed);
+        job.len.store(len, Relaxed);
+        job.detached.store(detached, Relaxed);
+        job.state.store(POSTED, Release);
+        self.doorbell.fetch_add(1, Release);
+        attune_sys::os::futex_wake(&self.doorbell, 1);
+        if detached {
+            return Ok(());
+        }
+        loop {
+            let s = job.state.load(Acquire);
+            if s == DONE {
+                break;
+            }
+            attune_sys::os::futex_wait(&job.state, s, 0);
+        }
+        let r = job.result.load(Relaxed);
+        job.state.store(FREE, Release);
+        self.freed.fetch_add(1, Release);
+        attune_sys::os::futex_wake(&self.freed, i32::MAX);
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(Errno(r))
+        }
+    }
+
+    /// A posted job's buffer, tier offset and length.
+    pub(super) fn job(&self, k: usize) -> (usize, u64, usize) {
+        let j = &self.jobs[k];
+        (
+            j.addr.load(Relaxed),
+            j.off.load(Relaxed),
+            j.len.load(Relaxed),
+        )
+    }
+
+    /// The operation of each job posted now (the I/O thread's side).
+    pub(super) fn posted(&self) -> [Option<Op>; JOBS] {
+        let mut ops = [None; JOBS];
+        for (k, j) in self.jobs.iter().enumerate() {
+            if j.state.load(Acquire) == POSTED {
+                ops[k] = Some(match j.op.load(Relaxed) {
+                    2 => Op::Store,
+                    3 => Op::Load,
+                    _ => Op::Discard,
+                });
+            }
+        }
+        ops
+    }
+
+    /// Answers each job of `ops` with its code (0 or an errno): a waiting caller is
+    /// woken, a detached job is freed.
+    pub(super) fn answer(&self, ops: &[Option<Op>; JOBS], codes: &[i32; JOBS]) {
+        for (k, j) in self.jobs.iter().enumerate() {
+            if ops[k].is_none() {
+                continue;
+            }
+            j.result.store(codes[k], Relaxed);
+            if j.detached.load(Relaxed) {
+                j.state.store(FREE, Release);
+                self.freed.fetch_add(1, Release);
+                attune_sys::os::futex_wake(&self.freed, i32::MAX);
+            } else {
+                j.state.store(DONE, Release);
+                attune_sys::os::futex_wake(&j.state, 1);
+            }
+        }
+    }
+}

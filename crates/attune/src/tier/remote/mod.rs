@@ -1,0 +1,184 @@
+//! The `remote` tier: pages on memory servers (`attune memserver`) on other hosts, over
+//! libfabric (docs/design/remote.md).
+//!
+//! The fault path is signal-safe and the fabric library is not (it allocates and locks),
+//! so one I/O thread owns the endpoint and every fabric call: a store or load posts a job
+//! in a fixed table and sleeps on a futex until the thread answers. A job's range is cut
+//! into 64 KiB units; each unit has one owner server (a hash of the unit), consecutive
+//! units of one owner go as one request, and all the requests of a job are in flight at
+//! once (each reply tagged with its request's number lands in the buffer posted for it).
+//!
+//! Failures are loud: a server that does not answer within `timeout_ms` fails the job
+//! (ETIMEDOUT; a load then makes its region fail with SIGBUS) and the log names it; a
+//! full server answers ENOSPC and the pages go to the next tier.
+
+mod client;
+mod jobs;
+
+use crate::config::TierConfig;
+use attune_proto::remote::{self as proto, Op};
+use attune_sys::uffd::Uffd;
+use attune_sys::{Errno, SysResult};
+use client::Client;
+use jobs::Shared;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// Pages are spread over the servers by units of this size (`attune_policy::spread`).
+pub const UNIT: u64 = 64 << 10;
+
+pub struct RemoteTier {
+    shared: Arc<Shared>,
+    /// In a forked child: the parent's sessions are not ours; stores go to the next tier.
+    detached: AtomicBool,
+}
+
+/// Reads the job's secret: a file only its owner may read (a secret others can read is
+/// no secret, so it is refused, as ssh refuses such a key).
+pub fn read_secret(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).map_err(|e| format!("secret file {}: {e}", path.display()))?;
+    if m.mode() & 0o077 != 0 {
+        return Err(format!(
+            "secret file {} can be read by others (mode {:o}): chmod 600 it",
+            path.display(),
+            m.mode() & 0o777
+        ));
+    }
+    let s = std::fs::read(path).map_err(|e| format!("secret file {}: {e}", path.display()))?;
+    let s = s.trim_ascii().to_vec();
+    if s.len() < 16 || s.len() > proto::SECRET_MAX {
+        return Err(format!(
+            "secret file {}: a secret has 16 to {} bytes",
+            path.display(),
+            proto::SECRET_MAX
+        ));
+    }
+    Ok(s)
+}
+
+impl RemoteTier {
+    pub fn new(cfg: &TierConfig, space: u64) -> Result<RemoteTier, String> {
+        let path = cfg
+            .secret_file
+            .as_deref()
+            .ok_or_else(|| format!("tier '{}' has no secret_file", cfg.name))?;
+        let secret = read_secret(path).map_err(|e| format!("tier '{}': {e}", cfg.name))?;
+        let c = Client::connect(cfg, secret)?;
+        let shared = Arc::new(
+            Shared::new(space.div_ceil(proto::PAGE) as usize)
+                .map_err(|e| format!("tier '{}': its copy table: {e}", cfg.name))?,
+        );
+        let s2 = shared.clone();
+        attune_sys::os::spawn_runtime_thread("attune-remote", move || c.run(s2))
+            .map_err(|e| format!("tier '{}': cannot start its I/O thread: {e}", cfg.name))?;
+        Ok(RemoteTier {
+            shared,
+            detached: AtomicBool::new(false),
+        })
+    }
+}
+
+impl super::Medium for RemoteTier {
+    fn store(
+        &self,
+        io: &super::IoContext,
+        region_uffd: &Uffd,
+        src: usize,
+        off: u64,
+        len: usize,
+        already_there: &mut dyn FnMut(usize) -> bool,
+    ) -> SysResult<()> {
+        if self.detached.load(Relaxed) {
+            return Err(Errno(libc::ENOSPC));
+        }
+        super::store_staged(io, region_uffd, src, len, &mut |st| {
+            // Clean content the servers hold already is not sent again, unless the
+            // copies were on servers since lost.
+            if already_there(st) && self.shared.held(off, len) {
+                return Ok(());
+            }
+            // The provider's send reads the staged pages in the kernel: a page the
+            // program had discarded is absent there and would fail the whole connection
+            // (EFAULT inside the provider), so holes are filled with zeros first.
+            super::file::fill_holes(io.internal, st, len);
+            self.shared.post(Op::Store, st, off, len, false)
+        })
+    }
+
+    fn load(
+        &self,
+        io: &super::IoContext,
+        region_uffd: &Uffd,
+        dst: usize,
+        off: u64,
+        len: usize,
+        seen: &mut dyn FnMut(usize) -> bool,
+    ) -> SysResult<()> {
+        if self.detached.load(Relaxed) {
+            return Err(Errno(libc::EIO));
+        }
+        super::load_bounced(
+            io,
+            region_uffd,
+            dst,
+            len,
+            &mut |b| self.shared.post(Op::Load, b, off, len, false),
+            seen,
+        )
+    }
+
+    fn discard(&self, off: u64, len: usize) {
+        if !self.detached.load(Relaxed) {
+            let _ = self.shared.post(Op::Discard, 0, off, len, true);
+        }
+    }
+
+    fn keeps_copy(&self) -> bool {
+        true
+    }
+
+    fn is_node_memory(&self) -> bool {
+        false
+    }
+
+    /// A child cannot share the parent's sessions (both would write the same pages), and
+    /// the fabric endpoint does not survive a fork: the child's remote tier is detached
+    /// (stores go to the next tier). What the parent holds remotely the child cannot see.
+    fn prepare_fork(
+        &self,
+        _cfg: &TierConfig,
+        has_data: bool,
+        _buf: usize,
+        _buf_len: usize,
+    ) -> Result<bool, String> {
+        if has_data {
+            return Err("pages on memory servers are not copied for a child".into());
+        }
+        Ok(false)
+    }
+
+    fn reopen_in_child(&self, _internal: &Uffd) -> Result<(), String> {
+        self.detached.store(true, Relaxed);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_others_can_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s");
+        std::fs::write(&p, "0123456789abcdef0123\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(read_secret(&p).unwrap_err().contains("chmod 600"));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(read_secret(&p).unwrap(), b"0123456789abcdef0123");
+        std::fs::write(&p, "short").unwrap();
+        assert!(read_secret(&p).unwrap_err().contains("16 to"));
+    }
+}
