@@ -2,7 +2,11 @@
  * `attune run` with one far tier in memory (its arena counts in this process's RSS) and a
  * budget far below the footprint, most of the part lives in the far tier: the process's
  * RSS must still drop by most of the part's size, and the rest of the mapping keeps its
- * data. A shrinking mremap gives its cut-off tail back the same way. */
+ * data. A shrinking mremap gives its cut-off tail back the same way.
+ * `munmap_part MIB grow MAX_RSS_MIB`: a growing mremap (MREMAP_MAYMOVE) of a managed
+ * mapping moves its data into a new managed mapping: the old data is intact, and
+ * writing the whole grown mapping keeps RSS under MAX_RSS_MIB (before 2026-11-28 the new
+ * mapping was the kernel's, and the old one was unmapped behind the runtime's back). */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
@@ -19,8 +23,34 @@ static long rss_kib(void) {
     return v;
 }
 
+static int grow(size_t n, long max_rss_kib) {
+    size_t words = n / 8, q = n / 4;
+    uint64_t *c = mmap(NULL, q, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (c == MAP_FAILED) { perror("mmap"); return 2; }
+    for (size_t i = 0; i < q / 8; i++) c[i] = i ^ 0x5555;
+    uint64_t *d = mremap(c, q, n, MREMAP_MAYMOVE);
+    if (d == MAP_FAILED) { perror("mremap"); return 4; }
+    size_t changed = 0;
+    for (size_t i = 0; i < q / 8; i++) changed += d[i] != (i ^ 0x5555);
+    for (size_t i = q / 8; i < words; i++) d[i] = i ^ 0x5555;
+    long peak = 0;
+    for (size_t i = 0; i < words; i++) {
+        changed += d[i] != (i ^ 0x5555);
+        if (i % (words / 16) == 0) { long r = rss_kib(); if (r > peak) peak = r; }
+    }
+    if (munmap(d, n) != 0) { perror("munmap"); return 3; }
+    if (changed || peak > max_rss_kib) {
+        printf("munmap_part: FAIL after mremap growth: %zu words changed, RSS up to %ld KiB (at most %ld)\n",
+               changed, peak, max_rss_kib);
+        return 1;
+    }
+    printf("munmap_part: OK grown by mremap, RSS up to %ld KiB\n", peak);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     size_t mib = argc > 1 ? strtoull(argv[1], 0, 0) : 128, n = mib << 20, words = n / 8;
+    if (argc > 3 && strcmp(argv[2], "grow") == 0) return grow(n, atol(argv[3]) << 10);
     uint64_t *a = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (a == MAP_FAILED) { perror("mmap"); return 2; }
     for (size_t i = 0; i < words; i++) a[i] = i * 0x9E3779B97F4A7C15ull | 1;

@@ -183,23 +183,31 @@ pub fn small_arenas(requested: Requested, kernel_faults: bool) -> Heap {
     }
 }
 
+/// Symbols whose defining object maps heaps of small objects with `mmap`, besides the
+/// program's `malloc` when it is not glibc's: CPython's object allocator (its 1 MiB
+/// arenas), and a jemalloc built with the `je_` prefix, which a program links without
+/// replacing `malloc` (Redis does). An executable that defines one has all of its own
+/// mappings counted as heaps: untiered where kernel faults are not served, never wrong.
+pub const HEAP_OWNERS: &[&str] = &["PyObject_Malloc", "je_malloc"];
+
 /// Whose code asked for a mapping (`mmap`) the interposer would manage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MappedBy {
-    /// The program's allocator when it is not glibc's (jemalloc, tcmalloc, mimalloc): a
-    /// heap, whose small objects are system-call arguments.
+    /// An allocator: the program's when it is not glibc's (jemalloc, tcmalloc, mimalloc),
+    /// or an object that defines one of `HEAP_OWNERS` (CPython). A heap, whose small
+    /// objects are system-call arguments.
     Allocator,
-    /// Other code: the program's own data, or a heap nobody can tell (Python's arenas).
+    /// Other code: the program's own data, or a heap nothing marks.
     Program,
 }
 
 /// The rule for mappings. A mapping may be a heap: jemalloc, tcmalloc, mimalloc and
-/// Python map their arenas this way, and their objects reach system calls no wrapper
+/// CPython map their arenas this way, and their objects reach system calls no wrapper
 /// covers (`opendir`'s buffer, which glibc fills with its internal `getdents64`; a path
 /// string). A kernel write to a fresh or moved-out page of one fails with EFAULT under
 /// signal delivery. So under `auto`, where the userfaultfd serves kernel faults, every
 /// mapping takes the handler thread (no heap is missed; the cost falls on programs whose
-/// bulk data is `mmap`ed: docs/benchmarks.md). Where it does not, the allocator's own
+/// bulk data is `mmap`ed: docs/benchmarks.md). Where it does not, an allocator's
 /// mappings follow the small arenas' rule (unmanaged), and other mappings keep the
 /// regions' delivery: bulk data, whose transfers the wrapped calls retry, as malloc's
 /// large blocks. Explicit choices are kept, as for regions.

@@ -180,7 +180,7 @@ pub fn settle_small_arenas() -> bool {
     }
 }
 
-/// Mappings the program's allocator asked for that stayed unmanaged (`for_mapping`).
+/// Mappings an allocator asked for that stayed unmanaged (`for_mapping`).
 pub static MAPPINGS_KEPT_OUT: AtomicU64 = AtomicU64::new(0);
 
 /// The delivery of a mapping asked for from code address `caller` (0 unknown), or None
@@ -189,7 +189,7 @@ pub fn for_mapping(caller: usize) -> Option<attune::config::FaultMode> {
     let kernel_faults = attune::runtime::engine_if_started()
         .map(|e| !e.pager.user_mode_only())
         .unwrap_or(false);
-    let by = if caller != 0 && attune_sys::libc_alloc::is_allocator_code(caller) {
+    let by = if caller != 0 && attune_sys::libc_alloc::is_heap_code(caller) {
         delivery::MappedBy::Allocator
     } else {
         delivery::MappedBy::Program
@@ -202,7 +202,7 @@ pub fn for_mapping(caller: usize) -> Option<attune::config::FaultMode> {
                 attune::log::emit(
                     attune::log::Level::Info,
                     &format!(
-                        "attune run: the program's allocator ({}) maps its heap, whose \
+                        "attune run: an allocator (the program's is {}) maps its heap, whose \
                          small objects reach system calls no wrapper retries, and this \
                          process's userfaultfd sees user-mode faults only \
                          (vm.unprivileged_userfaultfd=0): its mappings stay unmanaged; \
@@ -214,6 +214,18 @@ pub fn for_mapping(caller: usize) -> Option<attune::config::FaultMode> {
                 );
             }
             None
+        }
+    }
+}
+
+/// Records the objects that map heaps besides the program's allocator
+/// (`attune_policy::delivery::HEAP_OWNERS`), once the runtime runs: a mapping made after
+/// is judged by its caller (`for_mapping`). An interpreter `dlopen`ed later (an embedded
+/// libpython) is not seen: its arenas keep the rule of other mappings.
+pub fn note_heap_owners() {
+    for name in delivery::HEAP_OWNERS {
+        if let Ok(c) = std::ffi::CString::new(*name) {
+            attune_sys::libc_alloc::add_heap_owner(&c);
         }
     }
 }

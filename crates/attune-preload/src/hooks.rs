@@ -437,6 +437,13 @@ fn status(r: Result<(), attune_sys::Errno>) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
+    unmap(addr, len)
+}
+
+/// `munmap`'s work, called by name from `mremap`: a call to the exported `munmap` from
+/// inside this library is bound to the raw `__wrap_munmap` at link time (build.rs's
+/// `--wrap`), which unmapped a managed region behind the runtime's back.
+fn unmap(addr: *mut c_void, len: usize) -> c_int {
     let addr = addr as usize;
     if addr % PAGE != 0 || len == 0 {
         return status(mem::raw_munmap(addr, len));
@@ -523,7 +530,7 @@ pub extern "C" fn mremap(
         return q;
     }
     alloc::copy(q as usize, old, e.size);
-    munmap(old as *mut c_void, e.size);
+    unmap(old as *mut c_void, e.size);
     q
 }
 

@@ -108,6 +108,7 @@ fn ready() -> bool {
             );
             if ok {
                 delivery::absorb_runtime_libraries();
+                delivery::note_heap_owners();
                 delivery::keep_out_if_user_mode_only();
                 if SMALL.load(Relaxed) && !delivery::settle_small_arenas() {
                     SMALL.store(false, Relaxed);

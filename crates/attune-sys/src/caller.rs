@@ -1,7 +1,7 @@
 //! Exported entry points that know who called them. The interposer's `mmap` must tell a
-//! heap that the program's allocator maps (small objects: the arguments of system calls
+//! heap that an allocator maps (small objects: the arguments of system calls
 //! no wrapper covers) from other mappings, and the caller's return address says it
-//! (`libc_alloc::is_allocator_code`). Rust has no stable way to read a return address, so
+//! (`libc_alloc::is_heap_code`). Rust has no stable way to read a return address, so
 //! the entry is a naked trampoline that passes it on as one more argument.
 //!
 //! Contract: the trampoline keeps the C calling convention of the symbol it defines; the

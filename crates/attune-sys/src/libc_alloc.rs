@@ -183,10 +183,7 @@ pub fn resolve() {
     let same_heap = found[MALLOC] == __libc_malloc as *const () as usize
         || object_of(found[MALLOC]).0 == object_of(__libc_malloc as *const () as usize).0;
     if !same_heap {
-        if let Some((lo, hi)) = crate::elf::code_span(found[MALLOC]) {
-            ALLOCATOR_CODE.0.store(lo, Release);
-            ALLOCATOR_CODE.1.store(hi, Release);
-        }
+        add_heap_code(found[MALLOC]);
     }
     let (_, libc_name) = object_of(__libc_malloc as *const () as usize);
     SAME_HEAP.store(same_heap, Release);
@@ -422,16 +419,48 @@ fn entry(i: usize) -> Option<usize> {
     Some(FNS[i].load(Relaxed))
 }
 
-/// The code of the program's allocator when it is not glibc's (jemalloc's, tcmalloc's,
-/// mimalloc's library, or the executable that defines `malloc`): start and end, 0 and 0
-/// until resolved or for glibc, whose own mappings never reach the interposer.
-static ALLOCATOR_CODE: (AtomicUsize, AtomicUsize) = (AtomicUsize::new(0), AtomicUsize::new(0));
+/// Code spans of the objects that map heaps of small objects through `mmap` (start, end;
+/// 0 and 0 free): the program's allocator when it is not glibc's (jemalloc's, tcmalloc's,
+/// mimalloc's library, or the executable that defines `malloc`; set when resolved), and
+/// the objects that define the symbols `add_heap_owner` was given (CPython's arenas).
+/// glibc's own arenas use its internal `mmap` and never reach the interposer.
+static HEAP_CODE: [(AtomicUsize, AtomicUsize); 4] =
+    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; 4];
 
-/// Whether code address `pc` (a caller's return address) lies in the program's allocator
-/// other than glibc's: a mapping it asks for is its heap, holding small objects.
+/// Records the code span of the object that holds code address `f`, once.
+fn add_heap_code(f: usize) {
+    let Some((lo, hi)) = crate::elf::code_span(f) else {
+        return;
+    };
+    for (a, b) in &HEAP_CODE {
+        if a.load(Acquire) == lo {
+            return;
+        }
+        if a.compare_exchange(0, lo, AcqRel, Acquire).is_ok() {
+            b.store(hi, Release);
+            return;
+        }
+    }
+}
+
+/// Records the object that defines `name` (looked up from the program's scope) as one
+/// that maps heaps; nothing when no object defines it. Takes the loader's lock.
+pub fn add_heap_owner(name: &std::ffi::CStr) {
+    // SAFETY: dlsym with a valid NUL-terminated name only reads the loader's tables.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
+    if f != 0 {
+        add_heap_code(f);
+    }
+}
+
+/// Whether code address `pc` (a caller's return address) lies in an object that maps
+/// heaps of small objects: a mapping it asks for is such a heap.
 #[inline]
-pub fn is_allocator_code(pc: usize) -> bool {
-    pc >= ALLOCATOR_CODE.0.load(Relaxed) && pc < ALLOCATOR_CODE.1.load(Relaxed)
+pub fn is_heap_code(pc: usize) -> bool {
+    HEAP_CODE.iter().any(|(a, b)| {
+        let lo = a.load(Relaxed);
+        lo != 0 && pc >= lo && pc < b.load(Relaxed)
+    })
 }
 
 /// The file name of the library whose allocator serves the program's unmanaged blocks

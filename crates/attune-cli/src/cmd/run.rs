@@ -678,7 +678,7 @@ fn delivery_line(procs: &[Value]) -> String {
     }
     if heap_kept > 0 {
         s += &format!(
-            "    {heap_kept} mapping(s) of the program's allocator left untiered: its heap holds system-call arguments, and the userfaultfd sees user-mode faults only\n"
+            "    {heap_kept} mapping(s) of an allocator's heap left untiered (the program's malloc, CPython's arenas): they hold system-call arguments, and the userfaultfd sees user-mode faults only\n"
         );
     }
     s
