@@ -5,7 +5,6 @@
 //! hello with the job's secret, pings at a quarter of the lease, lost servers asked back.
 
 use super::jobs::{Shared, JOBS};
-use super::UNIT;
 use crate::config::TierConfig;
 use attune_policy::spread;
 use attune_proto::remote::{self as proto, Header, Op};
@@ -14,6 +13,8 @@ use attune_sys::Errno;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::Arc;
 
+/// Pages are spread over the servers by units of this size (`attune_policy::spread`).
+pub const UNIT: u64 = 64 << 10;
 /// How long the I/O thread polls for a reply before it sleeps (`Endpoint::wait`).
 const SPIN_NS: u64 = 100_000;
 /// How often lost servers are asked to rejoin (while the tier is idle).

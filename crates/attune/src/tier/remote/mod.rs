@@ -24,8 +24,7 @@ use jobs::Shared;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
-/// Pages are spread over the servers by units of this size (`attune_policy::spread`).
-pub const UNIT: u64 = 64 << 10;
+pub use client::UNIT;
 
 pub struct RemoteTier {
     shared: Arc<Shared>,
