@@ -755,6 +755,11 @@ impl NextFn {
             addr: AtomicUsize::new(0),
         }
     }
+    /// Looks the definition up now (`dlsym`, the loader's lock), so that the first call
+    /// later does not: see `resolve_at_load` in libattune's io.rs.
+    pub fn resolve(&self) {
+        self.get();
+    }
     fn get(&self) -> usize {
         let f = self.addr.load(Acquire);
         if f != 0 {
@@ -769,7 +774,7 @@ impl NextFn {
             );
             // SAFETY: write(2) of a valid buffer; abort has no preconditions.
             unsafe {
-                libc::write(2, msg.as_ptr().cast(), msg.len());
+                crate::os::sys::write(2, msg.as_ptr().cast(), msg.len());
                 libc::abort();
             }
         }

@@ -86,6 +86,49 @@ static FWRITE_UNLOCKED: NextFn = NextFn::new(c"fwrite_unlocked");
 static PROCESS_VM_READV: NextFn = NextFn::new(c"process_vm_readv");
 static PROCESS_VM_WRITEV: NextFn = NextFn::new(c"process_vm_writev");
 
+/// Every wrapper's next definition is looked up when the library is loaded (a
+/// constructor: the loader runs it holding its own lock, which `dlsym` takes again
+/// recursively), never at a wrapper's first call. That first call could come from a
+/// runtime thread holding the region list's lock (std's file I/O in the evictor's cgroup
+/// readings, the report thread) while another thread, inside `dlopen`, waited for that
+/// lock in a constructor's `mmap`: a deadlock (attune_sys::os::sys says which one hung).
+extern "C" fn resolve_at_load() {
+    for f in [
+        &READ,
+        &WRITE,
+        &PREAD,
+        &PWRITE,
+        &READV,
+        &WRITEV,
+        &PREADV,
+        &PWRITEV,
+        &PREADV2,
+        &PWRITEV2,
+        &RECV,
+        &GETRANDOM,
+        &SEND,
+        &RECVFROM,
+        &SENDTO,
+        &RECVMSG,
+        &SENDMSG,
+        &RECVMMSG,
+        &SENDMMSG,
+        &FREAD,
+        &FWRITE,
+        &FREAD_UNLOCKED,
+        &FWRITE_UNLOCKED,
+        &PROCESS_VM_READV,
+        &PROCESS_VM_WRITEV,
+    ] {
+        f.resolve();
+    }
+}
+
+#[used]
+#[allow(unsafe_code)]
+#[link_section = ".init_array"]
+static RESOLVE_AT_LOAD: extern "C" fn() = resolve_at_load;
+
 /// Whether any managed memory can fail a kernel access: until then no wrapper looks
 /// further (nothing allocated or locked on the common path: these calls are
 /// async-signal-safe, and programs call them from signal handlers).
