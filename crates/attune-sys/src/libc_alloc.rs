@@ -774,7 +774,7 @@ impl NextFn {
             );
             // SAFETY: write(2) of a valid buffer; abort has no preconditions.
             unsafe {
-                crate::os::sys::write(2, msg.as_ptr().cast(), msg.len());
+                crate::raw::write(2, msg.as_ptr().cast(), msg.len());
                 libc::abort();
             }
         }

@@ -393,7 +393,7 @@ pub fn page_states(addr: usize, out: &mut [u64]) -> SysResult<()> {
     while done < bytes {
         // SAFETY: out is a writable buffer of `bytes` bytes.
         let n = unsafe {
-            crate::os::sys::pread(
+            crate::raw::pread(
                 fd,
                 out.as_mut_ptr().cast::<u8>().add(done).cast(),
                 bytes - done,
@@ -552,7 +552,7 @@ pub fn pwrite_raw(fd: &OwnedFd, src: usize, len: usize, off: u64) -> SysResult<(
     while done < len {
         // SAFETY: src..src+len is a runtime-owned readable range.
         let n = unsafe {
-            crate::os::sys::pwrite(
+            crate::raw::pwrite(
                 fd.as_raw_fd(),
                 (src + done) as *const libc::c_void,
                 len - done,
@@ -591,7 +591,7 @@ fn pread_inner(fd: &OwnedFd, dst: usize, len: usize, off: u64, eof_zero: bool) -
     while done < len {
         // SAFETY: dst..dst+len is a runtime-owned writable range.
         let n = unsafe {
-            crate::os::sys::pread(
+            crate::raw::pread(
                 fd.as_raw_fd(),
                 (dst + done) as *mut libc::c_void,
                 len - done,

@@ -215,7 +215,7 @@ impl EventFd {
     pub fn notify(&self) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a local.
-        unsafe { sys::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        unsafe { crate::raw::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
     /// Waits until notified or `timeout_ms` passes; returns whether it was notified.
     pub fn wait(&self, timeout_ms: i32) -> bool {
@@ -229,7 +229,7 @@ impl EventFd {
         if r > 0 {
             let mut v: u64 = 0;
             // SAFETY: reads 8 bytes into a local.
-            unsafe { sys::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            unsafe { crate::raw::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
             true
         } else {
             false
@@ -340,7 +340,7 @@ pub fn raw(fd: &OwnedFd) -> i32 {
 /// Writes bytes to stderr with one write(2). Signal-safe.
 pub fn write_stderr(b: &[u8]) {
     // SAFETY: writes a caller-provided buffer.
-    unsafe { sys::write(2, b.as_ptr().cast(), b.len()) };
+    unsafe { crate::raw::write(2, b.as_ptr().cast(), b.len()) };
 }
 
 /// Registers fork handlers (pthread_atfork), each optional.
@@ -583,7 +583,7 @@ pub fn runtime_failed(what: &[u8]) -> ! {
     ];
     for p in parts {
         // SAFETY: p is a valid byte slice; a short or failed write loses only the text.
-        let _ = unsafe { sys::write(2, p.as_ptr().cast(), p.len()) };
+        let _ = unsafe { crate::raw::write(2, p.as_ptr().cast(), p.len()) };
     }
     std::process::abort()
 }
@@ -679,49 +679,4 @@ pub fn random_bytes(buf: &mut [u8]) -> crate::SysResult<()> {
         done += n as usize;
     }
     Ok(())
-}
-
-/// The runtime's own I/O goes to the kernel directly, never through the symbols `read`,
-/// `write`, `pread`, `pwrite`, `sendmsg` and `recvmsg`, which libattune interposes
-/// (`crates/libattune/src/io.rs`) and which therefore resolve to its wrappers inside this
-/// process. A wrapper resolves the next definition with `dlsym` on its first call, which
-/// takes the dynamic loader's lock: the evictor, holding the region list's lock, stored
-/// to a far tier with `pwrite` while the main thread, inside `dlopen` (the loader's lock
-/// held), ran OpenBLAS's constructor, whose `mmap` waited for the region list: both
-/// waited for ever (`bench/imme.py --quick`, 3 runs of 6 hung on 2026-11-28). `dlsym` is
-/// not async-signal-safe either, and the SIGBUS handler reads far tiers. Same return
-/// value and `errno` as the libc functions.
-pub(crate) mod sys {
-    use libc::{c_int, c_void, msghdr};
-
-    /// # Safety
-    /// As `read(2)`: `buf` writable for `n` bytes.
-    pub unsafe fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
-        unsafe { libc::syscall(libc::SYS_read, fd, buf, n) as isize }
-    }
-    /// # Safety
-    /// As `write(2)`: `buf` readable for `n` bytes.
-    pub unsafe fn write(fd: c_int, buf: *const c_void, n: usize) -> isize {
-        unsafe { libc::syscall(libc::SYS_write, fd, buf, n) as isize }
-    }
-    /// # Safety
-    /// As `pread(2)`.
-    pub unsafe fn pread(fd: c_int, buf: *mut c_void, n: usize, off: libc::off_t) -> isize {
-        unsafe { libc::syscall(libc::SYS_pread64, fd, buf, n, off) as isize }
-    }
-    /// # Safety
-    /// As `pwrite(2)`.
-    pub unsafe fn pwrite(fd: c_int, buf: *const c_void, n: usize, off: libc::off_t) -> isize {
-        unsafe { libc::syscall(libc::SYS_pwrite64, fd, buf, n, off) as isize }
-    }
-    /// # Safety
-    /// As `sendmsg(2)`.
-    pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> isize {
-        unsafe { libc::syscall(libc::SYS_sendmsg, fd, msg, flags) as isize }
-    }
-    /// # Safety
-    /// As `recvmsg(2)`.
-    pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> isize {
-        unsafe { libc::syscall(libc::SYS_recvmsg, fd, msg, flags) as isize }
-    }
 }

@@ -285,7 +285,7 @@ fn soft_dirty_pages(
         let n = (pages - done).min(BATCH);
         // SAFETY: reads at most n entries into `entries`, which holds BATCH >= n.
         let got = unsafe {
-            crate::os::sys::pread(
+            crate::raw::pread(
                 fd,
                 entries.as_mut_ptr().cast(),
                 n * 8,

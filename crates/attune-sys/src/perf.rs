@@ -69,7 +69,7 @@ impl SwCounter {
         let mut v = 0u64;
         // SAFETY: reads 8 bytes into v.
         let n = unsafe {
-            crate::os::sys::read(
+            crate::raw::read(
                 self.0.as_raw_fd(),
                 &mut v as *mut u64 as *mut libc::c_void,
                 8,

@@ -749,8 +749,7 @@ impl Uffd {
     pub fn read_msgs(&self, buf: &mut [Msg]) -> SysResult<usize> {
         let bytes = std::mem::size_of_val(buf);
         // SAFETY: buf is a valid writable buffer of `bytes` bytes of plain-old-data.
-        let n =
-            unsafe { crate::os::sys::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), bytes) };
+        let n = unsafe { crate::raw::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), bytes) };
         if n < 0 {
             let e = Errno::last();
             if e.0 == libc::EAGAIN {

@@ -82,7 +82,7 @@ pub fn send_with_fds(sock: &impl AsRawFd, data: &[u8], fds: &[RawFd]) -> SysResu
             }
         }
         // SAFETY: msg describes buffers valid for the duration of the call.
-        let n = unsafe { crate::os::sys::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        let n = unsafe { crate::raw::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
         if n < 0 {
             let e = Errno::last();
             if e.0 == libc::EINTR {
@@ -119,8 +119,7 @@ pub fn recv_with_fds(
         msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
         msg.msg_controllen = std::mem::size_of_val(&cbuf);
         // SAFETY: msg describes buffers valid for the duration of the call.
-        let n =
-            unsafe { crate::os::sys::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        let n = unsafe { crate::raw::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
         if n < 0 {
             let e = Errno::last();
             if e.0 == libc::EINTR {

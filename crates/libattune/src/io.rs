@@ -91,7 +91,7 @@ static PROCESS_VM_WRITEV: NextFn = NextFn::new(c"process_vm_writev");
 /// recursively), never at a wrapper's first call. That first call could come from a
 /// runtime thread holding the region list's lock (std's file I/O in the evictor's cgroup
 /// readings, the report thread) while another thread, inside `dlopen`, waited for that
-/// lock in a constructor's `mmap`: a deadlock (attune_sys::os::sys says which one hung).
+/// lock in a constructor's `mmap`: a deadlock (attune_sys `raw.rs` says which one hung).
 extern "C" fn resolve_at_load() {
     for f in [
         &READ,
