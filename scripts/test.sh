@@ -641,7 +641,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/n
   mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
   cp "$PREFIX/bin/attune" "$PREFIX/bin/attune-lab" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
   for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain readahead deny_syscalls; do cp "$OUT/$t" "$UP/bin/"; done
-  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$RT/async_late" "$RT/own_uffd" "$RT/huge_pages" "$RT/heap_syscalls_jemalloc" "$UP/bin/" 2>/dev/null
+  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$RT/async_late" "$RT/own_uffd" "$RT/huge_pages" "$RT/heap_syscalls_jemalloc" "$RT/munmap_part" "$UP/bin/" 2>/dev/null
   gcc -O2 -Wno-stringop-overflow tests/run/syscalls_io.c -o "$UP/bin/syscalls_io" -lpthread || { fail=$((fail+1)); failed+=(build-syscalls-io); }
   chmod -R a+rX "$UP/bin" "$UP/lib"
   cp tests/run/numpy_work.py "$UP/bin/"
@@ -771,6 +771,8 @@ assert d["user_mode_only"] == (not full and not dev), d
     expect unpriv-run-mpi 0 "mpi_exchange: OK ranks=2" sh -c "out=\$(runuser -u nobody -- env HOME='$UP/work' TMPDIR='$UP/work' mpirun -np 2 '$UP/bin/attune' run -q --dram 32M -- '$UP/bin/mpi_exchange' 64 2>&1); rc=\$?; echo \"\$out\"; echo \"\$out\" | grep -q 'errno = 14' && exit 9; exit \$rc"
   fi
   [ -x "$UP/bin/allocators_jemalloc" ] && expect unpriv-run-linked-jemalloc 0 "allocators: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 32M -- "$UP/bin/allocators_jemalloc" 96
+  # mremap growth of a program's own mapping as a user: still managed after the move.
+  [ -x "$UP/bin/munmap_part" ] && expect unpriv-run-mremap-grow-stays-managed 0 "munmap_part: OK grown" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/munmap_part" 128 grow 48
   # The allocator's heap where the kernel's faults are not served: left to the kernel,
   # so its system calls work, and the report says how many mappings stayed out.
   [ -x "$UP/bin/heap_syscalls_jemalloc" ] && expect unpriv-run-heap-syscalls-jemalloc 0 "heap_syscalls: OK.*mapping\(s\) of an allocator's heap left untiered" sh -c "runuser -u nobody -- '$UP/bin/attune' run --dram 16M -- '$UP/bin/heap_syscalls_jemalloc' heap 2>&1 | tr '\n' ' '"

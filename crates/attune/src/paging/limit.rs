@@ -20,8 +20,6 @@ fn read(p: &str) -> Option<String> {
 /// The evictor's view of the group: where it is, what was held
 /// outside at the last reading, and the limit its wake-up thresholds were set for.
 pub(crate) struct LimitWatch {
-    /// `follow_limit`: off, nothing is read.
-    enabled: bool,
     group: Option<CgroupMemory>,
     /// `/proc/self/cgroup` when the group was found, and when it was last read (ns): a
     /// process moved to another group (a job's step, an admin's `cgclassify`) follows the
@@ -41,7 +39,6 @@ impl LimitWatch {
     /// or with `follow_limit` off.
     pub(crate) fn new(e: &Pager) -> LimitWatch {
         let mut w = LimitWatch {
-            enabled: e.cfg.follow_limit,
             group: None,
             path: String::new(),
             path_read: 0,
@@ -58,7 +55,7 @@ impl LimitWatch {
     /// Reads which groups the process is in and, when that changed since the last look,
     /// finds the one whose limit is the tightest again (None: no limit, no cap).
     fn find(&mut self, e: &Pager) {
-        if !self.enabled {
+        if !e.cfg.follow_limit {
             return;
         }
         self.path_read = attune_sys::os::now_ns();
@@ -137,7 +134,8 @@ impl LimitWatch {
 
     /// Reads the group and applies the cap; returns how long the evictor may wait (ms).
     pub(crate) fn tick(&mut self, e: &Pager) -> i32 {
-        if self.enabled && attune_sys::os::now_ns().saturating_sub(self.path_read) >= 1_000_000_000
+        if e.cfg.follow_limit
+            && attune_sys::os::now_ns().saturating_sub(self.path_read) >= 1_000_000_000
         {
             self.find(e);
         }
