@@ -9,8 +9,8 @@
  *     and checks both again, word by word. With "fork", the pressure phase runs in a
  *     child and in the parent at once, on huge pages the fork left shared. With
  *     "nohuge", the program says MADV_NOHUGEPAGE for the buffer first.
- *   huge_pages bench MIB WAIT_S ACCESSES
- *     fills the buffer, waits up to WAIT_S for all of it but its end spans to be on huge
+ *   huge_pages bench MIB WAIT_S ACCESSES [MIN_MIB]
+ *     fills the buffer, waits up to WAIT_S for all of it but its end spans (or MIN_MIB) to be on huge
  *     pages (0: no wait), then times ACCESSES dependent
  *     random reads (a pointer chase: every read's address comes from the one before, so
  *     each pays its TLB miss) and prints the time per read.
@@ -86,7 +86,7 @@ static uint64_t next(void) {
 
 int main(int argc, char **argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: huge_pages check MIB WAIT_S MIN_MIB MAX_MIB [pressure] | bench MIB WAIT_S ACCESSES\n");
+        fprintf(stderr, "usage: huge_pages check MIB WAIT_S MIN_MIB MAX_MIB [pressure] | bench MIB WAIT_S ACCESSES [MIN_MIB]\n");
         return 2;
     }
     size_t len = (size_t)atol(argv[2]) << 20, n = len / 8;
@@ -111,8 +111,11 @@ int main(int argc, char **argv) {
             a[i] = a[j];
             a[j] = t;
         }
-        /* All of it but a span at each end (malloc's own mapping need not be aligned). */
-        long kib = wait_huge(a, len, wait_s, (long)(len >> 10) - 4096);
+        /* All of it but a span at each end (malloc's own mapping need not be aligned), or
+         * MIN_MIB when given (Attune aligns its regions: all of it; measuring at the
+         * default made the result depend on whether the last spans were collapsed yet). */
+        long want = argc > 5 ? atol(argv[5]) << 10 : (long)(len >> 10) - 4096;
+        long kib = wait_huge(a, len, wait_s, want);
         uint64_t x = 0;
         double t0 = now();
         for (long k = 0; k < accesses; k++) x = a[x];
