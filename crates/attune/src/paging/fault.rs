@@ -145,7 +145,10 @@ const NOT_TOUCHED: usize = usize::MAX;
 fn claim_readahead(e: &Pager, r: &Region, c: usize, src: Where, tier: usize) -> ReadAhead {
     let slots: [u64; STREAMS] = std::array::from_fn(|i| r.streams[i].load(Relaxed));
     let hint = r.stream_hint.fetch_add(1, Relaxed);
-    let d = readahead::on_fault(&slots, c, r.chunks(), readahead_max(e, r), hint);
+    // In DRAM or on its way: a run's last chunk placed by another thread may still be
+    // Fetching (signal delivery: each faulting thread places its own).
+    let present = |x: usize| matches!(r.state(x).place(), Where::Resident | Where::Fetching);
+    let d = readahead::on_fault(&slots, c, r.chunks(), readahead_max(e, r), hint, present);
     let mut got = 0;
     while got < d.ahead {
         let n = (c as i64 + (got as i64 + 1) * d.step) as usize;
