@@ -499,6 +499,18 @@ for lib in glibc jemalloc tcmalloc mimalloc; do
   fi
 done
 expect run-heap-syscalls-signal-efault 0 "getdents64 calls into a heap block failed \(Bad address\).*exit 1" sh -c "out=\$('$ATT' run -q --fault-mode signal --dram 16M -- '$RT/heap_syscalls_jemalloc' heap 2>&1); rc=\$?; echo \"\$out\" | tr '\n' ' '; echo \"exit \$rc\""
+# A library whose constructor maps and fills 32 MiB, loaded 20 times under a 16 MiB budget
+# while another thread keeps the budget full: no runtime thread may wait for the loader's
+# lock (docs/design/run.md, "The runtime never waits for the loader"). Hung every run
+# before the runtime blocked its signals with a raw system call.
+if gcc -O2 -shared -fPIC -DCTOR_LIB tests/run/dlopen_ctor.c -o "$RT/libdlopen_ctor.so" \
+   && gcc -O2 tests/run/dlopen_ctor.c -o "$RT/dlopen_ctor" -ldl -lpthread; then
+  for mode in auto signal; do
+    expect "run-dlopen-ctor-$mode" 0 "dlopen_ctor: OK 20" "$ATT" run -q --fault-mode $mode --far file --dram 16M -- "$RT/dlopen_ctor" "$RT/libdlopen_ctor.so" 20
+  done
+else
+  fail=$((fail+1)); failed+=(build-dlopen-ctor)
+fi
 # A real program with a preloaded allocator, as HPC users do: numpy under jemalloc.
 if python3 -c 'import numpy' 2>/dev/null && [ -e /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 ]; then
   LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 expect run-numpy-jemalloc 0 "numpy_work: OK" "$ATT" run -q --dram 48M -- python3 tests/run/numpy_work.py 192
@@ -641,7 +653,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/n
   mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
   cp "$PREFIX/bin/attune" "$PREFIX/bin/attune-lab" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
   for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain readahead deny_syscalls; do cp "$OUT/$t" "$UP/bin/"; done
-  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$RT/async_late" "$RT/own_uffd" "$RT/huge_pages" "$RT/heap_syscalls_jemalloc" "$RT/munmap_part" "$UP/bin/" 2>/dev/null
+  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$RT/async_late" "$RT/own_uffd" "$RT/huge_pages" "$RT/heap_syscalls_jemalloc" "$RT/munmap_part" "$RT/dlopen_ctor" "$RT/libdlopen_ctor.so" "$UP/bin/" 2>/dev/null
   gcc -O2 -Wno-stringop-overflow tests/run/syscalls_io.c -o "$UP/bin/syscalls_io" -lpthread || { fail=$((fail+1)); failed+=(build-syscalls-io); }
   chmod -R a+rX "$UP/bin" "$UP/lib"
   cp tests/run/numpy_work.py "$UP/bin/"
@@ -773,6 +785,7 @@ assert d["user_mode_only"] == (not full and not dev), d
   [ -x "$UP/bin/allocators_jemalloc" ] && expect unpriv-run-linked-jemalloc 0 "allocators: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 32M -- "$UP/bin/allocators_jemalloc" 96
   # mremap growth of a program's own mapping as a user: still managed after the move.
   [ -x "$UP/bin/munmap_part" ] && expect unpriv-run-mremap-grow-stays-managed 0 "munmap_part: OK grown" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/munmap_part" 128 grow 48
+  [ -x "$UP/bin/dlopen_ctor" ] && expect unpriv-run-dlopen-ctor 0 "dlopen_ctor: OK 20" runuser -u nobody -- "$UP/bin/attune" run -q --far file --dram 16M -- "$UP/bin/dlopen_ctor" "$UP/bin/libdlopen_ctor.so" 20
   # The allocator's heap where the kernel's faults are not served: left to the kernel,
   # so its system calls work, and the report says how many mappings stayed out.
   [ -x "$UP/bin/heap_syscalls_jemalloc" ] && expect unpriv-run-heap-syscalls-jemalloc 0 "heap_syscalls: OK.*mapping\(s\) of an allocator's heap left untiered" sh -c "runuser -u nobody -- '$UP/bin/attune' run --dram 16M -- '$UP/bin/heap_syscalls_jemalloc' heap 2>&1 | tr '\n' ' '"

@@ -119,7 +119,7 @@ fn async_signal_set() -> libc::sigset_t {
 pub fn block_all_signals() {
     let set = async_signal_set();
     // SAFETY: set is a valid signal set.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    unsafe { crate::raw::sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
 }
 
 /// Blocks all signals until the guard drops (for short critical sections in API calls
@@ -134,7 +134,7 @@ impl SignalGuard {
         // SAFETY: both sets are valid; the old mask is restored on drop.
         unsafe {
             let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            crate::raw::sigmask(libc::SIG_BLOCK, &set, &mut old);
             SignalGuard { old }
         }
     }
@@ -149,7 +149,7 @@ impl Default for SignalGuard {
 impl Drop for SignalGuard {
     fn drop(&mut self) {
         // SAFETY: restores the mask saved in `new`.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
+        unsafe { crate::raw::sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
     }
 }
 
@@ -160,7 +160,7 @@ pub fn block_signals_saving() -> libc::sigset_t {
     // SAFETY: both sets are valid; the caller restores the old mask.
     unsafe {
         let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        crate::raw::sigmask(libc::SIG_BLOCK, &set, &mut old);
         old
     }
 }
@@ -168,7 +168,7 @@ pub fn block_signals_saving() -> libc::sigset_t {
 /// Restores a mask saved by [`block_signals_saving`].
 pub fn restore_signals(old: &libc::sigset_t) {
     // SAFETY: restores a valid saved mask.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+    unsafe { crate::raw::sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
 }
 
 /// Puts `new` in place of the descriptor numbered `target` (dup3 with O_CLOEXEC), so that
@@ -446,7 +446,7 @@ pub fn die_by_signal(sig: i32) -> ! {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, sig);
-        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        crate::raw::sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
         libc::raise(sig);
     }
     std::process::exit(128 + sig)

@@ -7,7 +7,10 @@
 //! held), ran OpenBLAS's constructor, whose `mmap` waited for the region list: both
 //! waited for ever (`bench/imme.py --quick`, 3 runs of 6 hung on 2026-11-28). `dlsym` is
 //! not async-signal-safe either, and the SIGBUS handler reads far tiers. Same return
-//! value and `errno` as the libc functions.
+//! value and `errno` as the libc functions. Signal masks too ([`sigmask`]): the runtime's
+//! threads block signals first thing, and going through libattune's `pthread_sigmask`
+//! wrapper that was a `dlsym` while a `dlopen` on another thread mapped memory
+//! (`tests/run/dlopen_ctor.c` hung every time).
 
 use libc::{c_int, c_void, msghdr};
 
@@ -40,4 +43,56 @@ pub(crate) unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> isi
 /// As `recvmsg(2)`.
 pub(crate) unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> isize {
     unsafe { libc::syscall(libc::SYS_recvmsg, fd, msg, flags) as isize }
+}
+
+/// glibc's own signals (SIGCANCEL 32, SIGSETXID 33), which `pthread_sigmask` never blocks:
+/// a thread that blocks SIGSETXID hangs every `setuid` of the process.
+const GLIBC_SIGNALS: u64 = (1 << 31) | (1 << 32);
+
+/// `pthread_sigmask(2)` without libc's wrapper (or libattune's): `rt_sigprocmask` on the
+/// calling thread, glibc's own signals never blocked. 0 or -1 with `errno`.
+///
+/// # Safety
+/// `set` null or a valid `sigset_t`; `old` null or writable for one.
+pub(crate) unsafe fn sigmask(
+    how: c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> c_int {
+    // The kernel's mask is the first 64 bits of glibc's 1024-bit sigset_t.
+    let k: u64 = if set.is_null() {
+        0
+    } else {
+        // SAFETY: a non-null `set` is a valid sigset_t (the contract), 128 bytes.
+        let bits = unsafe { *(set as *const u64) };
+        if how == libc::SIG_UNBLOCK {
+            bits
+        } else {
+            bits & !GLIBC_SIGNALS
+        }
+    };
+    let kset = if set.is_null() {
+        std::ptr::null()
+    } else {
+        &k as *const u64
+    };
+    let mut kold: u64 = 0;
+    // SAFETY: both kernel masks are 8 bytes, valid or null.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            how,
+            kset,
+            &mut kold as *mut u64,
+            8usize,
+        ) as c_int
+    };
+    if r == 0 && !old.is_null() {
+        // SAFETY: `old` is writable for a sigset_t (the contract).
+        unsafe {
+            libc::sigemptyset(old);
+            *(old as *mut u64) = kold;
+        }
+    }
+    r
 }

@@ -212,3 +212,18 @@ pub static REAL_PTHREAD_SIGMASK: crate::libc_alloc::NextFn =
     crate::libc_alloc::NextFn::new(c"pthread_sigmask");
 /// libc's `signal`, for calls that are not about SIGBUS.
 pub static REAL_SIGNAL: crate::libc_alloc::NextFn = crate::libc_alloc::NextFn::new(c"signal");
+
+/// Looks up libc's signal functions now, from the library's constructor (libattune's
+/// `resolve_at_load`): never from a first call on a runtime thread, whose `dlsym` waits
+/// for the loader's lock while a `dlopen` on another thread may be waiting for the
+/// runtime.
+pub fn resolve_at_load() {
+    for f in [
+        &REAL_SIGACTION,
+        &REAL_SIGPROCMASK,
+        &REAL_PTHREAD_SIGMASK,
+        &REAL_SIGNAL,
+    ] {
+        f.resolve();
+    }
+}

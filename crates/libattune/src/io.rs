@@ -122,6 +122,7 @@ extern "C" fn resolve_at_load() {
     ] {
         f.resolve();
     }
+    attune_sys::signal::resolve_at_load();
 }
 
 #[used]
