@@ -51,7 +51,7 @@ done
 echo "== native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"
-for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads fork_small drop_behind predict_online config_error fallback protect lost_tier discard cap_tier churn deny_syscalls protect_change sigbus_chain fork_discard readahead; do
+for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads fork_small drop_behind predict_online config_error fallback protect lost_tier discard cap_tier churn deny_syscalls protect_change sigbus_chain fork_discard readahead writeback; do
   gcc $CFLAGS tests/c/$t.c -o "$OUT/$t" $LIBS || { fail=$((fail+1)); failed+=("build-$t"); }
 done
 g++ -O2 -std=c++17 $(pkg-config --cflags attune) tests/cpp/threads.cpp -o "$OUT/cpp_threads" $LIBS || { fail=$((fail+1)); failed+=(build-cpp); }
@@ -84,6 +84,14 @@ ATTUNE_CONFIG="$OUT/file.toml" ATTUNE_TIER_SSD_DIRECT=true ATTUNE_CHUNK_SIZE=64K
 # A region whose home is a file tier moves at least the tier's min_chunk (16K by default):
 # the configured 4K default is raised, and the tier's own setting lowers it again (above).
 ATTUNE_CONFIG="$OUT/file.toml" run integrity-file-default-chunk "$OUT/integrity" 48
+# Write-back of only the pages that changed, checked through the file
+# (attune_policy::writeback; docs/design/paging.md, "Dirty pages").
+for mode in thread signal; do
+  for chunk in 4K 64K; do
+    ATTUNE_CONFIG="$OUT/file.toml" ATTUNE_TIER_SSD_MIN_CHUNK=4K ATTUNE_CHUNK_SIZE=$chunk ATTUNE_FAULT_MODE=$mode \
+      run "writeback-file-$chunk-$mode" "$OUT/writeback"
+  done
+done
 if grep -q "chunk 16384" "$OUT/integrity-file-default-chunk.log"; then pass=$((pass+1)); echo "ok   file-tier-min-chunk"
 else fail=$((fail+1)); failed+=(file-tier-min-chunk); echo "FAIL file-tier-min-chunk"; head -3 "$OUT/integrity-file-default-chunk.log"; fi
 # Flags: LAT and CAP regions.

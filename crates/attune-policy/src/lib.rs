@@ -22,6 +22,7 @@ pub mod share;
 pub mod spread;
 pub mod stream;
 pub mod victim;
+pub mod writeback;
 
 pub use flags::Flags;
 pub use plan::{plan_allocation, AllocationPlan, TierView};

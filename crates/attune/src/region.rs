@@ -23,6 +23,10 @@ pub enum Where {
     Evicting = 4,
 }
 
+/// The unit of content hashes (`Region::file_hash`): a tier that keeps a copy is written
+/// again by these pages, whatever the chunk size.
+pub const HASH_PAGE: usize = 4096;
+
 const WHERE_MASK: u64 = 0xF;
 const TIER_SHIFT: u64 = 4;
 const TIER_MASK: u64 = 0xF << TIER_SHIFT;
@@ -183,7 +187,9 @@ pub struct Region {
     pub delivery: Delivery,
     pub kind: RegionKind,
     states: Box<[AtomicU64]>,
-    /// Hash of the content held by the file tier for each chunk (0: none/unknown).
+    /// Hash of the content a far tier that keeps copies holds, per 4 KiB page
+    /// ([`HASH_PAGE`]; 0: none or unknown): a store writes only the pages whose hash
+    /// changed (`attune_policy::writeback`).
     pub file_hash: Box<[AtomicU64]>,
     /// Offset reserved for this region in each far tier.
     pub slots: Vec<u64>,
@@ -244,7 +250,9 @@ impl Region {
             delivery,
             kind,
             states: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            file_hash: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            file_hash: (0..n * (chunk / HASH_PAGE).max(1))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             evicted_at: (0..n).map(|_| AtomicU32::new(0)).collect(),
             slots,
             home_tier: AtomicUsize::new(home_tier),
@@ -283,6 +291,11 @@ impl Region {
     }
     pub fn chunk_addr(&self, c: usize) -> usize {
         self.base + (c << self.chunk_shift)
+    }
+    /// The content hashes of chunks `[c, c+n)`, one per [`HASH_PAGE`].
+    pub fn page_hashes(&self, c: usize, n: usize) -> &[AtomicU64] {
+        let per = (self.chunk / HASH_PAGE).max(1);
+        &self.file_hash[c * per..(c + n) * per]
     }
     pub fn flags(&self) -> Flags {
         Flags(self.flags.load(Relaxed))

@@ -785,6 +785,12 @@ pub fn text_report(r: &Value) -> String {
             t["amplification"].as_f64().unwrap_or(1.0)
         );
     }
+    if t["clean_bytes"].as_u64().unwrap_or(0) > 0 {
+        s += &format!(
+            "  write-back: {} of evicted pages not written again (their tier held them)\n",
+            u(&t["clean_bytes"])
+        );
+    }
     if t["huge_collapses"].as_u64().unwrap_or(0) > 0 {
         s += &format!(
             "  huge pages: {} spans of 2 MiB collapsed ({} split again by moves out); {} on huge pages at the last snapshot\n",

@@ -148,6 +148,8 @@ pub struct Config {
     pub fault_mode: FaultMode,
     /// Microseconds the handler thread polls before sleeping (`fault::handler_loop`).
     pub handler_spin_us: u64,
+    /// `attune_policy::writeback::pieces`'s gap (4 KiB pages).
+    pub writeback_gap: usize,
     /// Kernel features masked off (`attune_sys::kernel` bits), so their fallbacks run.
     pub kernel_features: u64,
     pub chunk_size: usize,
@@ -802,6 +804,7 @@ pub fn load_text(
         dram,
         fault_mode: g.choice("fault_mode")?,
         handler_spin_us: g.u64("handler_spin_us"),
+        writeback_gap: g.u64("writeback_gap") as usize,
         kernel_features: g.u64("kernel_features"),
         chunk_size: g.u64("chunk_size") as usize,
         readahead: g.u64("readahead") as usize,

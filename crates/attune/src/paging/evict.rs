@@ -12,8 +12,10 @@
 
 use super::behind::BEHIND;
 use super::pager::{Pager, MAX_RUN};
-use crate::region::{Region, State, Where, ACTIVE, CREDIT_MASK, SHARED};
+use crate::region::{Region, State, Where, ACTIVE, CREDIT_MASK, HASH_PAGE, SHARED};
+use crate::tier::Pieces;
 use attune_policy::victim::{capacity_first, clock_decide, scan_quantum, ChunkView, ClockAction};
+use attune_policy::writeback;
 use attune_sys::os;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -287,7 +289,12 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
     if !sample {
         e.pace(len as u64);
     }
-    let mut hashes = [0u64; MAX_RUN / 4096];
+    // Content hashes by page: a tier that keeps copies is written only the pages that
+    // changed since it last took or gave them (`attune_policy::writeback`).
+    let known = r.page_hashes(c, n);
+    let pages = known.len();
+    let per_chunk = pages / n.max(1);
+    let mut hashes = [0u64; MAX_RUN / HASH_PAGE];
     for t in order {
         let Some(tier) = e.tiers.get(t) else { continue };
         if !tier.is_pageable() {
@@ -295,31 +302,41 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
         }
         let off = r.slots[t] + (c * r.chunk) as u64;
         let keeps = tier.keeps_copy();
-        let mut already_there = |staged: usize| -> bool {
+        let mut written = pages;
+        let mut dirty = |staged: usize| -> Pieces {
             if !keeps {
-                return false;
+                return Pieces::whole(pages);
             }
-            let mut same = true;
-            for i in 0..n {
-                let h = crate::hash::chunk_hash(staged + i * r.chunk, r.chunk, t);
-                hashes[i] = h;
-                if r.file_hash[c + i].load(Relaxed) != h {
-                    same = false;
+            let mut mask = [0u64; writeback::MASK_WORDS];
+            for (j, h) in hashes.iter_mut().enumerate().take(pages) {
+                *h = crate::hash::chunk_hash(staged + j * HASH_PAGE, HASH_PAGE, t);
+                if known[j].load(Relaxed) != *h {
+                    writeback::set(&mut mask, j);
                 }
             }
-            same
+            let p = writeback::pieces(&mask, pages, e.cfg.writeback_gap);
+            written = p.pages();
+            p
         };
-        match tier.store(&e.io(), uffd, src, off, len, &mut already_there) {
+        match tier.store(&e.io(), uffd, src, off, len, &mut dirty) {
             Ok(()) => {
                 // Refault distances count from the bytes evicted before this run.
                 let clock = e.eviction_clock();
-                for i in 0..n {
-                    if keeps {
-                        if r.file_hash[c + i].load(Relaxed) == hashes[i] {
+                if keeps {
+                    for i in 0..n {
+                        let page = |k: usize| i * per_chunk + k;
+                        if (0..per_chunk).all(|k| known[page(k)].load(Relaxed) == hashes[page(k)]) {
                             r.counters.clean_skips.fetch_add(1, Relaxed);
                         }
-                        r.file_hash[c + i].store(hashes[i], Relaxed);
                     }
+                    for (k, h) in known.iter().zip(hashes) {
+                        k.store(h, Relaxed);
+                    }
+                    e.counters
+                        .clean_bytes
+                        .fetch_add(((pages - written) * HASH_PAGE) as u64, Relaxed);
+                }
+                for i in 0..n {
                     r.settle(c + i, Where::Far, t, 0);
                     r.evicted_at[c + i].store(clock, Relaxed);
                     if r.set_bits(c + i, 0, ACTIVE | CREDIT_MASK).active() {

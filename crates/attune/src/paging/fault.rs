@@ -18,7 +18,7 @@
 //!    (a refault soon after eviction makes a chunk active), and bump the heat of c.
 
 use super::pager::{Pager, MAX_RUN};
-use crate::region::{Claim, Region, State, Where};
+use crate::region::{Claim, Region, State, Where, HASH_PAGE};
 use attune_policy::budget;
 use attune_policy::readahead::{self, STREAMS};
 use attune_policy::victim::{on_arrival, Arrival};
@@ -452,16 +452,17 @@ fn copy_pages(uffd: &attune_sys::uffd::Uffd, dst: usize, src: usize, len: usize)
 /// back; a hole reads as zeros, which no read error reports): the page must not be given
 /// to the application.
 fn check_hashes(r: &Region, c: usize, n: usize, tier: usize, data: usize) -> bool {
-    let mut hashes = [0u64; MAX_RUN / 4096];
-    for (i, h) in hashes.iter_mut().enumerate().take(n) {
-        *h = crate::hash::chunk_hash(data + i * r.chunk, r.chunk, tier);
-        let known = r.file_hash[c + i].load(Relaxed);
-        if known != 0 && known != *h {
+    let known = r.page_hashes(c, n);
+    let mut hashes = [0u64; MAX_RUN / HASH_PAGE];
+    for (i, h) in hashes.iter_mut().enumerate().take(known.len()) {
+        *h = crate::hash::chunk_hash(data + i * HASH_PAGE, HASH_PAGE, tier);
+        let k = known[i].load(Relaxed);
+        if k != 0 && k != *h {
             return false;
         }
     }
-    for (i, h) in hashes.iter().enumerate().take(n) {
-        r.file_hash[c + i].store(*h, Relaxed);
+    for (k, h) in known.iter().zip(hashes) {
+        k.store(h, Relaxed);
     }
     true
 }

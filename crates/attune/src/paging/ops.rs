@@ -342,7 +342,9 @@ impl Pager {
                         t.discard(r.slots[s.tier()] + (c * r.chunk) as u64, r.chunk);
                         t.forget(r.chunk as u64);
                     }
-                    r.file_hash[c].store(0, Relaxed);
+                    for h in r.page_hashes(c, 1) {
+                        h.store(0, Relaxed);
+                    }
                     r.counters.discarded.fetch_add(1, Relaxed);
                     r.set_bits(c, 0, ACTIVE | CREDIT_MASK);
                     r.settle(c, Where::Fresh, 0, 0);

@@ -92,13 +92,16 @@ pub struct Counters {
     /// 2 MiB spans put on huge pages (`super::huge`), and huge spans a move out split.
     pub huge_collapses: AtomicU64,
     pub huge_splits: AtomicU64,
+    /// Bytes of evicted pages a tier that keeps copies was not written again: it held
+    /// their content already (`attune_policy::writeback`).
+    pub clean_bytes: AtomicU64,
 }
 
 impl Counters {
     /// The counters the statistics report, by their names there (`attune_stats_json`'s
     /// `engine` object, each process snapshot of the `attune run` report and its totals):
     /// one list, so they cannot drift apart. Page movement, then the online prediction.
-    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 21] {
+    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 22] {
         [
             ("faults", &self.faults),
             ("fault_ns", &self.fault_ns),
@@ -121,6 +124,7 @@ impl Counters {
             ("regions_signal", &self.regions_signal),
             ("huge_collapses", &self.huge_collapses),
             ("huge_splits", &self.huge_splits),
+            ("clean_bytes", &self.clean_bytes),
         ]
     }
 }

@@ -109,8 +109,8 @@ pub(super) fn fill_holes(internal: &Uffd, st: usize, len: usize) {
 }
 
 impl super::Medium for FileTier {
-    /// Writes the pages at `src` (region memory) to `off`. `already_there(staging_addr)` is
-    /// asked after the move and returns true when the file holds this content already.
+    /// Writes the pages at `src` (region memory) to `off`. `dirty(staging_addr)` is asked
+    /// after the move: the pieces the file does not hold yet.
     fn store(
         &self,
         io: &super::IoContext,
@@ -118,15 +118,15 @@ impl super::Medium for FileTier {
         src: usize,
         off: u64,
         len: usize,
-        already_there: &mut dyn FnMut(usize) -> bool,
+        dirty: &mut dyn FnMut(usize) -> super::Pieces,
     ) -> SysResult<()> {
         // Clean content the file holds already is not written again.
         super::store_staged(io, region_uffd, src, len, &mut |st| {
-            if already_there(st) {
-                Ok(())
-            } else {
-                mem::pwrite_raw(&self.fd, st, len, off)
+            for &(p, n) in dirty(st).as_slice() {
+                let at = p * super::HASH_PAGE;
+                mem::pwrite_raw(&self.fd, st + at, n * super::HASH_PAGE, off + at as u64)?;
             }
+            Ok(())
         })
     }
     /// Reads `len` bytes at `off` into the missing region range `dst`. `seen(bounce)` is

@@ -18,6 +18,8 @@ pub mod remote;
 pub mod slots;
 
 use crate::config::{TierConfig, TierKind};
+pub use crate::region::HASH_PAGE;
+pub use attune_policy::writeback::Pieces;
 use attune_sys::uffd::Uffd;
 use attune_sys::{Errno, SysResult};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -42,8 +44,9 @@ pub struct TierCounters {
 /// handler: signal-safe, no allocation, errors as errno values.
 pub trait Medium: Send + Sync {
     /// Moves `len` bytes of region memory at `src` into slot `off`; on error nothing was
-    /// taken from the region. `already_there(staged)` lets a medium that keeps copies skip
-    /// writing content it holds already (clean pages).
+    /// taken from the region. `dirty(staged)`, for a medium that keeps copies: the pieces
+    /// of the run to write, in [`HASH_PAGE`]s (`attune_policy::writeback`; none: it holds
+    /// all of it already). A medium that keeps no copy ignores it.
     fn store(
         &self,
         io: &IoContext,
@@ -51,7 +54,7 @@ pub trait Medium: Send + Sync {
         src: usize,
         off: u64,
         len: usize,
-        already_there: &mut dyn FnMut(usize) -> bool,
+        dirty: &mut dyn FnMut(usize) -> Pieces,
     ) -> SysResult<()>;
     /// Places slot `off` into the missing region range at `dst` through the region's
     /// userfaultfd. `seen(data)` checks bytes read through a buffer; false is EBADMSG.
@@ -291,8 +294,8 @@ impl FarTier {
     }
 
     /// Moves `len` bytes of region memory at `src` into slot `off`. Signal-safe.
-    /// On error nothing was taken from the region. `already_there(staged)` lets a file tier
-    /// skip writing content it holds already (clean pages).
+    /// On error nothing was taken from the region. `dirty(staged)`: what a medium that
+    /// keeps copies writes ([`Medium::store`]).
     pub fn store(
         &self,
         io: &IoContext,
@@ -300,14 +303,12 @@ impl FarTier {
         src: usize,
         off: u64,
         len: usize,
-        already_there: &mut dyn FnMut(usize) -> bool,
+        dirty: &mut dyn FnMut(usize) -> Pieces,
     ) -> SysResult<()> {
         if !self.accepts(len as u64) {
             return Err(Errno(libc::ENOSPC));
         }
-        let r = self
-            .medium
-            .store(io, region_uffd, src, off, len, already_there);
+        let r = self.medium.store(io, region_uffd, src, off, len, dirty);
         match r {
             Ok(()) => {
                 let now = self.counters.stored.fetch_add(len as u64, Relaxed) + len as u64;
@@ -615,7 +616,9 @@ mod tests {
             staging: &io.staging,
             bounce: &io.bounce,
         };
-        t.store(&ctx, &io.uffd, 0, 0, len, &mut |_| false)
+        t.store(&ctx, &io.uffd, 0, 0, len, &mut |_| {
+            Pieces::whole(len / HASH_PAGE)
+        })
     }
     fn load(t: &FarTier, io: &Io, len: usize) -> SysResult<()> {
         let ctx = IoContext {

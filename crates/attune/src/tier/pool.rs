@@ -298,7 +298,7 @@ impl super::Medium for PoolTier {
         src: usize,
         off: u64,
         len: usize,
-        _already_there: &mut dyn FnMut(usize) -> bool,
+        _dirty: &mut dyn FnMut(usize) -> super::Pieces,
     ) -> SysResult<()> {
         let base = self.base.load(Acquire);
         let Some(fd) = self.fd.get() else {

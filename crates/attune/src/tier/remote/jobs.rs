@@ -99,17 +99,73 @@ impl Shared {
         len: usize,
         detached: bool,
     ) -> SysResult<()> {
-        let job = loop {
+        let job = self.claim();
+        self.start(job, op, addr, off, len, detached);
+        if detached {
+            return Ok(());
+        }
+        self.finish(job)
+    }
+
+    /// Posts `op` for every `(addr, off, len)` of `parts` and waits for them all, several
+    /// in flight at once (a store written in pieces: `attune_policy::writeback`). Returns
+    /// the first error. It never waits for a free job while holding one: two callers
+    /// that each held some and waited for more would wait for ever.
+    pub(super) fn post_each(&self, op: Op, parts: &[(usize, u64, usize)]) -> SysResult<()> {
+        const IN_FLIGHT: usize = JOBS / 2;
+        let mut held: [Option<&Job>; IN_FLIGHT] = [None; IN_FLIGHT];
+        let mut n = 0;
+        let mut result = Ok(());
+        let mut drain = |held: &mut [Option<&Job>; IN_FLIGHT], n: &mut usize| {
+            for j in held.iter_mut().take(*n) {
+                if let Some(j) = j.take() {
+                    let r = self.finish(j);
+                    if result.is_ok() {
+                        result = r;
+                    }
+                }
+            }
+            *n = 0;
+        };
+        for &(addr, off, len) in parts {
+            let job = loop {
+                if n < IN_FLIGHT {
+                    if let Some(j) = self.try_claim() {
+                        break j;
+                    }
+                }
+                if n == 0 {
+                    break self.claim();
+                }
+                drain(&mut held, &mut n);
+            };
+            self.start(job, op, addr, off, len, false);
+            held[n] = Some(job);
+            n += 1;
+        }
+        drain(&mut held, &mut n);
+        result
+    }
+
+    fn try_claim(&self) -> Option<&Job> {
+        self.jobs.iter().find(|j| {
+            j.state
+                .compare_exchange(FREE, CLAIMED, AcqRel, Relaxed)
+                .is_ok()
+        })
+    }
+
+    fn claim(&self) -> &Job {
+        loop {
             let seen = self.freed.load(Acquire);
-            if let Some(j) = self.jobs.iter().find(|j| {
-                j.state
-                    .compare_exchange(FREE, CLAIMED, AcqRel, Relaxed)
-                    .is_ok()
-            }) {
-                break j;
+            if let Some(j) = self.try_claim() {
+                return j;
             }
             attune_sys::os::futex_wait(&self.freed, seen, 10_000_000);
-        };
+        }
+    }
+
+    fn start(&self, job: &Job, op: Op, addr: usize, off: u64, len: usize, detached: bool) {
         job.op.store(op as u32, Relaxed);
         job.addr.store(addr, Relaxed);
         job.off.store(off, Relaxed);
@@ -118,9 +174,10 @@ impl Shared {
         job.state.store(POSTED, Release);
         self.doorbell.fetch_add(1, Release);
         attune_sys::os::futex_wake(&self.doorbell, 1);
-        if detached {
-            return Ok(());
-        }
+    }
+
+    /// Waits for a posted job's answer and frees it.
+    fn finish(&self, job: &Job) -> SysResult<()> {
         loop {
             let s = job.state.load(Acquire);
             if s == DONE {

@@ -86,22 +86,29 @@ impl super::Medium for RemoteTier {
         src: usize,
         off: u64,
         len: usize,
-        already_there: &mut dyn FnMut(usize) -> bool,
+        dirty: &mut dyn FnMut(usize) -> super::Pieces,
     ) -> SysResult<()> {
         if self.detached.load(Relaxed) {
             return Err(Errno(libc::ENOSPC));
         }
         super::store_staged(io, region_uffd, src, len, &mut |st| {
-            // Clean content the servers hold already is not sent again, unless the
-            // copies were on servers since lost.
-            if already_there(st) && self.shared.held(off, len) {
-                return Ok(());
-            }
             // The provider's send reads the staged pages in the kernel: a page the
             // program had discarded is absent there and would fail the whole connection
             // (EFAULT inside the provider), so holes are filled with zeros first.
             super::file::fill_holes(io.internal, st, len);
-            self.shared.post(Op::Store, st, off, len, false)
+            // Clean content the servers hold already is not sent again, unless the
+            // copies were on servers since lost: then all of it goes.
+            let pieces = dirty(st);
+            if !self.shared.held(off, len) {
+                return self.shared.post(Op::Store, st, off, len, false);
+            }
+            let mut parts = [(0usize, 0u64, 0usize); attune_policy::writeback::MAX_PIECES];
+            for (part, &(p, n)) in parts.iter_mut().zip(pieces.as_slice()) {
+                let at = p * super::HASH_PAGE;
+                *part = (st + at, off + at as u64, n * super::HASH_PAGE);
+            }
+            self.shared
+                .post_each(Op::Store, &parts[..pieces.as_slice().len()])
         })
     }
 
