@@ -405,6 +405,9 @@ expect run-small-fork-first 0 "parent and child OK" timeout -s KILL 60 "$ATT" ru
 # child's handler thread reads arena memory (locale data, the new thread's DTV); each
 # worker hung until the child served its faults inline while its threads start.
 expect run-small-multiprocessing-fork 0 "mp_fork: OK" timeout -s KILL 120 "$ATT" run -q --small --dram 32M -- python3 tests/run/mp_fork.py 64
+# multiprocessing.Process children: a new thread's start reads the global locale's data
+# with every signal blocked (died of SIGBUS every run before the child held it in DRAM).
+expect run-small-multiprocessing-process 0 "mp_process: OK" timeout -s KILL 120 "$ATT" run -q --small --dram 32M -- python3 tests/run/mp_process.py 64 3
 # --small: path strings and stat buffers moved out by the budget, then passed to stat(2),
 # which no wrapper covers: the arenas take the handler thread (auto), so the kernel's
 # access faults them back (before: EFAULT on every call).
@@ -751,8 +754,9 @@ assert d["user_mode_only"] == (not full and not dev), d
   # the userfaultfd sees user-mode faults only; the fork path must not hang either way).
   cp "$RT/fork_first" "$UP/bin/" && chmod 755 "$UP/bin/fork_first"
   expect unpriv-run-small-fork-first 0 "parent and child OK" timeout -s KILL 60 runuser -u nobody -- "$UP/bin/attune" run -q --small -- "$UP/bin/fork_first"
-  cp tests/run/mp_fork.py "$UP/bin/" && chmod 644 "$UP/bin/mp_fork.py"
+  cp tests/run/mp_fork.py tests/run/mp_process.py "$UP/bin/" && chmod 644 "$UP/bin/mp_fork.py" "$UP/bin/mp_process.py"
   expect unpriv-run-small-multiprocessing-fork 0 "mp_fork: OK" timeout -s KILL 120 runuser -u nobody -- "$UP/bin/attune" run -q --small --dram 32M -- /usr/bin/python3 "$UP/bin/mp_fork.py" 64
+  expect unpriv-run-small-multiprocessing-process 0 "mp_process: OK" timeout -s KILL 120 runuser -u nobody -- "$UP/bin/attune" run -q --small --dram 32M -- /usr/bin/python3 "$UP/bin/mp_process.py" 64 3
   expect unpriv-run-small-python 0 "^499999500000$" runuser -u nobody -- "$UP/bin/attune" run -q --small -- /usr/bin/python3 -c 'print(sum(range(10**6)))'
   # As nobody the userfaultfd sees user-mode faults only: --small keeps small requests
   # with the program's allocator and says why, and every call works.

@@ -343,6 +343,27 @@ pub fn write_stderr(b: &[u8]) {
     unsafe { crate::raw::write(2, b.as_ptr().cast(), b.len()) };
 }
 
+/// Where the global locale's LC_CTYPE data (glibc's `struct __locale_data`, under 1 KiB)
+/// lies now: every new thread reads it in glibc's thread start (`__ctype_init`) while all
+/// its signals are still blocked. 0 when unknown. Allocates and takes glibc's locale lock
+/// (`duplocale`): not for a forked child before its threads run, nor a signal handler.
+pub fn global_ctype_data() -> usize {
+    // glibc's LC_GLOBAL_LOCALE.
+    let global = -1isize as libc::locale_t;
+    // SAFETY: duplocale of the global locale returns a new locale object (or null) whose
+    // first field, in glibc, is the array of per-category data pointers, shared with the
+    // global locale; it is freed at once.
+    unsafe {
+        let l = libc::duplocale(global);
+        if l.is_null() {
+            return 0;
+        }
+        let p = *(l as *const usize).add(libc::LC_CTYPE as usize);
+        libc::freelocale(l);
+        p
+    }
+}
+
 /// Registers fork handlers (pthread_atfork), each optional.
 pub fn atfork(
     prepare: Option<extern "C" fn()>,

@@ -29,7 +29,7 @@ use crate::paging::{Pager, MAX_RUN};
 use crate::region::SHARED;
 use crate::sync::thread_gate::ThreadGate;
 use attune_sys::uffd::Delivery;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Mutex;
 
 /// How long the prepare handler waits for operations in flight.
@@ -46,8 +46,14 @@ static ADOPTED_OK: AtomicBool = AtomicBool::new(false);
 /// Whether the file tiers' content hashes hold in the child (its files were copied).
 static CHILD_HASHES_HOLD: AtomicBool = AtomicBool::new(true);
 
+/// Where the global locale's LC_CTYPE data was at the last fork (`start_serving`).
+static CTYPE_DATA: AtomicUsize = AtomicUsize::new(0);
+
 /// atfork prepare: quiesce the runtime; make the child's tier files.
 pub(crate) fn prepare(e: Option<&Pager>, small: Option<&ThreadGate>) {
+    // Before the gates close: it allocates, and it takes glibc's locale lock, which the
+    // child could find held by a thread that does not exist there.
+    CTYPE_DATA.store(attune_sys::os::global_ctype_data(), Release);
     let mask = attune_sys::os::block_signals_saving();
     *SAVED_MASK.lock().unwrap_or_else(|p| p.into_inner()) = Some(mask);
     // Small allocations first: they touch arena pages whose faults need the engine.
@@ -200,6 +206,42 @@ fn take_over(e: &'static Engine) -> Result<(), String> {
 /// How long the child waits for its runtime threads to begin.
 const START_TIMEOUT_NS: u64 = 5_000_000_000;
 
+/// Bytes held from the start of the global locale's LC_CTYPE data: its header and 86
+/// value slots take about 750 bytes on glibc 2.36.
+const CTYPE_DATA_BYTES: usize = 1024;
+
+/// Managed chunks placed in DRAM and pinned until dropped (`Pager::hold`).
+struct Held<'a> {
+    p: &'a Pager,
+    parts: Vec<(std::sync::Arc<crate::region::Region>, Vec<usize>)>,
+}
+
+impl<'a> Held<'a> {
+    fn new(p: &'a Pager, ptr: usize, len: usize) -> Held<'a> {
+        let mut parts = Vec::new();
+        if ptr != 0 {
+            let _in = p.enter();
+            for r in p.overlapping(ptr, len) {
+                let a = ptr.max(r.base);
+                let b = (ptr + len).min(r.base + r.len);
+                let mut held = Vec::new();
+                p.hold(&r, a, b - a, &mut held);
+                parts.push((r, held));
+            }
+        }
+        Held { p, parts }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let _in = self.p.enter();
+        for (r, held) in &self.parts {
+            self.p.release(r, held);
+        }
+    }
+}
+
 /// The child's threads, started while every region is served inline: creating a thread
 /// and its start in glibc read memory the program allocated, which is managed under
 /// `--small` (the locale data `__ctype_init` reads, the DTV `pthread_create` allocates). Had
@@ -212,6 +254,13 @@ const START_TIMEOUT_NS: u64 = 5_000_000_000;
 /// between the two registrations.
 fn start_serving(e: &'static Engine) -> Result<(), String> {
     let p = &e.pager;
+    // glibc starts a thread with every signal blocked and reads the global locale's
+    // LC_CTYPE data (`__ctype_init`) before it restores the mask. Under `--small` that
+    // data is in a managed arena, and a fault there cannot be delivered: the kernel kills
+    // the process with the SIGBUS it cannot deliver (Python's `multiprocessing.Process`
+    // children died so, every time). It is placed in DRAM now, by this thread, and held
+    // there until the threads have begun.
+    let _held = Held::new(p, CTYPE_DATA.load(Acquire), CTYPE_DATA_BYTES);
     let before = p.threads_started.load(Acquire);
     let started = e.start_threads().map_err(|x| x.0)?;
     let t0 = attune_sys::os::now_ns();
