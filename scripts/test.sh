@@ -663,7 +663,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/n
   UP=$(mktemp -d /tmp/attune-unpriv.XXXXXX); chmod 755 "$UP"
   mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
   cp "$PREFIX/bin/attune" "$PREFIX/bin/attune-lab" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
-  for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain readahead deny_syscalls; do cp "$OUT/$t" "$UP/bin/"; done
+  for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain readahead deny_syscalls writeback; do cp "$OUT/$t" "$UP/bin/"; done
   cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$RT/async_late" "$RT/own_uffd" "$RT/huge_pages" "$RT/heap_syscalls_jemalloc" "$RT/munmap_part" "$RT/dlopen_ctor" "$RT/libdlopen_ctor.so" "$UP/bin/" 2>/dev/null
   gcc -O2 -Wno-stringop-overflow tests/run/syscalls_io.c -o "$UP/bin/syscalls_io" -lpthread || { fail=$((fail+1)); failed+=(build-syscalls-io); }
   chmod -R a+rX "$UP/bin" "$UP/lib"
@@ -700,6 +700,10 @@ assert d["user_mode_only"] == (not full and not dev), d
 '; then pass=$((pass+1)); echo "ok   unpriv-doctor"
   else fail=$((fail+1)); failed+=(unpriv-doctor); echo "FAIL unpriv-doctor"; fi
   run unpriv-readahead "$nobody" "$UP/bin/readahead"
+  # Write-back of changed pages only, as a user: the file tier in a directory of its own.
+  printf 'dram = "16M"\n[[tier]]\nname = "ssd"\nkind = "file"\npath = "%s"\ncapacity = "1G"\n' "$UP/work" > "$UP/wb.toml"
+  chmod 644 "$UP/wb.toml"
+  ATTUNE_CONFIG="$UP/wb.toml" ATTUNE_TIER_SSD_MIN_CHUNK=4K ATTUNE_CHUNK_SIZE=64K run unpriv-writeback-file-64K "$nobody" "$UP/bin/writeback"
   run unpriv-fork-exec "$nobody" "$UP/bin/fork_exec"
   run unpriv-fork-inherit "$nobody" "$UP/bin/fork_inherit"
   run unpriv-fork-discard "$nobody" "$UP/bin/fork_discard"

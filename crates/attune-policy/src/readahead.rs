@@ -330,32 +330,60 @@ mod tests {
     /// The faults a program touching `touches` in order takes, with the read-ahead the
     /// policy gives (claimed as the fault path does: up to the first resident chunk), the
     /// chunks moved in all, and the read-ahead chunks the faults show touched.
-    fn simulate(touches: &[usize], chunks: usize, max: usize) -> (usize, usize, usize) {
-        let mut resident = vec![false; chunks];
-        let mut slots = [0u64; STREAMS];
-        let (mut faults, mut moved, mut shown) = (0, 0, 0);
-        for &c in touches {
-            if resident[c] {
-                continue;
+    /// A region as the fault path sees it: its stream slots, which chunks are resident,
+    /// and the faults so far (the slot hint).
+    #[derive(Clone)]
+    struct Sim {
+        slots: [u64; STREAMS],
+        resident: Vec<bool>,
+        faults: usize,
+    }
+
+    impl Sim {
+        fn new(chunks: usize) -> Sim {
+            Sim {
+                slots: [0; STREAMS],
+                resident: vec![false; chunks],
+                faults: 0,
             }
-            let d = on_fault(&slots, c, chunks, max, faults, |x| resident[x]);
-            faults += 1;
-            shown += d.used_touched();
-            resident[c] = true;
-            moved += 1;
+        }
+        /// A touch of chunk `c`: nothing if resident; else a fault, its read-ahead claimed
+        /// up to the first resident chunk, as the fault path does. The decision and the
+        /// chunks it read ahead.
+        fn touch(&mut self, c: usize, max: usize) -> Option<(Decision, usize)> {
+            if self.resident[c] {
+                return None;
+            }
+            let chunks = self.resident.len();
+            let d = on_fault(&self.slots, c, chunks, max, self.faults, |x| {
+                self.resident[x]
+            });
+            self.faults += 1;
+            self.resident[c] = true;
             let mut got = 0;
             while got < d.ahead {
                 let x = (c as i64 + (got as i64 + 1) * d.step) as usize;
-                if resident[x] {
+                if self.resident[x] {
                     break;
                 }
-                resident[x] = true;
+                self.resident[x] = true;
                 got += 1;
             }
-            moved += got;
-            slots[d.slot] = d.record(c, got);
+            self.slots[d.slot] = d.record(c, got);
+            Some((d, got))
         }
-        (faults, moved, shown)
+    }
+
+    fn simulate(touches: &[usize], chunks: usize, max: usize) -> (usize, usize, usize) {
+        let mut sim = Sim::new(chunks);
+        let (mut moved, mut shown) = (0, 0);
+        for &c in touches {
+            if let Some((d, got)) = sim.touch(c, max) {
+                shown += d.used_touched();
+                moved += 1 + got;
+            }
+        }
+        (sim.faults, moved, shown)
     }
 
     fn run(touches: &[usize], chunks: usize, max: usize) -> (usize, usize) {
@@ -565,44 +593,23 @@ mod tests {
         // due. 256 is a multiple of 8, so from the faults alone the stride pass looks like
         // the run going on: it would read 256 chunks a fault for 32 it touches.
         let n = 1024 + 8 * 1024;
-        let mut resident = vec![false; n];
-        let mut slots = [0u64; STREAMS];
-        let mut c = 0;
-        let mut hint = 0;
-        while c < 1024 {
-            let d = on_fault(&slots, c, n, 255, hint, |x| resident[x]);
-            slots[d.slot] = d.record(c, d.ahead);
-            resident[c..=c + d.ahead].iter_mut().for_each(|r| *r = true);
-            c += d.ahead + 1;
-            hint += 1;
+        let mut after_run = Sim::new(n);
+        for c in 0..1024 {
+            after_run.touch(c, 255);
         }
-        let due = c;
+        // The run's next fault is due at the first chunk it did not read.
+        let due = after_run.resident.iter().position(|r| !r).unwrap();
         for stale in [false, true] {
-            let mut resident = resident.clone();
+            let mut sim = after_run.clone();
             if stale {
-                resident.iter_mut().for_each(|r| *r = false);
+                sim.resident.iter_mut().for_each(|r| *r = false);
             }
-            let mut slots = slots;
             let (mut moved, mut touched) = (0, 0);
             for p in (due..n).step_by(8) {
                 touched += 1;
-                if resident[p] {
-                    continue;
+                if let Some((_, got)) = sim.touch(p, 255) {
+                    moved += 1 + got;
                 }
-                let d = on_fault(&slots, p, n, 255, hint, |x| resident[x]);
-                hint += 1;
-                let mut got = 0;
-                while got < d.ahead {
-                    let x = (p as i64 + (got as i64 + 1) * d.step) as usize;
-                    if resident[x] {
-                        break;
-                    }
-                    resident[x] = true;
-                    got += 1;
-                }
-                resident[p] = true;
-                moved += 1 + got;
-                slots[d.slot] = d.record(p, got);
             }
             if stale {
                 assert!(moved <= touched, "stale: {moved} moved for {touched}");

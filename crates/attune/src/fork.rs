@@ -52,8 +52,11 @@ static CTYPE_DATA: AtomicUsize = AtomicUsize::new(0);
 /// atfork prepare: quiesce the runtime; make the child's tier files.
 pub(crate) fn prepare(e: Option<&Pager>, small: Option<&ThreadGate>) {
     // Before the gates close: it allocates, and it takes glibc's locale lock, which the
-    // child could find held by a thread that does not exist there.
-    CTYPE_DATA.store(attune_sys::os::global_ctype_data(), Release);
+    // child could find held by a thread that does not exist there. Only a child that
+    // takes a runtime over needs it.
+    if e.is_some() {
+        CTYPE_DATA.store(attune_sys::os::global_ctype_data(), Release);
+    }
     let mask = attune_sys::os::block_signals_saving();
     *SAVED_MASK.lock().unwrap_or_else(|p| p.into_inner()) = Some(mask);
     // Small allocations first: they touch arena pages whose faults need the engine.
@@ -210,38 +213,6 @@ const START_TIMEOUT_NS: u64 = 5_000_000_000;
 /// value slots take about 750 bytes on glibc 2.36.
 const CTYPE_DATA_BYTES: usize = 1024;
 
-/// Managed chunks placed in DRAM and pinned until dropped (`Pager::hold`).
-struct Held<'a> {
-    p: &'a Pager,
-    parts: Vec<(std::sync::Arc<crate::region::Region>, Vec<usize>)>,
-}
-
-impl<'a> Held<'a> {
-    fn new(p: &'a Pager, ptr: usize, len: usize) -> Held<'a> {
-        let mut parts = Vec::new();
-        if ptr != 0 {
-            let _in = p.enter();
-            for r in p.overlapping(ptr, len) {
-                let a = ptr.max(r.base);
-                let b = (ptr + len).min(r.base + r.len);
-                let mut held = Vec::new();
-                p.hold(&r, a, b - a, &mut held);
-                parts.push((r, held));
-            }
-        }
-        Held { p, parts }
-    }
-}
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        let _in = self.p.enter();
-        for (r, held) in &self.parts {
-            self.p.release(r, held);
-        }
-    }
-}
-
 /// The child's threads, started while every region is served inline: creating a thread
 /// and its start in glibc read memory the program allocated, which is managed under
 /// `--small` (the locale data `__ctype_init` reads, the DTV `pthread_create` allocates). Had
@@ -260,7 +231,7 @@ fn start_serving(e: &'static Engine) -> Result<(), String> {
     // the process with the SIGBUS it cannot deliver (Python's `multiprocessing.Process`
     // children died so, every time). It is placed in DRAM now, by this thread, and held
     // there until the threads have begun.
-    let _held = Held::new(p, CTYPE_DATA.load(Acquire), CTYPE_DATA_BYTES);
+    let _held = p.hold_range(CTYPE_DATA.load(Acquire), CTYPE_DATA_BYTES);
     let before = p.threads_started.load(Acquire);
     let started = e.start_threads().map_err(|x| x.0)?;
     let t0 = attune_sys::os::now_ns();

@@ -529,26 +529,12 @@ pub fn pin(ptr: usize, len: usize, on: bool) -> Result<(), Errno> {
 /// Managed memory kept resident while the kernel reads or writes it, released on drop
 /// (see [`hold`]).
 #[derive(Default)]
-pub struct Hold {
-    parts: Vec<(Arc<Region>, Vec<usize>)>,
-    bytes: usize,
-}
+pub struct Hold(Option<crate::paging::ops::HeldRange<'static>>);
 
 impl Hold {
     /// Bytes of managed memory the hold covers.
     pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        if let Some(e) = engine_if_started() {
-            let _in = e.pager.enter();
-            for (r, held) in &self.parts {
-                e.pager.release(r, held);
-            }
-        }
+        self.0.as_ref().map_or(0, |h| h.bytes())
     }
 }
 
@@ -574,21 +560,7 @@ pub fn kernel_access_fails(ptr: usize, len: usize) -> bool {
 /// kernel cannot fault it in. Parts that are not managed are left as they are. The caller
 /// bounds `len` ([`hold_limit`]): held bytes count against the budget like pins.
 pub fn hold(ptr: usize, len: usize) -> Hold {
-    let mut h = Hold::default();
-    let Some(e) = engine_if_started() else {
-        return h;
-    };
-    let end = ptr.saturating_add(len);
-    let _in = e.pager.enter();
-    for r in e.pager.overlapping(ptr, len) {
-        let a = ptr.max(r.base);
-        let b = end.min(r.base + r.len);
-        let mut held = Vec::new();
-        e.pager.hold(&r, a, b - a, &mut held);
-        h.bytes += b - a;
-        h.parts.push((r, held));
-    }
-    h
+    Hold(engine_if_started().map(|e| e.pager.hold_range(ptr, len)))
 }
 
 /// The most bytes one [`hold`] should cover: a quarter of the budget (at least 64 KiB),

@@ -13,7 +13,53 @@ use attune_sys::{mem, os, Errno};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
+/// The managed part of a range, placed in DRAM and pinned until dropped
+/// ([`Pager::hold_range`]).
+pub struct HeldRange<'a> {
+    p: &'a Pager,
+    parts: Vec<(Arc<Region>, Vec<usize>)>,
+    bytes: usize,
+}
+
+impl HeldRange<'_> {
+    /// Bytes of managed memory the hold covers.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for HeldRange<'_> {
+    fn drop(&mut self) {
+        let _in = self.p.enter();
+        for (r, held) in &self.parts {
+            self.p.release(r, held);
+        }
+    }
+}
+
 impl Pager {
+    /// Brings the managed part of `[ptr, ptr+len)` into DRAM and keeps it there until the
+    /// returned hold is dropped ([`Pager::hold`] on every region it overlaps). Parts that
+    /// are not managed are left as they are.
+    pub fn hold_range(&self, ptr: usize, len: usize) -> HeldRange<'_> {
+        let mut h = HeldRange {
+            p: self,
+            parts: Vec::new(),
+            bytes: 0,
+        };
+        let end = ptr.saturating_add(len);
+        let _in = self.enter();
+        for r in self.overlapping(ptr, len) {
+            let a = ptr.max(r.base);
+            let b = end.min(r.base + r.len);
+            let mut held = Vec::new();
+            self.hold(&r, a, b - a, &mut held);
+            h.bytes += b - a;
+            h.parts.push((r, held));
+        }
+        h
+    }
+
     /// Makes `[addr, addr+len)` (inside `r`) resident and keeps it so: pins the chunks
     /// that were not pinned and pushes them on `held`, for [`Pager::release`]. For a
     /// kernel access that cannot fault (see `kernel_access_fails`). Chunks pinned already
