@@ -1324,6 +1324,27 @@ mod tests {
     }
 
     #[test]
+    fn every_integer_row_refuses_a_value_outside_its_bounds() {
+        let m = machine();
+        for o in OPTIONS {
+            let table::Kind::Int { min, max } = o.kind else {
+                continue;
+            };
+            let mut outside = vec![max as u128 + 1];
+            if min > 0 {
+                outside.push(min as u128 - 1);
+            }
+            for v in outside {
+                let v = v.to_string();
+                let e = load(None, &env(&[(&o.env(), &v)]), &m)
+                    .expect_err(&format!("{}={v} accepted", o.env()))
+                    .0;
+                assert!(e.contains(&o.env()) && e.contains("must be between"), "{e}");
+            }
+        }
+    }
+
+    #[test]
     fn replacement_and_movement_options() {
         let ok = load(
             None,
