@@ -2,11 +2,13 @@
 //! hellos, and the store's rules behind them.
 //!
 //! Input: a sequence of messages, each a length byte (in 64-byte steps, so payloads reach
-//! whole pages), a selector byte and that many bytes. Two sessions are open; the selector
-//! may put a session's real token in the header, so requests get past the check. Checked:
-//! no panic; a message that decodes encodes to the same bytes; the server never holds
-//! more than its capacity nor a session more than its grant; a load returns only zeros or
-//! the bytes its own session stored (a session's stores are tagged with its number), never
+//! whole pages), a selector byte and that many bytes. Two sessions are open; a `Clone` of
+//! the first makes a third (a forked runtime's). The selector may put a session's real
+//! token in the header, so requests get past the check. Checked: no panic; a message that
+//! decodes encodes to the same bytes; the server never holds more than its capacity nor a
+//! session more than its grant, and holds a page shared by a session and its clone once;
+//! a load returns only zeros or the bytes its own session stored (a session's stores are
+//! tagged with its number), or for the clone what the first session stored, never
 //! another session's.
 #![no_main]
 
@@ -19,10 +21,10 @@ const PER: u64 = 40 << 10;
 
 fuzz_target!(|data: &[u8]| {
     let mut st = Store::new(CAP, PER, 1000);
-    let tokens = [[0xa1u8; 16], [0xb2u8; 16]];
-    let ids = [st.open(1 << 30, 1, tokens[0], 0).0, st.open(PER / 2, 2, tokens[1], 0).0];
-    let grants = [PER, PER / 2];
-    let mut held = [0u64; 2];
+    let tokens = [[0xa1u8; 16], [0xb2u8; 16], [0xc3u8; 16]];
+    let mut ids = vec![st.open(1 << 30, 1, tokens[0], 0).0, st.open(PER / 2, 2, tokens[1], 0).0];
+    let grants = [PER, PER / 2, PER];
+    let mut held = [0u64; 3];
     let mut i = 0;
     let mut now = 0;
     while i + 2 <= data.len() {
@@ -42,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
             }
             continue;
         }
-        let who = (sel & 1) as usize;
+        let who = if sel & 4 != 0 && ids.len() > 2 { 2 } else { (sel & 1) as usize };
         if sel & 2 != 0 {
             h.session = ids[who];
             h.token = tokens[who];
@@ -63,7 +65,9 @@ fuzz_target!(|data: &[u8]| {
                 match known {
                     Some(k) => {
                         assert_eq!(r, Ok(()));
-                        assert!(out.iter().all(|&b| b == 0 || b == k as u8 + 1), "another session's bytes");
+                        // The clone (2) also reads what session 0 stored before it.
+                        let ok = |b: u8| b == 0 || b == k as u8 + 1 || (k == 2 && b == 1);
+                        assert!(out.iter().all(|&b| ok(b)), "another session's bytes");
                     }
                     None => assert_eq!(r, Err(libc::EACCES)),
                 }
@@ -72,13 +76,24 @@ fuzz_target!(|data: &[u8]| {
                 let r = st.discard(&h, now);
                 assert!(known.is_some() || r == Err(libc::EACCES));
             }
+            // One clone, of the first session (more would be sessions nobody tracks).
+            Op::Clone => match known {
+                None => assert_eq!(st.clone_session(&h, tokens[2], now), Err(libc::EACCES)),
+                Some(0) if ids.len() == 2 => ids.push(st.clone_session(&h, tokens[2], now).unwrap().0),
+                Some(_) => {}
+            },
             _ => {}
         }
         assert!(st.used_bytes() <= CAP, "over capacity");
-        for k in 0..2 {
+        for k in 0..ids.len() {
             held[k] = st.held_bytes(ids[k]);
             assert!(held[k] <= grants[k], "session {k} over its grant");
         }
-        assert_eq!(held.iter().sum::<u64>(), st.used_bytes());
+        // Without clones every page is held once; shared pages count once.
+        let (sum, max) = (held.iter().sum::<u64>(), *held.iter().max().unwrap());
+        assert!(st.used_bytes() <= sum && st.used_bytes() >= max, "{held:?} {}", st.used_bytes());
+        if ids.len() == 2 {
+            assert_eq!(sum, st.used_bytes());
+        }
     }
 });

@@ -4,11 +4,15 @@
  * stdin: "r" reads everything back ("remote_lost: read back"), "w" writes the next
  * pattern ("remote_lost: written"), "q" exits. A read of a page no server holds any more
  * must end the program with SIGBUS, never return other data: "WRONG DATA" and exit 3.
+ * "f" forks: the child goes on following the commands ("remote_lost: forked"), its pages
+ * on the sessions the servers cloned for it, and the parent ends as the child ends.
  * argv[2] = "free-exit": free everything and exit at once after writing (the discards
  * of the far pages are still in flight when the process ends). */
 #define _GNU_SOURCE
 #include <attune.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
 #include "check.h"
 
 int main(int argc, char **argv) {
@@ -40,6 +44,19 @@ int main(int argc, char **argv) {
             seed += words;
             for (size_t i = 0; i < words; i++) a[i] = mix64(i + seed);
             printf("remote_lost: written\n");
+        } else if (line[0] == 'f') {
+            pid_t c = fork();
+            if (c < 0) return 4;
+            if (c > 0) {
+                int st = 0;
+                waitpid(c, &st, 0);
+                if (WIFSIGNALED(st)) {
+                    signal(WTERMSIG(st), SIG_DFL);
+                    raise(WTERMSIG(st));
+                }
+                return WIFEXITED(st) ? WEXITSTATUS(st) : 5;
+            }
+            printf("remote_lost: forked\n");
         } else if (line[0] == 'q') {
             break;
         }

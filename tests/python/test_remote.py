@@ -299,6 +299,65 @@ def test_a_user_who_is_not_root_runs_through_a_remote_tier(workdir, hosts):
     assert "2 memory server(s)" in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("n,replicas", [(1, 1), (2, 2)])
+def test_a_forked_child_reads_and_writes_its_pages_through_the_servers(workdir, hosts, n, replicas):
+    """tests/c/fork_inherit.c with its far pages on memory servers: three children at once,
+    a grandchild, forks under concurrent faults. Each child sees its parent's data as it
+    was at the fork, and its own writes never reach the parent's pages (each server
+    cloned the session for it and shares the pages until one side writes)."""
+    h = hosts(n)
+    s = secret(workdir)
+    logs = [h.serve(i, workdir, s, "--size", "256M")[1] for i in range(n)]
+    cfg = config(workdir, h, n, s, name=f"fork{n}", replicas=replicas)
+    p = subprocess.run(h.on_client([build(workdir, "fork_inherit")]), capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "ATTUNE_CONFIG": str(cfg), "ATTUNE_DRAM": "16M",
+                                         "TEST_BUDGET": str(16 * MIB)})
+    assert p.returncode == 0 and "fork_inherit: ok" in p.stdout, p.stdout + p.stderr
+    assert "not see managed memory" not in p.stderr and "cannot serve" not in p.stderr, p.stderr
+    for log in logs:
+        text = log.read_text()
+        assert text.count("cloned from") >= 3 and "taken over by a forked runtime" in text, text
+
+
+def test_a_forked_childs_pages_fail_loudly_when_their_server_is_lost(workdir, hosts):
+    """The child reads its inherited pages through the session cloned for it; with that
+    server killed, its next read ends it with SIGBUS and the server's name, never other
+    data (one copy of each page)."""
+    h = hosts(1)
+    srv, _ = h.serve(0, workdir, secret(workdir), "--size", "256M")
+    p = subprocess.Popen(h.on_client([build(workdir, "remote_lost"), "48"]), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "ATTUNE_CONFIG": str(config(workdir, h, 1, secret(workdir),
+                                                                         timeout_ms=1000, name="forklost")),
+                              "ATTUNE_DRAM": "16M"})
+    assert p.stdout.readline().strip() == "remote_lost: ready", p.stderr.read()
+    p.stdin.write("f\nr\n")
+    p.stdin.flush()
+    assert p.stdout.readline().strip() == "remote_lost: forked", p.stderr.read()
+    assert p.stdout.readline().strip() == "remote_lost: read back", p.stderr.read()
+    srv.kill()
+    srv.wait()
+    out, err = p.communicate("r\n", timeout=120)
+    assert "WRONG DATA" not in out, out
+    assert p.returncode == -signal.SIGBUS, (p.returncode, out, err)
+    assert f"server {h.addr(0)} lost" in err, err
+
+
+def test_forked_python_workers_read_numpy_arrays_from_the_servers(workdir, hosts):
+    """An unmodified program: multiprocessing's fork pool over numpy arrays twice the
+    budget (tests/run/mp_fork.py), its far pages on a memory server."""
+    h = hosts(1)
+    s = secret(workdir)
+    _, log = h.serve(0, workdir, s, "--size", "512M")
+    cfg = config(workdir, h, 1, s, name="mpfork")
+    p = subprocess.run(h.on_client([ATTUNE, "run", "-q", "--dram", "32M", "--config", cfg, "--", "python3",
+                                    ROOT / "tests" / "run" / "mp_fork.py", "64", "3"]),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "mp_fork: OK" in p.stdout, p.stdout + p.stderr
+    assert "forked child" not in p.stderr and "cannot serve" not in p.stderr, p.stderr
+    assert "taken over by a forked runtime" in log.read_text(), log.read_text()
+
+
 def test_runtimes_that_end_with_requests_in_flight_do_not_stop_the_server(workdir, hosts):
     """A runtime that frees its far pages and exits at once (its discards still in
     flight), or is SIGKILLed while its pages move, leaves the server replies to a peer

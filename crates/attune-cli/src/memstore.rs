@@ -1,10 +1,13 @@
 //! The memory server's state and rules, apart from its fabric loop (`attune memserver`,
 //! crates/attune-cli/src/cmd/memserver.rs) so that they are tested and fuzzed without a
 //! network: sessions, whose pages only their token reaches; the server's and each
-//! session's bounds (a store that does not fit is refused whole); leases.
+//! session's bounds (a store that does not fit is refused whole); leases; clones for a
+//! forked runtime, which share their pages with the session they came from until either
+//! writes one.
 
 use attune_proto::remote::{self as proto, Header};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 const PAGE: usize = proto::PAGE as usize;
 
@@ -12,7 +15,9 @@ const PAGE: usize = proto::PAGE as usize;
 struct Session {
     token: [u8; 16],
     fi: u64,
-    pages: HashMap<u64, Box<[u8]>>,
+    /// Shared with the clones of this session (and the session it was cloned from) until
+    /// one of them writes the page: `Arc::make_mut` copies it then.
+    pages: HashMap<u64, Arc<Box<[u8]>>>,
     limit: u64,
     last: u64,
     /// Bytes received in stores (logs).
@@ -24,6 +29,7 @@ pub struct Store {
     capacity: u64,
     per_session: u64,
     pub lease_ns: u64,
+    /// Pages held in memory: a page shared by a session and its clones counts once.
     used: u64,
     next: u64,
     sessions: HashMap<u64, Session>,
@@ -83,21 +89,28 @@ impl Store {
         let s = self.session(h, now).ok_or(libc::EACCES)?;
         let first = h.off / proto::PAGE;
         let n = data.len() / PAGE;
-        let new = (0..n as u64)
-            .filter(|p| !s.pages.contains_key(&(first + p)))
-            .count() as u64;
-        if used + new > cap || s.pages.len() as u64 + new > s.limit {
+        // Pages new to the session, and pages it shares with a clone (writing one makes
+        // a copy): both take room on the server.
+        let (mut absent, mut shared) = (0u64, 0u64);
+        for p in 0..n as u64 {
+            match s.pages.get(&(first + p)) {
+                None => absent += 1,
+                Some(a) if Arc::strong_count(a) > 1 => shared += 1,
+                Some(_) => {}
+            }
+        }
+        if used + absent + shared > cap || s.pages.len() as u64 + absent > s.limit {
             return Err(libc::ENOSPC);
         }
         for (i, d) in data.chunks_exact(PAGE).enumerate() {
             let p = s
                 .pages
                 .entry(first + i as u64)
-                .or_insert_with(|| vec![0u8; PAGE].into_boxed_slice());
-            p.copy_from_slice(d);
+                .or_insert_with(|| Arc::new(vec![0u8; PAGE].into_boxed_slice()));
+            Arc::make_mut(p).copy_from_slice(d);
         }
         s.stored += data.len() as u64;
-        self.used += new;
+        self.used += absent + shared;
         Ok(())
     }
 
@@ -107,7 +120,7 @@ impl Store {
         let first = h.off / proto::PAGE;
         for (i, o) in out.chunks_exact_mut(PAGE).enumerate() {
             match s.pages.get(&(first + i as u64)) {
-                Some(p) => o.copy_from_slice(p),
+                Some(p) => o.copy_from_slice(&p[..]),
                 None => o.fill(0),
             }
         }
@@ -119,17 +132,64 @@ impl Store {
         let first = h.off / proto::PAGE;
         let mut freed = 0;
         for p in first..first + h.len as u64 / proto::PAGE {
-            freed += s.pages.remove(&p).is_some() as u64;
+            freed += s
+                .pages
+                .remove(&p)
+                .is_some_and(|a| Arc::strong_count(&a) == 1) as u64;
         }
         self.used -= freed;
         Ok(())
+    }
+
+    /// A copy of the session a request names (its token checked), for a forked runtime:
+    /// a new session with `token`, the same grant and address, and the same pages,
+    /// shared until either side writes one (so a clone takes no room until then). Its
+    /// lease starts now; its runtime takes it over with a hello that names it (`attach`).
+    /// Returns (id, bytes granted).
+    pub fn clone_session(
+        &mut self,
+        h: &Header,
+        token: [u8; 16],
+        now: u64,
+    ) -> Result<(u64, u64), i32> {
+        let s = self.session(h, now).ok_or(libc::EACCES)?;
+        let copy = Session {
+            token,
+            fi: s.fi,
+            pages: s.pages.clone(),
+            limit: s.limit,
+            last: now,
+            stored: 0,
+        };
+        let limit = copy.limit;
+        let id = self.next;
+        self.next += 1;
+        self.sessions.insert(id, copy);
+        Ok((id, limit * proto::PAGE))
+    }
+
+    /// A runtime takes over the session a hello names (a clone made for it before its
+    /// fork), its replies going to `fi` from now on: (bytes granted, the address it had).
+    pub fn attach(&mut self, h: &Header, fi: u64, now: u64) -> Result<(u64, u64), i32> {
+        let s = self.session(h, now).ok_or(libc::EACCES)?;
+        let old = std::mem::replace(&mut s.fi, fi);
+        Ok((s.limit * proto::PAGE, old))
+    }
+
+    /// Whether a session's replies go to `fi` (an address still in use is not removed).
+    pub fn addressed(&self, fi: u64) -> bool {
+        self.sessions.values().any(|s| s.fi == fi)
     }
 
     /// Ends a session: the bytes it held, its address, the bytes it stored in all.
     pub fn close(&mut self, id: u64) -> Option<(u64, u64, u64)> {
         let s = self.sessions.remove(&id)?;
         let n = s.pages.len() as u64;
-        self.used -= n;
+        self.used -= s
+            .pages
+            .values()
+            .filter(|a| Arc::strong_count(a) == 1)
+            .count() as u64;
         Some((n * proto::PAGE, s.fi, s.stored))
     }
 
@@ -230,5 +290,61 @@ mod tests {
         assert_eq!((st.sessions(), st.used_bytes()), (1, 8192));
         assert_eq!(st.close(a), Some((8192, 1, 16384)));
         assert_eq!(st.used_bytes(), 0);
+    }
+
+    #[test]
+    fn a_clone_shares_pages_until_either_side_writes_and_is_bounded_as_they_are() {
+        let mut st = Store::new(16 << 10, 16 << 10, 1000);
+        let (a, _) = st.open(1 << 20, 1, [1; 16], 0);
+        st.store(&hdr(a, [1; 16], 0, 8192), &[1; 8192], 0).unwrap();
+        // Only the session's own token clones it.
+        assert_eq!(
+            st.clone_session(&hdr(a, [2; 16], 0, 0), [3; 16], 0),
+            Err(libc::EACCES)
+        );
+        let (c, granted) = st
+            .clone_session(&hdr(a, [1; 16], 0, 0), [3; 16], 0)
+            .unwrap();
+        assert_eq!(granted, 16 << 10);
+        assert_eq!(st.used_bytes(), 8192, "a clone takes no room until written");
+        let mut out = vec![0u8; 8192];
+        st.load(&hdr(c, [3; 16], 0, 8192), &mut out, 0).unwrap();
+        assert!(
+            out.iter().all(|&b| b == 1),
+            "the clone reads the pages as they were"
+        );
+        // Writes on either side stay on that side, and a shared page written takes room.
+        st.store(&hdr(c, [3; 16], 0, 4096), &[7; 4096], 0).unwrap();
+        st.store(&hdr(a, [1; 16], 4096, 4096), &[8; 4096], 0)
+            .unwrap();
+        assert_eq!(st.used_bytes(), 16384);
+        st.load(&hdr(a, [1; 16], 0, 8192), &mut out, 0).unwrap();
+        assert!(out[..4096].iter().all(|&b| b == 1) && out[4096..].iter().all(|&b| b == 8));
+        st.load(&hdr(c, [3; 16], 0, 8192), &mut out, 0).unwrap();
+        assert!(out[..4096].iter().all(|&b| b == 7) && out[4096..].iter().all(|&b| b == 1));
+        // The server is full: writing a page still shared would need room there is not.
+        let (d, _) = st
+            .clone_session(&hdr(c, [3; 16], 0, 0), [4; 16], 0)
+            .unwrap();
+        assert_eq!(
+            st.store(&hdr(d, [4; 16], 0, 4096), &[9; 4096], 0),
+            Err(libc::ENOSPC)
+        );
+        assert_eq!(st.close(d), Some((8192, 1, 0)));
+        assert_eq!(
+            st.used_bytes(),
+            16384,
+            "closing a clone frees only what it alone held"
+        );
+        // Attaching moves replies to the runtime's own address; the old one stays in use
+        // by the session the clone came from.
+        assert_eq!(st.attach(&hdr(c, [1; 16], 0, 0), 9, 0), Err(libc::EACCES));
+        assert_eq!(st.attach(&hdr(c, [3; 16], 0, 0), 9, 0), Ok((16 << 10, 1)));
+        assert!(st.addressed(1) && st.addressed(9));
+        st.discard(&hdr(c, [3; 16], 0, 8192), 0).unwrap();
+        assert_eq!(st.used_bytes(), 8192, "a's two pages");
+        assert_eq!(st.close(a), Some((8192, 1, 12288)));
+        assert_eq!(st.used_bytes(), 0);
+        assert!(!st.addressed(1));
     }
 }

@@ -12,6 +12,12 @@
 //! server serves a request only when they match one of its sessions. A session's pages
 //! are reachable through that session only, and are dropped with it: `Bye`, or no request
 //! for the lease (the runtime pings while it holds pages).
+//!
+//! **Fork.** Before a runtime forks, it asks each server to `Clone` its session: a new
+//! session (new number and token) whose pages are the parent's, shared on the server
+//! until either side writes one. The child opens an endpoint of its own and says `Hello`
+//! naming the clone's number and token in the header: the server checks the secret and
+//! the token and sends that session's replies to the child's address from then on.
 
 /// "ATRM".
 pub const MAGIC: u32 = 0x4d52_5441;
@@ -32,6 +38,8 @@ pub const PAGE: u64 = 4096;
 #[repr(u16)]
 pub enum Op {
     /// Opens a session: payload = secret and the client's address; `off` = bytes asked.
+    /// With a session and its token in the header: takes that session over from this
+    /// address (a forked runtime and the clone made for it).
     Hello = 1,
     /// Keeps the pages of `[off, off+len)`: payload = the pages.
     Store = 2,
@@ -43,6 +51,9 @@ pub enum Op {
     Bye = 5,
     /// Keeps the session's lease.
     Ping = 6,
+    /// Copies the session for a forked child: the reply names the copy (session, token,
+    /// `value` = bytes granted). Pages are shared until written.
+    Clone = 7,
 }
 
 impl Op {
@@ -54,6 +65,7 @@ impl Op {
             4 => Op::Discard,
             5 => Op::Bye,
             6 => Op::Ping,
+            7 => Op::Clone,
             _ => return None,
         })
     }

@@ -241,6 +241,10 @@ fn start_serving(e: &'static Engine) -> Result<(), String> {
         }
         attune_sys::os::sleep_us(200);
     }
+    for t in &p.tiers {
+        t.start_in_child()
+            .map_err(|x| format!("tier '{}': {x}", t.name()))?;
+    }
     if !p.gate.close(QUIESCE_TIMEOUT_NS) {
         p.gate.open();
         return Err("the runtime's threads did not settle within 5 s".into());

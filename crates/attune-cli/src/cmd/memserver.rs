@@ -279,7 +279,36 @@ impl Server {
                 log("refused a client: wrong secret");
                 rep.status = libc::EACCES;
                 self.reply_header(rep);
-                return self.send(fi, h.seq, 0, true);
+                let forget = !self.store.addressed(fi);
+                return self.send(fi, h.seq, 0, forget);
+            }
+            // A hello proves its address alive: a new runtime may have the address of
+            // one that died with a reply in flight (short-lived forked children reuse
+            // ports), whose replies are held back for a while (`gone`).
+            self.gone.remove(&fi);
+            if h.session != 0 {
+                // A forked runtime takes over the clone made for it.
+                return match self.store.attach(&h, fi, now) {
+                    Ok((granted, _)) => {
+                        log(&format!(
+                            "session {} taken over by a forked runtime",
+                            h.session
+                        ));
+                        rep.token = h.token;
+                        rep.value = granted;
+                        rep.off = self.store.lease_ns / 1_000_000;
+                        self.reply_header(rep);
+                        self.send(fi, h.seq, 0, false)
+                    }
+                    Err(e) => {
+                        self.refused += 1;
+                        log("refused a client: unknown session or token in a hello");
+                        rep.status = e;
+                        self.reply_header(rep);
+                        let forget = !self.store.addressed(fi);
+                        self.send(fi, h.seq, 0, forget)
+                    }
+                };
             }
             let mut token = [0u8; 16];
             attune_sys::os::random_bytes(&mut token).map_err(|e| format!("getrandom: {e}"))?;
@@ -319,6 +348,24 @@ impl Server {
                 self.store.load(&h, out, now).err().unwrap_or(0)
             }
             Op::Discard => self.store.discard(&h, now).err().unwrap_or(0),
+            Op::Clone => {
+                let mut token = [0u8; 16];
+                attune_sys::os::random_bytes(&mut token).map_err(|e| format!("getrandom: {e}"))?;
+                match self.store.clone_session(&h, token, now) {
+                    Ok((id, granted)) => {
+                        log(&format!(
+                            "session {id} cloned from {} for a forked runtime ({} MiB shared)",
+                            h.session,
+                            self.store.held_bytes(id) >> 20
+                        ));
+                        rep.session = id;
+                        rep.token = token;
+                        rep.value = granted;
+                        0
+                    }
+                    Err(e) => e,
+                }
+            }
             Op::Bye => {
                 if let Some((b, fi, stored)) = self.store.close(h.session) {
                     log(&format!(
@@ -329,7 +376,9 @@ impl Server {
                     ));
                     rep.value = b;
                     self.reply_header(rep);
-                    return self.send(fi, h.seq, 0, true);
+                    // A clone not yet taken over still answers to this address.
+                    let forget = !self.store.addressed(fi);
+                    return self.send(fi, h.seq, 0, forget);
                 }
                 0
             }
@@ -449,7 +498,9 @@ fn serve(a: Args) -> Result<(), String> {
         let now = attune_sys::os::now_ns();
         if now - last_expiry > 1_000_000_000 {
             for (id, (b, fi, stored)) in s.store.expire(now) {
-                s.ep.remove(fi);
+                if !s.store.addressed(fi) {
+                    s.ep.remove(fi);
+                }
                 log(&format!(
                     "session {id} expired (no request for {} s): {} MiB freed, {} MiB stored",
                     a.lease,

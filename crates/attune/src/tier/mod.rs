@@ -94,6 +94,12 @@ pub trait Medium: Send + Sync {
     fn after_fork_in_parent(&self) {}
     /// In a forked child: takes over what `prepare_fork` made.
     fn reopen_in_child(&self, internal: &Uffd) -> Result<(), String>;
+    /// In a forked child, with the runtime's threads: starts the tier's own (a remote
+    /// tier's I/O thread) and waits until it serves. Err: the tier cannot serve what the
+    /// child inherited.
+    fn start_in_child(&self) -> Result<(), String> {
+        Ok(())
+    }
     /// The node-pool medium, which the daemon client attaches its segment to.
     fn as_pool(&self) -> Option<&pool::PoolTier> {
         None
@@ -383,6 +389,11 @@ impl FarTier {
     /// file prepared before the fork in place of the parent's.
     pub fn reopen_in_child(&self, internal: &Uffd) -> Result<(), String> {
         self.medium.reopen_in_child(internal)
+    }
+
+    /// In a forked child: the tier's own threads (`Medium::start_in_child`).
+    pub fn start_in_child(&self) -> Result<(), String> {
+        self.medium.start_in_child()
     }
 
     /// Sets event counters to zero (a forked child reports its own); `stored` stays.

@@ -78,6 +78,70 @@ impl Client {
     /// Opens the endpoint, resolves every server of `cfg` and says hello to each: an
     /// error names the tier and the server.
     pub(super) fn connect(cfg: &TierConfig, secret: Vec<u8>) -> Result<Client, String> {
+        let mut c = Client::open(cfg, secret)?;
+        let all: Vec<usize> = (0..c.servers.len()).collect();
+        for r in c.hello(&all) {
+            r.map_err(|e| format!("tier '{}': {e}", cfg.name))?;
+        }
+        crate::info!(
+            "tier '{}': {} memory server(s) over libfabric '{}', {} cop(ies) of each page",
+            cfg.name,
+            c.servers.len(),
+            c.ep.provider(),
+            c.replicas
+        );
+        Ok(c)
+    }
+
+    /// In a forked child: an endpoint of its own, and on each server the session cloned
+    /// for it before the fork (`clones`), taken over by a hello that names it. A server
+    /// without a clone (the parent held no pages, or it did not answer the clone) gets a
+    /// new session, and its copies do not count; one that does not answer is lost (its
+    /// copies then come from the others, or a load of a page only it held fails loudly).
+    /// Err only when the endpoint cannot be opened.
+    pub(super) fn resume(
+        cfg: &TierConfig,
+        secret: Vec<u8>,
+        clones: &[Option<(u64, [u8; 16])>],
+        sh: &Shared,
+    ) -> Result<Client, String> {
+        let mut c = Client::open(cfg, secret)?;
+        let (mut attach, mut fresh) = (Vec::new(), Vec::new());
+        for s in 0..c.servers.len() {
+            match clones.get(s).copied().flatten() {
+                Some((id, token)) => {
+                    c.servers[s].session = id;
+                    c.servers[s].token = token;
+                    attach.push(s);
+                }
+                None => {
+                    c.forget(sh, s);
+                    fresh.push(s);
+                }
+            }
+        }
+        for (s, r) in attach.clone().into_iter().zip(c.hello(&attach)) {
+            if let Err(m) = r {
+                crate::warn!(
+                    "remote tier: server {} did not give this forked child its pages ({m})",
+                    c.servers[s].name
+                );
+                c.servers[s].session = 0;
+                c.servers[s].token = [0; 16];
+                c.forget(sh, s);
+                fresh.push(s);
+            }
+        }
+        for (s, r) in fresh.clone().into_iter().zip(c.hello(&fresh)) {
+            if let Err(m) = r {
+                c.lose(sh, s, &m);
+            }
+        }
+        Ok(c)
+    }
+
+    /// The endpoint and the servers resolved, no session yet.
+    fn open(cfg: &TierConfig, secret: Vec<u8>) -> Result<Client, String> {
         let mut ep = Endpoint::open(&cfg.provider, None).map_err(|e| {
             format!(
                 "tier '{}': libfabric provider '{}': {e}",
@@ -101,7 +165,7 @@ impl Client {
         }
         let n = servers.len().max(1);
         let replicas = (cfg.replicas as usize).clamp(1, n);
-        let mut c = Client {
+        Ok(Client {
             ep,
             seq: 0,
             timeout_ns: cfg.timeout_ms * 1_000_000,
@@ -112,19 +176,7 @@ impl Client {
             secret,
             // Each server holds `replicas` shares of the capacity over n servers.
             ask: cfg.capacity.saturating_mul(replicas as u64) / n as u64 + UNIT,
-        };
-        let all: Vec<usize> = (0..c.servers.len()).collect();
-        for r in c.hello(&all) {
-            r.map_err(|e| format!("tier '{}': {e}", cfg.name))?;
-        }
-        crate::info!(
-            "tier '{}': {} memory server(s) over libfabric '{}', {} cop(ies) of each page",
-            cfg.name,
-            c.servers.len(),
-            c.ep.provider(),
-            replicas
-        );
-        Ok(c)
+        })
     }
 
     /// Sends every request of `reqs` at once and waits for their replies, up to the
@@ -384,6 +436,20 @@ impl Client {
             return;
         }
         self.down[t] = true;
+        self.forget(sh, t);
+        let left = if self.replicas > 1 {
+            format!("the other {} cop(ies) serve", self.replicas - 1)
+        } else {
+            "pages held only there are lost".to_string()
+        };
+        crate::warn!(
+            "remote tier: server {} lost ({why}); {left}",
+            self.servers[t].name
+        );
+    }
+
+    /// Server `t`'s copies no longer count.
+    fn forget(&self, sh: &Shared, t: usize) {
         let n = self.servers.len();
         for p in 0..sh.valid.len() {
             let v = sh.valid.get(p);
@@ -397,37 +463,51 @@ impl Client {
                 }
             }
         }
-        let left = if self.replicas > 1 {
-            format!("the other {} cop(ies) serve", self.replicas - 1)
-        } else {
-            "pages held only there are lost".to_string()
-        };
-        crate::warn!(
-            "remote tier: server {} lost ({why}); {left}",
-            self.servers[t].name
-        );
     }
 
     /// Keeps every live server's session: a server that does not answer is lost.
     fn ping(&mut self, sh: &Shared) {
-        let mut reqs: Vec<Req> = (0..self.servers.len())
-            .filter(|&s| !self.down[s])
-            .map(|s| Req {
-                job: 0,
-                server: s,
-                head: self.header(s, Op::Ping, 0, 0),
-                addr: 0,
-                len: 0,
-                incoming: false,
-                replica: 0,
-            })
-            .collect();
+        let mut reqs = self.to_live(Op::Ping);
         let res = self.exchange(&mut reqs);
         for (q, r) in reqs.iter().zip(res) {
             if let Err((_, m)) = r {
                 self.lose(sh, q.server, &m);
             }
         }
+    }
+
+    /// One request `op` without payload to every live server.
+    fn to_live(&self, op: Op) -> Vec<Req> {
+        (0..self.servers.len())
+            .filter(|&s| !self.down[s])
+            .map(|s| Req {
+                job: 0,
+                server: s,
+                head: self.header(s, op, 0, 0),
+                addr: 0,
+                len: 0,
+                incoming: false,
+                replica: 0,
+            })
+            .collect()
+    }
+
+    /// Asks every live server for a copy of the session, for a forked child: per server,
+    /// the copy's number and token, or none (the child then reads no page from it).
+    fn clone_sessions(&mut self) -> Vec<Option<(u64, [u8; 16])>> {
+        let mut reqs = self.to_live(Op::Clone);
+        let res = self.exchange(&mut reqs);
+        let mut out = vec![None; self.servers.len()];
+        for (q, r) in reqs.iter().zip(res) {
+            match r {
+                Ok(h) => out[q.server] = Some((h.session, h.token)),
+                Err((_, m)) => crate::warn!(
+                    "remote tier: server {} did not copy the session for a forked child ({m}): the child reads no page from it",
+                    self.servers[q.server].name
+                ),
+            }
+        }
+        out
     }
 
     /// Opens a session on each server of `which`; per server, an error message.
@@ -447,8 +527,11 @@ impl Client {
             .map(|&s| Req {
                 job: 0,
                 server: s,
+                // A session named (a forked child's clone) is taken over; none: a new one.
                 head: Header {
                     op: Op::Hello as u16,
+                    session: self.servers[s].session,
+                    token: self.servers[s].token,
                     off: self.ask,
                     len: payload.len() as u32,
                     ..Default::default()
@@ -486,6 +569,10 @@ impl Client {
         let lost: Vec<usize> = (0..self.servers.len()).filter(|&s| self.down[s]).collect();
         if lost.is_empty() {
             return;
+        }
+        for &s in &lost {
+            self.servers[s].session = 0;
+            self.servers[s].token = [0; 16];
         }
         let full = self.timeout_ns;
         self.timeout_ns = full.min(500_000_000);
@@ -535,6 +622,7 @@ impl Client {
                 let op = Op::from_u16(q.head.op).unwrap_or(Op::Discard);
                 match res {
                     Ok(_) if op == Op::Store => {
+                        sh.ever_stored.store(true, Relaxed);
                         let (o, l) = (q.head.off, q.head.len as u64);
                         sh.update(o, l, |v| {
                             v.fetch_or(1 << q.replica, AcqRel);
@@ -618,8 +706,56 @@ impl Client {
                 );
                 continue;
             }
-            let codes = self.serve(&shared, &ops);
-            shared.answer(&ops, &codes);
+            let clone = ops.iter().position(|o| *o == Some(Op::Clone));
+            let mut rest = ops;
+            if let Some(k) = clone {
+                rest[k] = None;
+            }
+            if rest.iter().any(Option::is_some) {
+                let codes = self.serve(&shared, &rest);
+                shared.answer(&rest, &codes);
+            }
+            if let Some(k) = clone {
+                self.fork(&shared, k);
+            }
+        }
+    }
+
+    /// A fork is about to happen (job `k`, posted by `RemoteTier::prepare_fork` with
+    /// the runtime quiesced): the sessions are cloned for the child when the parent
+    /// holds pages (the job's buffer is 1), then this thread parks outside the fabric
+    /// library until the parent's side of the fork is over.
+    fn fork(&mut self, sh: &Shared, k: usize) {
+        let clones = if sh.job(k).0 != 0 {
+            self.clone_sessions()
+        } else {
+            vec![None; self.servers.len()]
+        };
+        *sh.clones.lock().unwrap_or_else(|p| p.into_inner()) = clones;
+        // Set before the answer: the parent unparks after the fork, which follows it.
+        sh.park.store(1, Release);
+        let mut one = [None; JOBS];
+        one[k] = Some(Op::Clone);
+        sh.answer(&one, &[0; JOBS]);
+        sh.wait_parked();
+    }
+
+    /// A forked child whose endpoint could not be opened: every job is answered with an
+    /// error (stores go to the next tier; a load fails its region loudly).
+    pub(super) fn refuse_all(sh: &Shared) -> ! {
+        loop {
+            let bell = sh.doorbell.load(Acquire);
+            let ops = sh.posted();
+            if ops.iter().all(Option::is_none) {
+                attune_sys::os::futex_wait(&sh.doorbell, bell, 0);
+                continue;
+            }
+            let codes = ops.map(|o| match o {
+                Some(Op::Load) => libc::EIO,
+                Some(_) => libc::ENOSPC,
+                None => 0,
+            });
+            sh.answer(&ops, &codes);
         }
     }
 }

@@ -3,7 +3,8 @@
 //! slots, fills it, rings the doorbell and sleeps on a futex until the I/O thread has
 //! served it (`Shared::post`: atomics and futexes only). The I/O thread takes every job
 //! posted (`posted`), serves them together and answers each (`answer`). The table also
-//! holds which servers have each page's current content (`valid`).
+//! holds which servers have each page's current content (`valid`), and what a fork needs:
+//! the sessions cloned for the child (`clones`) and the I/O thread's park (`park`).
 
 use attune_proto::remote::{self as proto, Op};
 use attune_sys::{Errno, SysResult};
@@ -46,6 +47,19 @@ pub(super) struct Shared {
     /// must not skip writing content no server holds any more. Zero pages mapped on
     /// demand (`AtomicTable`): only the offsets in use cost memory.
     pub(super) valid: attune_sys::mem::AtomicTable,
+    /// 1 from a `Clone` job's answer until the fork is over in the parent: the I/O thread
+    /// waits on it, outside the fabric library, so that no lock of the library is held
+    /// at the instant of the fork (the child opens an endpoint of its own with it).
+    pub(super) park: AtomicU32,
+    /// Per server, the session cloned for the child of the fork under way (number and
+    /// token), or none (no data, or the server did not clone it).
+    pub(super) clones: std::sync::Mutex<Vec<Option<(u64, [u8; 16])>>>,
+    /// A forked child's I/O thread has begun (1).
+    pub(super) started: AtomicU32,
+    /// Some store has succeeded: copies may exist, and a fork clones the sessions.
+    /// (Not the tier's `stored` bytes: pages loaded back keep their copies, which the
+    /// child's clean evictions rely on.)
+    pub(super) ever_stored: AtomicBool,
 }
 
 impl Shared {
@@ -55,6 +69,10 @@ impl Shared {
             doorbell: AtomicU32::new(0),
             freed: AtomicU32::new(0),
             valid: attune_sys::mem::AtomicTable::new(pages)?,
+            park: AtomicU32::new(0),
+            clones: Default::default(),
+            started: AtomicU32::new(0),
+            ever_stored: AtomicBool::new(false),
         })
     }
 
@@ -196,6 +214,18 @@ impl Shared {
         }
     }
 
+    /// Parks the calling thread (the I/O thread) until `unpark`.
+    pub(super) fn wait_parked(&self) {
+        while self.park.load(Acquire) != 0 {
+            attune_sys::os::futex_wait(&self.park, 1, 0);
+        }
+    }
+
+    pub(super) fn unpark(&self) {
+        self.park.store(0, Release);
+        attune_sys::os::futex_wake(&self.park, i32::MAX);
+    }
+
     /// A posted job's buffer, tier offset and length.
     pub(super) fn job(&self, k: usize) -> (usize, u64, usize) {
         let j = &self.jobs[k];
@@ -214,6 +244,7 @@ impl Shared {
                 ops[k] = Some(match j.op.load(Relaxed) {
                     2 => Op::Store,
                     3 => Op::Load,
+                    7 => Op::Clone,
                     _ => Op::Discard,
                 });
             }

@@ -18,19 +18,28 @@ mod jobs;
 use crate::config::TierConfig;
 use attune_proto::remote::{self as proto, Op};
 use attune_sys::uffd::Uffd;
-use attune_sys::{Errno, SysResult};
+use attune_sys::SysResult;
 use client::Client;
 use jobs::Shared;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::Arc;
 
 pub use client::UNIT;
 
 pub struct RemoteTier {
     shared: Arc<Shared>,
-    /// In a forked child: the parent's sessions are not ours; stores go to the next tier.
-    detached: AtomicBool,
+    /// What a forked child connects with.
+    cfg: TierConfig,
+    secret: Vec<u8>,
+    /// The parent held pages here at the fork (the child's own I/O thread must start).
+    had_data: AtomicBool,
 }
+
+/// How long a forked child waits for its I/O thread to begin.
+const CHILD_START_NS: u64 = 5_000_000_000;
 
 /// Reads the job's secret: a file only its owner may read (a secret others can read is
 /// no secret, so it is refused, as ssh refuses such a key).
@@ -63,7 +72,7 @@ impl RemoteTier {
             .as_deref()
             .ok_or_else(|| format!("tier '{}' has no secret_file", cfg.name))?;
         let secret = read_secret(path).map_err(|e| format!("tier '{}': {e}", cfg.name))?;
-        let c = Client::connect(cfg, secret)?;
+        let c = Client::connect(cfg, secret.clone())?;
         let shared = Arc::new(
             Shared::new(space.div_ceil(proto::PAGE) as usize)
                 .map_err(|e| format!("tier '{}': its copy table: {e}", cfg.name))?,
@@ -73,7 +82,9 @@ impl RemoteTier {
             .map_err(|e| format!("tier '{}': cannot start its I/O thread: {e}", cfg.name))?;
         Ok(RemoteTier {
             shared,
-            detached: AtomicBool::new(false),
+            cfg: cfg.clone(),
+            secret,
+            had_data: AtomicBool::new(false),
         })
     }
 }
@@ -88,9 +99,6 @@ impl super::Medium for RemoteTier {
         len: usize,
         dirty: &mut dyn FnMut(usize) -> super::Pieces,
     ) -> SysResult<()> {
-        if self.detached.load(Relaxed) {
-            return Err(Errno(libc::ENOSPC));
-        }
         super::store_staged(io, region_uffd, src, len, &mut |st| {
             // The provider's send reads the staged pages in the kernel: a page the
             // program had discarded is absent there and would fail the whole connection
@@ -121,9 +129,6 @@ impl super::Medium for RemoteTier {
         len: usize,
         seen: &mut dyn FnMut(usize) -> bool,
     ) -> SysResult<()> {
-        if self.detached.load(Relaxed) {
-            return Err(Errno(libc::EIO));
-        }
         super::load_bounced(
             io,
             region_uffd,
@@ -135,9 +140,7 @@ impl super::Medium for RemoteTier {
     }
 
     fn discard(&self, off: u64, len: usize) {
-        if !self.detached.load(Relaxed) {
-            let _ = self.shared.post(Op::Discard, 0, off, len, true);
-        }
+        let _ = self.shared.post(Op::Discard, 0, off, len, true);
     }
 
     fn keeps_copy(&self) -> bool {
@@ -149,23 +152,73 @@ impl super::Medium for RemoteTier {
     }
 
     /// A child cannot share the parent's sessions (both would write the same pages), and
-    /// the fabric endpoint does not survive a fork: the child's remote tier is detached
-    /// (stores go to the next tier). What the parent holds remotely the child cannot see.
+    /// the parent's endpoint is its I/O thread's, which the child does not have. So,
+    /// with the runtime quiesced, the I/O thread asks each server for a copy of the
+    /// session (shared pages on the server: nothing is sent) and then parks outside the
+    /// fabric library; the child opens an endpoint of its own and takes the copies over
+    /// (`start_in_child`). The pages' copies and their content hashes hold in the child.
     fn prepare_fork(
         &self,
         _cfg: &TierConfig,
-        has_data: bool,
+        _has_data: bool,
         _buf: usize,
         _buf_len: usize,
     ) -> Result<bool, String> {
-        if has_data {
-            return Err("pages on memory servers are not copied for a child".into());
-        }
-        Ok(false)
+        let has_data = self.shared.ever_stored.load(Relaxed);
+        self.had_data.store(has_data, Relaxed);
+        self.shared
+            .post(Op::Clone, has_data as usize, 0, 0, false)
+            .map_err(|e| format!("the I/O thread did not prepare the fork: {e}"))?;
+        Ok(true)
+    }
+
+    fn after_fork_in_parent(&self) {
+        self.shared.unpark();
     }
 
     fn reopen_in_child(&self, _internal: &Uffd) -> Result<(), String> {
-        self.detached.store(true, Relaxed);
+        Ok(())
+    }
+
+    /// The child's I/O thread: its own endpoint, the sessions cloned for it. Only its
+    /// start is waited for (it must begin while the fork path holds the locale data in
+    /// DRAM, as the runtime's other threads do); it connects on its own, because the
+    /// fabric library allocates, and under `attune run` the interposer's table stays
+    /// locked until the fork handlers are over (waiting for the connection here hung every
+    /// forked Python worker). Jobs posted meanwhile wait for it. If it cannot connect,
+    /// every job fails: stores go to the next tier, and a load of a page the child
+    /// inherited here fails its region loudly (SIGBUS), never zeros.
+    fn start_in_child(&self) -> Result<(), String> {
+        let sh = self.shared.clone();
+        sh.unpark();
+        sh.started.store(0, Release);
+        let clones = std::mem::take(&mut *sh.clones.lock().unwrap_or_else(|p| p.into_inner()));
+        let (cfg, secret) = (self.cfg.clone(), self.secret.clone());
+        let had_data = self.had_data.load(Relaxed);
+        attune_sys::os::spawn_runtime_thread("attune-remote", move || {
+            sh.started.store(1, Release);
+            attune_sys::os::futex_wake(&sh.started, i32::MAX);
+            match Client::resume(&cfg, secret, &clones, &sh) {
+                Ok(c) => c.run(sh),
+                Err(m) => {
+                    let lost = if had_data {
+                        "the pages it inherited there cannot be read (a load fails its region)"
+                    } else {
+                        "its pages go to the next tier"
+                    };
+                    crate::warn!("tier '{}' in a forked child: {m}; {lost}", cfg.name);
+                    Client::refuse_all(&sh)
+                }
+            }
+        })
+        .map_err(|e| format!("cannot start its I/O thread: {e}"))?;
+        let deadline = attune_sys::os::now_ns() + CHILD_START_NS;
+        while self.shared.started.load(Acquire) == 0 {
+            if attune_sys::os::now_ns() >= deadline {
+                return Err("its I/O thread did not start within 5 s".into());
+            }
+            attune_sys::os::futex_wait(&self.shared.started, 0, 100_000_000);
+        }
         Ok(())
     }
 }
