@@ -303,7 +303,7 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
         let off = r.slots[t] + (c * r.chunk) as u64;
         let keeps = tier.keeps_copy();
         let mut written = pages;
-        let mut dirty = |staged: usize| -> Pieces {
+        let mut dirty = |staged: usize, all: bool| -> Pieces {
             if !keeps {
                 return Pieces::whole(pages);
             }
@@ -313,6 +313,10 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
                 if known[j].load(Relaxed) != *h {
                     writeback::set(&mut mask, j);
                 }
+            }
+            if all {
+                // The hashes still describe what the tier will hold.
+                return Pieces::whole(pages);
             }
             let p = writeback::pieces(&mask, pages, e.cfg.writeback_gap);
             written = p.pages();

@@ -118,11 +118,11 @@ impl super::Medium for FileTier {
         src: usize,
         off: u64,
         len: usize,
-        dirty: &mut dyn FnMut(usize) -> super::Pieces,
+        dirty: &mut dyn FnMut(usize, bool) -> super::Pieces,
     ) -> SysResult<()> {
         // Clean content the file holds already is not written again.
         super::store_staged(io, region_uffd, src, len, &mut |st| {
-            for &(p, n) in dirty(st).as_slice() {
+            for &(p, n) in dirty(st, false).as_slice() {
                 let at = p * super::HASH_PAGE;
                 mem::pwrite_raw(&self.fd, st + at, n * super::HASH_PAGE, off + at as u64)?;
             }

@@ -44,9 +44,11 @@ pub struct TierCounters {
 /// handler: signal-safe, no allocation, errors as errno values.
 pub trait Medium: Send + Sync {
     /// Moves `len` bytes of region memory at `src` into slot `off`; on error nothing was
-    /// taken from the region. `dirty(staged)`, for a medium that keeps copies: the pieces
-    /// of the run to write, in [`HASH_PAGE`]s (`attune_policy::writeback`; none: it holds
-    /// all of it already). A medium that keeps no copy ignores it.
+    /// taken from the region. `dirty(staged, all)`, for a medium that keeps copies: the
+    /// pieces of the run to write, in [`HASH_PAGE`]s (`attune_policy::writeback`; none: it
+    /// holds all of it already); `all`: the medium writes the whole run whatever changed
+    /// (its copy is not whole), so that the engine counts what was written. A medium that
+    /// keeps no copy ignores it.
     fn store(
         &self,
         io: &IoContext,
@@ -54,7 +56,7 @@ pub trait Medium: Send + Sync {
         src: usize,
         off: u64,
         len: usize,
-        dirty: &mut dyn FnMut(usize) -> Pieces,
+        dirty: &mut dyn FnMut(usize, bool) -> Pieces,
     ) -> SysResult<()>;
     /// Places slot `off` into the missing region range at `dst` through the region's
     /// userfaultfd. `seen(data)` checks bytes read through a buffer; false is EBADMSG.
@@ -300,7 +302,7 @@ impl FarTier {
     }
 
     /// Moves `len` bytes of region memory at `src` into slot `off`. Signal-safe.
-    /// On error nothing was taken from the region. `dirty(staged)`: what a medium that
+    /// On error nothing was taken from the region. `dirty(staged, all)`: what a medium that
     /// keeps copies writes ([`Medium::store`]).
     pub fn store(
         &self,
@@ -309,7 +311,7 @@ impl FarTier {
         src: usize,
         off: u64,
         len: usize,
-        dirty: &mut dyn FnMut(usize) -> Pieces,
+        dirty: &mut dyn FnMut(usize, bool) -> Pieces,
     ) -> SysResult<()> {
         if !self.accepts(len as u64) {
             return Err(Errno(libc::ENOSPC));
@@ -627,7 +629,7 @@ mod tests {
             staging: &io.staging,
             bounce: &io.bounce,
         };
-        t.store(&ctx, &io.uffd, 0, 0, len, &mut |_| {
+        t.store(&ctx, &io.uffd, 0, 0, len, &mut |_, _| {
             Pieces::whole(len / HASH_PAGE)
         })
     }

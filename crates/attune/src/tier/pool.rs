@@ -298,7 +298,7 @@ impl super::Medium for PoolTier {
         src: usize,
         off: u64,
         len: usize,
-        _dirty: &mut dyn FnMut(usize) -> super::Pieces,
+        _dirty: &mut dyn FnMut(usize, bool) -> super::Pieces,
     ) -> SysResult<()> {
         let base = self.base.load(Acquire);
         let Some(fd) = self.fd.get() else {

@@ -97,7 +97,7 @@ impl super::Medium for RemoteTier {
         src: usize,
         off: u64,
         len: usize,
-        dirty: &mut dyn FnMut(usize) -> super::Pieces,
+        dirty: &mut dyn FnMut(usize, bool) -> super::Pieces,
     ) -> SysResult<()> {
         super::store_staged(io, region_uffd, src, len, &mut |st| {
             // The provider's send reads the staged pages in the kernel: a page the
@@ -106,8 +106,9 @@ impl super::Medium for RemoteTier {
             super::file::fill_holes(io.internal, st, len);
             // Clean content the servers hold already is not sent again, unless the
             // copies were on servers since lost: then all of it goes.
-            let pieces = dirty(st);
-            if !self.shared.held(off, len) {
+            let all = !self.shared.held(off, len);
+            let pieces = dirty(st, all);
+            if all {
                 return self.shared.post(Op::Store, st, off, len, false);
             }
             let mut parts = [(0usize, 0u64, 0usize); attune_policy::writeback::MAX_PIECES];
