@@ -8,8 +8,9 @@
 //! Then IMME's evaluation (`bench/imme.py`: nine verified workflows in the environments
 //! IE, CBE-mem, CBE-disk, TME and IMME), unless `--core-only`: by default two runs each
 //! with runs stopped at 20x their IE time (the default suite stays within 10 minutes on
-//! 2 cores), with `--full` three runs, no cut, the Figure 6 and chunk-size sweeps, and
-//! Figure 7 (`bench/fig7.py`: co-located workflows, DRAM divided by allocation policy).
+//! 2 cores), with `--full` three runs, no cut, the Figure 6 and chunk-size sweeps,
+//! Figure 7 (`bench/fig7.py`: co-located workflows, DRAM divided by allocation policy) and
+//! a small ensemble under Slurm (`bench/ensemble.py`; skipped where Slurm cannot run).
 
 use attune::runtime;
 use attune_sys::{mem, os, uffd};
@@ -19,7 +20,7 @@ use std::process::Command;
 #[derive(clap::Args)]
 pub struct Args {
     /// Also run the longer scenarios: three runs each, no cut, Figure 6 and the chunk-size
-    /// sweep, Figure 7 (co-located workflows).
+    /// sweep, Figure 7 (co-located workflows), a small ensemble under Slurm.
     #[arg(long)]
     full: bool,
     /// Only scenarios whose name contains this text.
@@ -90,12 +91,24 @@ fn imme(a: &Args) -> i32 {
             "3".into(),
         ],
     );
-    if rc != 0 {
-        rc
-    } else {
-        fig7
-    }
+    // The ensembles under Slurm at their smallest (one emulated node, two tasks of each
+    // class); `python3 bench/ensemble.py` with its defaults is the full run.
+    let ensemble = match harness(
+        "ensemble.py",
+        "Ensembles under Slurm, small (bench/ensemble.py --nodes 1 --per-class 2 --quick)",
+        &["--nodes", "1", "--per-class", "2", "--quick"].map(String::from),
+    ) {
+        ENSEMBLE_SKIPPED => 0,
+        x => x,
+    };
+    [rc, fig7, ensemble]
+        .into_iter()
+        .find(|&x| x != 0)
+        .unwrap_or(0)
 }
+
+/// bench/ensemble.py's exit status when the machine cannot run it (no Slurm, not root).
+const ENSEMBLE_SKIPPED: i32 = 77;
 
 /// Runs one script of the harness (share/attune/bench, or the source tree's bench/).
 fn harness(name: &str, what: &str, args: &[String]) -> i32 {
