@@ -84,6 +84,29 @@ def test_a_file_and_a_pipe_staged_once_mapped_read_only(workdir, daemon):
     assert p.returncode == 1 and "no staged input 'in'" in p.stderr, p
 
 
+def test_a_daemon_restart_leaves_running_instances_their_input(workdir, daemon):
+    """The daemon keeps nothing on disk: after a SIGKILL and a restart it does not know
+    the input, but an instance that holds it reads it whole (its descriptor keeps the
+    memory file), and staging again works (docs/daemon.md, "Limits")."""
+    d = daemon("--dram", "256M")
+    src = data_file(workdir, "restart.dat", 8)
+    assert attune(d, "stage", "rs", src).returncode == 0
+    run = subprocess.Popen(
+        [str(ATTUNE), "run", "-q", "--staged", "rs", "--", "sh", "-c",
+         f'sleep 2; cmp "$ATTUNE_STAGED_RS" {src} && echo SAME'],
+        env=d.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.8)
+    assert region(d, "rs")["refs"] == 1
+    d.kill()
+    time.sleep(0.5)
+    d.start()
+    assert region(d, "rs") is None
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 0 and "SAME" in out, (out, err)
+    p = attune(d, "stage", "rs", src)
+    assert p.returncode == 0 and region(d, "rs")["staged"], p
+
+
 def test_unstaged_while_in_use_lives_until_its_last_user(workdir, daemon):
     d = daemon("--dram", "512M")
     src = data_file(workdir, "held.dat", 4)
