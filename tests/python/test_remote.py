@@ -278,7 +278,7 @@ def test_a_dead_runtime_loses_its_session_at_the_end_of_its_lease(workdir, hosts
 def test_a_user_who_is_not_root_runs_through_a_remote_tier(workdir, hosts):
     """The job's secret belongs to the user (mode 0600); the servers and the runtime run
     as that user (user-mode userfaultfd), and `attune run` of an unmodified program
-    verifies."""
+    verifies, forked Python workers included."""
     h = hosts(2)
     s = workdir / "nobody-secret"
     if not s.exists():
@@ -297,6 +297,12 @@ def test_a_user_who_is_not_root_runs_through_a_remote_tier(workdir, hosts):
                        env={**os.environ, "ATTUNE_LOG": "info"})
     assert p.returncode == 0 and "c_matrix: OK" in p.stdout, p.stdout + p.stderr
     assert "2 memory server(s)" in p.stderr, p.stderr
+    # Forked workers too: the servers clone the user's sessions for them.
+    p = subprocess.run(h.on_client(["runuser", "-u", "nobody", "--", ATTUNE, "run", "-q", "--dram", "32M",
+                                    "--config", cfg, "--", "python3", ROOT / "tests" / "run" / "mp_fork.py",
+                                    "64", "2"]),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "mp_fork: OK" in p.stdout, p.stdout + p.stderr
 
 
 @pytest.mark.parametrize("n,replicas", [(1, 1), (2, 2)])
