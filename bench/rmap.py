@@ -1,0 +1,150 @@
+"""rMap's figures with the remote tier on this machine (issue 25;
+../shared/papers/memory-underutilization-rmap.txt, Figures 6 and 7): client and server hosts
+as network namespaces on a bridge (the hosts of tests/python/test_remote.py), libfabric's
+tcp provider, `attune memserver` on each server host.
+
+Figure 6, the transfer unit: one client, one server. bench/unit_patterns.c's sequential
+passes and random 8-byte reads over --mib MiB under `attune run` at a quarter of it in
+DRAM, with fixed units from 4 KiB to 2 MiB (read-ahead off: the units rMap sweeps) and
+Attune's default (4 KiB chunks, read-ahead learned per stream). Reported: seconds, MB/s of
+the pages the pattern touched, and bytes fetched over them (amplification). A run longer
+than --cut seconds is stopped and shown as such.
+
+Figure 7, scaling: 1, 2 and 4 servers against 1, 2, 4 and 8 client processes at once,
+each making sequential passes over its own --mib / 2 MiB at a quarter of it in DRAM
+(pages spread over the servers by 64 KiB unit). Reported: the aggregate rate (the sum of
+the clients' MB/s of touched pages over their passes, which run at once).
+
+Usage: python3 bench/rmap.py [--mib 64] [--cut 60] [--only 6,7]   (root; make build first)
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ATTUNE = ROOT / "build" / "bin" / "attune"
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+from test_remote import Hosts  # noqa: E402
+
+MIB = 1 << 20
+UNITS = [("4K", {"ATTUNE_READAHEAD": "0"}), ("16K", {"ATTUNE_READAHEAD": "0"}),
+         ("64K", {"ATTUNE_READAHEAD": "0"}), ("256K", {"ATTUNE_READAHEAD": "0"}),
+         ("1M", {"ATTUNE_READAHEAD": "0"}), ("2M", {"ATTUNE_READAHEAD": "0"}), ("default", {})]
+
+
+def config(d, h, n, secret):
+    p = d / f"remote-{n}.toml"
+    p.write_text(f"""[[tier]]
+name = "remote"
+kind = "remote"
+capacity = "2G"
+servers = "{','.join(h.addr(i) for i in range(n))}"
+secret_file = "{secret}"
+""")
+    os.chmod(p, 0o644)
+    return p
+
+
+def client(h, exe, cfg, pattern, mib, chunk, env, report):
+    """Starts one unit_patterns process on the client host under `attune run`."""
+    args = ["--chunk", chunk] if chunk != "default" else []
+    cmd = h.on_client(["env", *[f"{k}={v}" for k, v in env.items()], ATTUNE, "run", "-q", "--config", cfg,
+                       "--dram", f"{max(mib // 4, 2)}M", "--report", report, *args, "--", exe, pattern, str(mib)])
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(p, cut, report):
+    """(seconds, touched bytes, fetched bytes) of a client, or None when cut."""
+    try:
+        out, err = p.communicate(timeout=cut)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        return None
+    if p.returncode != 0:
+        sys.exit(f"unit_patterns failed ({p.returncode}): {err}")
+    f = dict(kv.split("=") for kv in out.split()[1:])
+    fetched = json.load(open(report))["totals"]["fetched_bytes"]
+    return float(f["secs"]), int(f["touched"]), fetched
+
+
+def figure6(h, d, exe, secret, a):
+    servers = [h.serve(0, d, secret, "--size", "2G")]
+    cfg = config(d, h, 1, secret)
+    print(f"\nFigure 6: transfer unit, 1 client, 1 server, {a.mib} MiB at a quarter in DRAM "
+          "(fixed units with read-ahead off; default: 4 KiB chunks with learned read-ahead)\n")
+    print("| pattern | unit | seconds | MB/s touched | amplification |")
+    print("|---|---|---|---|---|")
+    try:
+        for pattern in ("seq", "random"):
+            for unit, env in UNITS:
+                rep = d / f"f6-{pattern}-{unit}.json"
+                r = finish(client(h, exe, cfg, pattern, a.mib, unit, env, rep), a.cut, rep)
+                if r is None:
+                    print(f"| {pattern} | {unit} | > {a.cut} (stopped) | | |")
+                    continue
+                secs, touched, fetched = r
+                print(f"| {pattern} | {unit} | {secs:.2f} | {touched / secs / 1e6:.0f} | {fetched / touched:.2f} |",
+                      flush=True)
+    finally:
+        for p, _ in servers:
+            p.kill()
+            p.wait()
+
+
+def figure7(h, d, exe, secret, a):
+    print(f"\nFigure 7: servers against clients, each client {a.mib // 2} MiB of sequential passes at a "
+          "quarter in DRAM; aggregate MB/s of touched pages\n")
+    clients = [1, 2, 4, 8]
+    print("| servers | " + " | ".join(f"{c} client(s)" for c in clients) + " |")
+    print("|---|" + "---|" * len(clients))
+    for n in (1, 2, 4):
+        servers = [h.serve(i, d, secret, "--size", "2G") for i in range(n)]
+        cfg = config(d, h, n, secret)
+        cells = []
+        try:
+            for c in clients:
+                reps = [d / f"f7-{n}-{c}-{k}.json" for k in range(c)]
+                procs = [client(h, exe, cfg, "seq", a.mib // 2, "default", {}, r) for r in reps]
+                res = [finish(p, a.cut, r) for p, r in zip(procs, reps)]
+                if any(r is None for r in res):
+                    cells.append(f"> {a.cut} s")
+                    continue
+                # The clients' passes run at once: their rates add up.
+                cells.append(f"{sum(r[1] / r[0] for r in res) / 1e6:.0f}")
+        finally:
+            for p, _ in servers:
+                p.kill()
+                p.wait()
+        print(f"| {n} | " + " | ".join(cells) + " |", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mib", type=int, default=64)
+    ap.add_argument("--cut", type=int, default=60, help="seconds before a run is stopped")
+    ap.add_argument("--only", default="6,7")
+    a = ap.parse_args()
+    d = Path(tempfile.mkdtemp(prefix="attune-rmap-"))
+    os.chmod(d, 0o755)
+    exe = d / "unit_patterns"
+    subprocess.run(["gcc", "-O2", "-pthread", ROOT / "bench" / "unit_patterns.c", "-o", exe], check=True)
+    secret = d / "secret"
+    subprocess.run([ATTUNE, "memserver", "--new-secret", secret], check=True, capture_output=True)
+    h = Hosts(4)
+    try:
+        if "6" in a.only.split(","):
+            figure6(h, d, exe, secret, a)
+        if "7" in a.only.split(","):
+            figure7(h, d, exe, secret, a)
+    finally:
+        h.close()
+        subprocess.run(["rm", "-rf", str(d)])
+
+
+if __name__ == "__main__":
+    main()
