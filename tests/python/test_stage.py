@@ -176,6 +176,25 @@ def test_bad_input_is_refused_with_a_reason_and_leaves_nothing(workdir, daemon, 
     assert p.returncode == 1 and "no attuned answers" in p.stderr, p
 
 
+def test_a_pipe_that_goes_silent_fails_its_staging_and_leaves_nothing(workdir, daemon, tmp_path):
+    """A writer that stops without closing its pipe (a stalled download) fails the
+    staging after `stage_idle_ms` (60 s by default; 1.5 s here): `attune stage` says
+    why, and the reservation goes."""
+    d = daemon("--dram", "256M", "--stage-idle-ms", "1500")
+    small = data_file(tmp_path, "small", 1)
+    w = subprocess.Popen(["sh", "-c", f"cat {small}; exec sleep 30"], stdout=subprocess.PIPE)
+    try:
+        t0 = time.monotonic()
+        p = attune(d, "stage", "quiet", "-", stdin=w.stdout)
+        took = time.monotonic() - t0
+    finally:
+        w.kill()
+        w.wait()
+    assert p.returncode != 0 and "brought nothing for 1500 ms" in p.stderr, p
+    assert 1.4 <= took < 20, took
+    assert region(d, "quiet") is None and d.status()["shared_bytes"] == 0, d.status()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as another uid")
 def test_another_user_needs_a_grant_and_cannot_unstage(workdir, daemon):
     d = daemon("--dram", "512M")

@@ -31,6 +31,8 @@ pub struct DaemonConfig {
     /// How long a connection may wait before its first request, and between requests
     /// until it registers (a registered runtime's connection has no limit).
     pub idle_timeout_ms: u64,
+    /// How long a pipe being staged may bring nothing before the staging fails.
+    pub stage_idle_ms: u64,
 }
 
 /// The daemon's options: one row each; the TOML keys, the command-line flags
@@ -49,6 +51,7 @@ pub const DAEMON_OPTIONS: &[Opt] = &[
     Opt { key: "max_clients", kind: Kind::Int { min: 1, max: 1_000_000 }, default: Unset::Value("4096"), suggested: "4096", doc: "Connections beyond this are refused at once (root's are always taken)" },
     Opt { key: "max_clients_per_user", kind: Kind::Int { min: 1, max: 1_000_000 }, default: Unset::Value("1024"), suggested: "1024; at least the processes of the largest job on a node", doc: "Connections of one user (other than root) beyond this are refused at once, so one user's idle connections cannot lock the others out" },
     Opt { key: "idle_timeout_ms", kind: Kind::Int { min: 100, max: 3_600_000 }, default: Unset::Value("10000"), suggested: "10000", doc: "A connection that sends no request for this long before it registers is closed (a registered runtime's is kept, and one holding a shared region)" },
+    Opt { key: "stage_idle_ms", kind: Kind::Int { min: 100, max: 3_600_000 }, default: Unset::Value("60000"), suggested: "60000; longer where inputs are downloads piped in from slow sources", doc: "A pipe being staged that brings nothing for this long fails the staging, and its reservation goes" },
 ];
 
 /// The command-line flag of a row.
@@ -161,6 +164,7 @@ pub fn load(
     let max_clients = bytes(value("max_clients", 0)?).unwrap_or(4096) as usize;
     let max_clients_per_user = bytes(value("max_clients_per_user", 0)?).unwrap_or(1024) as usize;
     let idle_timeout_ms = bytes(value("idle_timeout_ms", 0)?).unwrap_or(10_000);
+    let stage_idle_ms = bytes(value("stage_idle_ms", 0)?).unwrap_or(60_000);
     Ok(DaemonConfig {
         dram,
         min_grant,
@@ -173,6 +177,7 @@ pub fn load(
         max_clients,
         max_clients_per_user,
         idle_timeout_ms,
+        stage_idle_ms,
     })
 }
 
@@ -209,6 +214,7 @@ mod tests {
                 "max_clients" => Value::U64(c.max_clients as u64),
                 "max_clients_per_user" => Value::U64(c.max_clients_per_user as u64),
                 "idle_timeout_ms" => Value::U64(c.idle_timeout_ms),
+                "stage_idle_ms" => Value::U64(c.stage_idle_ms),
                 k => panic!("no default check for {k}"),
             };
             assert_eq!(got, want, "{}", o.key);

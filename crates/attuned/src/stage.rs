@@ -17,9 +17,6 @@ use std::time::Instant;
 
 /// A pipe's reservation grows by this much at a time (a regular file's is its size).
 pub const STEP: u64 = 64 << 20;
-/// A pipe that brings nothing for this long fails the staging: its reservation must not
-/// stay held by a writer that stopped.
-pub const PIPE_IDLE_MS: i32 = 60_000;
 /// Bytes copied per read.
 const BUF: usize = 1 << 20;
 
@@ -35,6 +32,9 @@ pub struct Staging {
     reserved: u64,
     /// The most a pipe may bring (0: up to `shared_max`).
     limit: u64,
+    /// A pipe that brings nothing for this long fails the staging (`stage_idle_ms`): its
+    /// reservation must not stay held by a writer that stopped.
+    idle_ms: i32,
     started: Instant,
 }
 
@@ -251,6 +251,7 @@ pub fn begin(
         dst,
         reserved: want,
         limit,
+        idle_ms: st.cfg.stage_idle_ms.min(i32::MAX as u64) as i32,
         started: Instant::now(),
     })
 }
@@ -308,14 +309,14 @@ pub fn copy(
         match (sg.pipe, client) {
             (true, c) => {
                 let fds: Vec<RawFd> = std::iter::once(src).chain(c).collect();
-                let ready = attune_sys::os::poll_readable(&fds, PIPE_IDLE_MS);
+                let ready = attune_sys::os::poll_readable(&fds, sg.idle_ms);
                 if ready.get(1).copied().unwrap_or(false) {
                     return Err(left());
                 }
                 if !ready[0] {
                     return Err((
                         libc::ETIMEDOUT,
-                        format!("the pipe brought nothing for {} s", PIPE_IDLE_MS / 1000),
+                        format!("the pipe brought nothing for {} ms", sg.idle_ms),
                     ));
                 }
             }
