@@ -4,6 +4,7 @@ the end of the staging Slurm job release it, and other users get in only when gr
 
 Needs the staged build (make build)."""
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -159,13 +160,13 @@ def test_bad_input_is_refused_with_a_reason_and_leaves_nothing(workdir, daemon, 
     p = attune(d, "stage", "x", small)
     assert p.returncode == 1 and "exists already" in p.stderr, p
     assert attune(d, "unstage", "x").returncode == 0
-    # `attune stage` interrupted while its pipe stays open: the staging stops and its
+    # `attune stage` interrupted (Ctrl-C) while its pipe stays open: the staging stops and its
     # reservation goes, without waiting for the pipe.
     w = subprocess.Popen(["sh", "-c", f"cat {small}; exec sleep 30"], stdout=subprocess.PIPE)
     st = subprocess.Popen([str(ATTUNE), "stage", "x", "-"], env=d.env(), stdin=w.stdout)
     time.sleep(0.7)
     assert region(d, "x")["staged"], "reserved while it is copied"
-    st.kill()
+    st.send_signal(signal.SIGINT)  # Ctrl-C
     st.wait()
     assert wait_gone(d, "x", 5), d.status()
     w.kill()
