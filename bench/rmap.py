@@ -11,9 +11,10 @@ the pages the pattern touched, and bytes fetched over them (amplification). A ru
 than --cut seconds is stopped and shown as such.
 
 Figure 7, scaling: 1, 2 and 4 servers against 1, 2, 4 and 8 client processes at once,
-each making sequential passes over its own --mib / 2 MiB at a quarter of it in DRAM
-(pages spread over the servers by 64 KiB unit). Reported: the aggregate rate (the sum of
-the clients' MB/s of touched pages over their passes, which run at once).
+each making sequential passes, then random reads, over its own --mib / 2 MiB at a
+quarter of it in DRAM (pages spread over the servers by 64 KiB unit), Attune's default
+unit. Reported: the aggregate rate (the sum of the clients' MB/s of touched pages, which
+run at once) and, in brackets, the rate per client.
 
 Usage: python3 bench/rmap.py [--mib 64] [--cut 60] [--only 6,7]   (root; make build first)
 """
@@ -97,30 +98,36 @@ def figure6(h, d, exe, secret, a):
 
 
 def figure7(h, d, exe, secret, a):
-    print(f"\nFigure 7: servers against clients, each client {a.mib // 2} MiB of sequential passes at a "
-          "quarter in DRAM; aggregate MB/s of touched pages\n")
     clients = [1, 2, 4, 8]
-    print("| servers | " + " | ".join(f"{c} client(s)" for c in clients) + " |")
-    print("|---|" + "---|" * len(clients))
+    rows = {"seq": [], "random": []}
     for n in (1, 2, 4):
         servers = [h.serve(i, d, secret, "--size", "2G") for i in range(n)]
         cfg = config(d, h, n, secret)
-        cells = []
         try:
-            for c in clients:
-                reps = [d / f"f7-{n}-{c}-{k}.json" for k in range(c)]
-                procs = [client(h, exe, cfg, "seq", a.mib // 2, "default", {}, r) for r in reps]
-                res = [finish(p, a.cut, r) for p, r in zip(procs, reps)]
-                if any(r is None for r in res):
-                    cells.append(f"> {a.cut} s")
-                    continue
-                # The clients' passes run at once: their rates add up.
-                cells.append(f"{sum(r[1] / r[0] for r in res) / 1e6:.0f}")
+            for pattern in rows:
+                cells = []
+                for c in clients:
+                    reps = [d / f"f7-{n}-{pattern}-{c}-{k}.json" for k in range(c)]
+                    procs = [client(h, exe, cfg, pattern, a.mib // 2, "default", {}, r) for r in reps]
+                    res = [finish(p, a.cut, r) for p, r in zip(procs, reps)]
+                    if any(r is None for r in res):
+                        cells.append(f"> {a.cut} s")
+                        continue
+                    # The clients run at once: their rates add up.
+                    agg = sum(r[1] / r[0] for r in res) / 1e6
+                    cells.append(f"{agg:.0f} ({agg / c:.0f})")
+                rows[pattern].append(cells)
         finally:
             for p, _ in servers:
                 p.kill()
                 p.wait()
-        print(f"| {n} | " + " | ".join(cells) + " |", flush=True)
+    for pattern, table in rows.items():
+        print(f"\nFigure 7, {pattern}: servers against clients, each client {a.mib // 2} MiB at a quarter "
+              "in DRAM; aggregate MB/s of touched pages (per client)\n")
+        print("| servers | " + " | ".join(f"{c} client(s)" for c in clients) + " |")
+        print("|---|" + "---|" * len(clients))
+        for n, cells in zip((1, 2, 4), table):
+            print(f"| {n} | " + " | ".join(cells) + " |", flush=True)
 
 
 def main():
