@@ -163,7 +163,10 @@ def test_bad_input_is_refused_with_a_reason_and_leaves_nothing(workdir, daemon, 
     # `attune stage` interrupted (Ctrl-C) while its pipe stays open: the staging stops and its
     # reservation goes, without waiting for the pipe.
     w = subprocess.Popen(["sh", "-c", f"cat {small}; exec sleep 30"], stdout=subprocess.PIPE)
-    st = subprocess.Popen([str(ATTUNE), "stage", "x", "-"], env=d.env(), stdin=w.stdout)
+    # Ctrl-C as in a terminal: SIGINT at its default action (a runner that started the
+    # tests in the background may have left it ignored, which the child would inherit).
+    st = subprocess.Popen([str(ATTUNE), "stage", "x", "-"], env=d.env(), stdin=w.stdout,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(0.7)
     assert region(d, "x")["staged"], "reserved while it is copied"
     st.send_signal(signal.SIGINT)  # Ctrl-C
