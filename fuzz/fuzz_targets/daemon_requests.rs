@@ -89,9 +89,11 @@ fuzz_target!(|data: &[u8]| {
             // A stage request's source: a pipe with the next record's bytes, then its end.
             let n = rest.first().map_or(0, |&n| n as usize).min(rest.len().saturating_sub(1));
             let (r, mut w) = std::io::pipe().unwrap();
-            std::io::Write::write_all(&mut w, &rest[1.min(rest.len())..1 + n]).unwrap();
+            // (From the start of an empty rest: `1..1` would be out of it.)
+            let from = 1.min(rest.len());
+            std::io::Write::write_all(&mut w, &rest[from..from + n]).unwrap();
             drop(w);
-            rest = &rest[(1 + n).min(rest.len())..];
+            rest = &rest[from + n..];
             req.1.push(std::os::fd::OwnedFd::from(r));
         }
         st.requests += 1;
