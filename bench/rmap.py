@@ -72,6 +72,9 @@ def finish(p, cut, report):
         why = next((line for line in err.splitlines() if "lost" in line), err.strip()[-200:])
         print(f"  a client failed ({p.returncode}): {why}", file=sys.stderr, flush=True)
         return "failed"
+    if "warning" in err:
+        # A client that lost a server and went on (other copies, the next tier).
+        print(f"  a client warned: {err.strip()[-300:]}", file=sys.stderr, flush=True)
     f = dict(kv.split("=") for kv in out.split()[1:])
     fetched = json.load(open(report))["totals"]["fetched_bytes"]
     return float(f["secs"]), int(f["touched"]), fetched

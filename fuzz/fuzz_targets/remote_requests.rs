@@ -22,7 +22,7 @@ const PER: u64 = 40 << 10;
 fuzz_target!(|data: &[u8]| {
     let mut st = Store::new(CAP, PER, 1000);
     let tokens = [[0xa1u8; 16], [0xb2u8; 16], [0xc3u8; 16]];
-    let mut ids = vec![st.open(1 << 30, 1, tokens[0], 0).0, st.open(PER / 2, 2, tokens[1], 0).0];
+    let mut ids = vec![st.open(1 << 30, 1, 0, tokens[0], 0).0, st.open(PER / 2, 2, 1, tokens[1], 0).0];
     let grants = [PER, PER / 2, PER];
     let mut held = [0u64; 3];
     let mut i = 0;

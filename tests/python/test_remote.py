@@ -412,6 +412,35 @@ def test_runtimes_that_end_with_requests_in_flight_do_not_stop_the_server(workdi
     assert "error" not in log.read_text(), log.read_text()
 
 
+def test_a_runtime_on_the_port_of_a_killed_one_is_answered(workdir, hosts):
+    """Runtimes SIGKILLed while their pages move, each followed at once by the next on the
+    same port (the provider's port range pinned to one port, as short-lived forked
+    children reuse ports): the server ends the killed runtime's session when its reply
+    fails or the new hello comes from its address, not at the end of its lease, and the
+    next runtime is answered and reads back every value it wrote. (rMap's Figure 7 found
+    clients on reused ports unanswered, and numbered from 1 in every runtime, a dead
+    runtime's late replies matched the next one's requests.)"""
+    h = hosts(1)
+    _, log = h.serve(0, workdir, secret(workdir), "--size", "2G", "--lease", "60")
+    port = {"FI_TCP_PORT_LOW_RANGE": "7811", "FI_TCP_PORT_HIGH_RANGE": "7811"}
+    env = {**os.environ, **port, "ATTUNE_CONFIG": str(config(workdir, h, 1, secret(workdir))),
+           "ATTUNE_DRAM": "8M", "TEST_BUDGET": str(8 * MIB)}
+    for k in range(3):
+        p = subprocess.Popen(h.on_client([build(workdir, "integrity"), "64"]), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=env)
+        time.sleep(1.0 + 0.3 * k)
+        p.kill()
+        p.wait()
+        q = subprocess.run(h.on_client([build(workdir, "integrity"), "24"]), capture_output=True, text=True,
+                           timeout=120, env=env)
+        assert q.returncode == 0 and "warning" not in q.stderr, (k, q.stdout + q.stderr + log.read_text())
+    text = log.read_text()
+    ended = re.findall(r"session (\d+) ended \(([^)]*)\)", text)
+    # Each killed runtime's session ended within the test (the lease is 60 s).
+    assert len(ended) >= 3, text
+    assert "error" not in text, text
+
+
 class Program:
     """remote_lost.c on the client host, driven line by line."""
 

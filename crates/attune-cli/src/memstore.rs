@@ -15,6 +15,11 @@ const PAGE: usize = proto::PAGE as usize;
 struct Session {
     token: [u8; 16],
     fi: u64,
+    /// The job whose secret opened it (the server's index of the secret).
+    job: usize,
+    /// Its runtime said hello from `fi` (false: a clone its forked runtime has not taken
+    /// over yet, which answers to the parent's address meanwhile).
+    attached: bool,
     /// Shared with the clones of this session (and the session it was cloned from) until
     /// one of them writes the page: `Arc::make_mut` copies it then.
     pages: HashMap<u64, Arc<Box<[u8]>>>,
@@ -47,8 +52,9 @@ impl Store {
         }
     }
 
-    /// Opens a session for a client at `fi` asking `ask` bytes: (id, token, bytes granted).
-    pub fn open(&mut self, ask: u64, fi: u64, token: [u8; 16], now: u64) -> (u64, u64) {
+    /// Opens a session of job `job` for a client at `fi` asking `ask` bytes: (id, bytes
+    /// granted).
+    pub fn open(&mut self, ask: u64, fi: u64, job: usize, token: [u8; 16], now: u64) -> (u64, u64) {
         let id = self.next;
         self.next += 1;
         let limit = (ask.div_ceil(proto::PAGE)).min(self.per_session);
@@ -57,6 +63,8 @@ impl Store {
             Session {
                 token,
                 fi,
+                job,
+                attached: true,
                 pages: HashMap::new(),
                 limit,
                 last: now,
@@ -156,6 +164,8 @@ impl Store {
         let copy = Session {
             token,
             fi: s.fi,
+            job: s.job,
+            attached: false,
             pages: s.pages.clone(),
             limit: s.limit,
             last: now,
@@ -173,7 +183,27 @@ impl Store {
     pub fn attach(&mut self, h: &Header, fi: u64, now: u64) -> Result<(u64, u64), i32> {
         let s = self.session(h, now).ok_or(libc::EACCES)?;
         let old = std::mem::replace(&mut s.fi, fi);
+        s.attached = true;
         Ok((s.limit * proto::PAGE, old))
+    }
+
+    /// The sessions of `keep`'s job whose runtime said hello from `fi`, but `keep`: a
+    /// hello from `fi` means their runtime is gone. An address names one endpoint at a
+    /// time, and a runtime keeps one session per server: a new hello from its address
+    /// comes from a new runtime on a reused port, or from the same one rejoining, which
+    /// has given its old session up. Clones not yet taken over are not among them (their
+    /// runtime says hello from an address of its own), nor are other jobs' sessions: a
+    /// hello names its address itself, and one job must not end another's sessions by
+    /// naming their address.
+    pub fn superseded(&self, fi: u64, keep: u64) -> Vec<u64> {
+        let Some(job) = self.sessions.get(&keep).map(|s| s.job) else {
+            return Vec::new();
+        };
+        self.sessions
+            .iter()
+            .filter(|(&id, s)| s.fi == fi && s.attached && s.job == job && id != keep)
+            .map(|(&id, _)| id)
+            .collect()
     }
 
     /// Whether a session's replies go to `fi` (an address still in use is not removed).
@@ -241,8 +271,8 @@ mod tests {
     #[test]
     fn pages_are_reached_through_their_session_and_token_only() {
         let mut st = Store::new(1 << 20, 1 << 20, 1000);
-        let (a, _) = st.open(1 << 20, 1, [1; 16], 0);
-        let (b, _) = st.open(1 << 20, 2, [2; 16], 0);
+        let (a, _) = st.open(1 << 20, 1, 0, [1; 16], 0);
+        let (b, _) = st.open(1 << 20, 2, 0, [2; 16], 0);
         let data = vec![7u8; 8192];
         st.store(&hdr(a, [1; 16], 4096, 8192), &data, 0).unwrap();
         let mut out = vec![0u8; 8192];
@@ -264,7 +294,7 @@ mod tests {
     #[test]
     fn bounds_refuse_whole_stores_and_leases_free_pages() {
         let mut st = Store::new(16 << 10, 8 << 10, 1000);
-        let (a, granted) = st.open(1 << 20, 1, [1; 16], 0);
+        let (a, granted) = st.open(1 << 20, 1, 0, [1; 16], 0);
         assert_eq!(granted, 8 << 10, "per-session bound");
         assert_eq!(
             st.store(&hdr(a, [1; 16], 0, 12288), &[1; 12288], 0),
@@ -275,7 +305,7 @@ mod tests {
         // Rewriting held pages needs no new room.
         st.store(&hdr(a, [1; 16], 0, 8192), &[2; 8192], 500)
             .unwrap();
-        let (b, _) = st.open(1 << 20, 2, [2; 16], 0);
+        let (b, _) = st.open(1 << 20, 2, 0, [2; 16], 0);
         st.store(&hdr(b, [2; 16], 0, 8192), &[3; 8192], 0).unwrap();
         assert_eq!(
             st.store(&hdr(b, [2; 16], 8192, 4096), &[3; 4096], 0),
@@ -293,9 +323,34 @@ mod tests {
     }
 
     #[test]
+    fn a_hello_from_an_address_supersedes_its_attached_sessions_only() {
+        let mut st = Store::new(1 << 20, 1 << 20, 1000);
+        let (a, _) = st.open(1 << 20, 1, 0, [1; 16], 0);
+        let (other, _) = st.open(1 << 20, 2, 0, [2; 16], 0);
+        // A clone of a answers to a's address until its runtime takes it over.
+        let (c, _) = st
+            .clone_session(&hdr(a, [1; 16], 0, 0), [3; 16], 0)
+            .unwrap();
+        // Another job's runtime that names a's address in its hello ends nothing.
+        let (x, _) = st.open(1 << 20, 1, 1, [6; 16], 0);
+        assert!(st.superseded(1, x).is_empty());
+        // A new runtime on a's address (a reused port): a is over, the clone and the
+        // other address's session are not.
+        let (b, _) = st.open(1 << 20, 1, 0, [4; 16], 0);
+        assert_eq!(st.superseded(1, b), vec![a]);
+        assert!(st.superseded(2, other).is_empty());
+        // The forked runtime takes the clone over from its own address, where a dead
+        // runtime's session was: that one is over, the clone is kept.
+        let (dead, _) = st.open(1 << 20, 9, 0, [5; 16], 0);
+        st.attach(&hdr(c, [3; 16], 0, 0), 9, 0).unwrap();
+        assert_eq!(st.superseded(9, c), vec![dead]);
+        assert!(st.superseded(1, b).contains(&a) && !st.superseded(1, b).contains(&c));
+    }
+
+    #[test]
     fn a_clone_shares_pages_until_either_side_writes_and_is_bounded_as_they_are() {
         let mut st = Store::new(16 << 10, 16 << 10, 1000);
-        let (a, _) = st.open(1 << 20, 1, [1; 16], 0);
+        let (a, _) = st.open(1 << 20, 1, 0, [1; 16], 0);
         st.store(&hdr(a, [1; 16], 0, 8192), &[1; 8192], 0).unwrap();
         // Only the session's own token clones it.
         assert_eq!(

@@ -7,6 +7,13 @@
 //! out without waiting for their completion (8 buffers), so a client that died with a
 //! reply in flight holds one buffer, never the server (seen: a dead client's reply
 //! stalled every other client for 10 s).
+//!
+//! A session ends with its runtime: at its bye, when a reply to it fails (its connection
+//! broke: the runtime is dead, or times the request out and treats this server as lost),
+//! when a new hello comes from its address (a new runtime on a reused port, or the same
+//! one rejoining), or when its lease runs out. Peers' addresses are counted (the
+//! provider's address vector counts inserts of one address) and removed when no session
+//! answers to them any more.
 
 use attune_cli::memstore::Store;
 use attune_proto::remote::{self as proto, Header, Op};
@@ -45,8 +52,18 @@ fn parse_size(s: &str) -> Result<u64, String> {
     attune::size::parse_size(s).map_err(|e| e.to_string())
 }
 
-/// How long a peer whose connection broke gets no replies.
-const GONE_NS: u64 = 2_000_000_000;
+/// How long a reply may wait for its send to complete before it is dropped and its
+/// session ended: twice a runtime's default timeout (5 s), after which the runtime
+/// counts this server as lost.
+const UNSENT_NS: u64 = 10_000_000_000;
+
+/// How long the provider may refuse a reply (EAGAIN) before its session is ended. The
+/// provider says EAGAIN both to a full connection and to a peer it is connecting to
+/// again, and a runtime that exited or was killed is one such peer for ever (its port
+/// refuses). Before, such a reply was dropped after 200 ms, so its client, if alive,
+/// timed the request out all the same; ending the session drops the dead runtime's
+/// other replies with it (each had cost 200 ms of every client's time).
+const REFUSED_NS: u64 = 1_000_000_000;
 
 fn log(msg: &str) {
     eprintln!("attune memserver: {msg}");
@@ -82,8 +99,9 @@ struct Server {
     replies: Vec<Box<ReplySlot>>,
     /// The reply being made (`take_reply`).
     cur: usize,
-    /// Peers whose connection broke, until when their replies are not sent.
-    gone: std::collections::HashMap<u64, u64>,
+    /// Inserts of each peer's address into the address vector, all undone when no
+    /// session answers to it any more (`release`).
+    refs: std::collections::HashMap<u64, u32>,
     refused: u64,
 }
 
@@ -93,10 +111,12 @@ struct ReplySlot {
     buf: Vec<u8>,
     busy: bool,
     since: u64,
-    /// The peer to forget once this reply is out (a refused client, a closed session).
+    /// The peer to release once this reply is out (a refused client, a closed session).
     remove: Option<u64>,
-    /// Where it goes.
-    to: u64,
+    /// Not posted yet (the provider said EAGAIN): where it goes, its tag and length.
+    unsent: Option<(u64, u64, usize)>,
+    /// The session it answers (0: none, a refused hello): ended if the reply fails.
+    session: u64,
 }
 
 impl ReplySlot {
@@ -107,7 +127,8 @@ impl ReplySlot {
             busy: false,
             since: 0,
             remove: None,
-            to: 0,
+            unsent: None,
+            session: 0,
         })
     }
 }
@@ -137,16 +158,30 @@ impl Server {
                 self.cur = i;
                 return Ok(());
             }
+            if self.retry_unsent() && self.replies.iter().all(|r| r.busy) {
+                // Every buffer holds a reply the provider cannot take yet: progress.
+                if let Ok(Some(c)) = self.ep.poll(0) {
+                    self.completed(c);
+                }
+                continue;
+            }
             let now = attune_sys::os::now_ns();
             if let Some(i) = self
                 .replies
                 .iter()
-                .position(|r| now - r.since > 10_000_000_000)
+                .position(|r| r.unsent.is_none() && now - r.since > UNSENT_NS)
             {
                 let mut old = std::mem::replace(&mut self.replies[i], ReplySlot::new());
                 self.ep.cancel(&mut old.ctx);
+                let (id, remove) = (old.session, old.remove.take());
                 std::mem::forget(old);
                 log("a client did not take its reply in 10 s");
+                // Its client timed the request out long ago and treats this server as
+                // lost: the session is over.
+                self.end(id, "its reply was not taken in 10 s");
+                if let Some(fi) = remove {
+                    self.release(fi);
+                }
                 self.cur = i;
                 return Ok(());
             }
@@ -168,65 +203,153 @@ impl Server {
             .find(|r| r.busy && r.ctx.id() == c.ctx)
         {
             r.busy = false;
-            if c.status != 0 {
-                log(&format!(
-                    "reply lost: {}",
-                    attune_sys::fabric::strerror(c.status)
-                ));
-                // The peer's connection is gone: its requests still queued here are
-                // served without replies for a while instead of each waiting for a send
-                // the provider refuses (EAGAIN while it retries the connection): a dead
-                // client's backlog stalled the server for seconds and the next client's
-                // hello timed out (seen in bench/remote.py's random updates).
-                self.gone.insert(r.to, attune_sys::os::now_ns() + GONE_NS);
+            let (failed, remove) = ((c.status != 0).then_some(r.session), r.remove.take());
+            if let Some(id) = failed {
+                // The session's connection broke: its runtime is dead, or it times this
+                // request out and treats the server as lost. Either way the session is
+                // over, and its requests still queued here are dropped unanswered
+                // instead of each waiting for a send the provider refuses (a dead
+                // client's backlog stalled the server for seconds, seen in
+                // bench/remote.py's random updates). Keyed by session, not address: a
+                // new runtime on the same port is answered (it was held back with the
+                // dead one when this was by address).
+                let why = attune_sys::fabric::strerror(c.status);
+                self.end(id, &format!("a reply to it failed: {why}"));
             }
-            if let Some(fi) = r.remove.take() {
-                self.ep.remove(fi);
+            if let Some(fi) = remove {
+                self.release(fi);
             }
         }
     }
 
+    /// Adds a peer's address (counted: `release` undoes every insert).
+    fn insert(&mut self, addr: &[u8]) -> Result<u64, attune_sys::Errno> {
+        let fi = self.ep.insert(addr)?;
+        *self.refs.entry(fi).or_default() += 1;
+        Ok(fi)
+    }
+
+    /// Forgets a peer's address once no session answers to it.
+    fn release(&mut self, fi: u64) {
+        if self.store.addressed(fi) {
+            return;
+        }
+        for _ in 0..self.refs.remove(&fi).unwrap_or(0) {
+            self.ep.remove(fi);
+        }
+    }
+
+    /// Ends session `id` (if it still exists) and logs why; its replies not sent yet are
+    /// dropped.
+    fn end(&mut self, id: u64, why: &str) {
+        let mut released = Vec::new();
+        for r in self.replies.iter_mut() {
+            if r.unsent.is_some() && r.session == id && id != 0 {
+                r.unsent = None;
+                r.busy = false;
+                released.extend(r.remove.take());
+            }
+        }
+        for fi in released {
+            self.release(fi);
+        }
+        if let Some((b, fi, stored)) = self.store.close(id) {
+            log(&format!(
+                "session {id} ended ({why}): {} MiB freed, {} MiB stored",
+                b >> 20,
+                stored >> 20
+            ));
+            self.release(fi);
+        }
+    }
+
+    /// A hello from `fi` opened or took over session `keep`: the sessions its address
+    /// served before are over (`Store::superseded`).
+    fn supersede(&mut self, fi: u64, keep: u64) {
+        for id in self.store.superseded(fi, keep) {
+            self.end(id, "a new hello came from its address");
+        }
+    }
+
     /// Sends the current reply (header and `len` payload bytes) to `fi` without waiting
-    /// for it: a client that is gone holds one reply buffer, not the server. `remove`:
-    /// forget the peer once the reply is out.
-    fn send(&mut self, fi: u64, tag: u64, len: usize, remove: bool) -> Result<(), String> {
-        let now = attune_sys::os::now_ns();
-        if self.gone.get(&fi).is_some_and(|&until| now < until) {
-            if remove {
-                self.ep.remove(fi);
-            }
+    /// for it: a client that is gone holds one reply buffer, not the server. `session`:
+    /// the session it answers (ended if it fails); `remove`: release the peer once the
+    /// reply is out. A reply the provider cannot take now (EAGAIN: that client's
+    /// connection is full, or being made) waits in its buffer and is sent again between
+    /// requests (`retry_unsent`), so the other clients are served meanwhile: waiting for
+    /// it here stalled every client behind one, and dropping it after 200 ms made a live
+    /// client time out (rMap's Figure 7 at 8 clients on 4 servers).
+    fn send(
+        &mut self,
+        fi: u64,
+        session: u64,
+        tag: u64,
+        len: usize,
+        remove: bool,
+    ) -> Result<(), String> {
+        let r = &mut *self.replies[self.cur];
+        r.busy = true;
+        r.since = attune_sys::os::now_ns();
+        r.remove = remove.then_some(fi);
+        r.session = session;
+        r.unsent = Some((fi, tag, len));
+        self.post_reply(self.cur)
+    }
+
+    /// Posts reply `i` if it is unsent: Ok when posted or left for later (EAGAIN); Err
+    /// when the provider refused it (its session ended, its buffer free again).
+    fn post_reply(&mut self, i: usize) -> Result<(), String> {
+        let r = &mut *self.replies[i];
+        let Some((fi, tag, len)) = r.unsent else {
             return Ok(());
-        }
-        // A live client's reply goes out within this; one the provider keeps refusing
-        // is dropped (its client times out and treats this server as lost).
-        let deadline = now + 200_000_000;
-        let cur = self.cur;
-        let iov = [(self.replies[cur].buf.as_ptr() as usize, proto::HEADER + len)];
-        loop {
-            let r = &mut *self.replies[cur];
-            match self.ep.sendv(&iov, fi, Some(tag), &mut r.ctx) {
-                Ok(()) => {
-                    r.busy = true;
-                    r.since = attune_sys::os::now_ns();
-                    r.remove = remove.then_some(fi);
-                    r.to = fi;
-                    return Ok(());
+        };
+        let iov = [(r.buf.as_ptr() as usize, proto::HEADER + len)];
+        match self.ep.sendv(&iov, fi, Some(tag), &mut r.ctx) {
+            Ok(()) => {
+                r.unsent = None;
+                Ok(())
+            }
+            Err(attune_sys::Errno(libc::EAGAIN)) => Ok(()),
+            Err(e) => {
+                let (session, remove) = (r.session, r.remove.take());
+                r.unsent = None;
+                r.busy = false;
+                let why = attune_sys::fabric::strerror(e.0);
+                self.end(session, &format!("its reply could not be sent: {why}"));
+                if let Some(fi) = remove {
+                    self.release(fi);
                 }
-                Err(attune_sys::Errno(libc::EAGAIN)) if attune_sys::os::now_ns() < deadline => {
-                    match self.ep.poll(0) {
-                        Ok(Some(c)) => self.completed(c),
-                        Ok(None) => {}
-                        Err(e) => return Err(format!("completion queue: {e}")),
-                    }
-                }
-                Err(e) => {
-                    if remove {
-                        self.ep.remove(fi);
-                    }
-                    return Err(format!("send: {}", attune_sys::fabric::strerror(e.0)));
-                }
+                Err(format!("send: {why}"))
             }
         }
+    }
+
+    /// Sends again the replies the provider could not take; one still refused after
+    /// `REFUSED_NS` ends its session (dropping it). Returns whether some still wait.
+    fn retry_unsent(&mut self) -> bool {
+        let now = attune_sys::os::now_ns();
+        let mut waiting = false;
+        for i in 0..self.replies.len() {
+            if self.replies[i].unsent.is_none() {
+                continue;
+            }
+            if now - self.replies[i].since > REFUSED_NS {
+                let r = &mut *self.replies[i];
+                let (session, remove) = (r.session, r.remove.take());
+                r.unsent = None;
+                r.busy = false;
+                self.end(session, "the provider refused its replies for 1 s");
+                if let Some(fi) = remove {
+                    self.release(fi);
+                }
+                continue;
+            }
+            if let Err(e) = self.post_reply(i) {
+                log(&e);
+            }
+            waiting |= self.replies[i].unsent.is_some();
+        }
+        waiting
     }
 
     fn reply_header(&mut self, h: Header) {
@@ -265,7 +388,7 @@ impl Server {
                 log("dropped a hello with a bad payload");
                 return Ok(());
             };
-            let fi = match self.ep.insert(addr) {
+            let fi = match self.insert(addr) {
                 Ok(fi) => fi,
                 Err(e) => {
                     log(&format!(
@@ -274,18 +397,17 @@ impl Server {
                     return Ok(());
                 }
             };
-            if !self.secrets.iter().any(|s| proto::same_secret(s, secret)) {
+            let Some(job) = self
+                .secrets
+                .iter()
+                .position(|s| proto::same_secret(s, secret))
+            else {
                 self.refused += 1;
                 log("refused a client: wrong secret");
                 rep.status = libc::EACCES;
                 self.reply_header(rep);
-                let forget = !self.store.addressed(fi);
-                return self.send(fi, h.seq, 0, forget);
-            }
-            // A hello proves its address alive: a new runtime may have the address of
-            // one that died with a reply in flight (short-lived forked children reuse
-            // ports), whose replies are held back for a while (`gone`).
-            self.gone.remove(&fi);
+                return self.send(fi, 0, h.seq, 0, true);
+            };
             if h.session != 0 {
                 // A forked runtime takes over the clone made for it.
                 return match self.store.attach(&h, fi, now) {
@@ -294,25 +416,26 @@ impl Server {
                             "session {} taken over by a forked runtime",
                             h.session
                         ));
+                        self.supersede(fi, h.session);
                         rep.token = h.token;
                         rep.value = granted;
                         rep.off = self.store.lease_ns / 1_000_000;
                         self.reply_header(rep);
-                        self.send(fi, h.seq, 0, false)
+                        self.send(fi, h.session, h.seq, 0, false)
                     }
                     Err(e) => {
                         self.refused += 1;
                         log("refused a client: unknown session or token in a hello");
                         rep.status = e;
                         self.reply_header(rep);
-                        let forget = !self.store.addressed(fi);
-                        self.send(fi, h.seq, 0, forget)
+                        self.send(fi, 0, h.seq, 0, true)
                     }
                 };
             }
             let mut token = [0u8; 16];
             attune_sys::os::random_bytes(&mut token).map_err(|e| format!("getrandom: {e}"))?;
-            let (id, granted) = self.store.open(h.off, fi, token, now);
+            let (id, granted) = self.store.open(h.off, fi, job, token, now);
+            self.supersede(fi, id);
             log(&format!(
                 "session {id} opened: {} MiB granted ({} sessions, {} MiB held)",
                 granted >> 20,
@@ -324,7 +447,7 @@ impl Server {
             rep.value = granted;
             rep.off = self.store.lease_ns / 1_000_000;
             self.reply_header(rep);
-            return self.send(fi, h.seq, 0, false);
+            return self.send(fi, id, h.seq, 0, false);
         }
         // Every other request names a session and proves it with the token; one that
         // does not is dropped unanswered (its sender is not known to be who it claims).
@@ -376,9 +499,9 @@ impl Server {
                     ));
                     rep.value = b;
                     self.reply_header(rep);
-                    // A clone not yet taken over still answers to this address.
-                    let forget = !self.store.addressed(fi);
-                    return self.send(fi, h.seq, 0, forget);
+                    // Released once out, unless another session (a clone not yet taken
+                    // over) still answers to this address.
+                    return self.send(fi, 0, h.seq, 0, true);
                 }
                 0
             }
@@ -390,7 +513,7 @@ impl Server {
         rep.status = status;
         rep.len = len as u32;
         self.reply_header(rep);
-        self.send(fi, h.seq, len, false)
+        self.send(fi, h.session, h.seq, len, false)
     }
 }
 
@@ -450,7 +573,7 @@ fn serve(a: Args) -> Result<(), String> {
         ready: VecDeque::new(),
         replies: (0..8).map(|_| ReplySlot::new()).collect(),
         cur: 0,
-        gone: std::collections::HashMap::new(),
+        refs: std::collections::HashMap::new(),
         refused: 0,
     };
     for i in 0..s.slots.len() {
@@ -465,11 +588,13 @@ fn serve(a: Args) -> Result<(), String> {
     ));
     let mut last_expiry = attune_sys::os::now_ns();
     loop {
+        // Replies the provider could not take go out as soon as it can.
+        let unsent = s.retry_unsent();
         let next = match s.ready.pop_front() {
             Some(x) => Some(x),
             // Requests come in bursts (a fault's read-ahead, an eviction batch): poll a
-            // little before sleeping.
-            None => match s.ep.wait(200_000, 100) {
+            // little before sleeping (1 ms while replies wait to be sent).
+            None => match s.ep.wait(200_000, if unsent { 1 } else { 100 }) {
                 Ok(Some(c)) => {
                     s.completed(c);
                     s.ready.pop_front()
@@ -498,9 +623,7 @@ fn serve(a: Args) -> Result<(), String> {
         let now = attune_sys::os::now_ns();
         if now - last_expiry > 1_000_000_000 {
             for (id, (b, fi, stored)) in s.store.expire(now) {
-                if !s.store.addressed(fi) {
-                    s.ep.remove(fi);
-                }
+                s.release(fi);
                 log(&format!(
                     "session {id} expired (no request for {} s): {} MiB freed, {} MiB stored",
                     a.lease,

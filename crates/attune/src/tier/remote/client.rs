@@ -165,9 +165,16 @@ impl Client {
         }
         let n = servers.len().max(1);
         let replicas = (cfg.replicas as usize).clamp(1, n);
+        // Requests are numbered from a random start, and a reply's tag is its request's
+        // number: replies a server still sends to a dead runtime whose address (a reused
+        // port) this endpoint now has match none of this endpoint's receives. Numbered
+        // from 1 in every runtime, they would land in the buffers of its requests.
+        let mut start = [0u8; 8];
+        attune_sys::os::random_bytes(&mut start)
+            .map_err(|e| format!("tier '{}': getrandom: {e}", cfg.name))?;
         Ok(Client {
             ep,
-            seq: 0,
+            seq: u64::from_ne_bytes(start) >> 1,
             timeout_ns: cfg.timeout_ms * 1_000_000,
             lease_ns: 60_000_000_000,
             replicas,
@@ -189,7 +196,7 @@ impl Client {
         let mut out_hdr: Vec<[u8; proto::HEADER]> = Vec::with_capacity(n);
         let mut in_hdr: Vec<[u8; proto::HEADER]> = vec![[0u8; proto::HEADER]; n];
         for r in reqs.iter_mut() {
-            self.seq += 1;
+            self.seq = self.seq.wrapping_add(1);
             r.head.seq = self.seq;
             out_hdr.push(r.head.encode());
         }
@@ -289,6 +296,17 @@ impl Client {
                     Errno(libc::EPROTO),
                     format!("{name}: reply to another request"),
                 )),
+                // A reply names the session of its request (a hello's and a clone's name
+                // the new one).
+                Ok(h)
+                    if h.session != reqs[i].head.session
+                        && !matches!(Op::from_u16(h.op), Some(Op::Hello | Op::Clone)) =>
+                {
+                    Err((
+                        Errno(libc::EPROTO),
+                        format!("{name}: reply for another session"),
+                    ))
+                }
                 Ok(h) if h.status != 0 => {
                     Err((Errno(h.status), format!("{name}: {}", Errno(h.status))))
                 }
