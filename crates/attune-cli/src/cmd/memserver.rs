@@ -115,7 +115,8 @@ struct ReplySlot {
     remove: Option<u64>,
     /// Not posted yet (the provider said EAGAIN): where it goes, its tag and length.
     unsent: Option<(u64, u64, usize)>,
-    /// The session it answers (0: none, a refused hello): ended if the reply fails.
+    /// The session it answers (0: none, a refused hello): ended if the provider refuses
+    /// the reply for `REFUSED_NS`.
     session: u64,
 }
 
@@ -240,16 +241,13 @@ impl Server {
     /// Ends session `id` (if it still exists) and logs why; its replies not sent yet are
     /// dropped.
     fn end(&mut self, id: u64, why: &str) {
-        let mut released = Vec::new();
-        for r in self.replies.iter_mut() {
-            if r.unsent.is_some() && r.session == id && id != 0 {
-                r.unsent = None;
-                r.busy = false;
-                released.extend(r.remove.take());
-            }
+        if id == 0 {
+            return;
         }
-        for fi in released {
-            self.release(fi);
+        for i in 0..self.replies.len() {
+            if self.replies[i].unsent.is_some() && self.replies[i].session == id {
+                self.free_unsent(i);
+            }
         }
         if let Some((b, fi, stored)) = self.store.close(id) {
             log(&format!(
@@ -259,6 +257,19 @@ impl Server {
             ));
             self.release(fi);
         }
+    }
+
+    /// Frees reply buffer `i`, whose reply was never posted, releasing its peer if the
+    /// reply was to release it; returns the session the reply answered.
+    fn free_unsent(&mut self, i: usize) -> u64 {
+        let r = &mut *self.replies[i];
+        r.unsent = None;
+        r.busy = false;
+        let (session, remove) = (r.session, r.remove.take());
+        if let Some(fi) = remove {
+            self.release(fi);
+        }
+        session
     }
 
     /// A hello from `fi` opened or took over session `keep`: the sessions its address
@@ -271,8 +282,8 @@ impl Server {
 
     /// Sends the current reply (header and `len` payload bytes) to `fi` without waiting
     /// for it: a client that is gone holds one reply buffer, not the server. `session`:
-    /// the session it answers (ended if it fails); `remove`: release the peer once the
-    /// reply is out. A reply the provider cannot take now (EAGAIN: that client's
+    /// the session it answers (ended if the reply is refused for good); `remove`: release
+    /// the peer once the reply is out. A reply the provider cannot take now (EAGAIN: that client's
     /// connection is full, or being made) waits in its buffer and is sent again between
     /// requests (`retry_unsent`), so the other clients are served meanwhile: waiting for
     /// it here stalled every client behind one, and dropping it after 200 ms made a live
@@ -309,14 +320,9 @@ impl Server {
             }
             Err(attune_sys::Errno(libc::EAGAIN)) => Ok(()),
             Err(e) => {
-                let (session, remove) = (r.session, r.remove.take());
-                r.unsent = None;
-                r.busy = false;
                 let why = attune_sys::fabric::strerror(e.0);
+                let session = self.free_unsent(i);
                 self.end(session, &format!("its reply could not be sent: {why}"));
-                if let Some(fi) = remove {
-                    self.release(fi);
-                }
                 Err(format!("send: {why}"))
             }
         }
@@ -332,14 +338,8 @@ impl Server {
                 continue;
             }
             if now - self.replies[i].since > REFUSED_NS {
-                let r = &mut *self.replies[i];
-                let (session, remove) = (r.session, r.remove.take());
-                r.unsent = None;
-                r.busy = false;
+                let session = self.free_unsent(i);
                 self.end(session, "the provider refused its replies for 1 s");
-                if let Some(fi) = remove {
-                    self.release(fi);
-                }
                 continue;
             }
             if let Err(e) = self.post_reply(i) {
