@@ -16,7 +16,11 @@ quarter of it in DRAM (pages spread over the servers by 64 KiB unit), Attune's d
 unit. Reported: the aggregate rate (the sum of the clients' MB/s of touched pages, which
 run at once) and, in brackets, the rate per client.
 
-Usage: python3 bench/rmap.py [--mib 64] [--cut 60] [--only 6,7]   (root; make build first)
+One cell of Figure 7, run --reps times with fresh servers each time (the aggregate and each
+client's seconds per run): --cell SERVERS,CLIENTS,PATTERN, e.g. --cell 4,8,seq.
+
+Usage: python3 bench/rmap.py [--mib 64] [--cut 60] [--only 6,7] [--cell S,C,P --reps N]
+       (root; make build first)
 """
 import argparse
 import json
@@ -104,26 +108,43 @@ def figure6(h, d, exe, secret, a):
             p.wait()
 
 
+def cell(h, d, exe, secret, a, n, c, pattern):
+    """c clients at once through n fresh servers (each cell its own: the figures measure
+    the cell, not what earlier clients left on the servers); each client's result."""
+    cfg = config(d, h, n, secret)
+    servers = [h.serve(i, d, secret, "--size", "2G") for i in range(n)]
+    try:
+        reps = [d / f"f7-{n}-{pattern}-{c}-{k}.json" for k in range(c)]
+        procs = [client(h, exe, cfg, pattern, a.mib // 2, "default", {}, r) for r in reps]
+        return [finish(p, a.cut, r) for p, r in zip(procs, reps)]
+    finally:
+        for p, _ in servers:
+            p.kill()
+            p.wait()
+
+
+def one_cell(h, d, exe, secret, a):
+    n, c, pattern = a.cell.split(",")
+    n, c = int(n), int(c)
+    print(f"\n{c} client(s) through {n} server(s), {pattern}, {a.mib // 2} MiB each at a quarter in DRAM\n")
+    print("| run | aggregate MB/s | seconds per client | failed |")
+    print("|---|---|---|---|")
+    for k in range(a.reps):
+        res = cell(h, d, exe, secret, a, n, c, pattern)
+        ok = [r for r in res if r not in (None, "failed")]
+        agg = sum(r[1] / r[0] for r in ok) / 1e6
+        secs = " ".join(f"{r[0]:.2f}" for r in ok)
+        print(f"| {k + 1} | {agg:.0f} | {secs} | {len(res) - len(ok)} |", flush=True)
+
+
 def figure7(h, d, exe, secret, a):
     clients = [1, 2, 4, 8]
     rows = {"seq": [], "random": []}
     for n in (1, 2, 4):
-        cfg = config(d, h, n, secret)
         for pattern in rows:
             cells = []
             for c in clients:
-                # Fresh servers for each cell: after clients that ended with replies in
-                # flight, a server did not answer the next clients on the same ports
-                # (docs/benchmarks.md, "rMap's figures").
-                servers = [h.serve(i, d, secret, "--size", "2G") for i in range(n)]
-                try:
-                    reps = [d / f"f7-{n}-{pattern}-{c}-{k}.json" for k in range(c)]
-                    procs = [client(h, exe, cfg, pattern, a.mib // 2, "default", {}, r) for r in reps]
-                    res = [finish(p, a.cut, r) for p, r in zip(procs, reps)]
-                finally:
-                    for p, _ in servers:
-                        p.kill()
-                        p.wait()
+                res = cell(h, d, exe, secret, a, n, c, pattern)
                 if "failed" in res:
                     cells.append(f"{res.count('failed')} of {c} failed")
                 elif None in res:
@@ -147,7 +168,11 @@ def main():
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--cut", type=int, default=60, help="seconds before a run is stopped")
     ap.add_argument("--only", default="6,7")
+    ap.add_argument("--cell", help="SERVERS,CLIENTS,PATTERN: one cell of Figure 7 only")
+    ap.add_argument("--reps", type=int, default=3, help="runs of --cell")
     a = ap.parse_args()
+    if a.cell and (len(a.cell.split(",")) != 3 or a.cell.split(",")[2] not in ("seq", "random")):
+        ap.error("--cell takes SERVERS,CLIENTS,PATTERN with PATTERN seq or random (e.g. 4,8,seq)")
     d = Path(tempfile.mkdtemp(prefix="attune-rmap-"))
     os.chmod(d, 0o755)
     exe = d / "unit_patterns"
@@ -156,6 +181,9 @@ def main():
     subprocess.run([ATTUNE, "memserver", "--new-secret", secret], check=True, capture_output=True)
     h = Hosts(4)
     try:
+        if a.cell:
+            one_cell(h, d, exe, secret, a)
+            return
         if "6" in a.only.split(","):
             figure6(h, d, exe, secret, a)
         if "7" in a.only.split(","):

@@ -389,7 +389,8 @@ impl Endpoint {
     /// threads outnumber CPUs (servers and clients on the same cores) the peer that has
     /// the reply to make runs instead of waiting for a spinner's time slice. Random 4 KiB
     /// reads through two servers on this 2-vCPU host: 192 MB/s yielding, 23 MB/s
-    /// spinning, 44 MB/s sleeping at once (`bench/rmap.py`, docs/benchmarks.md).
+    /// spinning, 44 MB/s sleeping at once (`bench/rmap.py --cell 2,1,random`;
+    /// docs/benchmarks.md, "rMap's figures").
     pub fn wait(&mut self, spin_ns: u64, timeout_ms: i32) -> Result<Option<Completion>, Errno> {
         let end = crate::os::now_ns() + spin_ns;
         loop {
