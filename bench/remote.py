@@ -1,6 +1,7 @@
 """The remote tier (issue 25, item 2) against the fabric's own limits, side by side in one
 run: a client host and one memory server as network namespaces on a bridge (the hosts of
-tests/python/test_remote.py), libfabric's tcp provider.
+tests/python/test_remote.py), libfabric over TCP (`provider = "tcp"`: the net provider on
+libfabric 1.17, docs/design/remote.md "TCP without ofi_rxm").
 
 For each repetition, interleaved: fi_pingpong between the two hosts (4 KiB: the raw round
 trip a remote fault can at best cost; 1 MiB: the raw streaming bandwidth), then
@@ -10,7 +11,8 @@ random fault latency (fault-attune, 64 MiB budget), a sequential pass over twice
 a memory-backed device at the same budget (rand-kswap-memory) as the baseline of the
 random updates. Prints medians and the ratios the issue names.
 
-Usage: python3 bench/remote.py [--reps 3] [--servers 1]   (root; make build first)
+Usage: python3 bench/remote.py [--reps 3] [--servers 1]   (root; make build first; fi_pingpong
+from Debian's libfabric-bin)
 """
 import argparse
 import json
@@ -30,14 +32,26 @@ sys.path.insert(0, str(ROOT / "tests" / "python"))
 from test_remote import Hosts  # noqa: E402
 
 
+def tcp_provider():
+    """The libfabric provider `provider = "tcp"` opens (attune-sys fabric_shim.c): net
+    where the library has it (1.17), tcp otherwise; fi_pingpong measures the same one."""
+    have = subprocess.run(["fi_info", "-p", "net", "-t", "FI_EP_RDM"], capture_output=True, text=True)
+    return "net" if have.returncode == 0 and "provider: net" in have.stdout else "tcp"
+
+
+PROV = None
+
+
 def pingpong(h, size, iters):
-    """fi_pingpong over the tcp provider between the client and server 0: (usec per
-    transfer, MB/s)."""
-    srv = subprocess.Popen(["ip", "netns", "exec", h.servers[0], "fi_pingpong", "-p", "tcp", "-e", "rdm",
+    """fi_pingpong over the provider the tier opens between the client and server 0:
+    (usec per transfer, MB/s)."""
+    global PROV
+    PROV = PROV or tcp_provider()
+    srv = subprocess.Popen(["ip", "netns", "exec", h.servers[0], "fi_pingpong", "-p", PROV, "-e", "rdm",
                             "-S", str(size), "-I", str(iters)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(0.5)
-        out = subprocess.run(h.on_client(["fi_pingpong", "-p", "tcp", "-e", "rdm", "-S", str(size), "-I",
+        out = subprocess.run(h.on_client(["fi_pingpong", "-p", PROV, "-e", "rdm", "-S", str(size), "-I",
                                           str(iters), h.addr(0).split(":")[0]]),
                              capture_output=True, text=True, timeout=120).stdout
     finally:
@@ -111,7 +125,7 @@ secret_file = "{secret}"
         med = statistics.median
         rtt = med(r[0] for r in rows["pp4k"]) * 2
         bw = med(r[1] for r in rows["pp1m"]) / 1000
-        print(f"fi_pingpong tcp rdm, client and server hosts: 4 KiB {rtt / 2:.1f} us a transfer "
+        print(f"fi_pingpong {PROV} rdm, client and server hosts: 4 KiB {rtt / 2:.1f} us a transfer "
               f"(round trip {rtt:.1f} us); 1 MiB {bw:.3f} GB/s")
         print(f"\n| scenario | metric | remote tier ({a.servers} server(s)) | in-process memory tier | remote / limit |")
         print("|---|---|---|---|---|")

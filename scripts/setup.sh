@@ -18,6 +18,8 @@ command -v mpicc >/dev/null || need+=(openmpi-bin libopenmpi-dev)
 # The remote tier: libfabric's headers for the build (the library itself is opened at
 # run time, only by a process with a remote tier), and ip(8) for the test hosts.
 [ -e /usr/include/rdma/fabric.h ] || need+=(libfabric-dev)
+# fi_info and fi_pingpong: the transport's own figures beside the tier's (bench/remote.py).
+command -v fi_pingpong >/dev/null || need+=(libfabric-bin)
 command -v ip >/dev/null || need+=(iproute2)
 # The Slurm plugin (spank.h) and its tests against a real single-node Slurm; bubblewrap
 # and Charliecloud for the container tests (docs/slurm.md).

@@ -130,7 +130,8 @@ def secret(workdir, name="secret"):
     return p
 
 
-def config(workdir, h, n, secret_file, timeout_ms=3000, name="remote", file_dir=None, replicas=1, first=0):
+def config(workdir, h, n, secret_file, timeout_ms=3000, name="remote", file_dir=None, replicas=1, first=0,
+           provider="tcp"):
     p = workdir / f"{name}-{n}.toml"
     p.write_text(f"""
 [[tier]]
@@ -141,6 +142,7 @@ servers = "{','.join(h.addr(i) for i in range(first, first + n))}"
 secret_file = "{secret_file}"
 timeout_ms = {timeout_ms}
 replicas = {replicas}
+provider = "{provider}"
 
 [[tier]]
 name = "file"
@@ -423,7 +425,8 @@ def test_a_runtime_on_the_port_of_a_killed_one_is_answered(workdir, hosts):
     runtime's late replies matched the next one's requests.)"""
     h = hosts(1)
     _, log = h.serve(0, workdir, secret(workdir), "--size", "2G", "--lease", "60")
-    port = {"FI_TCP_PORT_LOW_RANGE": "7811", "FI_TCP_PORT_HIGH_RANGE": "7811"}
+    # libfabric 1.17: FI_NET_* for its net provider (what "tcp" opens), FI_TCP_* for tcp.
+    port = {f"FI_{p}_PORT_{e}_RANGE": "7811" for p in ("TCP", "NET") for e in ("LOW", "HIGH")}
     env = {**os.environ, **port, "ATTUNE_CONFIG": str(config(workdir, h, 1, secret(workdir))),
            "ATTUNE_DRAM": "8M", "TEST_BUDGET": str(8 * MIB)}
     for k in range(3):
@@ -464,6 +467,37 @@ def test_fifty_runtimes_at_once_on_one_server(workdir, hosts):
     text = log.read_text()
     assert len(re.findall(r"session \d+ opened", text)) == 50, text
     assert "error" not in text, text
+
+
+@pytest.mark.parametrize("provider", ["tcp", pytest.param("tcp;ofi_rxm", marks=pytest.mark.skipif(
+    not os.environ.get("TEST_OFI_RXM"), reason="libfabric 1.17's ofi_rxm ends live runtimes' sessions "
+    "(TEST_OFI_RXM=1 runs it)"))])
+def test_eight_runtimes_through_four_servers_keep_their_sessions(workdir, hosts, provider):
+    """rMap's Figure 7 cell that stalled: 8 unmodified programs at once under `attune
+    run`, each 3 sequential passes over 32 MiB through 8 MiB of DRAM (read-ahead: many
+    requests in flight), spread over 4 servers, twice. Every program's sum is the one it
+    gives without Attune, no server is lost, and no server drops a live runtime's
+    request for want of its session. Over libfabric 1.17's tcp;ofi_rxm, servers could no
+    longer reach live runtimes, ended their sessions and dropped hundreds of their
+    requests (3 runs of 3); "tcp" now opens the net provider (docs/design/remote.md,
+    "TCP without ofi_rxm")."""
+    h = hosts(4)
+    logs = [h.serve(i, workdir, secret(workdir), "--size", "1G", "--provider", provider)[1] for i in range(4)]
+    cfg = config(workdir, h, 4, secret(workdir), timeout_ms=5000, provider=provider)
+    exe = workdir / "unit_patterns"
+    sh("gcc", "-O2", "-pthread", ROOT / "bench" / "unit_patterns.c", "-o", exe)
+    plain = subprocess.run([exe, "seq", "32"], check=True, capture_output=True, text=True).stdout
+    want = plain.split("sum=")[1].strip()
+    for _ in range(2):
+        procs = [subprocess.Popen(h.on_client([ATTUNE, "run", "-q", "--config", cfg, "--dram", "8M", "--", exe,
+                                               "seq", "32"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for _ in range(8)]
+        results = [p.communicate(timeout=300) for p in procs]
+        text = "".join(log.read_text() for log in logs)
+        for p, (out, err) in zip(procs, results):
+            assert p.returncode == 0 and f"sum={want}" in out, out + err + text[-3000:]
+            assert "warning" not in err, err + text[-3000:]
+        assert "dropped" not in text and "error" not in text, text
 
 
 class Program:

@@ -121,24 +121,39 @@ static struct fi_info *hints_for(const char *prov) {
   return h;
 }
 
+static int getinfo_for(const char *prov, const char *node, const char *service, int listen,
+                       struct fi_info **info) {
+  struct fi_info *h = hints_for(prov);
+  if (!h)
+    return -ENOMEM;
+  int rc = listen ? p_getinfo(ATF_VERSION, node, service, FI_SOURCE, h, info)
+                  : p_getinfo(ATF_VERSION, NULL, NULL, 0, h, info);
+  p_freeinfo(h);
+  return rc;
+}
+
 /* Opens an endpoint. `node`/`service` given with `listen` set: bound there (a server);
- * otherwise any local address (a client). */
+ * otherwise any local address (a client).
+ *
+ * "tcp" means reliable messages over TCP sockets. libfabric 1.17's tcp provider has
+ * connected endpoints only, layered under ofi_rxm for RDM, and that layer's connection
+ * handling broke live peers' connections under load (docs/design/remote.md, "TCP without
+ * ofi_rxm"); its `net` provider is the native RDM-over-TCP implementation that became
+ * `tcp` in 1.18. So "tcp" asks for `net` first, and takes `tcp` (ofi_rxm on 1.17, native
+ * from 1.18) where there is no `net`. "tcp;ofi_rxm" names the layered one explicitly. */
 int atf_open(const char *prov, const char *node, const char *service, int listen,
              struct atf_ep **out, char *err, size_t n) {
   int rc = atf_load(err, n);
   if (rc)
     return rc;
   struct atf_ep *e = calloc(1, sizeof *e);
-  struct fi_info *h = hints_for(prov);
-  if (!e || !h) {
-    free(e);
-    if (h)
-      p_freeinfo(h);
+  if (!e)
     return -ENOMEM;
-  }
-  rc = listen ? p_getinfo(ATF_VERSION, node, service, FI_SOURCE, h, &e->info)
-              : p_getinfo(ATF_VERSION, NULL, NULL, 0, h, &e->info);
-  p_freeinfo(h);
+  rc = -FI_ENODATA;
+  if (prov && strcmp(prov, "tcp") == 0)
+    rc = getinfo_for("net", node, service, listen, &e->info);
+  if (rc)
+    rc = getinfo_for(prov, node, service, listen, &e->info);
   if (rc) {
     say(err, n, "fi_getinfo", rc);
     free(e);
@@ -187,7 +202,9 @@ int atf_insert(struct atf_ep *e, const void *addr, uint64_t *fi) {
 /* Adds a peer by host and port (a server): the provider resolves the name. */
 int atf_resolve(struct atf_ep *e, const char *prov, const char *node, const char *service,
                 uint64_t *fi, char *err, size_t n) {
-  struct fi_info *h = hints_for(prov), *info = NULL;
+  /* The provider the endpoint was opened with (`net` for "tcp" on libfabric 1.17). */
+  (void)prov;
+  struct fi_info *h = hints_for(e->info->fabric_attr->prov_name), *info = NULL;
   if (!h)
     return -ENOMEM;
   int rc = p_getinfo(ATF_VERSION, node, service, 0, h, &info);

@@ -4,9 +4,9 @@
 //! The server's state and rules are `attune_cli::memstore::Store`, kept apart from the
 //! fabric loop so that they are tested and fuzzed without a network. The loop serves one
 //! request at a time; receives stay posted meanwhile (clients pipeline), and replies go
-//! out without waiting for their completion (8 buffers), so a client that died with a
-//! reply in flight holds one buffer, never the server (seen: a dead client's reply
-//! stalled every other client for 10 s).
+//! out without waiting for their completion (8 buffers, more while some hold replies the
+//! provider refused), so a client that died with a reply in flight holds one buffer,
+//! never the server (seen: a dead client's reply stalled every other client for 10 s).
 //!
 //! A session ends with its runtime: at its bye, when the provider refuses its replies for
 //! a second (its runtime is dead: its port refuses), when a new hello comes from its
@@ -57,13 +57,20 @@ fn parse_size(s: &str) -> Result<u64, String> {
 /// counts this server as lost.
 const UNSENT_NS: u64 = 10_000_000_000;
 
-/// How long the provider may refuse a reply (EAGAIN) before its session is ended. The
-/// provider says EAGAIN both to a full connection and to a peer it is connecting to
-/// again, and a runtime that exited or was killed is one such peer for ever (its port
-/// refuses). Before, such a reply was dropped after 200 ms, so its client, if alive,
-/// timed the request out all the same; ending the session drops the dead runtime's
-/// other replies with it (each had cost 200 ms of every client's time).
+/// How long the provider may refuse a reply (EAGAIN), with no request from its session
+/// meanwhile, before the session is ended. The provider says EAGAIN both to a full
+/// connection and to a peer it is connecting to again, and a runtime that exited or was
+/// killed is one such peer for ever (its port refuses). Before, such a reply was dropped
+/// after 200 ms, so its client, if alive, timed the request out all the same; ending the
+/// session drops the dead runtime's other replies with it.
 const REFUSED_NS: u64 = 1_000_000_000;
+
+/// Reply buffers at the start, and at most (2 MiB each, touched only as far as replies
+/// fill them): buffers are added while every one is in flight and some hold replies the
+/// provider refused (rMap's Figure 7, 4 servers and 8 runtimes: the replies to runtimes
+/// that had just exited held all 8 for a second, and the live ones waited).
+const REPLIES: usize = 8;
+const MAX_REPLIES: usize = 64;
 
 fn log(msg: &str) {
     eprintln!("attune memserver: {msg}");
@@ -160,6 +167,12 @@ impl Server {
                 return Ok(());
             }
             if self.retry_unsent() && self.replies.iter().all(|r| r.busy) {
+                // Replies the provider cannot take yet (a dead runtime's, for up to
+                // REFUSED_NS) do not hold up the others' requests: one more buffer.
+                if self.replies.len() < MAX_REPLIES {
+                    self.replies.push(ReplySlot::new());
+                    continue;
+                }
                 // Every buffer holds a reply the provider cannot take yet: progress.
                 if let Ok(Some(c)) = self.ep.poll(0) {
                     self.completed(c);
@@ -337,7 +350,12 @@ impl Server {
             if self.replies[i].unsent.is_none() {
                 continue;
             }
-            if now - self.replies[i].since > REFUSED_NS {
+            // Refused since the reply was made, and nothing heard from its session since:
+            // a session whose requests still arrive is alive, and ending it would drop
+            // them unanswered (its runtime then loses the server at its timeout).
+            let session = self.replies[i].session;
+            let heard = self.store.last_request(session).unwrap_or(0);
+            if now.saturating_sub(self.replies[i].since.max(heard)) > REFUSED_NS {
                 let session = self.free_unsent(i);
                 self.end(session, "the provider refused its replies for 1 s");
                 continue;
@@ -569,7 +587,7 @@ fn serve(a: Args) -> Result<(), String> {
             })
             .collect(),
         ready: VecDeque::new(),
-        replies: (0..8).map(|_| ReplySlot::new()).collect(),
+        replies: (0..REPLIES).map(|_| ReplySlot::new()).collect(),
         cur: 0,
         refs: std::collections::HashMap::new(),
         refused: 0,

@@ -24,6 +24,7 @@ const REJOIN_NS: u64 = 2_000_000_000;
 type Failure = (Errno, String);
 
 /// One request of an exchange.
+#[derive(Clone)]
 struct Req {
     /// The job it serves.
     job: usize,
@@ -72,6 +73,20 @@ pub(super) struct Client {
 /// Whether an error means the server (or the way to it) is lost, not that it refused.
 fn is_loss(e: Errno) -> bool {
     !matches!(e.0, libc::ENOSPC)
+}
+
+/// Times a request whose connection broke is sent again (within its timeout).
+const RESENDS: usize = 3;
+
+/// Whether a failed transfer may succeed on a new connection: the provider broke or
+/// cancelled the connection under it (libfabric 1.17's tcp;ofi_rxm reports a reset
+/// socket as ENOTCONN, and cancels what was posted on it). A refused connection (the
+/// server's port is closed), a timeout and a server's own status are not.
+fn is_transient(e: Errno) -> bool {
+    matches!(
+        e.0,
+        libc::ENOTCONN | libc::ECONNRESET | libc::ECONNABORTED | libc::EPIPE | libc::ECANCELED
+    )
 }
 
 impl Client {
@@ -189,7 +204,37 @@ impl Client {
     /// Sends every request of `reqs` at once and waits for their replies, up to the
     /// timeout. Each request's payload goes out of (store, hello) or comes back into
     /// (load) its buffer. Returns each request's reply header or error.
+    ///
+    /// A request whose connection broke under it (`is_transient`) is sent again, with a
+    /// new number, while the timeout lasts (at most `RESENDS` times): the provider makes a
+    /// new connection, and the server, which keeps the session, answers. Every request is
+    /// idempotent (a load reads, a store writes the same bytes at the same place, a
+    /// discard drops; a hello sent twice opens a second session, which supersedes the
+    /// first). Before, such a break lost the server: with one copy, the program's pages
+    /// there were lost (a CI run's forked program; rMap's Figure 7 cells lost servers
+    /// for 2 s, docs/design/remote.md "A broken connection is not a lost server").
     fn exchange(&mut self, reqs: &mut [Req]) -> Vec<Result<Header, Failure>> {
+        let deadline = attune_sys::os::now_ns() + self.timeout_ns;
+        let mut out = self.exchange_once(reqs, deadline);
+        for _ in 0..RESENDS {
+            let again: Vec<usize> = (0..reqs.len())
+                .filter(|&i| matches!(&out[i], Err((e, _)) if is_transient(*e)))
+                .collect();
+            if again.is_empty() || attune_sys::os::now_ns() >= deadline {
+                break;
+            }
+            let mut sub: Vec<Req> = again.iter().map(|&i| reqs[i].clone()).collect();
+            let res = self.exchange_once(&mut sub, deadline);
+            for ((i, r), q) in again.into_iter().zip(res).zip(sub) {
+                reqs[i].head.seq = q.head.seq;
+                out[i] = r;
+            }
+        }
+        out
+    }
+
+    /// One exchange of `reqs` (`exchange`), until `deadline`.
+    fn exchange_once(&mut self, reqs: &mut [Req], deadline: u64) -> Vec<Result<Header, Failure>> {
         let n = reqs.len();
         let mut send_ctx: Vec<OpContext> = (0..n).map(|_| OpContext::default()).collect();
         let mut recv_ctx: Vec<OpContext> = (0..n).map(|_| OpContext::default()).collect();
@@ -203,7 +248,6 @@ impl Client {
         // Per request: operations still posted (receive and send), and its error.
         let mut posted = vec![0u8; n];
         let mut errs: Vec<Option<Failure>> = (0..n).map(|_| None).collect();
-        let deadline = attune_sys::os::now_ns() + self.timeout_ns;
         let fabric_err =
             |e: Errno, what: &str| (e, format!("{what}: {}", attune_sys::fabric::strerror(e.0)));
         // Receives first, then the sends in passes: a send the provider cannot take yet
@@ -240,6 +284,18 @@ impl Client {
                         false
                     }
                     Err(Errno(libc::EAGAIN)) if !late => true,
+                    Err(Errno(libc::EAGAIN)) => {
+                        // The provider could not connect within the timeout.
+                        let name = &self.servers[reqs[i].server].name;
+                        errs[i] = Some((
+                            Errno(libc::ETIMEDOUT),
+                            format!(
+                                "no answer in {} ms from {name} (no connection)",
+                                self.timeout_ns / 1_000_000
+                            ),
+                        ));
+                        false
+                    }
                     Err(e) => {
                         let name = &self.servers[reqs[i].server].name;
                         errs[i] = Some(fabric_err(e, &format!("cannot send to {name}")));
