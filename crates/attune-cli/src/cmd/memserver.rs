@@ -8,12 +8,11 @@
 //! provider refused), so a client that died with a reply in flight holds one buffer,
 //! never the server (seen: a dead client's reply stalled every other client for 10 s).
 //!
-//! A session ends with its runtime: at its bye, when the provider refuses its replies for
-//! a second (its runtime is dead: its port refuses), when a new hello comes from its
-//! address (a new runtime on a reused port, or the same one rejoining), or when its lease
-//! runs out. Peers' addresses are counted (the
-//! provider's address vector counts inserts of one address) and removed when no session
-//! answers to them any more.
+//! A session ends with its runtime: at its bye, a second after a reply to it failed or
+//! was refused if it sent nothing meanwhile (its runtime is dead: its port refuses), when
+//! a new hello comes from its address (a new runtime on a reused port, or the same one rejoining), or
+//! when its lease runs out. Peers' addresses are counted (the provider's address vector
+//! counts inserts of one address) and removed when no session answers to them any more.
 
 use attune_cli::memstore::Store;
 use attune_proto::remote::{self as proto, Header, Op};
@@ -110,6 +109,10 @@ struct Server {
     /// session answers to it any more (`release`).
     refs: std::collections::HashMap<u64, u32>,
     refused: u64,
+    /// Replies dropped unsent to sessions that were not ended (`retry_unsent`).
+    unsent_dropped: u64,
+    /// Sessions a reply to which failed, and when (`end_failed`).
+    failed: std::collections::HashMap<u64, u64>,
 }
 
 /// A reply buffer: in flight (`busy`) from its send until its completion.
@@ -211,26 +214,33 @@ impl Server {
     fn completed(&mut self, c: Completion) {
         if let Some(i) = self.slot_of(&c) {
             self.ready.push_back((i, c));
-        } else if let Some(r) = self
+            return;
+        }
+        let Some(i) = self
             .replies
-            .iter_mut()
-            .find(|r| r.busy && r.ctx.id() == c.ctx)
-        {
-            r.busy = false;
-            let (failed, remove) = ((c.status != 0).then_some(r.session), r.remove.take());
-            if let Some(id) = failed {
-                // The session's connection broke. Its runtime may be dead, or alive: when
-                // this ended the session, a CI run's forked test program lost its
-                // sessions on both servers at once (cause not found; forked children
-                // hold their parent's sockets). Its next replies tell: the provider
-                // connects again, and a dead runtime's port refuses them, which ends
-                // the session after REFUSED_NS (`retry_unsent`); a live one is answered.
-                let why = attune_sys::fabric::strerror(c.status);
-                log(&format!("a reply to session {id} failed: {why}"));
-            }
-            if let Some(fi) = remove {
-                self.release(fi);
-            }
+            .iter()
+            .position(|r| r.busy && r.ctx.id() == c.ctx)
+        else {
+            return;
+        };
+        let session = self.replies[i].session;
+        if c.status != 0 && self.store.last_request(session).is_some() {
+            // The reply's connection broke. Its runtime may be dead, or alive and about to
+            // send again on a new connection (`attune::tier::remote` resends a request
+            // whose connection broke): the session ends if it sends nothing for
+            // REFUSED_NS (`end_failed`). Ending it at once made a CI run's live forked
+            // program lose its sessions (ofi_rxm's broken connections,
+            // docs/design/remote.md); only logging it left a dead runtime's pages to its
+            // lease (libfabric's net provider fails a reply to a dead peer where ofi_rxm
+            // refused it).
+            self.failed
+                .entry(session)
+                .or_insert(attune_sys::os::now_ns());
+        }
+        let r = &mut *self.replies[i];
+        r.busy = false;
+        if let Some(fi) = r.remove.take() {
+            self.release(fi);
         }
     }
 
@@ -341,8 +351,10 @@ impl Server {
         }
     }
 
-    /// Sends again the replies the provider could not take; one still refused after
-    /// `REFUSED_NS` ends its session (dropping it). Returns whether some still wait.
+    /// Sends again the replies the provider could not take; one still not sent
+    /// `REFUSED_NS` after it was made is dropped, and its session ended if the session
+    /// sent nothing meanwhile (its runtime is gone; ending a session whose requests still
+    /// arrive would drop them unanswered). Returns whether some still wait.
     fn retry_unsent(&mut self) -> bool {
         let now = attune_sys::os::now_ns();
         let mut waiting = false;
@@ -350,14 +362,22 @@ impl Server {
             if self.replies[i].unsent.is_none() {
                 continue;
             }
-            // Refused since the reply was made, and nothing heard from its session since:
-            // a session whose requests still arrive is alive, and ending it would drop
-            // them unanswered (its runtime then loses the server at its timeout).
-            let session = self.replies[i].session;
-            let heard = self.store.last_request(session).unwrap_or(0);
-            if now.saturating_sub(self.replies[i].since.max(heard)) > REFUSED_NS {
-                let session = self.free_unsent(i);
-                self.end(session, "the provider refused its replies for 1 s");
+            let (since, session) = (self.replies[i].since, self.replies[i].session);
+            if now.saturating_sub(since) > REFUSED_NS {
+                self.free_unsent(i);
+                if self.store.last_request(session).is_some_and(|t| t <= since) {
+                    self.end(session, "its replies could not be sent for 1 s");
+                } else {
+                    // Its runtime made requests since (a dead one's last ones, or a live
+                    // one that asks again): counted, not a line each.
+                    self.unsent_dropped += 1;
+                    if self.unsent_dropped.is_power_of_two() {
+                        log(&format!(
+                            "{} repl(ies) not sent in 1 s dropped",
+                            self.unsent_dropped
+                        ));
+                    }
+                }
                 continue;
             }
             if let Err(e) = self.post_reply(i) {
@@ -366,6 +386,24 @@ impl Server {
             waiting |= self.replies[i].unsent.is_some();
         }
         waiting
+    }
+
+    /// Ends the sessions a reply to which failed `REFUSED_NS` ago and that sent nothing
+    /// since (their runtime is gone); forgets the failure of those that did.
+    fn end_failed(&mut self) {
+        let now = attune_sys::os::now_ns();
+        let due: Vec<(u64, u64)> = self
+            .failed
+            .iter()
+            .filter(|(_, &t)| now.saturating_sub(t) > REFUSED_NS)
+            .map(|(&id, &t)| (id, t))
+            .collect();
+        for (id, t) in due {
+            self.failed.remove(&id);
+            if self.store.last_request(id).is_some_and(|l| l <= t) {
+                self.end(id, "a reply to it failed and it sent nothing for 1 s");
+            }
+        }
     }
 
     fn reply_header(&mut self, h: Header) {
@@ -591,6 +629,8 @@ fn serve(a: Args) -> Result<(), String> {
         cur: 0,
         refs: std::collections::HashMap::new(),
         refused: 0,
+        unsent_dropped: 0,
+        failed: std::collections::HashMap::new(),
     };
     for i in 0..s.slots.len() {
         s.post(i)?;
@@ -606,6 +646,9 @@ fn serve(a: Args) -> Result<(), String> {
     loop {
         // Replies the provider could not take go out as soon as it can.
         let unsent = s.retry_unsent();
+        if !s.failed.is_empty() {
+            s.end_failed();
+        }
         let next = match s.ready.pop_front() {
             Some(x) => Some(x),
             // Requests come in bursts (a fault's read-ahead, an eviction batch): poll a
