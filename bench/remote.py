@@ -15,6 +15,7 @@ Usage: python3 bench/remote.py [--reps 3] [--servers 1]   (root; make build firs
 from Debian's libfabric-bin)
 """
 import argparse
+import functools
 import json
 import os
 import re
@@ -32,6 +33,7 @@ sys.path.insert(0, str(ROOT / "tests" / "python"))
 from test_remote import Hosts  # noqa: E402
 
 
+@functools.cache
 def tcp_provider():
     """The libfabric provider `provider = "tcp"` opens (attune-sys fabric_shim.c): net
     where the library has it (1.17), tcp otherwise; fi_pingpong measures the same one."""
@@ -39,19 +41,14 @@ def tcp_provider():
     return "net" if have.returncode == 0 and "provider: net" in have.stdout else "tcp"
 
 
-PROV = None
-
-
 def pingpong(h, size, iters):
     """fi_pingpong over the provider the tier opens between the client and server 0:
     (usec per transfer, MB/s)."""
-    global PROV
-    PROV = PROV or tcp_provider()
-    srv = subprocess.Popen(["ip", "netns", "exec", h.servers[0], "fi_pingpong", "-p", PROV, "-e", "rdm",
+    srv = subprocess.Popen(["ip", "netns", "exec", h.servers[0], "fi_pingpong", "-p", tcp_provider(), "-e", "rdm",
                             "-S", str(size), "-I", str(iters)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(0.5)
-        out = subprocess.run(h.on_client(["fi_pingpong", "-p", PROV, "-e", "rdm", "-S", str(size), "-I",
+        out = subprocess.run(h.on_client(["fi_pingpong", "-p", tcp_provider(), "-e", "rdm", "-S", str(size), "-I",
                                           str(iters), h.addr(0).split(":")[0]]),
                              capture_output=True, text=True, timeout=120).stdout
     finally:
@@ -125,7 +122,7 @@ secret_file = "{secret}"
         med = statistics.median
         rtt = med(r[0] for r in rows["pp4k"]) * 2
         bw = med(r[1] for r in rows["pp1m"]) / 1000
-        print(f"fi_pingpong {PROV} rdm, client and server hosts: 4 KiB {rtt / 2:.1f} us a transfer "
+        print(f"fi_pingpong {tcp_provider()} rdm, client and server hosts: 4 KiB {rtt / 2:.1f} us a transfer "
               f"(round trip {rtt:.1f} us); 1 MiB {bw:.3f} GB/s")
         print(f"\n| scenario | metric | remote tier ({a.servers} server(s)) | in-process memory tier | remote / limit |")
         print("|---|---|---|---|---|")

@@ -206,12 +206,12 @@ impl Store {
             .collect()
     }
 
-    /// Whether a session's replies go to `fi` (an address still in use is not removed).
     /// When session `id` last made a request that proved its token (None: no such session).
     pub fn last_request(&self, id: u64) -> Option<u64> {
         self.sessions.get(&id).map(|s| s.last)
     }
 
+    /// Whether a session's replies go to `fi` (an address still in use is not removed).
     pub fn addressed(&self, fi: u64) -> bool {
         self.sessions.values().any(|s| s.fi == fi)
     }

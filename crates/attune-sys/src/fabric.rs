@@ -58,7 +58,6 @@ mod ffi {
         pub fn atf_insert(e: *mut c_void, addr: *const c_void, fi: *mut u64) -> c_int;
         pub fn atf_resolve(
             e: *mut c_void,
-            prov: *const c_char,
             node: *const c_char,
             service: *const c_char,
             fi: *mut u64,
@@ -237,18 +236,17 @@ impl Endpoint {
         }
     }
 
-    /// Adds a peer by host and port (a server).
-    pub fn resolve(&mut self, provider: &str, host: &str, port: &str) -> Result<u64, String> {
+    /// Adds a peer by host and port (a server), resolved by the endpoint's own provider.
+    pub fn resolve(&mut self, host: &str, port: &str) -> Result<u64, String> {
         #[cfg(not(attune_no_fabric))]
         {
-            let (p, h, s) = (cstr(provider)?, cstr(host)?, cstr(port)?);
+            let (h, s) = (cstr(host)?, cstr(port)?);
             let mut fi = 0u64;
             let mut err = [0u8; 256];
             // SAFETY: valid strings and out pointers for the call.
             let rc = unsafe {
                 ffi::atf_resolve(
                     self.raw,
-                    p.as_ptr(),
                     h.as_ptr(),
                     s.as_ptr(),
                     &mut fi,
@@ -263,7 +261,7 @@ impl Endpoint {
         }
         #[cfg(attune_no_fabric)]
         {
-            let _ = (provider, host, port);
+            let _ = (host, port);
             Err("no libfabric support".into())
         }
     }

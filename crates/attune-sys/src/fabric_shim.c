@@ -200,10 +200,9 @@ int atf_insert(struct atf_ep *e, const void *addr, uint64_t *fi) {
 }
 
 /* Adds a peer by host and port (a server): the provider resolves the name. */
-int atf_resolve(struct atf_ep *e, const char *prov, const char *node, const char *service,
-                uint64_t *fi, char *err, size_t n) {
+int atf_resolve(struct atf_ep *e, const char *node, const char *service, uint64_t *fi,
+                char *err, size_t n) {
   /* The provider the endpoint was opened with (`net` for "tcp" on libfabric 1.17). */
-  (void)prov;
   struct fi_info *h = hints_for(e->info->fabric_attr->prov_name), *info = NULL;
   if (!h)
     return -ENOMEM;

@@ -10,8 +10,8 @@
 //!
 //! A session ends with its runtime: at its bye, a second after a reply to it failed or
 //! was refused if it sent nothing meanwhile (its runtime is dead: its port refuses), when
-//! a new hello comes from its address (a new runtime on a reused port, or the same one rejoining), or
-//! when its lease runs out. Peers' addresses are counted (the provider's address vector
+//! a new hello comes from its address (a new runtime on a reused port, or the same one
+//! rejoining), or when its lease runs out. Peers' addresses are counted (the provider's address vector
 //! counts inserts of one address) and removed when no session answers to them any more.
 
 use attune_cli::memstore::Store;
@@ -306,8 +306,9 @@ impl Server {
     /// Sends the current reply (header and `len` payload bytes) to `fi` without waiting
     /// for it: a client that is gone holds one reply buffer, not the server. `session`:
     /// the session it answers (ended if the reply is refused for good); `remove`: release
-    /// the peer once the reply is out. A reply the provider cannot take now (EAGAIN: that client's
-    /// connection is full, or being made) waits in its buffer and is sent again between
+    /// the peer once the reply is out. A reply the provider cannot take now (EAGAIN: that
+    /// client's connection is full, or being made) waits in its buffer and is sent again
+    /// between
     /// requests (`retry_unsent`), so the other clients are served meanwhile: waiting for
     /// it here stalled every client behind one, and dropping it after 200 ms made a live
     /// client time out (rMap's Figure 7 at 8 clients on 4 servers).

@@ -169,7 +169,7 @@ impl Client {
                 .rsplit_once(':')
                 .ok_or_else(|| format!("'{s}' is not HOST:PORT"))?;
             let fi = ep
-                .resolve(&cfg.provider, h, p)
+                .resolve(h, p)
                 .map_err(|e| format!("tier '{}': server {s}: {e}", cfg.name))?;
             servers.push(Server {
                 name: s.to_string(),
@@ -211,8 +211,7 @@ impl Client {
     /// idempotent (a load reads, a store writes the same bytes at the same place, a
     /// discard drops; a hello sent twice opens a second session, which supersedes the
     /// first). Before, such a break lost the server: with one copy, the program's pages
-    /// there were lost (a CI run's forked program; rMap's Figure 7 cells lost servers
-    /// for 2 s, docs/design/remote.md "A broken connection is not a lost server").
+    /// there were lost (docs/design/remote.md, "TCP without ofi_rxm").
     fn exchange(&mut self, reqs: &mut [Req]) -> Vec<Result<Header, Failure>> {
         let deadline = attune_sys::os::now_ns() + self.timeout_ns;
         let mut out = self.exchange_once(reqs, deadline);
@@ -225,8 +224,7 @@ impl Client {
             }
             let mut sub: Vec<Req> = again.iter().map(|&i| reqs[i].clone()).collect();
             let res = self.exchange_once(&mut sub, deadline);
-            for ((i, r), q) in again.into_iter().zip(res).zip(sub) {
-                reqs[i].head.seq = q.head.seq;
+            for (i, r) in again.into_iter().zip(res) {
                 out[i] = r;
             }
         }
