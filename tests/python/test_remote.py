@@ -367,22 +367,30 @@ def test_forked_python_workers_read_numpy_arrays_from_the_servers(workdir, hosts
     assert "taken over by a forked runtime" in log.read_text(), log.read_text()
 
 
+def open_sessions(text):
+    """The sessions a server's log shows opened (or cloned) and not yet over."""
+    opened = set(re.findall(r"session (\d+) (?:opened|cloned)", text))
+    return opened - set(re.findall(r"session (\d+) (?:ended|expired|closed)", text))
+
+
 def test_runtimes_that_end_with_requests_in_flight_do_not_stop_the_server(workdir, hosts):
     """A runtime that frees its far pages and exits at once (its discards still in
     flight), or is SIGKILLed while its pages move, leaves the server replies to a peer
     that is gone. The server goes on serving the next runtime at once, and ends the dead
-    runtime's session within seconds. (Seen once, not
+    runtime's session within its lease (6 s here): a second after a reply to it failed,
+    or when its lease runs out if every reply got out before its connection closed (a
+    CI run's SIGKILLed runtime had nothing in flight; the provider tells the server
+    nothing of a closed connection with no operation on it). (Seen once, not
     reproduced at will: after the benchmark's fault scenario the server died of the
     provider's error, "completion queue: No such file or directory" from the blocking
     read's wait set, and the next runtime's hello went unanswered; such errors are now
     logged and the loop goes on.)"""
     h = hosts(1)
-    _, log = h.serve(0, workdir, secret(workdir), "--size", "2G")
+    _, log = h.serve(0, workdir, secret(workdir), "--size", "2G", "--lease", "6")
     env = {**os.environ, "ATTUNE_CONFIG": str(config(workdir, h, 1, secret(workdir))), "ATTUNE_DRAM": "8M",
            "TEST_BUDGET": str(8 * MIB)}
     quick = {**env, "ATTUNE_CONFIG": str(config(workdir, h, 1, secret(workdir), timeout_ms=2000, name="quick")),
              "ATTUNE_DRAM": "4M", "TEST_BUDGET": str(4 * MIB)}
-    ended = 0
     for how in ("lab", "free-exit", "kill"):
         if how == "lab":
             # The benchmark's random-fault scenario: 256 MiB on 64 MiB of DRAM, freed at
@@ -411,14 +419,13 @@ def test_runtimes_that_end_with_requests_in_flight_do_not_stop_the_server(workdi
             assert p.returncode == 0, p.stdout + p.stderr
         # The provider notices the dead peer while the server sleeps on its queue.
         time.sleep(1)
-        if how != "lab":
-            # Its replies could not be sent, and it sent nothing more: its session ends
-            # within seconds, not at the end of its 30 s lease.
-            deadline = time.time() + 10
-            while len(re.findall(r"ended \((its replies could not be sent|a reply to it failed)", log.read_text())) < ended + 1:
-                assert time.time() < deadline, (how, log.read_text()[-3000:])
-                time.sleep(0.2)
-            ended += 1
+        # Every session of the runtimes that are gone ends within its lease: a second
+        # after a reply to it failed, or at the lease (checked each second) if none was
+        # in flight.
+        deadline = time.time() + 6 + 3
+        while open_sessions(log.read_text()):
+            assert time.time() < deadline, (how, open_sessions(log.read_text()), log.read_text()[-3000:])
+            time.sleep(0.2)
         q = subprocess.run(h.on_client([build(workdir, "integrity"), "16"]), capture_output=True, text=True,
                            timeout=120, env=quick)
         assert q.returncode == 0 and "warning" not in q.stderr, how + q.stdout + q.stderr + log.read_text()
