@@ -179,12 +179,18 @@ impl Store {
     }
 
     /// A runtime takes over the session a hello names (a clone made for it before its
-    /// fork), its replies going to `fi` from now on: (bytes granted, the address it had).
-    pub fn attach(&mut self, h: &Header, fi: u64, now: u64) -> Result<(u64, u64), i32> {
+    /// fork, or its own from a new endpoint), its replies going to `fi` from now on:
+    /// (bytes granted, the address it had, whether it was a clone not taken over yet).
+    pub fn attach(&mut self, h: &Header, fi: u64, now: u64) -> Result<(u64, u64, bool), i32> {
         let s = self.session(h, now).ok_or(libc::EACCES)?;
         let old = std::mem::replace(&mut s.fi, fi);
-        s.attached = true;
-        Ok((s.limit * proto::PAGE, old))
+        let clone = !std::mem::replace(&mut s.attached, true);
+        Ok((s.limit * proto::PAGE, old, clone))
+    }
+
+    /// The address session `id`'s replies go to (None: no such session).
+    pub fn address(&self, id: u64) -> Option<u64> {
+        self.sessions.get(&id).map(|s| s.fi)
     }
 
     /// The sessions of `keep`'s job whose runtime said hello from `fi`, but `keep`: a
@@ -399,8 +405,23 @@ mod tests {
         // Attaching moves replies to the runtime's own address; the old one stays in use
         // by the session the clone came from.
         assert_eq!(st.attach(&hdr(c, [1; 16], 0, 0), 9, 0), Err(libc::EACCES));
-        assert_eq!(st.attach(&hdr(c, [3; 16], 0, 0), 9, 0), Ok((16 << 10, 1)));
+        assert_eq!(
+            st.attach(&hdr(c, [3; 16], 0, 0), 9, 0),
+            Ok((16 << 10, 1, true))
+        );
         assert!(st.addressed(1) && st.addressed(9));
+        // The same runtime again from a new endpoint (its connection broke): not a clone
+        // any more, and its replies go to the new address.
+        assert_eq!(
+            st.attach(&hdr(c, [3; 16], 0, 0), 11, 0),
+            Ok((16 << 10, 9, false))
+        );
+        assert_eq!(st.address(c), Some(11));
+        assert!(!st.addressed(9));
+        assert_eq!(
+            st.attach(&hdr(c, [3; 16], 0, 0), 9, 0),
+            Ok((16 << 10, 11, false))
+        );
         st.discard(&hdr(c, [3; 16], 0, 8192), 0).unwrap();
         assert_eq!(st.used_bytes(), 8192, "a's two pages");
         assert_eq!(st.close(a), Some((8192, 1, 12288)));

@@ -8,10 +8,10 @@
 //! provider refused), so a client that died with a reply in flight holds one buffer,
 //! never the server (seen: a dead client's reply stalled every other client for 10 s).
 //!
-//! A session ends with its runtime: at its bye, a second after a reply to it failed or
-//! was refused if it sent nothing meanwhile (its runtime is dead: its port refuses), when
-//! a new hello comes from its address (a new runtime on a reused port, or the same one
-//! rejoining), or when its lease runs out. Peers' addresses are counted (the provider's address vector
+//! A session ends with its runtime: at its bye, 5 s after a reply to it failed or was
+//! refused if it sent nothing meanwhile (its runtime is dead, or would have moved to a
+//! new endpoint and taken the session over), when a new hello comes from its address (a
+//! new runtime on a reused port, or the same one rejoining), or when its lease runs out. Peers' addresses are counted (the provider's address vector
 //! counts inserts of one address) and removed when no session answers to them any more.
 
 use attune_cli::memstore::Store;
@@ -56,13 +56,21 @@ fn parse_size(s: &str) -> Result<u64, String> {
 /// counts this server as lost.
 const UNSENT_NS: u64 = 10_000_000_000;
 
-/// How long the provider may refuse a reply (EAGAIN), with no request from its session
-/// meanwhile, before the session is ended. The provider says EAGAIN both to a full
-/// connection and to a peer it is connecting to again, and a runtime that exited or was
-/// killed is one such peer for ever (its port refuses). Before, such a reply was dropped
-/// after 200 ms, so its client, if alive, timed the request out all the same; ending the
-/// session drops the dead runtime's other replies with it.
+/// How long the provider may refuse a reply (EAGAIN) before it is dropped, its buffer
+/// free for others, and counted against its session (`FAILED_GRACE_NS`). The provider
+/// says EAGAIN both to a full connection and to a peer it is connecting to again, and a
+/// runtime that exited or was killed is one such peer for ever (its port refuses).
+/// Before, such a reply was dropped after 200 ms, so its client, if alive, timed the
+/// request out all the same.
 const REFUSED_NS: u64 = 1_000_000_000;
+
+/// A session a reply to which failed or was dropped unsent ends when it has sent nothing
+/// for this long since (`end_failed`): its runtime is dead, or alive behind a broken
+/// connection. A live one finds out when a request goes unanswered for
+/// `attune::tier::remote`'s reconnect time (2 s at most) and says hello again from a new
+/// endpoint, taking the session over; this must outlast that and its hello. Ending at
+/// 1 s lost the pages of a runtime whose connection was reset (docs/design/remote.md).
+const FAILED_GRACE_NS: u64 = 5_000_000_000;
 
 /// Reply buffers at the start, and at most (2 MiB each, touched only as far as replies
 /// fill them): buffers are added while every one is in flight and some hold replies the
@@ -128,6 +136,9 @@ struct ReplySlot {
     /// The session it answers (0: none, a refused hello): ended if the provider refuses
     /// the reply for `REFUSED_NS`.
     session: u64,
+    /// The address it goes to: a failure counts against its session only while the
+    /// session still answers to it (a runtime that reconnected has a new one).
+    to: u64,
 }
 
 impl ReplySlot {
@@ -140,6 +151,7 @@ impl ReplySlot {
             remove: None,
             unsent: None,
             session: 0,
+            to: 0,
         })
     }
 }
@@ -223,24 +235,30 @@ impl Server {
         else {
             return;
         };
-        let session = self.replies[i].session;
-        if c.status != 0 && self.store.last_request(session).is_some() {
+        let (session, to) = (self.replies[i].session, self.replies[i].to);
+        if c.status != 0 {
             // The reply's connection broke. Its runtime may be dead, or alive and about to
-            // send again on a new connection (`attune::tier::remote` resends a request
-            // whose connection broke): the session ends if it sends nothing for
-            // REFUSED_NS (`end_failed`). Ending it at once made a CI run's live forked
-            // program lose its sessions (ofi_rxm's broken connections,
-            // docs/design/remote.md); only logging it left a dead runtime's pages to its
-            // lease (libfabric's net provider fails a reply to a dead peer where ofi_rxm
-            // refused it).
-            self.failed
-                .entry(session)
-                .or_insert(attune_sys::os::now_ns());
+            // send again on a new connection or from a new endpoint: the session ends if
+            // it sends nothing for FAILED_GRACE_NS (`end_failed`). Ending it at once made
+            // a CI run's live forked program lose its sessions (ofi_rxm's broken
+            // connections, docs/design/remote.md); only logging it left a dead runtime's
+            // pages to its lease (libfabric's net provider fails a reply to a dead peer
+            // where ofi_rxm refused it).
+            self.failing(session, to, attune_sys::os::now_ns());
         }
         let r = &mut *self.replies[i];
         r.busy = false;
         if let Some(fi) = r.remove.take() {
             self.release(fi);
+        }
+    }
+
+    /// A reply to `session` at `to`, made or failed at `when`, was not delivered: the
+    /// session ends unless it sends something within FAILED_GRACE_NS (`end_failed`).
+    /// Not if the session answers to another address now (its runtime reconnected).
+    fn failing(&mut self, session: u64, to: u64, when: u64) {
+        if self.store.address(session) == Some(to) {
+            self.failed.entry(session).or_insert(when);
         }
     }
 
@@ -325,6 +343,7 @@ impl Server {
         r.since = attune_sys::os::now_ns();
         r.remove = remove.then_some(fi);
         r.session = session;
+        r.to = fi;
         r.unsent = Some((fi, tag, len));
         self.post_reply(self.cur)
     }
@@ -353,9 +372,10 @@ impl Server {
     }
 
     /// Sends again the replies the provider could not take; one still not sent
-    /// `REFUSED_NS` after it was made is dropped, and its session ended if the session
-    /// sent nothing meanwhile (its runtime is gone; ending a session whose requests still
-    /// arrive would drop them unanswered). Returns whether some still wait.
+    /// `REFUSED_NS` after it was made is dropped (its buffer serves others), and its
+    /// session ended FAILED_GRACE_NS later if it sent nothing meanwhile (`failing`: its
+    /// runtime is gone; ending a session whose requests still arrive would drop them
+    /// unanswered). Returns whether some still wait.
     fn retry_unsent(&mut self) -> bool {
         let now = attune_sys::os::now_ns();
         let mut waiting = false;
@@ -363,21 +383,19 @@ impl Server {
             if self.replies[i].unsent.is_none() {
                 continue;
             }
-            let (since, session) = (self.replies[i].since, self.replies[i].session);
+            let r = &self.replies[i];
+            let (since, session, to) = (r.since, r.session, r.to);
             if now.saturating_sub(since) > REFUSED_NS {
                 self.free_unsent(i);
-                if self.store.last_request(session).is_some_and(|t| t <= since) {
-                    self.end(session, "its replies could not be sent for 1 s");
-                } else {
-                    // Its runtime made requests since (a dead one's last ones, or a live
-                    // one that asks again): counted, not a line each.
-                    self.unsent_dropped += 1;
-                    if self.unsent_dropped.is_power_of_two() {
-                        log(&format!(
-                            "{} repl(ies) not sent in 1 s dropped",
-                            self.unsent_dropped
-                        ));
-                    }
+                self.failing(session, to, since);
+                // Counted, not a line each (a dead runtime's last replies, or a live
+                // one's behind a broken connection).
+                self.unsent_dropped += 1;
+                if self.unsent_dropped.is_power_of_two() {
+                    log(&format!(
+                        "{} repl(ies) not sent in 1 s dropped",
+                        self.unsent_dropped
+                    ));
                 }
                 continue;
             }
@@ -389,20 +407,20 @@ impl Server {
         waiting
     }
 
-    /// Ends the sessions a reply to which failed `REFUSED_NS` ago and that sent nothing
-    /// since (their runtime is gone); forgets the failure of those that did.
+    /// Ends the sessions a reply to which failed `FAILED_GRACE_NS` ago and that sent
+    /// nothing since (their runtime is gone); forgets the failure of those that did.
     fn end_failed(&mut self) {
         let now = attune_sys::os::now_ns();
         let due: Vec<(u64, u64)> = self
             .failed
             .iter()
-            .filter(|(_, &t)| now.saturating_sub(t) > REFUSED_NS)
+            .filter(|(_, &t)| now.saturating_sub(t) > FAILED_GRACE_NS)
             .map(|(&id, &t)| (id, t))
             .collect();
         for (id, t) in due {
             self.failed.remove(&id);
             if self.store.last_request(id).is_some_and(|l| l <= t) {
-                self.end(id, "a reply to it failed and it sent nothing for 1 s");
+                self.end(id, "a reply to it failed and it sent nothing for 5 s");
             }
         }
     }
@@ -464,14 +482,22 @@ impl Server {
                 return self.send(fi, 0, h.seq, 0, true);
             };
             if h.session != 0 {
-                // A forked runtime takes over the clone made for it.
+                // A forked runtime takes over the clone made for it, or a runtime whose
+                // connection broke its own session, from a new endpoint.
                 return match self.store.attach(&h, fi, now) {
-                    Ok((granted, _)) => {
+                    Ok((granted, old, clone)) => {
                         log(&format!(
-                            "session {} taken over by a forked runtime",
-                            h.session
+                            "session {} taken over by {}",
+                            h.session,
+                            if clone {
+                                "a forked runtime"
+                            } else {
+                                "its runtime from a new endpoint"
+                            }
                         ));
+                        self.failed.remove(&h.session);
                         self.supersede(fi, h.session);
+                        self.release(old);
                         rep.token = h.token;
                         rep.value = granted;
                         rep.off = self.store.lease_ns / 1_000_000;

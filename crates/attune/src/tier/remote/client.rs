@@ -19,6 +19,14 @@ pub const UNIT: u64 = 64 << 10;
 const SPIN_NS: u64 = 100_000;
 /// How often lost servers are asked to rejoin (while the tier is idle).
 const REJOIN_NS: u64 = 2_000_000_000;
+/// A request unanswered this long (at most half the timeout) makes the I/O thread move
+/// to a new endpoint (`reconnect`) and send it again from there. A reset connection
+/// loses the replies that were on it, and libfabric 1.17's net provider did not make
+/// that path again within seconds: the runtime lost its only server and died of
+/// SIGBUS (docs/design/remote.md, "A reset connection"). A new endpoint is a new peer
+/// to the provider on both sides. The server keeps a session whose reply failed for
+/// 5 s (memserver's FAILED_GRACE_NS): this, plus a hello, must stay below that.
+const RECONNECT_NS: u64 = 2_000_000_000;
 
 /// An error and its message (naming the server).
 type Failure = (Errno, String);
@@ -57,6 +65,14 @@ struct Server {
 /// What the I/O thread owns.
 pub(super) struct Client {
     ep: Endpoint,
+    /// The provider asked for, to open a new endpoint (`reconnect`).
+    provider: String,
+    /// Within a hello: its exchange does not reconnect (a hello's payload names the
+    /// endpoint it was made on; `reconnect` says hello itself).
+    no_reconnect: bool,
+    /// Servers that did not take their session over from a new endpoint: marked down at
+    /// once, their copies forgotten by `settle` (which has the shared state).
+    pending_loss: Vec<(usize, String)>,
     servers: Vec<Server>,
     seq: u64,
     timeout_ns: u64,
@@ -189,6 +205,9 @@ impl Client {
             .map_err(|e| format!("tier '{}': getrandom: {e}", cfg.name))?;
         Ok(Client {
             ep,
+            provider: cfg.provider.clone(),
+            no_reconnect: false,
+            pending_loss: Vec::new(),
             seq: u64::from_ne_bytes(start) >> 1,
             timeout_ns: cfg.timeout_ms * 1_000_000,
             lease_ns: 60_000_000_000,
@@ -212,12 +231,33 @@ impl Client {
     /// discard drops; a hello sent twice opens a second session, which supersedes the
     /// first). Before, such a break lost the server: with one copy, the program's pages
     /// there were lost (docs/design/remote.md, "TCP without ofi_rxm").
+    ///
+    /// A request unanswered for RECONNECT_NS (half the timeout at most) is sent again
+    /// from a new endpoint (`reconnect`), once per exchange, within the same timeout.
     fn exchange(&mut self, reqs: &mut [Req]) -> Vec<Result<Header, Failure>> {
-        let deadline = attune_sys::os::now_ns() + self.timeout_ns;
-        let mut out = self.exchange_once(reqs, deadline);
+        let start = attune_sys::os::now_ns();
+        let deadline = start + self.timeout_ns;
+        let silent = if self.no_reconnect {
+            deadline
+        } else {
+            start + (self.timeout_ns / 2).min(RECONNECT_NS)
+        };
+        let mut out = self.exchange_once(reqs, silent);
+        let mut reconnected = self.no_reconnect;
         for _ in 0..RESENDS {
+            let now = attune_sys::os::now_ns();
+            let late =
+                |r: &Result<Header, Failure>| matches!(r, Err((e, _)) if e.0 == libc::ETIMEDOUT);
+            if !reconnected && now < deadline && out.iter().any(late) {
+                reconnected = true;
+                self.reconnect(deadline);
+            }
             let again: Vec<usize> = (0..reqs.len())
-                .filter(|&i| matches!(&out[i], Err((e, _)) if is_transient(*e)))
+                .filter(|&i| match &out[i] {
+                    Err((e, _)) => is_transient(*e) || (late(&out[i]) && reconnected),
+                    Ok(_) => false,
+                })
+                .filter(|&i| !self.down[reqs[i].server])
                 .collect();
             if again.is_empty() || attune_sys::os::now_ns() >= deadline {
                 break;
@@ -229,6 +269,69 @@ impl Client {
             }
         }
         out
+    }
+
+    /// Opens a new endpoint and says hello from it to every live server, naming its
+    /// session: the server sends the session's replies there from now on (its pages and
+    /// token unchanged, memserver's `attach`). A server that does not take it over
+    /// before `deadline` is lost (`pending_loss`). The old endpoint is closed, and with
+    /// it what a timed-out exchange left posted there. Where no new endpoint can be
+    /// had, the old one stays.
+    fn reconnect(&mut self, deadline: u64) {
+        let mut ep = match Endpoint::open(&self.provider, None) {
+            Ok(ep) => ep,
+            Err(e) => {
+                crate::warn!("remote tier: no new endpoint for unanswered requests ({e})");
+                return;
+            }
+        };
+        let mut fis = Vec::with_capacity(self.servers.len());
+        for s in &self.servers {
+            let Some((h, p)) = s.name.rsplit_once(':') else {
+                return;
+            };
+            match ep.resolve(h, p) {
+                Ok(fi) => fis.push(fi),
+                Err(e) => {
+                    crate::warn!("remote tier: no new endpoint for unanswered requests ({e})");
+                    return;
+                }
+            }
+        }
+        self.ep = ep;
+        for (s, fi) in self.servers.iter_mut().zip(fis) {
+            s.fi = fi;
+        }
+        let live: Vec<usize> = (0..self.servers.len())
+            .filter(|&s| !self.down[s] && self.servers[s].session != 0)
+            .collect();
+        let full = self.timeout_ns;
+        let left = deadline.saturating_sub(attune_sys::os::now_ns());
+        self.timeout_ns = left.max(1_000_000);
+        let res = self.hello(&live);
+        self.timeout_ns = full;
+        let mut moved = 0;
+        for (s, r) in live.into_iter().zip(res) {
+            match r {
+                Ok(()) => moved += 1,
+                Err(m) => {
+                    self.down[s] = true;
+                    self.pending_loss.push((
+                        s,
+                        format!("its session could not be taken over from a new endpoint: {m}"),
+                    ));
+                }
+            }
+        }
+        crate::info!("remote tier: requests unanswered; moved to a new endpoint ({moved} session(s) taken over)");
+    }
+
+    /// Forgets the copies of the servers `reconnect` lost, and says so.
+    fn settle(&mut self, sh: &Shared) {
+        for (t, why) in std::mem::take(&mut self.pending_loss) {
+            self.down[t] = false;
+            self.lose(sh, t, &why);
+        }
     }
 
     /// One exchange of `reqs` (`exchange`), until `deadline`.
@@ -541,6 +644,7 @@ impl Client {
     fn ping(&mut self, sh: &Shared) {
         let mut reqs = self.to_live(Op::Ping);
         let res = self.exchange(&mut reqs);
+        self.settle(sh);
         for (q, r) in reqs.iter().zip(res) {
             if let Err((_, m)) = r {
                 self.lose(sh, q.server, &m);
@@ -614,17 +718,19 @@ impl Client {
                 replica: 0,
             })
             .collect();
+        let was = std::mem::replace(&mut self.no_reconnect, true);
         let replies = self.exchange(&mut reqs);
+        self.no_reconnect = was;
         which
             .iter()
             .zip(replies)
             .map(|(&s, r)| {
-                let h = r.map_err(|(e, m)| {
-                    if e.0 == libc::EACCES {
-                        format!("{m}: the server refused the job's secret")
-                    } else {
-                        m
+                let h = r.map_err(|(e, m)| match e.0 {
+                    libc::EACCES if self.servers[s].session != 0 => {
+                        format!("{m}: the server no longer holds the session")
                     }
+                    libc::EACCES => format!("{m}: the server refused the job's secret"),
+                    _ => m,
                 })?;
                 self.servers[s].session = h.session;
                 self.servers[s].token = h.token;
@@ -688,6 +794,7 @@ impl Client {
                 break;
             }
             let results = self.exchange(&mut reqs);
+            self.settle(sh);
             let mut again: Vec<Req> = Vec::new();
             let mut first_err: [Option<Failure>; JOBS] = Default::default();
             for (q, res) in reqs.iter().zip(results) {
@@ -757,6 +864,7 @@ impl Client {
         let mut last_ping = attune_sys::os::now_ns();
         let mut last_rejoin = last_ping;
         loop {
+            self.settle(&shared);
             let bell = shared.doorbell.load(Acquire);
             let ops = shared.posted();
             // Every live server is pinged at a quarter of the lease, busy or not (a
