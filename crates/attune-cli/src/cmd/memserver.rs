@@ -11,8 +11,9 @@
 //! A session ends with its runtime: at its bye, 5 s after a reply to it failed or was
 //! refused if it sent nothing meanwhile (its runtime is dead, or would have moved to a
 //! new endpoint and taken the session over), when a new hello comes from its address (a
-//! new runtime on a reused port, or the same one rejoining), or when its lease runs out. Peers' addresses are counted (the provider's address vector
-//! counts inserts of one address) and removed when no session answers to them any more.
+//! new runtime on a reused port, or the same one rejoining), or when its lease runs out.
+//! Peers' addresses are counted (the provider's address vector counts inserts of one
+//! address) and removed when no session answers to them any more.
 
 use attune_cli::memstore::Store;
 use attune_proto::remote::{self as proto, Header, Op};
@@ -326,10 +327,9 @@ impl Server {
     /// the session it answers (ended if the reply is refused for good); `remove`: release
     /// the peer once the reply is out. A reply the provider cannot take now (EAGAIN: that
     /// client's connection is full, or being made) waits in its buffer and is sent again
-    /// between
-    /// requests (`retry_unsent`), so the other clients are served meanwhile: waiting for
-    /// it here stalled every client behind one, and dropping it after 200 ms made a live
-    /// client time out (rMap's Figure 7 at 8 clients on 4 servers).
+    /// between requests (`retry_unsent`), so the other clients are served meanwhile:
+    /// waiting for it here stalled every client behind one, and dropping it after 200 ms
+    /// made a live client time out (rMap's Figure 7 at 8 clients on 4 servers).
     fn send(
         &mut self,
         fi: u64,
