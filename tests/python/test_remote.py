@@ -258,6 +258,30 @@ def test_a_lost_server_fails_the_program_loudly(workdir, hosts, how):
     assert h.addr(0) in err and "no answer" in err, err
 
 
+def test_a_restarted_server_fails_the_program_loudly(workdir, hosts):
+    """The pages' only server restarted under the program (SIGKILL, then a new one on
+    the same address, empty): its requests go unanswered (the new server knows no such
+    session), the runtime moves to a new endpoint and asks for its session there, the
+    server refuses, and the next read of a page it held ends the program with SIGBUS and
+    a message naming the server; never other data."""
+    h = hosts(1)
+    srv, _ = h.serve(0, workdir, secret(workdir), "--size", "256M")
+    p = subprocess.Popen(h.on_client([build(workdir, "remote_lost"), "48"]), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "ATTUNE_CONFIG": str(config(workdir, h, 1, secret(workdir),
+                                                                         timeout_ms=5000, name="restart")),
+                              "ATTUNE_DRAM": "16M"})
+    assert p.stdout.readline().strip() == "remote_lost: ready", p.stderr.read()
+    srv.kill()
+    srv.wait()
+    _, log = h.serve(0, workdir, secret(workdir), "--size", "256M")
+    out, err = p.communicate("r\n", timeout=120)
+    assert "WRONG DATA" not in out, out
+    assert p.returncode == -signal.SIGBUS, (p.returncode, out, err)
+    assert h.addr(0) in err and "no longer holds the session" in err, err
+    assert "refused a client: unknown session or token in a hello" in log.read_text(), log.read_text()
+
+
 def test_a_dead_runtime_loses_its_session_at_the_end_of_its_lease(workdir, hosts):
     h = hosts(1)
     _, log = h.serve(0, workdir, secret(workdir), "--size", "256M", "--lease", "2")
