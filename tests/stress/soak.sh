@@ -45,8 +45,12 @@ soak() { # soak NAME [env...]: one run of $part seconds
   # A page the runtime could not read back is a failure even when no thread saw it.
   grep -q '^attune: error:' "$OUT/$name.log" && status=1
   grep -vE '^soak: [0-9]+ threads' "$OUT/$name.log" | head -5 | sed 's/^/    /'
-  moved=$(( moved + $(sed -n 's/.* \([0-9]*\) pages moved.*/\1/p' <<<"$line" | head -1 || echo 0) ))
-  checks=$(( checks + $(sed -n 's/.*: \([0-9]*\) page checks.*/\1/p' <<<"$line" | head -1 || echo 0) ))
+  # A run without its line (killed) adds nothing: ${n:-0}.
+  local n
+  n=$(sed -n 's/.* \([0-9]*\) pages moved.*/\1/p' <<<"$line" | head -1)
+  moved=$(( moved + ${n:-0} ))
+  n=$(sed -n 's/.*: \([0-9]*\) page checks.*/\1/p' <<<"$line" | head -1)
+  checks=$(( checks + ${n:-0} ))
 }
 soak memory-tier ATTUNE_DRAM=16M ATTUNE_DAEMON=off "$OUT/soak"
 cat >"$OUT/file.toml" <<TOML
