@@ -4,7 +4,9 @@
 //! Input: a sequence of messages, each a length byte (in 64-byte steps, so payloads reach
 //! whole pages), a selector byte and that many bytes. Two sessions are open; a `Clone` of
 //! the first makes a third (a forked runtime's). The selector may put a session's real
-//! token in the header, so requests get past the check. Checked: no panic; a message that
+//! token in the header, so requests get past the check, or its token from before its last
+//! takeover (a hello naming the session gives it a new token), which only a takeover's
+//! hello may name again. Checked: no panic; a message that
 //! decodes encodes to the same bytes; the server never holds more than its capacity nor a
 //! session more than its grant, and holds a page shared by a session and its clone once;
 //! a load returns only zeros or the bytes its own session stored (a session's stores are
@@ -21,7 +23,9 @@ const PER: u64 = 40 << 10;
 
 fuzz_target!(|data: &[u8]| {
     let mut st = Store::new(CAP, PER, 1000);
-    let tokens = [[0xa1u8; 16], [0xb2u8; 16], [0xc3u8; 16]];
+    let mut tokens = [[0xa1u8; 16], [0xb2u8; 16], [0xc3u8; 16]];
+    // Each session's token before its last takeover (good for the takeover's hello only).
+    let mut prev: [Option<[u8; 16]>; 3] = [None; 3];
     let mut ids = vec![st.open(1 << 30, 1, 0, tokens[0], 0).0, st.open(PER / 2, 2, 1, tokens[1], 0).0];
     let grants = [PER, PER / 2, PER];
     let mut held = [0u64; 3];
@@ -38,16 +42,33 @@ fuzz_target!(|data: &[u8]| {
         };
         assert_eq!(&h.encode()[..], &msg[..proto::HEADER]);
         let payload_len = msg.len() - proto::HEADER;
+        let who = if sel & 4 != 0 && ids.len() > 2 { 2 } else { (sel & 1) as usize };
         if h.op == Op::Hello as u16 {
             if let Ok((s, a)) = proto::decode_hello(&msg[proto::HEADER..]) {
                 assert!(s.len() <= proto::SECRET_MAX && !a.is_empty() && a.len() <= proto::ADDR_MAX);
             }
+            // A takeover (the session named, with its token, the one before, or any other):
+            // a new token with the current one, the current token with the one before.
+            if sel & 2 != 0 {
+                h.session = ids[who];
+                h.token = if sel & 8 != 0 { prev[who].unwrap_or(tokens[who]) } else { tokens[who] };
+            }
+            let fresh = [now as u8 ^ 0x5a; 16];
+            let r = st.attach(&h, 7, fresh, now);
+            match ids.iter().position(|&id| id == h.session) {
+                Some(k) if h.token == tokens[k] => {
+                    assert_eq!(r.map(|t| t.token), Ok(fresh));
+                    prev[k] = Some(tokens[k]);
+                    tokens[k] = fresh;
+                }
+                Some(k) if Some(h.token) == prev[k] => assert_eq!(r.map(|t| t.token), Ok(tokens[k])),
+                _ => assert_eq!(r, Err(libc::EACCES)),
+            }
             continue;
         }
-        let who = if sel & 4 != 0 && ids.len() > 2 { 2 } else { (sel & 1) as usize };
         if sel & 2 != 0 {
             h.session = ids[who];
-            h.token = tokens[who];
+            h.token = if sel & 8 != 0 { prev[who].unwrap_or(tokens[who]) } else { tokens[who] };
         }
         let known = ids.iter().zip(&tokens).position(|(&id, t)| id == h.session && *t == h.token);
         // Payloads within the header's length, page-aligned, as the loop passes them.

@@ -14,6 +14,10 @@ const PAGE: usize = proto::PAGE as usize;
 /// One runtime's pages.
 struct Session {
     token: [u8; 16],
+    /// The token before the last takeover (`attach`), good for a takeover only: the
+    /// hello that made it again, if its reply was lost. Requests sent before a takeover
+    /// carry it and are refused.
+    prev: Option<[u8; 16]>,
     fi: u64,
     /// The job whose secret opened it (the server's index of the secret).
     job: usize,
@@ -27,6 +31,19 @@ struct Session {
     last: u64,
     /// Bytes received in stores (logs).
     stored: u64,
+}
+
+/// A takeover (`Store::attach`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Attached {
+    /// Bytes granted to the session.
+    pub granted: u64,
+    /// The address its replies went to before.
+    pub old_fi: u64,
+    /// It was a clone not taken over yet (a forked runtime's).
+    pub clone: bool,
+    /// Its token from now on.
+    pub token: [u8; 16],
 }
 
 /// The server's state: sessions and their pages, within the bounds.
@@ -62,6 +79,7 @@ impl Store {
             id,
             Session {
                 token,
+                prev: None,
                 fi,
                 job,
                 attached: true,
@@ -163,6 +181,7 @@ impl Store {
         let s = self.session(h, now).ok_or(libc::EACCES)?;
         let copy = Session {
             token,
+            prev: None,
             fi: s.fi,
             job: s.job,
             attached: false,
@@ -179,13 +198,39 @@ impl Store {
     }
 
     /// A runtime takes over the session a hello names (a clone made for it before its
-    /// fork, or its own from a new endpoint), its replies going to `fi` from now on:
-    /// (bytes granted, the address it had, whether it was a clone not taken over yet).
-    pub fn attach(&mut self, h: &Header, fi: u64, now: u64) -> Result<(u64, u64, bool), i32> {
-        let s = self.session(h, now).ok_or(libc::EACCES)?;
-        let old = std::mem::replace(&mut s.fi, fi);
+    /// fork, or its own from a new endpoint), its replies going to `fi` from now on, and
+    /// the session's token becomes `token`.
+    ///
+    /// The new token fences the old endpoint: a request the runtime sent from there
+    /// before it moved may still arrive after the ones it sent again from the new one
+    /// (another connection, read in any order), and a store of a page's older contents
+    /// over its newer ones is a wrong byte the runtime only finds at the next load (a
+    /// checksum failure in CI's remote soak, docs/design/remote.md, "Requests from an
+    /// old endpoint"). The hello itself may come twice (sent again after its reply was
+    /// lost): the token it names is the one before the takeover, and it gets the
+    /// current one, nothing rotated.
+    pub fn attach(
+        &mut self,
+        h: &Header,
+        fi: u64,
+        token: [u8; 16],
+        now: u64,
+    ) -> Result<Attached, i32> {
+        let s = self.sessions.get_mut(&h.session).ok_or(libc::EACCES)?;
+        if proto::same_secret(&s.token, &h.token) {
+            s.prev = Some(std::mem::replace(&mut s.token, token));
+        } else if !s.prev.is_some_and(|p| proto::same_secret(&p, &h.token)) {
+            return Err(libc::EACCES);
+        }
+        s.last = now;
+        let old_fi = std::mem::replace(&mut s.fi, fi);
         let clone = !std::mem::replace(&mut s.attached, true);
-        Ok((s.limit * proto::PAGE, old, clone))
+        Ok(Attached {
+            granted: s.limit * proto::PAGE,
+            old_fi,
+            clone,
+            token: s.token,
+        })
     }
 
     /// The address session `id`'s replies go to (None: no such session).
@@ -353,7 +398,7 @@ mod tests {
         // The forked runtime takes the clone over from its own address, where a dead
         // runtime's session was: that one is over, the clone is kept.
         let (dead, _) = st.open(1 << 20, 9, 0, [5; 16], 0);
-        st.attach(&hdr(c, [3; 16], 0, 0), 9, 0).unwrap();
+        st.attach(&hdr(c, [3; 16], 0, 0), 9, [7; 16], 0).unwrap();
         assert_eq!(st.superseded(9, c), vec![dead]);
         assert!(st.superseded(1, b).contains(&a) && !st.superseded(1, b).contains(&c));
     }
@@ -404,28 +449,75 @@ mod tests {
         );
         // Attaching moves replies to the runtime's own address; the old one stays in use
         // by the session the clone came from.
-        assert_eq!(st.attach(&hdr(c, [1; 16], 0, 0), 9, 0), Err(libc::EACCES));
         assert_eq!(
-            st.attach(&hdr(c, [3; 16], 0, 0), 9, 0),
-            Ok((16 << 10, 1, true))
+            st.attach(&hdr(c, [1; 16], 0, 0), 9, [5; 16], 0),
+            Err(libc::EACCES)
+        );
+        let took = |old_fi, clone, token| Attached {
+            granted: 16 << 10,
+            old_fi,
+            clone,
+            token,
+        };
+        assert_eq!(
+            st.attach(&hdr(c, [3; 16], 0, 0), 9, [5; 16], 0),
+            Ok(took(1, true, [5; 16]))
         );
         assert!(st.addressed(1) && st.addressed(9));
         // The same runtime again from a new endpoint (its connection broke): not a clone
         // any more, and its replies go to the new address.
         assert_eq!(
-            st.attach(&hdr(c, [3; 16], 0, 0), 11, 0),
-            Ok((16 << 10, 9, false))
+            st.attach(&hdr(c, [5; 16], 0, 0), 11, [6; 16], 0),
+            Ok(took(9, false, [6; 16]))
         );
         assert_eq!(st.address(c), Some(11));
         assert!(!st.addressed(9));
         assert_eq!(
-            st.attach(&hdr(c, [3; 16], 0, 0), 9, 0),
-            Ok((16 << 10, 11, false))
+            st.attach(&hdr(c, [6; 16], 0, 0), 9, [3; 16], 0),
+            Ok(took(11, false, [3; 16]))
         );
         st.discard(&hdr(c, [3; 16], 0, 8192), 0).unwrap();
         assert_eq!(st.used_bytes(), 8192, "a's two pages");
         assert_eq!(st.close(a), Some((8192, 1, 12288)));
         assert_eq!(st.used_bytes(), 0);
         assert!(!st.addressed(1));
+    }
+
+    #[test]
+    fn a_takeover_fences_requests_sent_before_it() {
+        let mut st = Store::new(1 << 20, 1 << 20, 1000);
+        let (a, _) = st.open(1 << 20, 1, 0, [1; 16], 0);
+        st.store(&hdr(a, [1; 16], 0, 4096), &[1; 4096], 0).unwrap();
+        // The runtime moves to a new endpoint: its session gets a new token.
+        let t = st.attach(&hdr(a, [1; 16], 0, 0), 2, [2; 16], 0).unwrap();
+        assert_eq!((t.old_fi, t.clone, t.token), (1, false, [2; 16]));
+        // It stores the page again from there, then newer contents.
+        st.store(&hdr(a, [2; 16], 0, 4096), &[1; 4096], 0).unwrap();
+        st.store(&hdr(a, [2; 16], 0, 4096), &[3; 4096], 0).unwrap();
+        // The first store, sent from the old endpoint, arrives late: refused, and so is
+        // every other request made with the old token.
+        assert_eq!(
+            st.store(&hdr(a, [1; 16], 0, 4096), &[1; 4096], 0),
+            Err(libc::EACCES)
+        );
+        let mut out = vec![0u8; 4096];
+        assert_eq!(
+            st.load(&hdr(a, [1; 16], 0, 4096), &mut out, 0),
+            Err(libc::EACCES)
+        );
+        assert_eq!(st.discard(&hdr(a, [1; 16], 0, 4096), 0), Err(libc::EACCES));
+        assert_eq!(st.check(&hdr(a, [1; 16], 0, 0), 0), None);
+        st.load(&hdr(a, [2; 16], 0, 4096), &mut out, 0).unwrap();
+        assert!(out.iter().all(|&b| b == 3), "the newest contents");
+        // The takeover's hello again (its reply was lost): the current token, unchanged.
+        let again = st.attach(&hdr(a, [1; 16], 0, 0), 2, [9; 16], 0).unwrap();
+        assert_eq!((again.old_fi, again.token), (2, [2; 16]));
+        // A second move: the first token is good for nothing now.
+        st.attach(&hdr(a, [2; 16], 0, 0), 3, [4; 16], 0).unwrap();
+        assert_eq!(
+            st.attach(&hdr(a, [1; 16], 0, 0), 1, [8; 16], 0),
+            Err(libc::EACCES)
+        );
+        assert_eq!(st.address(a), Some(3));
     }
 }

@@ -483,13 +483,16 @@ impl Server {
             };
             if h.session != 0 {
                 // A forked runtime takes over the clone made for it, or a runtime whose
-                // connection broke its own session, from a new endpoint.
-                return match self.store.attach(&h, fi, now) {
-                    Ok((granted, old, clone)) => {
+                // connection broke its own session, from a new endpoint, with a new
+                // token (requests from before carry the old one: `Store::attach`).
+                let mut token = [0u8; 16];
+                attune_sys::os::random_bytes(&mut token).map_err(|e| format!("getrandom: {e}"))?;
+                return match self.store.attach(&h, fi, token, now) {
+                    Ok(t) => {
                         log(&format!(
                             "session {} taken over by {}",
                             h.session,
-                            if clone {
+                            if t.clone {
                                 "a forked runtime"
                             } else {
                                 "its runtime from a new endpoint"
@@ -497,9 +500,9 @@ impl Server {
                         ));
                         self.failed.remove(&h.session);
                         self.supersede(fi, h.session);
-                        self.release(old);
-                        rep.token = h.token;
-                        rep.value = granted;
+                        self.release(t.old_fi);
+                        rep.token = t.token;
+                        rep.value = t.granted;
                         rep.off = self.store.lease_ns / 1_000_000;
                         self.reply_header(rep);
                         self.send(fi, h.session, h.seq, 0, false)

@@ -224,16 +224,18 @@ impl Client {
     /// timeout. Each request's payload goes out of (store, hello) or comes back into
     /// (load) its buffer. Returns each request's reply header or error.
     ///
-    /// A request whose connection broke under it (`is_transient`) is sent again, with a
-    /// new number, while the timeout lasts (at most `RESENDS` times): the provider makes a
-    /// new connection, and the server, which keeps the session, answers. Every request is
-    /// idempotent (a load reads, a store writes the same bytes at the same place, a
-    /// discard drops; a hello sent twice opens a second session, which supersedes the
-    /// first). Before, such a break lost the server: with one copy, the program's pages
-    /// there were lost (docs/design/remote.md, "TCP without ofi_rxm").
-    ///
-    /// A request unanswered for RECONNECT_NS (half the timeout at most) is sent again
-    /// from a new endpoint (`reconnect`), once per exchange, within the same timeout.
+    /// A request whose connection broke under it (`is_transient`), or unanswered for
+    /// RECONNECT_NS (half the timeout at most), is sent again from a new endpoint
+    /// (`reconnect`), with a new number, while the timeout lasts (at most `RESENDS`
+    /// times): the server, which keeps the session, hands it to the new endpoint with a
+    /// new token, so that what the old one sent and is still on its way is refused (a
+    /// late store of a page's older contents; memserver's `Store::attach`). Every request
+    /// may be sent twice (a load reads, a store writes the same bytes at the same place, a
+    /// discard drops). Before, a broken connection lost the server (with one copy, the
+    /// program's pages there: docs/design/remote.md, "TCP without ofi_rxm"), and a resend
+    /// from the old endpoint let a late store overwrite newer contents ("Requests from an
+    /// old endpoint"). A hello's own exchange resends from the same endpoint (its payload
+    /// names it; a takeover's hello sent twice gets the same token).
     fn exchange(&mut self, reqs: &mut [Req]) -> Vec<Result<Header, Failure>> {
         let start = attune_sys::os::now_ns();
         let deadline = start + self.timeout_ns;
@@ -243,26 +245,30 @@ impl Client {
             start + (self.timeout_ns / 2).min(RECONNECT_NS)
         };
         let mut out = self.exchange_once(reqs, silent);
-        let mut reconnected = self.no_reconnect;
         for _ in 0..RESENDS {
-            let now = attune_sys::os::now_ns();
             let late =
                 |r: &Result<Header, Failure>| matches!(r, Err((e, _)) if e.0 == libc::ETIMEDOUT);
-            if !reconnected && now < deadline && out.iter().any(late) {
-                reconnected = true;
-                self.reconnect(deadline);
-            }
             let again: Vec<usize> = (0..reqs.len())
                 .filter(|&i| match &out[i] {
-                    Err((e, _)) => is_transient(*e) || (late(&out[i]) && reconnected),
+                    Err((e, _)) => is_transient(*e) || (late(&out[i]) && !self.no_reconnect),
                     Ok(_) => false,
                 })
-                .filter(|&i| !self.down[reqs[i].server])
                 .collect();
             if again.is_empty() || attune_sys::os::now_ns() >= deadline {
                 break;
             }
+            if !self.no_reconnect {
+                self.reconnect(deadline);
+            }
+            let again: Vec<usize> = again
+                .into_iter()
+                .filter(|&i| !self.down[reqs[i].server])
+                .collect();
+            // Sent with the session's token now (a new one after a takeover).
             let mut sub: Vec<Req> = again.iter().map(|&i| reqs[i].clone()).collect();
+            for q in sub.iter_mut().filter(|q| q.head.op != Op::Hello as u16) {
+                q.head.token = self.servers[q.server].token;
+            }
             let res = self.exchange_once(&mut sub, deadline);
             for (i, r) in again.into_iter().zip(res) {
                 out[i] = r;
@@ -272,8 +278,8 @@ impl Client {
     }
 
     /// Opens a new endpoint and says hello from it to every live server, naming its
-    /// session: the server sends the session's replies there from now on (its pages and
-    /// token unchanged, memserver's `attach`). A server that does not take it over
+    /// session: the server sends the session's replies there from now on, its pages kept,
+    /// under a new token (memserver's `Store::attach`). A server that does not take it over
     /// before `deadline` is lost (`pending_loss`). The old endpoint is closed, and with
     /// it what a timed-out exchange left posted there. Where no new endpoint can be
     /// had, the old one stays.
