@@ -270,9 +270,16 @@ impl Server {
         Ok(fi)
     }
 
-    /// Forgets a peer's address once no session answers to it.
+    /// Forgets a peer's address once no session answers to it and no reply to it is in
+    /// flight or waiting (the reply's slot releases it when done). Removed under a
+    /// reply, the address's number went to the next peer inserted (a runtime's new
+    /// endpoint, at a takeover), and the old reply's send then ran on that number.
     fn release(&mut self, fi: u64) {
         if self.store.addressed(fi) {
+            return;
+        }
+        if let Some(r) = self.replies.iter_mut().find(|r| r.busy && r.to == fi) {
+            r.remove = Some(fi);
             return;
         }
         for _ in 0..self.refs.remove(&fi).unwrap_or(0) {

@@ -226,19 +226,21 @@ impl Client {
     ///
     /// A request whose connection broke under it (`is_transient`), or unanswered for
     /// RECONNECT_NS (half the timeout at most), is sent again from a new endpoint
-    /// (`reconnect`), with a new number, while the timeout lasts (at most `RESENDS`
-    /// times): the server, which keeps the session, hands it to the new endpoint with a
-    /// new token, so that what the old one sent and is still on its way is refused (a
+    /// (`reconnect`), with a new number (at most `RESENDS` times): the server, which
+    /// keeps the session, hands it to the new endpoint with a new token, so that what the old one sent and is still on its way is refused (a
     /// late store of a page's older contents; memserver's `Store::attach`). Every request
     /// may be sent twice (a load reads, a store writes the same bytes at the same place, a
     /// discard drops). Before, a broken connection lost the server (with one copy, the
     /// program's pages there: docs/design/remote.md, "TCP without ofi_rxm"), and a resend
     /// from the old endpoint let a late store overwrite newer contents ("Requests from an
     /// old endpoint"). A hello's own exchange resends from the same endpoint (its payload
-    /// names it; a takeover's hello sent twice gets the same token).
+    /// names it; a takeover's hello sent twice gets the same token). The hello and, once
+    /// a server took its session over, the resends each wait up to the timeout: a server
+    /// is lost after min(2 s, timeout/2) without an answer and then a timeout without an
+    /// answer to its hello.
     fn exchange(&mut self, reqs: &mut [Req]) -> Vec<Result<Header, Failure>> {
         let start = attune_sys::os::now_ns();
-        let deadline = start + self.timeout_ns;
+        let mut deadline = start + self.timeout_ns;
         let silent = if self.no_reconnect {
             deadline
         } else {
@@ -258,7 +260,15 @@ impl Client {
                 break;
             }
             if !self.no_reconnect {
-                self.reconnect(deadline);
+                // Each wait for a server is a timeout long: the takeover's hello's, and
+                // after a server took the session over (it is alive), the resends'. A
+                // server paused for 2.6 s (less than the timeout) was lost when the hello
+                // and the resends shared what was left of the first one
+                // (`test_a_paused_server_loses_nothing`).
+                let now = attune_sys::os::now_ns();
+                if self.reconnect(now + self.timeout_ns) {
+                    deadline = attune_sys::os::now_ns() + self.timeout_ns;
+                }
             }
             let again: Vec<usize> = again
                 .into_iter()
@@ -282,25 +292,25 @@ impl Client {
     /// under a new token (memserver's `Store::attach`). A server that does not take it over
     /// before `deadline` is lost (`pending_loss`). The old endpoint is closed, and with
     /// it what a timed-out exchange left posted there. Where no new endpoint can be
-    /// had, the old one stays.
-    fn reconnect(&mut self, deadline: u64) {
+    /// had, the old one stays. Returns whether some server took its session over.
+    fn reconnect(&mut self, deadline: u64) -> bool {
         let mut ep = match Endpoint::open(&self.provider, None) {
             Ok(ep) => ep,
             Err(e) => {
                 crate::warn!("remote tier: no new endpoint for unanswered requests ({e})");
-                return;
+                return false;
             }
         };
         let mut fis = Vec::with_capacity(self.servers.len());
         for s in &self.servers {
             let Some((h, p)) = s.name.rsplit_once(':') else {
-                return;
+                return false;
             };
             match ep.resolve(h, p) {
                 Ok(fi) => fis.push(fi),
                 Err(e) => {
                     crate::warn!("remote tier: no new endpoint for unanswered requests ({e})");
-                    return;
+                    return false;
                 }
             }
         }
@@ -330,6 +340,7 @@ impl Client {
             }
         }
         crate::info!("remote tier: requests unanswered; moved to a new endpoint ({moved} session(s) taken over)");
+        moved > 0
     }
 
     /// Forgets the copies of the servers `reconnect` lost, and says so.
