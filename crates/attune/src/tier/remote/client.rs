@@ -227,9 +227,9 @@ impl Client {
     /// A request whose connection broke under it (`is_transient`), or unanswered for
     /// RECONNECT_NS (half the timeout at most), is sent again from a new endpoint
     /// (`reconnect`), with a new number (at most `RESENDS` times): the server, which
-    /// keeps the session, hands it to the new endpoint with a new token, so that what the old one sent and is still on its way is refused (a
-    /// late store of a page's older contents; memserver's `Store::attach`). Every request
-    /// may be sent twice (a load reads, a store writes the same bytes at the same place, a
+    /// keeps the session, hands it to the new endpoint with a new token, so that what
+    /// the old one sent and is still on its way is refused (a late store of a page's
+    /// older contents; memserver's `Store::attach`). Every request may be sent twice (a load reads, a store writes the same bytes at the same place, a
     /// discard drops). Before, a broken connection lost the server (with one copy, the
     /// program's pages there: docs/design/remote.md, "TCP without ofi_rxm"), and a resend
     /// from the old endpoint let a late store overwrite newer contents ("Requests from an
@@ -255,6 +255,7 @@ impl Client {
                     Err((e, _)) => is_transient(*e) || (late(&out[i]) && !self.no_reconnect),
                     Ok(_) => false,
                 })
+                .filter(|&i| !self.down[reqs[i].server])
                 .collect();
             if again.is_empty() || attune_sys::os::now_ns() >= deadline {
                 break;
@@ -270,6 +271,7 @@ impl Client {
                     deadline = attune_sys::os::now_ns() + self.timeout_ns;
                 }
             }
+            // Not to the servers that did not take their session over.
             let again: Vec<usize> = again
                 .into_iter()
                 .filter(|&i| !self.down[reqs[i].server])
