@@ -99,6 +99,13 @@ fn new_secret(path: &std::path::Path) -> Result<(), String> {
     writeln!(f, "{hex}").map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// A session's token: 16 random bytes (a new session, a clone, a takeover).
+fn new_token() -> Result<[u8; 16], String> {
+    let mut token = [0u8; 16];
+    attune_sys::os::random_bytes(&mut token).map_err(|e| format!("getrandom: {e}"))?;
+    Ok(token)
+}
+
 /// A posted receive: its buffer and context stay put while posted.
 struct RecvSlot {
     ctx: OpContext,
@@ -492,8 +499,7 @@ impl Server {
                 // A forked runtime takes over the clone made for it, or a runtime whose
                 // connection broke its own session, from a new endpoint, with a new
                 // token (requests from before carry the old one: `Store::attach`).
-                let mut token = [0u8; 16];
-                attune_sys::os::random_bytes(&mut token).map_err(|e| format!("getrandom: {e}"))?;
+                let token = new_token()?;
                 return match self.store.attach(&h, fi, token, now) {
                     Ok(t) => {
                         log(&format!(
@@ -523,8 +529,7 @@ impl Server {
                     }
                 };
             }
-            let mut token = [0u8; 16];
-            attune_sys::os::random_bytes(&mut token).map_err(|e| format!("getrandom: {e}"))?;
+            let token = new_token()?;
             let (id, granted) = self.store.open(h.off, fi, job, token, now);
             self.supersede(fi, id);
             log(&format!(
@@ -563,8 +568,7 @@ impl Server {
             }
             Op::Discard => self.store.discard(&h, now).err().unwrap_or(0),
             Op::Clone => {
-                let mut token = [0u8; 16];
-                attune_sys::os::random_bytes(&mut token).map_err(|e| format!("getrandom: {e}"))?;
+                let token = new_token()?;
                 match self.store.clone_session(&h, token, now) {
                     Ok((id, granted)) => {
                         log(&format!(
