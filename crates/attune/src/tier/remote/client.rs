@@ -105,6 +105,15 @@ fn is_transient(e: Errno) -> bool {
     )
 }
 
+/// Server `name` (HOST:PORT) in `ep`'s address vector: its address there, or an error
+/// naming it.
+fn resolve(ep: &mut Endpoint, name: &str) -> Result<u64, String> {
+    let (h, p) = name
+        .rsplit_once(':')
+        .ok_or_else(|| format!("'{name}' is not HOST:PORT"))?;
+    ep.resolve(h, p).map_err(|e| format!("server {name}: {e}"))
+}
+
 impl Client {
     /// Opens the endpoint, resolves every server of `cfg` and says hello to each: an
     /// error names the tier and the server.
@@ -181,12 +190,7 @@ impl Client {
         })?;
         let mut servers = Vec::new();
         for s in cfg.server_list() {
-            let (h, p) = s
-                .rsplit_once(':')
-                .ok_or_else(|| format!("'{s}' is not HOST:PORT"))?;
-            let fi = ep
-                .resolve(h, p)
-                .map_err(|e| format!("tier '{}': server {s}: {e}", cfg.name))?;
+            let fi = resolve(&mut ep, s).map_err(|e| format!("tier '{}': {e}", cfg.name))?;
             servers.push(Server {
                 name: s.to_string(),
                 fi,
@@ -303,19 +307,18 @@ impl Client {
                 return false;
             }
         };
-        let mut fis = Vec::with_capacity(self.servers.len());
-        for s in &self.servers {
-            let Some((h, p)) = s.name.rsplit_once(':') else {
+        let fis: Result<Vec<u64>, String> = self
+            .servers
+            .iter()
+            .map(|s| resolve(&mut ep, &s.name))
+            .collect();
+        let fis = match fis {
+            Ok(fis) => fis,
+            Err(e) => {
+                crate::warn!("remote tier: no new endpoint for unanswered requests ({e})");
                 return false;
-            };
-            match ep.resolve(h, p) {
-                Ok(fi) => fis.push(fi),
-                Err(e) => {
-                    crate::warn!("remote tier: no new endpoint for unanswered requests ({e})");
-                    return false;
-                }
             }
-        }
+        };
         self.ep = ep;
         for (s, fi) in self.servers.iter_mut().zip(fis) {
             s.fi = fi;
