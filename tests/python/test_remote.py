@@ -266,12 +266,7 @@ def test_a_restarted_server_fails_the_program_loudly(workdir, hosts):
     a message naming the server; never other data."""
     h = hosts(1)
     srv, _ = h.serve(0, workdir, secret(workdir), "--size", "256M")
-    p = subprocess.Popen(h.on_client([build(workdir, "remote_lost"), "48"]), stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "ATTUNE_CONFIG": str(config(workdir, h, 1, secret(workdir),
-                                                                         timeout_ms=5000, name="restart")),
-                              "ATTUNE_DRAM": "16M"})
-    assert p.stdout.readline().strip() == "remote_lost: ready", p.stderr.read()
+    p = Program(h, workdir, config(workdir, h, 1, secret(workdir), timeout_ms=5000, name="restart")).p
     srv.kill()
     srv.wait()
     _, log = h.serve(0, workdir, secret(workdir), "--size", "256M")
@@ -577,6 +572,20 @@ def nobody_secret(workdir):
     return s
 
 
+def unexpected_warnings(err):
+    """The runtime's warnings but its notice of user-mode userfaultfd (the one a runtime
+    run as nobody gives)."""
+    return [w for w in err.splitlines() if "warning" in w and "user-mode faults only" not in w]
+
+
+def secret_and_scratch(workdir, user):
+    """The job secret and a file tier directory for a runtime run as `user` (None: root)."""
+    scratch = workdir / f"scratch-{user}"
+    scratch.mkdir(exist_ok=True)
+    os.chmod(scratch, 0o777)
+    return (nobody_secret(workdir) if user else secret(workdir)), scratch
+
+
 @pytest.mark.parametrize("user", [None, "nobody"])
 def test_a_reset_connection_loses_nothing(workdir, hosts, user):
     """Connections between the runtime and its only server (one copy of each page)
@@ -587,10 +596,7 @@ def test_a_reset_connection_loses_nothing(workdir, hosts, user):
     and the program died of SIGBUS, 3 runs of 3: docs/design/remote.md). As root and,
     server and runtime, as nobody (user-mode userfaultfd)."""
     h = hosts(1)
-    s = nobody_secret(workdir) if user else secret(workdir)
-    scratch = workdir / f"scratch-{user}"
-    scratch.mkdir(exist_ok=True)
-    os.chmod(scratch, 0o777)
+    s, scratch = secret_and_scratch(workdir, user)
     _, log = h.serve(0, workdir, s, "--size", "256M", user=user)
     cfg = config(workdir, h, 1, s, timeout_ms=5000, name=f"reset-{user}", file_dir=scratch)
     prog = Program(h, workdir, cfg, mib="64", user=user)
@@ -606,8 +612,7 @@ def test_a_reset_connection_loses_nothing(workdir, hosts, user):
         prog.expect(what)
     code, out, err = prog.finish()
     text = log.read_text()
-    # As nobody, the one warning is the runtime's notice of user-mode userfaultfd.
-    warnings = [w for w in err.splitlines() if "warning" in w and "user-mode faults only" not in w]
+    warnings = unexpected_warnings(err)
     assert code == 0 and not warnings, (code, out, err, text)
     assert "lost" not in err and "error" not in text, (err, text)
     # The path was taken (once in each of 3 runs: some reply was lost with its
@@ -615,7 +620,8 @@ def test_a_reset_connection_loses_nothing(workdir, hosts, user):
     assert "taken over by its runtime from a new endpoint" in text, text
 
 
-def test_a_paused_server_loses_nothing(workdir, hosts):
+@pytest.mark.parametrize("user", [None, "nobody"])
+def test_a_paused_server_loses_nothing(workdir, hosts, user):
     """The only server (one copy of each page) stopped for 2.6 s (less than the 5 s
     timeout) three times, each while the program writes its pages and reads them back:
     each pause leaves requests unanswered past 2 s, the runtime moves to a new endpoint,
@@ -626,12 +632,14 @@ def test_a_paused_server_loses_nothing(workdir, hosts):
     a page's newer contents, caught by the runtime's checksum as a SIGBUS in CI's remote
     soak). The server keeps the old endpoint's address until its replies there are done
     (removed under them, its number went to the new endpoint, and the server was lost in
-    about half the runs: docs/design/remote.md, "Requests from an old endpoint")."""
+    about half the runs: docs/design/remote.md, "Requests from an old endpoint"). The
+    runtime as root and as nobody (user-mode userfaultfd); the server as root, so that
+    SIGSTOP reaches it rather than a runuser in front of it."""
     h = hosts(1)
-    s = secret(workdir)
+    s, scratch = secret_and_scratch(workdir, user)
     srv, log = h.serve(0, workdir, s, "--size", "256M")
-    cfg = config(workdir, h, 1, s, timeout_ms=5000, name="paused")
-    prog = Program(h, workdir, cfg, mib="64")
+    cfg = config(workdir, h, 1, s, timeout_ms=5000, name=f"paused-{user}", file_dir=scratch)
+    prog = Program(h, workdir, cfg, mib="64", user=user)
     for _ in range(3):
         prog.p.stdin.write("w\nr\n")
         prog.p.stdin.flush()
@@ -643,7 +651,8 @@ def test_a_paused_server_loses_nothing(workdir, hosts):
         prog.expect("read back")
     code, out, err = prog.finish()
     text = log.read_text()
-    assert code == 0 and "warning" not in err, (code, out, err, text)
+    warnings = unexpected_warnings(err)
+    assert code == 0 and not warnings, (code, out, err, text)
     assert text.count("taken over by its runtime from a new endpoint") >= 2, text
 
 
