@@ -97,6 +97,15 @@ fuzz_target!(|data: &[u8]| {
                 let r = st.discard(&h, now);
                 assert!(known.is_some() || r == Err(libc::EACCES));
             }
+            // An exiting runtime's bye shortens the lease (any grace, even one that would
+            // overflow in ns); its pages stay until it runs out.
+            Op::Bye if h.off > 0 => {
+                let r = st.shorten(&h, now);
+                match known {
+                    Some(k) => assert_eq!(r, Ok(st.held_bytes(ids[k]))),
+                    None => assert_eq!(r, Err(libc::EACCES)),
+                }
+            }
             // One clone, of the first session (more would be sessions nobody tracks).
             Op::Clone => match known {
                 None => assert_eq!(st.clone_session(&h, tokens[2], now), Err(libc::EACCES)),

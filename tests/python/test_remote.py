@@ -297,6 +297,40 @@ def test_a_dead_runtime_loses_its_session_at_the_end_of_its_lease(workdir, hosts
     assert m and int(m.group(1)) >= 24, log.read_text()
 
 
+@pytest.mark.parametrize("user", [None, "nobody"])
+def test_an_exiting_runtime_frees_its_pages_soon_and_still_reads_them(workdir, hosts, user):
+    """An unmodified program under `attune run` (64 MiB through 16 MiB of DRAM, two
+    servers, two copies) reads its whole array back from an atexit handler it registered
+    first, 3 s into its exit. The runtime's own exit handler ran before it and told each
+    server that the process is exiting: the servers free its pages 2 s (twice the 1 s
+    timeout) after its last request instead of at the end of the 60 s lease, while the
+    pings every 0.5 s keep them through the 3 s of exit and every word verifies. As root
+    and, servers and runtime, as nobody."""
+    h = hosts(2)
+    s, scratch = secret_and_scratch(workdir, user)
+    logs = [h.serve(i, workdir, s, "--size", "256M", "--lease", "60", user=user)[1] for i in range(2)]
+    cfg = config(workdir, h, 2, s, timeout_ms=1000, name=f"exit-{user}", file_dir=scratch, replicas=2)
+    who = ["runuser", "-u", user, "--"] if user else []
+    p = subprocess.run(h.on_client([*who, ATTUNE, "run", "--dram", "16M", "--config", cfg, "--",
+                                    build_plain(workdir, "exit_reads"), "64", "3000"]),
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "ATTUNE_LOG": "info"})
+    ended = time.time()
+    assert p.returncode == 0 and "exit_reads: OK" in p.stdout, p.stdout + p.stderr
+    assert not unexpected_warnings(p.stderr), p.stderr
+    assert "2 of 2 server(s) free this process's pages 2000 ms after its last request" in p.stderr, p.stderr
+    freed = re.compile(r"session \d+ expired .*: (\d+) MiB freed")
+    for log in logs:
+        while not freed.search(log.read_text()) and time.time() < ended + 10:
+            time.sleep(0.1)
+        text = log.read_text()
+        # Expiry is checked each second: within 2 s + 1 s of the last request, which
+        # was before the program ended; 60 s without the bye.
+        assert time.time() - ended < 4, text
+        assert "its runtime is exiting" in text, text
+        m = freed.search(text)
+        assert m and int(m.group(1)) >= 40, text
+
+
 def test_a_user_who_is_not_root_runs_through_a_remote_tier(workdir, hosts):
     """The job's secret belongs to the user (mode 0600); the servers and the runtime run
     as that user (user-mode userfaultfd), and `attune run` of an unmodified program

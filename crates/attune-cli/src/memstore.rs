@@ -29,6 +29,9 @@ struct Session {
     pages: HashMap<u64, Arc<Box<[u8]>>>,
     limit: u64,
     last: u64,
+    /// Its own lease, shorter than the server's: its runtime is exiting (`Bye` with a
+    /// grace, `Store::shorten`).
+    lease_ns: Option<u64>,
     /// Bytes received in stores (logs).
     stored: u64,
 }
@@ -86,6 +89,7 @@ impl Store {
                 pages: HashMap::new(),
                 limit,
                 last: now,
+                lease_ns: None,
                 stored: 0,
             },
         );
@@ -188,6 +192,7 @@ impl Store {
             pages: s.pages.clone(),
             limit: s.limit,
             last: now,
+            lease_ns: None,
             stored: 0,
         };
         let limit = copy.limit;
@@ -279,12 +284,24 @@ impl Store {
         Some((n * proto::PAGE, s.fi, s.stored))
     }
 
+    /// The session's runtime is exiting (a `Bye` whose offset is a grace in ms): its
+    /// lease becomes the grace (never longer than the server's), so that its pages are
+    /// freed that long after its last request rather than a whole lease later, while a
+    /// request still made during the exit is served (and renews it). Returns the bytes it
+    /// holds, or EACCES.
+    pub fn shorten(&mut self, h: &Header, now: u64) -> Result<u64, i32> {
+        let grace = h.off.saturating_mul(1_000_000).min(self.lease_ns);
+        let s = self.session(h, now).ok_or(libc::EACCES)?;
+        s.lease_ns = Some(grace);
+        Ok(s.pages.len() as u64 * proto::PAGE)
+    }
+
     /// Ends the sessions whose lease ran out: (id, (held, address, stored)) of each.
     pub fn expire(&mut self, now: u64) -> Vec<(u64, (u64, u64, u64))> {
         let old: Vec<u64> = self
             .sessions
             .iter()
-            .filter(|(_, s)| now.saturating_sub(s.last) > self.lease_ns)
+            .filter(|(_, s)| now.saturating_sub(s.last) > s.lease_ns.unwrap_or(self.lease_ns))
             .map(|(&id, _)| id)
             .collect();
         old.into_iter()
@@ -376,6 +393,35 @@ mod tests {
         assert_eq!((st.sessions(), st.used_bytes()), (1, 8192));
         assert_eq!(st.close(a), Some((8192, 1, 16384)));
         assert_eq!(st.used_bytes(), 0);
+    }
+
+    #[test]
+    fn an_exiting_runtimes_session_lasts_its_grace_after_its_last_request() {
+        // Lease 1000 ns; times in ns, graces in ms.
+        let mut st = Store::new(1 << 20, 1 << 20, 1000);
+        let (a, _) = st.open(1 << 20, 1, 0, [1; 16], 0);
+        let (b, _) = st.open(1 << 20, 2, 0, [2; 16], 0);
+        st.store(&hdr(a, [1; 16], 0, 4096), &[1; 4096], 0).unwrap();
+        let mut bye = hdr(a, [9; 16], 0, 0);
+        bye.op = Op::Bye as u16;
+        // Only the session's token shortens it.
+        assert_eq!(st.shorten(&bye, 0), Err(libc::EACCES));
+        // A grace that would overflow in ns is the server's lease at most; 0 ms: freed
+        // at the next expiry after the last request.
+        bye.token = [1; 16];
+        bye.off = u64::MAX;
+        assert_eq!(st.shorten(&bye, 0), Ok(4096));
+        bye.off = 0;
+        assert_eq!(st.shorten(&bye, 10), Ok(4096));
+        // A request during the exit is served and renews it.
+        let mut out = [0u8; 4096];
+        st.load(&hdr(a, [1; 16], 0, 4096), &mut out, 20).unwrap();
+        assert_eq!(out, [1; 4096]);
+        assert!(st.expire(20).is_empty());
+        assert_eq!(st.expire(21), vec![(a, (4096, 1, 4096))]);
+        // The other session keeps the server's lease.
+        assert!(st.expire(1000).is_empty());
+        assert_eq!(st.expire(1001), vec![(b, (0, 2, 0))]);
     }
 
     #[test]

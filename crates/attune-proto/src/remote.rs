@@ -11,7 +11,8 @@
 //! gets a session number and a random token; every later request carries both, and the
 //! server serves a request only when they match one of its sessions. A session's pages
 //! are reachable through that session only, and are dropped with it: `Bye`, or no request
-//! for the lease (the runtime pings while it holds pages).
+//! for the lease (the runtime pings while it holds pages). A runtime that exits says
+//! `Bye` with a grace: its pages go that long after its last request, not a lease later.
 //!
 //! **Fork.** Before a runtime forks, it asks each server to `Clone` its session: a new
 //! session (new number and token) whose pages are the parent's, shared on the server
@@ -47,7 +48,9 @@ pub enum Op {
     Load = 3,
     /// Drops the pages of `[off, off+len)`.
     Discard = 4,
-    /// Ends the session and drops its pages.
+    /// Ends the session and drops its pages; with `off` > 0, its runtime is exiting:
+    /// the pages are dropped `off` ms after the session's last request (a request made
+    /// meanwhile is served).
     Bye = 5,
     /// Keeps the session's lease.
     Ping = 6,

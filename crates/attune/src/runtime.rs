@@ -103,6 +103,21 @@ pub fn on_start(f: fn()) {
     let _ = ON_START.set(f);
 }
 
+/// `leave_at_exit` is registered (once per process image: a forked child inherits it).
+static EXIT_HOOK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// At exit(3): the far tiers that hold memory outside the process (memory servers) are
+/// told to free it once the process is gone, instead of a whole lease later. The tiers
+/// keep serving meanwhile: an atexit handler registered before this one, stdio's final
+/// flush or another thread may still read far pages.
+extern "C" fn leave_at_exit() {
+    if let Some(e) = engine_if_started() {
+        for t in &e.pager.tiers {
+            t.leave();
+        }
+    }
+}
+
 /// `ATTUNE_USERFAULTFD_FD`: a descriptor of /dev/userfaultfd a privileged launcher opened
 /// and left open for the program (the Slurm plugin's `userfaultfd=device`), so that a user
 /// without the right to open it, where `vm.unprivileged_userfaultfd=0`, still gets kernel
@@ -152,6 +167,9 @@ fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
             crate::daemon_client::start(&e.pager.cfg, Some(&e.pager))?;
             if let Some(f) = ON_START.get() {
                 f();
+            }
+            if !EXIT_HOOK.swap(true, Relaxed) {
+                attune_sys::os::at_exit(leave_at_exit);
             }
             let small = SmallAllocator::new(e.pager.cfg.small_threshold);
             if !small.enabled {

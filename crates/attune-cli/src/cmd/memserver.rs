@@ -8,7 +8,8 @@
 //! provider refused), so a client that died with a reply in flight holds one buffer,
 //! never the server (seen: a dead client's reply stalled every other client for 10 s).
 //!
-//! A session ends with its runtime: at its bye, 5 s after a reply to it failed or was
+//! A session ends with its runtime: at its bye (an exiting runtime's: its grace after
+//! its last request), 5 s after a reply to it failed or was
 //! refused if it sent nothing meanwhile (its runtime is dead, or would have moved to a
 //! new endpoint and taken the session over), when a new hello comes from its address (a
 //! new runtime on a reused port, or the same one rejoining), or when its lease runs out.
@@ -584,6 +585,19 @@ impl Server {
                     Err(e) => e,
                 }
             }
+            Op::Bye if h.off > 0 => match self.store.shorten(&h, now) {
+                Ok(held) => {
+                    log(&format!(
+                        "session {}: its runtime is exiting; {} MiB freed {} ms after its last request",
+                        h.session,
+                        held >> 20,
+                        h.off
+                    ));
+                    rep.value = held;
+                    0
+                }
+                Err(e) => e,
+            },
             Op::Bye => {
                 if let Some((b, fi, stored)) = self.store.close(h.session) {
                     log(&format!(

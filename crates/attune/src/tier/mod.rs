@@ -83,6 +83,9 @@ pub trait Medium: Send + Sync {
     }
     /// Finishes deferred work on slots loads copied out (a memory tier's batched release).
     fn release_pending(&self) {}
+    /// The process is exiting: memory held outside it (a memory server's) is told to go
+    /// once the process is gone. Loads and stores must still work afterwards.
+    fn leave(&self) {}
     /// Before a fork, the runtime quiesced: makes what the child will use. `has_data`:
     /// something is stored. Returns whether the child's copy holds the content.
     fn prepare_fork(
@@ -292,6 +295,11 @@ impl FarTier {
     /// tier has none.
     pub fn release_pending(&self) {
         self.medium.release_pending();
+    }
+
+    /// The process is exiting (`Medium::leave`).
+    pub fn leave(&self) {
+        self.medium.leave();
     }
 
     /// The error of the medium's last failed store since the last call (0: none), for

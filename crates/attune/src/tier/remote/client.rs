@@ -19,6 +19,12 @@ pub const UNIT: u64 = 64 << 10;
 const SPIN_NS: u64 = 100_000;
 /// How often lost servers are asked to rejoin (while the tier is idle).
 const REJOIN_NS: u64 = 2_000_000_000;
+/// How long a lost server's answer to the hello asking it back is waited for: the
+/// I/O thread serves no job meanwhile.
+const REJOIN_WAIT_NS: u64 = 500_000_000;
+/// How long the exit's bye waits for the servers' answers (it is best effort: a server
+/// that misses it frees the session at the end of its lease).
+const BYE_WAIT_NS: u64 = 250_000_000;
 /// A request unanswered this long (at most half the timeout) makes the I/O thread move
 /// to a new endpoint (`reconnect`) and send it again from there. A reset connection
 /// loses the replies that were on it, and libfabric 1.17's net provider did not make
@@ -84,6 +90,9 @@ pub(super) struct Client {
     secret: Vec<u8>,
     /// Bytes asked of each server at hello.
     ask: u64,
+    /// The process is exiting and the servers were told (`leave`): no server is asked
+    /// back any more.
+    leaving: bool,
 }
 
 /// Whether an error means the server (or the way to it) is lost, not that it refused.
@@ -120,7 +129,7 @@ impl Client {
     pub(super) fn connect(cfg: &TierConfig, secret: Vec<u8>) -> Result<Client, String> {
         let mut c = Client::open(cfg, secret)?;
         let all: Vec<usize> = (0..c.servers.len()).collect();
-        for r in c.hello(&all) {
+        for r in c.hello(&all, c.timeout_ns) {
             r.map_err(|e| format!("tier '{}': {e}", cfg.name))?;
         }
         crate::info!(
@@ -160,7 +169,8 @@ impl Client {
                 }
             }
         }
-        for (s, r) in attach.clone().into_iter().zip(c.hello(&attach)) {
+        let hellos = c.hello(&attach, c.timeout_ns);
+        for (s, r) in attach.clone().into_iter().zip(hellos) {
             if let Err(m) = r {
                 crate::warn!(
                     "remote tier: server {} did not give this forked child its pages ({m})",
@@ -172,7 +182,8 @@ impl Client {
                 fresh.push(s);
             }
         }
-        for (s, r) in fresh.clone().into_iter().zip(c.hello(&fresh)) {
+        let hellos = c.hello(&fresh, c.timeout_ns);
+        for (s, r) in fresh.clone().into_iter().zip(hellos) {
             if let Err(m) = r {
                 c.lose(sh, s, &m);
             }
@@ -221,11 +232,12 @@ impl Client {
             secret,
             // Each server holds `replicas` shares of the capacity over n servers.
             ask: cfg.capacity.saturating_mul(replicas as u64) / n as u64 + UNIT,
+            leaving: false,
         })
     }
 
     /// Sends every request of `reqs` at once and waits for their replies, up to the
-    /// timeout. Each request's payload goes out of (store, hello) or comes back into
+    /// `wait_ns` (the timeout, or less for a hello: `hello`). Each request's payload goes out of (store, hello) or comes back into
     /// (load) its buffer. Returns each request's reply header or error.
     ///
     /// A request whose connection broke under it (`is_transient`), or unanswered for
@@ -242,13 +254,13 @@ impl Client {
     /// a server took its session over, the resends each wait up to the timeout: a server
     /// is lost after min(2 s, timeout/2) without an answer and then a timeout without an
     /// answer to its hello.
-    fn exchange(&mut self, reqs: &mut [Req]) -> Vec<Result<Header, Failure>> {
+    fn exchange(&mut self, reqs: &mut [Req], wait_ns: u64) -> Vec<Result<Header, Failure>> {
         let start = attune_sys::os::now_ns();
-        let mut deadline = start + self.timeout_ns;
+        let mut deadline = start + wait_ns;
         let silent = if self.no_reconnect {
             deadline
         } else {
-            start + (self.timeout_ns / 2).min(RECONNECT_NS)
+            start + (wait_ns / 2).min(RECONNECT_NS)
         };
         let mut out = self.exchange_once(reqs, silent);
         for _ in 0..RESENDS {
@@ -326,11 +338,8 @@ impl Client {
         let live: Vec<usize> = (0..self.servers.len())
             .filter(|&s| !self.down[s] && self.servers[s].session != 0)
             .collect();
-        let full = self.timeout_ns;
         let left = deadline.saturating_sub(attune_sys::os::now_ns());
-        self.timeout_ns = left.max(1_000_000);
-        let res = self.hello(&live);
-        self.timeout_ns = full;
+        let res = self.hello(&live, left.max(1_000_000));
         let mut moved = 0;
         for (s, r) in live.into_iter().zip(res) {
             match r {
@@ -348,17 +357,19 @@ impl Client {
         moved > 0
     }
 
-    /// Forgets the copies of the servers `reconnect` lost, and says so.
+    /// Forgets the copies of the servers `reconnect` lost (already down), and says so.
     fn settle(&mut self, sh: &Shared) {
         for (t, why) in std::mem::take(&mut self.pending_loss) {
-            self.down[t] = false;
-            self.lose(sh, t, &why);
+            self.drop_copies(sh, t, &why);
         }
     }
 
     /// One exchange of `reqs` (`exchange`), until `deadline`.
     fn exchange_once(&mut self, reqs: &mut [Req], deadline: u64) -> Vec<Result<Header, Failure>> {
         let n = reqs.len();
+        let began = attune_sys::os::now_ns();
+        // The messages say how long this exchange waited (not the configured timeout).
+        let waited_ms = || attune_sys::os::now_ns().saturating_sub(began) / 1_000_000;
         let mut send_ctx: Vec<OpContext> = (0..n).map(|_| OpContext::default()).collect();
         let mut recv_ctx: Vec<OpContext> = (0..n).map(|_| OpContext::default()).collect();
         let mut out_hdr: Vec<[u8; proto::HEADER]> = Vec::with_capacity(n);
@@ -414,7 +425,7 @@ impl Client {
                             Errno(libc::ETIMEDOUT),
                             format!(
                                 "no answer in {} ms from {name} (no connection)",
-                                self.timeout_ns / 1_000_000
+                                waited_ms()
                             ),
                         ));
                         false
@@ -443,10 +454,7 @@ impl Client {
                         let name = &self.servers[r.server].name;
                         errs[i] = Some((
                             Errno(libc::ETIMEDOUT),
-                            format!(
-                                "no answer in {} ms from {name}",
-                                self.timeout_ns / 1_000_000
-                            ),
+                            format!("no answer in {} ms from {name}", waited_ms()),
                         ));
                     }
                 }
@@ -633,6 +641,11 @@ impl Client {
             return;
         }
         self.down[t] = true;
+        self.drop_copies(sh, t, why);
+    }
+
+    /// Server `t`, down, holds no copy that counts any more: says so.
+    fn drop_copies(&self, sh: &Shared, t: usize, why: &str) {
         self.forget(sh, t);
         let left = if self.replicas > 1 {
             format!("the other {} cop(ies) serve", self.replicas - 1)
@@ -665,7 +678,7 @@ impl Client {
     /// Keeps every live server's session: a server that does not answer is lost.
     fn ping(&mut self, sh: &Shared) {
         let mut reqs = self.to_live(Op::Ping);
-        let res = self.exchange(&mut reqs);
+        let res = self.exchange(&mut reqs, self.timeout_ns);
         self.settle(sh);
         for (q, r) in reqs.iter().zip(res) {
             if let Err((_, m)) = r {
@@ -694,7 +707,7 @@ impl Client {
     /// the copy's number and token, or none (the child then reads no page from it).
     fn clone_sessions(&mut self) -> Vec<Option<(u64, [u8; 16])>> {
         let mut reqs = self.to_live(Op::Clone);
-        let res = self.exchange(&mut reqs);
+        let res = self.exchange(&mut reqs, self.timeout_ns);
         let mut out = vec![None; self.servers.len()];
         for (q, r) in reqs.iter().zip(res) {
             match r {
@@ -708,8 +721,9 @@ impl Client {
         out
     }
 
-    /// Opens a session on each server of `which`; per server, an error message.
-    fn hello(&mut self, which: &[usize]) -> Vec<Result<(), String>> {
+    /// Opens a session on each server of `which`, waiting up to `wait_ns` for their
+    /// answers; per server, an error message.
+    fn hello(&mut self, which: &[usize], wait_ns: u64) -> Vec<Result<(), String>> {
         let me = match self.ep.name() {
             Ok(me) => me,
             Err(e) => {
@@ -741,7 +755,7 @@ impl Client {
             })
             .collect();
         let was = std::mem::replace(&mut self.no_reconnect, true);
-        let replies = self.exchange(&mut reqs);
+        let replies = self.exchange(&mut reqs, wait_ns);
         self.no_reconnect = was;
         which
             .iter()
@@ -774,10 +788,7 @@ impl Client {
             self.servers[s].session = 0;
             self.servers[s].token = [0; 16];
         }
-        let full = self.timeout_ns;
-        self.timeout_ns = full.min(500_000_000);
-        let res = self.hello(&lost);
-        self.timeout_ns = full;
+        let res = self.hello(&lost, self.timeout_ns.min(REJOIN_WAIT_NS));
         for (s, r) in lost.into_iter().zip(res) {
             if r.is_ok() {
                 self.down[s] = false;
@@ -815,7 +826,7 @@ impl Client {
             if reqs.is_empty() {
                 break;
             }
-            let results = self.exchange(&mut reqs);
+            let results = self.exchange(&mut reqs, self.timeout_ns);
             self.settle(sh);
             let mut again: Vec<Req> = Vec::new();
             let mut first_err: [Option<Failure>; JOBS] = Default::default();
@@ -897,7 +908,7 @@ impl Client {
                 last_ping = now;
             }
             if ops.iter().all(Option::is_none) {
-                if now.saturating_sub(last_rejoin) >= REJOIN_NS {
+                if !self.leaving && now.saturating_sub(last_rejoin) >= REJOIN_NS {
                     self.rejoin();
                     last_rejoin = now;
                 }
@@ -909,9 +920,17 @@ impl Client {
                 continue;
             }
             let clone = ops.iter().position(|o| *o == Some(Op::Clone));
+            let bye = ops.iter().position(|o| *o == Some(Op::Bye));
             let mut rest = ops;
-            if let Some(k) = clone {
+            for k in [clone, bye].into_iter().flatten() {
                 rest[k] = None;
+            }
+            if let Some(k) = bye {
+                self.leave(&shared);
+                let mut one = [None; JOBS];
+                one[k] = Some(Op::Bye);
+                shared.answer(&one, &[0; JOBS]);
+                shared.mark_left();
             }
             if rest.iter().any(Option::is_some) {
                 let codes = self.serve(&shared, &rest);
@@ -921,6 +940,34 @@ impl Client {
                 self.fork(&shared, k);
             }
         }
+    }
+
+    /// The process is exiting (its last `atexit` handlers run): each live server is told
+    /// to free the session's pages a grace after its last request, instead of a whole
+    /// lease later, so that a server is not kept full by finished jobs. Not at once: the
+    /// exit may still read a far page (a stdio buffer flushed after the handlers, a
+    /// thread still running), and such a request is served and renews the session. The
+    /// pings go on at a quarter of the grace, which is twice the timeout: a stalled
+    /// server holds the I/O thread up to about a timeout (its takeover's hello renews the
+    /// others' sessions on the way), so the healthy servers are renewed within it.
+    fn leave(&mut self, sh: &Shared) {
+        self.settle(sh);
+        let grace = (2 * self.timeout_ns).min(self.lease_ns).max(1_000_000);
+        let mut reqs = self.to_live(Op::Bye);
+        for q in reqs.iter_mut() {
+            q.head.off = grace / 1_000_000;
+        }
+        let was = std::mem::replace(&mut self.no_reconnect, true);
+        let res = self.exchange(&mut reqs, self.timeout_ns.min(BYE_WAIT_NS));
+        self.no_reconnect = was;
+        let told = res.iter().filter(|r| r.is_ok()).count();
+        crate::info!(
+            "remote tier: exiting; {told} of {} server(s) free this process's pages {} ms after its last request",
+            reqs.len(),
+            grace / 1_000_000
+        );
+        self.lease_ns = grace;
+        self.leaving = true;
     }
 
     /// A fork is about to happen (job `k`, posted by `RemoteTier::prepare_fork` with
@@ -952,7 +999,11 @@ impl Client {
                 attune_sys::os::futex_wait(&sh.doorbell, bell, 0);
                 continue;
             }
+            if ops.contains(&Some(Op::Bye)) {
+                sh.mark_left();
+            }
             let codes = ops.map(|o| match o {
+                Some(Op::Bye) => 0,
                 Some(Op::Load) => libc::EIO,
                 Some(_) => libc::ENOSPC,
                 None => 0,

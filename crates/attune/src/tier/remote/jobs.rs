@@ -60,6 +60,8 @@ pub(super) struct Shared {
     /// (Not the tier's `stored` bytes: pages loaded back keep their copies, which the
     /// child's clean evictions rely on.)
     pub(super) ever_stored: AtomicBool,
+    /// The I/O thread has told the servers that this process is exiting (1).
+    pub(super) left: AtomicU32,
 }
 
 impl Shared {
@@ -73,6 +75,7 @@ impl Shared {
             clones: Default::default(),
             started: AtomicU32::new(0),
             ever_stored: AtomicBool::new(false),
+            left: AtomicU32::new(0),
         })
     }
 
@@ -214,6 +217,26 @@ impl Shared {
         }
     }
 
+    /// The process is exiting: asks the I/O thread to tell the servers (`Client::leave`)
+    /// and waits for it up to `wait_ns` (an exit is not held up by a stalled server).
+    pub(super) fn leave(&self, wait_ns: u64) {
+        self.post(Op::Bye, 0, 0, 0, true).ok();
+        let deadline = attune_sys::os::now_ns() + wait_ns;
+        while self.left.load(Acquire) == 0 {
+            let now = attune_sys::os::now_ns();
+            if now >= deadline {
+                return;
+            }
+            attune_sys::os::futex_wait(&self.left, 0, deadline - now);
+        }
+    }
+
+    /// The I/O thread has said what `leave` asked for.
+    pub(super) fn mark_left(&self) {
+        self.left.store(1, Release);
+        attune_sys::os::futex_wake(&self.left, i32::MAX);
+    }
+
     /// Parks the calling thread (the I/O thread) until `unpark`.
     pub(super) fn wait_parked(&self) {
         while self.park.load(Acquire) != 0 {
@@ -244,6 +267,7 @@ impl Shared {
                 ops[k] = Some(match j.op.load(Relaxed) {
                     2 => Op::Store,
                     3 => Op::Load,
+                    5 => Op::Bye,
                     7 => Op::Clone,
                     _ => Op::Discard,
                 });

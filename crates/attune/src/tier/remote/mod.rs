@@ -148,6 +148,12 @@ impl super::Medium for RemoteTier {
         true
     }
 
+    /// The servers free this process's pages a grace after its last request
+    /// (`Client::leave`); the exit waits for that at most a second.
+    fn leave(&self) {
+        self.shared.leave(1_000_000_000);
+    }
+
     fn is_node_memory(&self) -> bool {
         false
     }
