@@ -570,12 +570,14 @@ def test_eight_runtimes_through_four_servers_keep_their_sessions(workdir, hosts,
 
 
 class Program:
-    """remote_lost.c on the client host, driven line by line."""
+    """remote_lost.c on the client host, driven line by line (its stderr to the file `err`
+    if given, to be read while it runs)."""
 
-    def __init__(self, h, workdir, cfg, mib=48, dram="16M", user=None):
+    def __init__(self, h, workdir, cfg, mib=48, dram="16M", user=None, err=None):
         who = ["runuser", "-u", user, "--"] if user else []
         self.p = subprocess.Popen(h.on_client([*who, build(workdir, "remote_lost"), mib]), stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  stdout=subprocess.PIPE, stderr=open(err, "w") if err else subprocess.PIPE,
+                                  text=True,
                                   env={**os.environ, "ATTUNE_CONFIG": str(cfg), "ATTUNE_DRAM": dram})
         self.expect("ready")
 
@@ -718,6 +720,37 @@ def test_two_copies_survive_a_killed_server_and_it_rejoins(workdir, hosts):
     rc, out, err = prog.finish()
     assert rc == 0 and "WRONG DATA" not in out, (rc, out, err)
     assert h.addr(0) in err and "rejoined" in err and h.addr(1) in err, err
+
+
+def test_copies_are_made_again_when_a_server_rejoins(workdir, hosts):
+    """Each page on two of three servers. SIGKILL of one: every word reads back from the
+    other copies. Started again, it rejoins empty and the runtime makes its copies again
+    in the background from the live ones, while the program writes nothing. Then a
+    second server is killed: every word still verifies, the pages whose other copy was
+    on it read from the copies made again (without them, about a third of the pages has
+    no copy left and the read ends in SIGBUS: checked by not starting the rebuild)."""
+    h = hosts(3)
+    s = secret(workdir)
+    srv = [h.serve(i, workdir, s, "--size", "256M")[0] for i in range(3)]
+    cfg = config(workdir, h, 3, s, timeout_ms=1000, name="rebuilt", replicas=2)
+    err = workdir / "rebuilt.err"
+    prog = Program(h, workdir, cfg, err=err)
+    srv[0].kill()
+    srv[0].wait()
+    prog.say("r", "read back")
+    h.serve(0, workdir, s, "--size", "256M")
+    deadline = time.time() + 30
+    while "copies made again" not in err.read_text() and time.time() < deadline:
+        time.sleep(0.2)
+    srv[1].kill()
+    srv[1].wait()
+    prog.say("r", "read back")
+    rc, out, _ = prog.finish()
+    text = err.read_text()
+    assert rc == 0 and "WRONG DATA" not in out, (rc, out, text)
+    m = re.search(r"copies made again: (\d+) MiB in ([0-9.]+) s", text)
+    assert m and int(m.group(1)) >= 8, text
+    print(m.group(0))
 
 
 def test_without_a_copy_left_a_region_fails_loudly(workdir, hosts):

@@ -8,8 +8,8 @@
 #      segment grow and shrink every 2 s as a neighbour with a pool tier comes and goes,
 #      the rest spilling to a file tier;
 #   5. the remote tier: two `attune memserver`s on this host's loopback, each page kept on
-#      both (replicas = 2), the first stopped for 2.6 s every 6 s, the rest spilling to a
-#      file tier; no forks in this run (a child cannot see pages its parent holds
+#      both (replicas = 2), the first stopped for 2.6 s every 6 s, the second killed every
+#      7 s and started again (empty) a second later, the rest spilling to a file tier; no forks in this run (a child cannot see pages its parent holds
 #      remotely: docs/design/remote.md);
 #   6. as an unprivileged user where this script runs as root (a user-mode-only
 #      userfaultfd where vm.unprivileged_userfaultfd=0).
@@ -118,8 +118,32 @@ TOML
 paused=${pids[0]}
 ( while :; do sleep 3.4; kill -STOP "$paused"; sleep 2.6; kill -CONT "$paused"; done ) &
 pauser=$!
+# The second server is killed every 7 s and started again, empty, a second later: the
+# runtime loses it, asks it back and makes its copies again from the first while idle
+# (docs/design/remote.md, "Copies made again after a rejoin"). Every page keeps its copy
+# on the first, which is only paused. The restarter ends the server it started last.
+second=$((port + 1))
+echo "${pids[1]}" >"$OUT/second.pid"
+disown "${pids[1]}"
+pids=("${pids[0]}")  # the restarter owns the second server from here
+( trap 'kill "$(cat "$OUT/second.pid")" 2>/dev/null; exit 0' TERM
+  while :; do
+    sleep 7 & wait $!
+    kill -KILL "$(cat "$OUT/second.pid")" 2>/dev/null
+    : >"$OUT/second.pid"
+    sleep 1 & wait $!
+    "$PREFIX/bin/attune" memserver --listen 127.0.0.1:$second --secret-file "$OUT/secret" --size 256M \
+      >>"$OUT/memserver-$second.log" 2>&1 &
+    echo $! >"$OUT/second.pid"
+    disown  # killed on purpose: no "Killed" line from bash
+  done ) &
+restarter=$!
+pids+=("$pauser" "$restarter")
 soak remote-tier SOAK_FORKS=0 ATTUNE_CONFIG="$OUT/remote.toml" "$OUT/soak"
-kill "$pauser" 2>/dev/null; wait "$pauser" 2>/dev/null; kill -CONT "$paused" 2>/dev/null
+kill "$pauser" "$restarter" 2>/dev/null; wait "$pauser" "$restarter" 2>/dev/null
+pids=("$paused")
+kill -CONT "$paused" 2>/dev/null
+grep -c "copies made again" "$OUT/remote-tier.log" | sed 's/^/    passes of copies made again: /'
 kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; pids=()
 if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
   soak unprivileged runuser -u nobody -- env ATTUNE_DRAM=16M ATTUNE_DAEMON=off "$OUT/soak"

@@ -31,9 +31,44 @@ pub fn pieces(off: u64, len: u64, n: usize, unit: u64, max: u64) -> Vec<(usize, 
     out
 }
 
+/// A page's copies to make again (after a server that held some rejoined empty): from
+/// `bits` (bit r: copy r holds the page's current content), `replicas` copies wanted,
+/// and which copies' servers are live now. Returns the copy to read it from (the first
+/// live one that holds it) and the live copies that lack it, or None when there is
+/// nothing to copy or nothing to copy from. A copy whose server is down waits for it.
+pub fn repair(bits: u8, replicas: usize, live: impl Fn(usize) -> bool) -> Option<(usize, u8)> {
+    let from = (0..replicas).find(|&r| bits & (1 << r) != 0 && live(r))?;
+    let missing = (0..replicas)
+        .filter(|&r| bits & (1 << r) == 0 && live(r))
+        .fold(0u8, |m, r| m | 1 << r);
+    (missing != 0).then_some((from, missing))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repair_reads_a_live_copy_and_fills_the_live_ones_that_lack_it() {
+        // (bits, replicas, live copies, expected)
+        let rows: &[(u8, usize, u8, Option<(usize, u8)>)] = &[
+            (0b01, 2, 0b11, Some((0, 0b10))), // copy 1 rejoined empty
+            (0b10, 2, 0b11, Some((1, 0b01))), // copy 0 rejoined empty
+            (0b11, 2, 0b11, None),            // both hold it
+            (0b01, 2, 0b01, None),            // copy 1's server still down
+            (0b10, 2, 0b01, None),            // its only holder is down: nothing to read
+            (0b00, 2, 0b11, None),            // not stored (or discarded)
+            (0b001, 3, 0b111, Some((0, 0b110))),
+            (0b100, 3, 0b011, None), // holder down
+            (0b110, 3, 0b101, Some((2, 0b001))),
+            (0b01, 1, 0b01, None), // one copy: nothing to repair
+            (0b10, 1, 0b11, None), // a bit beyond the copies wanted is ignored
+        ];
+        for &(bits, replicas, live, want) in rows {
+            let got = repair(bits, replicas, |r| live & (1 << r) != 0);
+            assert_eq!(got, want, "bits {bits:b}, {replicas} copies, live {live:b}");
+        }
+    }
 
     const UNIT: u64 = 64 << 10;
     const MAX: u64 = 1 << 20;

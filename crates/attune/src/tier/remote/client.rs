@@ -25,6 +25,11 @@ const REJOIN_WAIT_NS: u64 = 500_000_000;
 /// How long the exit's bye waits for the servers' answers (it is best effort: a server
 /// that misses it frees the session at the end of its lease).
 const BYE_WAIT_NS: u64 = 250_000_000;
+/// Copies are made again (`rebuild_step`) at most this many bytes at a time, between
+/// jobs: a fault waits behind one batch at most (two round trips).
+const REBUILD_BATCH: usize = 256 << 10;
+/// Pages of the copy table looked at in one step at most (a few hundred µs).
+const REBUILD_SCAN: usize = 1 << 16;
 /// A request unanswered this long (at most half the timeout) makes the I/O thread move
 /// to a new endpoint (`reconnect`) and send it again from there. A reset connection
 /// loses the replies that were on it, and libfabric 1.17's net provider did not make
@@ -93,6 +98,19 @@ pub(super) struct Client {
     /// The process is exiting and the servers were told (`leave`): no server is asked
     /// back any more.
     leaving: bool,
+    /// Copies being made again after a server rejoined (`rebuild_step`).
+    rebuild: Option<Rebuild>,
+    /// Where the copies being made again pass (REBUILD_BATCH bytes, allocated at first use).
+    rebuild_buf: Vec<u8>,
+}
+
+/// A pass over the copy table that makes again the copies of live servers that lack
+/// them.
+struct Rebuild {
+    /// The next page to look at.
+    next: usize,
+    bytes: u64,
+    started: u64,
 }
 
 /// Whether an error means the server (or the way to it) is lost, not that it refused.
@@ -233,6 +251,8 @@ impl Client {
             // Each server holds `replicas` shares of the capacity over n servers.
             ask: cfg.capacity.saturating_mul(replicas as u64) / n as u64 + UNIT,
             leaving: false,
+            rebuild: None,
+            rebuild_buf: Vec::new(),
         })
     }
 
@@ -792,7 +812,128 @@ impl Client {
         for (s, r) in lost.into_iter().zip(res) {
             if r.is_ok() {
                 self.down[s] = false;
-                crate::warn!("remote tier: server {} rejoined (empty: copies are made again as pages are stored)", self.servers[s].name);
+                crate::warn!("remote tier: server {} rejoined empty; its copies are made again in the background", self.servers[s].name);
+                if self.replicas > 1 {
+                    self.rebuild = Some(Rebuild {
+                        next: 0,
+                        bytes: 0,
+                        started: attune_sys::os::now_ns(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Makes again, from a live copy, up to REBUILD_BATCH bytes of the copies that live
+    /// servers lack (`attune_policy::spread::repair`): after a server rejoined empty, a
+    /// page held by one copy only would be lost with the next server. Loads then stores,
+    /// in the I/O thread between jobs: no store of the program's can come between a
+    /// page's load and its copy's store, so a copy made is the page's current content.
+    /// A copy's place is fixed by the unit's owner, so a copy whose server is down waits
+    /// for it to rejoin (which starts a new pass).
+    fn rebuild_step(&mut self, sh: &Shared) {
+        let Some(rb) = self.rebuild.as_mut() else {
+            return;
+        };
+        let n = self.servers.len();
+        let per = proto::PAGE as usize;
+        // Runs of consecutive pages with one source and one destination server:
+        // (source copy, destination copy, owner, first page, pages).
+        let mut runs: Vec<(usize, usize, usize, usize, usize)> = Vec::new();
+        let mut taken = 0;
+        let mut p = rb.next;
+        let end = sh.valid.len().min(p + REBUILD_SCAN);
+        while p < end && (taken + 1) * per <= REBUILD_BATCH {
+            let bits = sh.valid.get(p).load(Acquire) as u8;
+            let s = spread::owner(p as u64 * proto::PAGE / UNIT, n);
+            let live = |r: usize| !self.down[(s + r) % n];
+            if let Some((from, missing)) = spread::repair(bits, self.replicas, live) {
+                for to in (0..self.replicas).filter(|&r| missing & (1 << r) != 0) {
+                    if (taken + 1) * per > REBUILD_BATCH {
+                        break;
+                    }
+                    match runs.last_mut() {
+                        Some(last)
+                            if (last.0, last.1, last.2) == (from, to, s)
+                                && last.3 + last.4 == p =>
+                        {
+                            last.4 += 1
+                        }
+                        _ => runs.push((from, to, s, p, 1)),
+                    }
+                    taken += 1;
+                }
+            }
+            p += 1;
+        }
+        rb.next = p;
+        if runs.is_empty() && p >= sh.valid.len() {
+            let rb = self.rebuild.take().expect("checked above");
+            let secs = attune_sys::os::now_ns().saturating_sub(rb.started) as f64 / 1e9;
+            crate::warn!(
+                "remote tier: copies made again: {} MiB in {secs:.1} s; every page has its {} copies on the live servers",
+                rb.bytes >> 20,
+                self.replicas
+            );
+            return;
+        }
+        if self.rebuild_buf.len() < REBUILD_BATCH {
+            self.rebuild_buf = vec![0u8; REBUILD_BATCH];
+        }
+        let buf = self.rebuild_buf.as_mut_ptr() as usize;
+        let mut at = 0;
+        let mut loads = Vec::with_capacity(runs.len());
+        let mut stores = Vec::with_capacity(runs.len());
+        for &(from, to, s, first, pages) in &runs {
+            let (o, l) = (first as u64 * proto::PAGE, pages * per);
+            let (src, dst) = ((s + from) % n, (s + to) % n);
+            let req = |server: usize, op: Op, replica: usize| Req {
+                job: 0,
+                server,
+                head: self.header(server, op, o, l),
+                addr: buf + at,
+                len: l,
+                incoming: op == Op::Load,
+                replica: replica as u8,
+            };
+            loads.push(req(src, Op::Load, from));
+            stores.push(req(dst, Op::Store, to));
+            at += l;
+        }
+        let res = self.exchange(&mut loads, self.timeout_ns);
+        self.settle(sh);
+        let mut copy = Vec::with_capacity(stores.len());
+        for ((q, st), r) in loads.iter().zip(stores).zip(res) {
+            match r {
+                Ok(_) => copy.push(st),
+                Err((e, m)) if is_loss(e) => self.lose(sh, q.server, &m),
+                Err(_) => {}
+            }
+        }
+        // Not to a server lost meanwhile.
+        copy.retain(|q| !self.down[q.server]);
+        let res = self.exchange(&mut copy, self.timeout_ns);
+        self.settle(sh);
+        for (q, r) in copy.iter().zip(res) {
+            match r {
+                Ok(_) => {
+                    sh.update(q.head.off, q.head.len as u64, |v| {
+                        v.fetch_or(1 << q.replica, AcqRel);
+                    });
+                    if let Some(rb) = self.rebuild.as_mut() {
+                        rb.bytes += q.head.len as u64;
+                    }
+                }
+                Err((e, m)) if is_loss(e) => self.lose(sh, q.server, &m),
+                Err((_, m)) => {
+                    // A full server (or a refusal): its copies wait for pages stored anew.
+                    crate::warn!(
+                        "remote tier: copies not made again on server {} ({m}); they are made as pages are stored",
+                        self.servers[q.server].name
+                    );
+                    self.rebuild = None;
+                    return;
+                }
             }
         }
     }
@@ -911,6 +1052,11 @@ impl Client {
                 if !self.leaving && now.saturating_sub(last_rejoin) >= REJOIN_NS {
                     self.rejoin();
                     last_rejoin = now;
+                }
+                if self.rebuild.is_some() && !self.leaving {
+                    // One batch, then the jobs posted meanwhile.
+                    self.rebuild_step(&shared);
+                    continue;
                 }
                 attune_sys::os::futex_wait(
                     &shared.doorbell,
