@@ -28,10 +28,14 @@ rust_pass=$(grep -E '^test result' "$OUT/cargo.log" | sed -E 's/.* ([0-9]+) pass
 rust_fail=$(grep -E '^test result' "$OUT/cargo.log" | sed -E 's/.* ([0-9]+) failed.*/\1/' | awk '{s+=$1} END {print s+0}')
 if ! grep -q '^test result' "$OUT/cargo.log" || grep -qE '^error(\[|:)' "$OUT/cargo.log"; then rust_fail=$((rust_fail+1)); failed+=(cargo-test); fi
 pass=$((pass+${rust_pass:-0})); fail=$((fail+${rust_fail:-0}))
-# Formatting, checked where rustfmt is installed (rustup's default profile has it).
+# Formatting, checked where rustfmt is installed (rustup's default profile has it). The fuzz
+# targets are a workspace of their own: rustfmt reads them directly (no cargo metadata,
+# which would resolve libfuzzer-sys).
 if cargo fmt --version >/dev/null 2>&1; then
-  if cargo fmt --all --check >"$OUT/fmt.log" 2>&1; then pass=$((pass+1)); echo "ok   rustfmt"
-  else fail=$((fail+1)); failed+=(rustfmt); echo "FAIL rustfmt (run cargo fmt)"; head -n 20 "$OUT/fmt.log"; fi
+  if cargo fmt --all --check >"$OUT/fmt.log" 2>&1 &&
+     rustfmt --check --edition 2021 fuzz/fuzz_targets/*.rs >>"$OUT/fmt.log" 2>&1; then
+    pass=$((pass+1)); echo "ok   rustfmt"
+  else fail=$((fail+1)); failed+=(rustfmt); echo "FAIL rustfmt (run cargo fmt; in fuzz/, rustfmt --edition 2021 fuzz_targets/*.rs)"; head -n 20 "$OUT/fmt.log"; fi
 fi
 
 # The loom model of the gates and the chunk state machine (crates/attune/tests/loom.rs),

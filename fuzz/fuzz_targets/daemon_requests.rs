@@ -87,7 +87,10 @@ fuzz_target!(|data: &[u8]| {
         };
         if let (Request::Stage { fds: 0, .. }, true) = (&req.0, req.1.is_empty()) {
             // A stage request's source: a pipe with the next record's bytes, then its end.
-            let n = rest.first().map_or(0, |&n| n as usize).min(rest.len().saturating_sub(1));
+            let n = rest
+                .first()
+                .map_or(0, |&n| n as usize)
+                .min(rest.len().saturating_sub(1));
             let (r, mut w) = std::io::pipe().unwrap();
             // (From the start of an empty rest: `1..1` would be out of it.)
             let from = 1.min(rest.len());
@@ -111,7 +114,10 @@ fuzz_target!(|data: &[u8]| {
     // Only staged inputs outlive their clients, and root's unstage frees each.
     let staged: Vec<String> = st.shared.keys().cloned().collect();
     for name in staged {
-        assert!(st.shared[&name].staged(), "region '{name}' outlives every client");
+        assert!(
+            st.shared[&name].staged(),
+            "region '{name}' outlives every client"
+        );
         attuned::stage::unstage(&mut st, 0, 1, &name);
     }
     assert!(st.shared.is_empty(), "regions outlive every client");

@@ -26,7 +26,10 @@ fuzz_target!(|data: &[u8]| {
     let mut tokens = [[0xa1u8; 16], [0xb2u8; 16], [0xc3u8; 16]];
     // Each session's token before its last takeover (good for the takeover's hello only).
     let mut prev: [Option<[u8; 16]>; 3] = [None; 3];
-    let mut ids = vec![st.open(1 << 30, 1, 0, tokens[0], 0).0, st.open(PER / 2, 2, 1, tokens[1], 0).0];
+    let mut ids = vec![
+        st.open(1 << 30, 1, 0, tokens[0], 0).0,
+        st.open(PER / 2, 2, 1, tokens[1], 0).0,
+    ];
     let grants = [PER, PER / 2, PER];
     let mut held = [0u64; 3];
     let mut i = 0;
@@ -42,16 +45,26 @@ fuzz_target!(|data: &[u8]| {
         };
         assert_eq!(&h.encode()[..], &msg[..proto::HEADER]);
         let payload_len = msg.len() - proto::HEADER;
-        let who = if sel & 4 != 0 && ids.len() > 2 { 2 } else { (sel & 1) as usize };
+        let who = if sel & 4 != 0 && ids.len() > 2 {
+            2
+        } else {
+            (sel & 1) as usize
+        };
         if h.op == Op::Hello as u16 {
             if let Ok((s, a)) = proto::decode_hello(&msg[proto::HEADER..]) {
-                assert!(s.len() <= proto::SECRET_MAX && !a.is_empty() && a.len() <= proto::ADDR_MAX);
+                assert!(
+                    s.len() <= proto::SECRET_MAX && !a.is_empty() && a.len() <= proto::ADDR_MAX
+                );
             }
             // A takeover (the session named, with its token, the one before, or any other):
             // a new token with the current one, the current token with the one before.
             if sel & 2 != 0 {
                 h.session = ids[who];
-                h.token = if sel & 8 != 0 { prev[who].unwrap_or(tokens[who]) } else { tokens[who] };
+                h.token = if sel & 8 != 0 {
+                    prev[who].unwrap_or(tokens[who])
+                } else {
+                    tokens[who]
+                };
             }
             let fresh = [now as u8 ^ 0x5a; 16];
             let r = st.attach(&h, 7, fresh, now);
@@ -61,16 +74,25 @@ fuzz_target!(|data: &[u8]| {
                     prev[k] = Some(tokens[k]);
                     tokens[k] = fresh;
                 }
-                Some(k) if Some(h.token) == prev[k] => assert_eq!(r.map(|t| t.token), Ok(tokens[k])),
+                Some(k) if Some(h.token) == prev[k] => {
+                    assert_eq!(r.map(|t| t.token), Ok(tokens[k]))
+                }
                 _ => assert_eq!(r, Err(libc::EACCES)),
             }
             continue;
         }
         if sel & 2 != 0 {
             h.session = ids[who];
-            h.token = if sel & 8 != 0 { prev[who].unwrap_or(tokens[who]) } else { tokens[who] };
+            h.token = if sel & 8 != 0 {
+                prev[who].unwrap_or(tokens[who])
+            } else {
+                tokens[who]
+            };
         }
-        let known = ids.iter().zip(&tokens).position(|(&id, t)| id == h.session && *t == h.token);
+        let known = ids
+            .iter()
+            .zip(&tokens)
+            .position(|(&id, t)| id == h.session && *t == h.token);
         // Payloads within the header's length, page-aligned, as the loop passes them.
         let n = (h.len as usize).min(payload_len) / 4096 * 4096;
         match Op::from_u16(h.op).unwrap() {
@@ -109,7 +131,9 @@ fuzz_target!(|data: &[u8]| {
             // One clone, of the first session (more would be sessions nobody tracks).
             Op::Clone => match known {
                 None => assert_eq!(st.clone_session(&h, tokens[2], now), Err(libc::EACCES)),
-                Some(0) if ids.len() == 2 => ids.push(st.clone_session(&h, tokens[2], now).unwrap().0),
+                Some(0) if ids.len() == 2 => {
+                    ids.push(st.clone_session(&h, tokens[2], now).unwrap().0)
+                }
                 Some(_) => {}
             },
             _ => {}
@@ -121,7 +145,11 @@ fuzz_target!(|data: &[u8]| {
         }
         // Without clones every page is held once; shared pages count once.
         let (sum, max) = (held.iter().sum::<u64>(), *held.iter().max().unwrap());
-        assert!(st.used_bytes() <= sum && st.used_bytes() >= max, "{held:?} {}", st.used_bytes());
+        assert!(
+            st.used_bytes() <= sum && st.used_bytes() >= max,
+            "{held:?} {}",
+            st.used_bytes()
+        );
         if ids.len() == 2 {
             assert_eq!(sum, st.used_bytes());
         }
