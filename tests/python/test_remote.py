@@ -320,12 +320,14 @@ def test_an_exiting_runtime_frees_its_pages_soon_and_still_reads_them(workdir, h
     assert "2 of 2 server(s) free this process's pages 2000 ms after its last request" in p.stderr, p.stderr
     freed = re.compile(r"session \d+ expired .*: (\d+) MiB freed")
     for log in logs:
-        while not freed.search(log.read_text()) and time.time() < ended + 10:
+        while not freed.search(log.read_text()) and time.time() < ended + 15:
             time.sleep(0.1)
         text = log.read_text()
-        # Expiry is checked each second: within 2 s + 1 s of the last request, which
-        # was before the program ended; 60 s without the bye.
-        assert time.time() - ended < 4, text
+        # Expiry is checked each second: about 3 s after the last request (2 s + 1 s),
+        # which was before the program ended; 60 s without the bye. Asserted with room
+        # for a loaded host.
+        print(f"pages freed {time.time() - ended:.1f} s after the program ended")
+        assert time.time() - ended < 8, text
         assert "its runtime is exiting" in text, text
         m = freed.search(text)
         assert m and int(m.group(1)) >= 40, text
