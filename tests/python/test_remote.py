@@ -724,26 +724,37 @@ def test_two_copies_survive_a_killed_server_and_it_rejoins(workdir, hosts):
     assert h.addr(0) in err and "rejoined" in err and h.addr(1) in err, err
 
 
-def test_copies_are_made_again_when_a_server_rejoins(workdir, hosts):
-    """Each page on two of three servers. SIGKILL of one: every word reads back from the
-    other copies. Started again, it rejoins empty and the runtime makes its copies again
-    in the background from the live ones, while the program writes nothing. Then a
-    second server is killed: every word still verifies, the pages whose other copy was
-    on it read from the copies made again (without them, about a third of the pages has
-    no copy left and the read ends in SIGBUS: checked by not starting the rebuild)."""
+def lose_and_rejoin(workdir, hosts, user, size):
+    """Three servers (as root, so that SIGKILL reaches them), two copies of each page,
+    and remote_lost.c (as `user`) holding 48 MiB through 16 MiB of DRAM. The first server
+    is killed, every word reads back from the other copies, and it is started again
+    with `size` bytes. Returns the hosts, the servers, the program and its stderr file,
+    once the runtime has said how its pass of copies made again ended (or after 30 s)."""
     h = hosts(3)
-    s = secret(workdir)
+    s, scratch = secret_and_scratch(workdir, user)
     srv = [h.serve(i, workdir, s, "--size", "256M")[0] for i in range(3)]
-    cfg = config(workdir, h, 3, s, timeout_ms=1000, name="rebuilt", replicas=2)
-    err = workdir / "rebuilt.err"
-    prog = Program(h, workdir, cfg, err=err)
+    cfg = config(workdir, h, 3, s, timeout_ms=1000, name=f"rebuilt-{user}-{size}", replicas=2, file_dir=scratch)
+    err = workdir / f"rebuilt-{user}-{size}.err"
+    prog = Program(h, workdir, cfg, user=user, err=err)
     srv[0].kill()
     srv[0].wait()
     prog.say("r", "read back")
-    h.serve(0, workdir, s, "--size", "256M")
+    h.serve(0, workdir, s, "--size", size)
     deadline = time.time() + 30
-    while "copies made again" not in err.read_text() and time.time() < deadline:
+    while not re.search("copies (made|not made) again", err.read_text()) and time.time() < deadline:
         time.sleep(0.2)
+    return h, srv, prog, err
+
+
+@pytest.mark.parametrize("user", [None, "nobody"])
+def test_copies_are_made_again_when_a_server_rejoins(workdir, hosts, user):
+    """A killed server started again rejoins empty, and the runtime makes its copies
+    again in the background from the live ones while the program writes nothing. Then a
+    second server is killed: every word still verifies, the pages whose other copy was
+    on it read from the copies made again (without them, about a third of the pages has
+    no copy left and the read ends in SIGBUS: checked by not starting the rebuild). The
+    runtime as root and as nobody."""
+    h, srv, prog, err = lose_and_rejoin(workdir, hosts, user, "256M")
     srv[1].kill()
     srv[1].wait()
     prog.say("r", "read back")
@@ -753,6 +764,21 @@ def test_copies_are_made_again_when_a_server_rejoins(workdir, hosts):
     m = re.search(r"copies made again: (\d+) MiB in ([0-9.]+) s", text)
     assert m and int(m.group(1)) >= 8, text
     print(m.group(0))
+
+
+def test_a_rejoined_server_too_small_for_its_copies_ends_the_pass_loudly(workdir, hosts):
+    """The killed server comes back with 4 MiB, less than its share of the copies: the
+    pass ends at its first refused store with a warning naming the server, the program
+    goes on, and every word still verifies from the other copies, written again too."""
+    h, srv, prog, err = lose_and_rejoin(workdir, hosts, None, "4M")
+    prog.say("r", "read back")
+    prog.say("w", "written")
+    prog.say("r", "read back")
+    rc, out, _ = prog.finish()
+    text = err.read_text()
+    assert rc == 0 and "WRONG DATA" not in out, (rc, out, text)
+    assert f"copies not made again on server {h.addr(0)}" in text, text
+    assert "copies made again:" not in text, text
 
 
 def test_without_a_copy_left_a_region_fails_loudly(workdir, hosts):

@@ -256,9 +256,10 @@ impl Client {
         })
     }
 
-    /// Sends every request of `reqs` at once and waits for their replies, up to the
-    /// `wait_ns` (the timeout, or less for a hello: `hello`). Each request's payload goes out of (store, hello) or comes back into
-    /// (load) its buffer. Returns each request's reply header or error.
+    /// Sends every request of `reqs` at once and waits for their replies, up to `wait_ns`
+    /// (the timeout, or less for a hello: `hello`). Each request's payload goes out of
+    /// (store, hello) or comes back into (load) its buffer. Returns each request's reply
+    /// header or error.
     ///
     /// A request whose connection broke under it (`is_transient`), or unanswered for
     /// RECONNECT_NS (half the timeout at most), is sent again from a new endpoint
@@ -832,7 +833,7 @@ impl Client {
     /// A copy's place is fixed by the unit's owner, so a copy whose server is down waits
     /// for it to rejoin (which starts a new pass).
     fn rebuild_step(&mut self, sh: &Shared) {
-        let Some(rb) = self.rebuild.as_mut() else {
+        let Some(next) = self.rebuild.as_ref().map(|rb| rb.next) else {
             return;
         };
         let n = self.servers.len();
@@ -841,12 +842,12 @@ impl Client {
         // (source copy, destination copy, owner, first page, pages).
         let mut runs: Vec<(usize, usize, usize, usize, usize)> = Vec::new();
         let mut taken = 0;
-        let mut p = rb.next;
+        let mut p = next;
         let end = sh.valid.len().min(p + REBUILD_SCAN);
         while p < end && (taken + 1) * per <= REBUILD_BATCH {
             let bits = sh.valid.get(p).load(Acquire) as u8;
             let s = spread::owner(p as u64 * proto::PAGE / UNIT, n);
-            let live = |r: usize| !self.down[(s + r) % n];
+            let live = |r: usize| !self.down[self.slot(s, r)];
             if let Some((from, missing)) = spread::repair(bits, self.replicas, live) {
                 for to in (0..self.replicas).filter(|&r| missing & (1 << r) != 0) {
                     if (taken + 1) * per > REBUILD_BATCH {
@@ -866,14 +867,15 @@ impl Client {
             }
             p += 1;
         }
-        rb.next = p;
+        if let Some(rb) = self.rebuild.as_mut() {
+            rb.next = p;
+        }
         if runs.is_empty() && p >= sh.valid.len() {
             let rb = self.rebuild.take().expect("checked above");
             let secs = attune_sys::os::now_ns().saturating_sub(rb.started) as f64 / 1e9;
             crate::warn!(
-                "remote tier: copies made again: {} MiB in {secs:.1} s; every page has its {} copies on the live servers",
-                rb.bytes >> 20,
-                self.replicas
+                "remote tier: copies made again: {} MiB in {secs:.1} s; the live servers hold every copy that is theirs",
+                rb.bytes >> 20
             );
             return;
         }
@@ -885,20 +887,15 @@ impl Client {
         let mut loads = Vec::with_capacity(runs.len());
         let mut stores = Vec::with_capacity(runs.len());
         for &(from, to, s, first, pages) in &runs {
-            let (o, l) = (first as u64 * proto::PAGE, pages * per);
-            let (src, dst) = ((s + from) % n, (s + to) % n);
-            let req = |server: usize, op: Op, replica: usize| Req {
+            let (o, l) = (first as u64 * proto::PAGE, (pages * per) as u64);
+            let place = At {
                 job: 0,
-                server,
-                head: self.header(server, op, o, l),
                 addr: buf + at,
-                len: l,
-                incoming: op == Op::Load,
-                replica: replica as u8,
+                off: o,
             };
-            loads.push(req(src, Op::Load, from));
-            stores.push(req(dst, Op::Store, to));
-            at += l;
+            loads.push(self.request(place, self.slot(s, from), from, Op::Load, o, l));
+            stores.push(self.request(place, self.slot(s, to), to, Op::Store, o, l));
+            at += l as usize;
         }
         let res = self.exchange(&mut loads, self.timeout_ns);
         self.settle(sh);
