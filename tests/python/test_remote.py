@@ -333,6 +333,37 @@ def test_an_exiting_runtime_frees_its_pages_soon_and_still_reads_them(workdir, h
         assert m and int(m.group(1)) >= 40, text
 
 
+def test_a_stopped_server_holds_the_exit_up_briefly_and_loses_nothing(workdir, hosts):
+    """The same program, but the first server is stopped (SIGSTOP) just before the
+    program returns from main: the bye to it goes unanswered (it is best effort: the
+    exit does not wait for it beyond a bound), the handler's reads then find the server
+    silent, lose it and read every word from the other copy, and the other server still
+    frees the pages soon after the program's end."""
+    h = hosts(2)
+    s = secret(workdir)
+    srv = [h.serve(i, workdir, s, "--size", "256M", "--lease", "60") for i in range(2)]
+    cfg = config(workdir, h, 2, s, timeout_ms=1000, name="exit-stopped", replicas=2)
+    p = subprocess.Popen(h.on_client([ATTUNE, "run", "--dram", "16M", "--config", cfg, "--",
+                                      build_plain(workdir, "exit_reads"), "64", "0", "1000"]),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "ATTUNE_LOG": "info"})
+    try:
+        assert p.stdout.readline().strip() == "exit_reads: written"
+        srv[0][0].send_signal(signal.SIGSTOP)
+        out, err = p.communicate(timeout=120)
+    finally:
+        srv[0][0].send_signal(signal.SIGCONT)
+    ended = time.time()
+    assert p.returncode == 0 and "exit_reads: OK" in out, out + err
+    assert "1 of 2 server(s) free this process's pages" in err, err
+    assert f"server {h.addr(0)} lost" in err, err
+    freed = re.compile(r"session \d+ expired .*: (\d+) MiB freed")
+    log = srv[1][1]
+    while not freed.search(log.read_text()) and time.time() < ended + 15:
+        time.sleep(0.1)
+    assert time.time() - ended < 8 and "its runtime is exiting" in log.read_text(), log.read_text()
+
+
 def test_a_user_who_is_not_root_runs_through_a_remote_tier(workdir, hosts):
     """The job's secret belongs to the user (mode 0600); the servers and the runtime run
     as that user (user-mode userfaultfd), and `attune run` of an unmodified program

@@ -2,7 +2,10 @@
  * for `attune run`). The handler is registered before the array is allocated, so under
  * Attune it runs after the runtime's own exit handler, which has told the memory servers
  * that the process is exiting: the far pages must still be served, however long the
- * exit takes. Usage: exit_reads MIB PAUSE_MS. Prints "exit_reads: OK" from the handler. */
+ * exit takes. Usage: exit_reads MIB PAUSE_MS [LINGER_MS]. With LINGER_MS, says
+ * "exit_reads: written" once the array is written and waits that long before returning
+ * from main (a test acts on the servers meanwhile). Prints "exit_reads: OK" from the
+ * handler. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,5 +36,12 @@ int main(int argc, char **argv) {
     a = malloc(words * sizeof(uint64_t));
     if (!a) { fprintf(stderr, "exit_reads: cannot allocate %zu MiB\n", mib); return 1; }
     for (size_t i = 0; i < words; i++) a[i] = i * 0x9E3779B97F4A7C15ull;
+    if (argc > 3) {
+        long linger = atol(argv[3]);
+        printf("exit_reads: written\n");
+        fflush(stdout);
+        struct timespec ts = {linger / 1000, (linger % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     return 0;
 }
