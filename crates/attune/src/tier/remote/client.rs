@@ -655,6 +655,23 @@ impl Client {
         Ok(())
     }
 
+    /// Counts the copy a store `q` made, unless its server was lost meanwhile: a server
+    /// can answer a store and then fail the exchange's takeover hello (`reconnect`), and
+    /// `settle` forgets its copies before the answers are counted. A bit set after that
+    /// outlived the loss: the server rejoined empty, the pass of copies made again took
+    /// the page for held, and its load read zeros (CI's remote soak, a checksum
+    /// mismatch; `test_a_copy_answered_by_a_server_lost_in_the_same_exchange_is_not_counted`).
+    /// Returns whether it counted.
+    fn mark_copy(&self, sh: &Shared, q: &Req) -> bool {
+        if self.down[q.server] {
+            return false;
+        }
+        sh.update(q.head.off, q.head.len as u64, |v| {
+            v.fetch_or(1 << q.replica, AcqRel);
+        });
+        true
+    }
+
     /// A server stopped answering: nothing more goes to it, and its copies no longer
     /// count (it may come back empty, or with a session that expired).
     fn lose(&mut self, sh: &Shared, t: usize, why: &str) {
@@ -800,7 +817,7 @@ impl Client {
 
     /// Lost servers that answer again get a new session and take copies from now on
     /// (they hold none of the old ones). Tried with a short deadline, while idle.
-    fn rejoin(&mut self) {
+    fn rejoin(&mut self, sh: &Shared) {
         let lost: Vec<usize> = (0..self.servers.len()).filter(|&s| self.down[s]).collect();
         if lost.is_empty() {
             return;
@@ -812,6 +829,8 @@ impl Client {
         let res = self.hello(&lost, self.timeout_ns.min(REJOIN_WAIT_NS));
         for (s, r) in lost.into_iter().zip(res) {
             if r.is_ok() {
+                // It holds nothing: no bit may say otherwise, whatever set one.
+                self.forget(sh, s);
                 self.down[s] = false;
                 crate::warn!("remote tier: server {} rejoined empty; its copies are made again in the background", self.servers[s].name);
                 if self.replicas > 1 {
@@ -914,9 +933,9 @@ impl Client {
         for (q, r) in copy.iter().zip(res) {
             match r {
                 Ok(_) => {
-                    sh.update(q.head.off, q.head.len as u64, |v| {
-                        v.fetch_or(1 << q.replica, AcqRel);
-                    });
+                    if !self.mark_copy(sh, q) {
+                        continue;
+                    }
                     if let Some(rb) = self.rebuild.as_mut() {
                         rb.bytes += q.head.len as u64;
                     }
@@ -973,10 +992,7 @@ impl Client {
                 match res {
                     Ok(_) if op == Op::Store => {
                         sh.ever_stored.store(true, Relaxed);
-                        let (o, l) = (q.head.off, q.head.len as u64);
-                        sh.update(o, l, |v| {
-                            v.fetch_or(1 << q.replica, AcqRel);
-                        });
+                        self.mark_copy(sh, q);
                     }
                     Ok(_) => {}
                     Err((e, m)) => {
@@ -1047,7 +1063,7 @@ impl Client {
             }
             if ops.iter().all(Option::is_none) {
                 if !self.leaving && now.saturating_sub(last_rejoin) >= REJOIN_NS {
-                    self.rejoin();
+                    self.rejoin(&shared);
                     last_rejoin = now;
                 }
                 if self.rebuild.is_some() && !self.leaving {
