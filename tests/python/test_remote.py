@@ -131,7 +131,7 @@ def secret(workdir, name="secret"):
 
 
 def config(workdir, h, n, secret_file, timeout_ms=3000, name="remote", file_dir=None, replicas=1, first=0,
-           provider="tcp"):
+           provider="tcp", rehome_ms=10000):
     p = workdir / f"{name}-{n}.toml"
     p.write_text(f"""
 [[tier]]
@@ -143,6 +143,7 @@ secret_file = "{secret_file}"
 timeout_ms = {timeout_ms}
 replicas = {replicas}
 provider = "{provider}"
+rehome_ms = {rehome_ms}
 
 [[tier]]
 name = "file"
@@ -777,6 +778,18 @@ def lose_and_rejoin(workdir, hosts, user, size):
     return h, srv, prog, err
 
 
+def read_write_read(prog, err):
+    """The program reads every word back, writes them anew and reads them back, then
+    quits; it must end well with every word verified. Returns its stderr file's text."""
+    prog.say("r", "read back")
+    prog.say("w", "written")
+    prog.say("r", "read back")
+    rc, out, _ = prog.finish()
+    text = err.read_text()
+    assert rc == 0 and "WRONG DATA" not in out, (rc, out, text)
+    return text
+
+
 @pytest.mark.parametrize("user", [None, "nobody"])
 def test_copies_are_made_again_when_a_server_rejoins(workdir, hosts, user):
     """A killed server started again rejoins empty, and the runtime makes its copies
@@ -839,17 +852,47 @@ def test_a_copy_answered_by_a_server_lost_in_the_same_exchange_is_not_counted(wo
     assert "copies made again:" in text, text
 
 
+@pytest.mark.parametrize("user", [None, "nobody"])
+def test_a_server_gone_for_good_has_its_copies_placed_on_the_others(workdir, hosts, user):
+    """Three servers, two copies of each page; the first is killed and not started
+    again. After `rehome_ms` (1.5 s here) the runtime gives it up: the copies it held are
+    placed on the two others (each unit's copies still on distinct servers) and made
+    there from the live copies. The program then forks (the child's sessions cloned, its
+    copies where the parent placed them) and the second server is killed: every word
+    still verifies in the child, which writes and reads again on the last server. Without
+    the new places, the units whose copies were on the first two servers have none left
+    and the read ends in SIGBUS; a child that placed its copies where they started
+    forgets the moved ones and ends the same way. The runtime as root and as nobody."""
+    h = hosts(3)
+    s, scratch = secret_and_scratch(workdir, user)
+    srv = [h.serve(i, workdir, s, "--size", "256M")[0] for i in range(3)]
+    cfg = config(workdir, h, 3, s, timeout_ms=1000, name=f"rehome-{user}", replicas=2, file_dir=scratch,
+                 rehome_ms=1500)
+    err = workdir / f"rehome-{user}.err"
+    prog = Program(h, workdir, cfg, user=user, err=err)
+    srv[0].kill()
+    srv[0].wait()
+    prog.say("r", "read back")
+    deadline = time.time() + 30
+    while "copies made again" not in err.read_text() and time.time() < deadline:
+        time.sleep(0.2)
+    text = err.read_text()
+    assert re.search(rf"server {re.escape(h.addr(0))} lost for \d+ s: 2 of its 2 places go to", text), text
+    m = re.search(r"copies made again: (\d+) MiB", text)
+    assert m and int(m.group(1)) >= 8, text
+    prog.say("f", "forked")
+    srv[1].kill()
+    srv[1].wait()
+    read_write_read(prog, err)
+    print(m.group(0))
+
+
 def test_a_rejoined_server_too_small_for_its_copies_ends_the_pass_loudly(workdir, hosts):
     """The killed server comes back with 4 MiB, less than its share of the copies: the
     pass ends at its first refused store with a warning naming the server, the program
     goes on, and every word still verifies from the other copies, written again too."""
     h, srv, prog, err = lose_and_rejoin(workdir, hosts, None, "4M")
-    prog.say("r", "read back")
-    prog.say("w", "written")
-    prog.say("r", "read back")
-    rc, out, _ = prog.finish()
-    text = err.read_text()
-    assert rc == 0 and "WRONG DATA" not in out, (rc, out, text)
+    text = read_write_read(prog, err)
     assert f"copies not made again on server {h.addr(0)}" in text, text
     assert "copies made again:" not in text, text
 

@@ -44,6 +44,54 @@ pub fn repair(bits: u8, replicas: usize, live: impl Fn(usize) -> bool) -> Option
     (missing != 0).then_some((from, missing))
 }
 
+/// The servers of each unit's copies at the start: `place[s * replicas + r]` is the
+/// server of copy r of the units server `s` owns, the owner and the next ones along, so
+/// each unit's copies are on distinct servers and each server holds as many as another.
+pub fn first_place(n: usize, replicas: usize) -> Vec<usize> {
+    (0..n)
+        .flat_map(|s| (0..replicas).map(move |r| (s + r) % n))
+        .collect()
+}
+
+/// Where the copies placed on server `lost` go when it is given up on (`place` as in
+/// [`first_place`], `n` servers, `live`: which answer now). Each of its slots moves to the
+/// live server that holds no other copy of the same owner's units (copies of a unit stay
+/// on distinct servers), the one with the fewest slots, the lowest number on a tie (the
+/// load stays even). A slot with no such server stays: its copies wait for `lost` to
+/// rejoin. Returns the slots moved (index into `place`, new server), in index order.
+pub fn rehome(
+    place: &[usize],
+    n: usize,
+    replicas: usize,
+    lost: usize,
+    live: impl Fn(usize) -> bool,
+) -> Vec<(usize, usize)> {
+    let mut p = place.to_vec();
+    let mut load = vec![0usize; n];
+    for &x in &p {
+        if x < n {
+            load[x] += 1;
+        }
+    }
+    let mut moved = Vec::new();
+    for i in 0..p.len() {
+        if p[i] != lost {
+            continue;
+        }
+        let row = i / replicas.max(1) * replicas.max(1);
+        let taken = &p[row..(row + replicas).min(p.len())];
+        let to = (0..n)
+            .filter(|&x| x != lost && live(x) && !taken.contains(&x))
+            .min_by_key(|&x| (load[x], x));
+        if let Some(x) = to {
+            p[i] = x;
+            load[x] += 1;
+            moved.push((i, x));
+        }
+    }
+    moved
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,6 +166,61 @@ mod tests {
                 seen[owner(u, n)] += 1;
             }
             assert!(seen.iter().all(|&c| c >= 32), "{n}: {seen:?}");
+        }
+    }
+
+    #[test]
+    fn first_place_puts_each_units_copies_on_distinct_servers_evenly() {
+        assert_eq!(first_place(3, 2), vec![0, 1, 1, 2, 2, 0]);
+        assert_eq!(first_place(2, 2), vec![0, 1, 1, 0]);
+        assert_eq!(first_place(3, 1), vec![0, 1, 2]);
+        for n in 1..=6 {
+            for r in 1..=n {
+                let p = first_place(n, r);
+                for row in p.chunks(r) {
+                    let mut d = row.to_vec();
+                    d.sort();
+                    d.dedup();
+                    assert_eq!(d.len(), r, "n {n} r {r}: {row:?}");
+                }
+                for x in 0..n {
+                    assert_eq!(p.iter().filter(|&&y| y == x).count(), r);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rehome_moves_a_lost_servers_slots_to_the_least_loaded_server_not_in_the_row() {
+        // (servers, copies, place, lost, live servers, expected moves)
+        type Row = (usize, usize, Vec<usize>, usize, u8, Vec<(usize, usize)>);
+        let rows: Vec<Row> = vec![
+            // 3 servers, 2 copies: row 0 {0,1} takes 2, row 1 {1,2} takes 0.
+            (3, 2, first_place(3, 2), 1, 0b101, vec![(1, 2), (2, 0)]),
+            // 2 servers, 2 copies: every row holds both; the copies wait.
+            (2, 2, first_place(2, 2), 1, 0b01, vec![]),
+            // 4 servers: server 2's two slots go to 0 (tie with 3, lower number) and to 1.
+            (4, 2, first_place(4, 2), 2, 0b1011, vec![(3, 0), (4, 1)]),
+            // A second server down too: only what a live server can take moves.
+            (3, 2, first_place(3, 2), 1, 0b001, vec![(2, 0)]),
+            // One copy: the lost server's units go to the least loaded live one.
+            (3, 1, first_place(3, 1), 1, 0b101, vec![(1, 0)]),
+            // Given up on already: nothing of it left to move.
+            (3, 2, vec![0, 2, 0, 2, 2, 0], 1, 0b101, vec![]),
+        ];
+        for (n, r, place, lost, live, want) in rows {
+            let got = rehome(&place, n, r, lost, |x| live & (1 << x) != 0);
+            assert_eq!(got, want, "n {n} r {r} place {place:?} lost {lost}");
+            let mut p = place.clone();
+            for &(i, x) in &got {
+                p[i] = x;
+            }
+            for row in p.chunks(r) {
+                let mut d = row.to_vec();
+                d.sort();
+                d.dedup();
+                assert_eq!(d.len(), r, "copies on distinct servers: {p:?}");
+            }
         }
     }
 }

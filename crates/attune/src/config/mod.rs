@@ -128,6 +128,8 @@ pub struct TierConfig {
     pub provider: String,
     pub timeout_ms: u64,
     pub replicas: u64,
+    /// A remote server lost this long is given up on: its copies go to the others.
+    pub rehome_ms: u64,
 }
 
 impl TierConfig {
@@ -797,6 +799,7 @@ pub fn load_text(
             provider: t.text("provider").to_string(),
             timeout_ms: t.u64("timeout_ms"),
             replicas: t.u64("replicas"),
+            rehome_ms: t.u64("rehome_ms"),
         });
     }
     tiers.sort_by_key(|t| t.latency_ns);

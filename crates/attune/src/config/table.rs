@@ -393,6 +393,7 @@ pub const TIER_OPTIONS: &[Opt] = &[
     Opt { key: "secret_file", kind: Kind::Path, default: Unset::Required, suggested: "a 0600 file the job made (attune memserver --new-secret)", doc: "The job's secret for a remote tier: a file only its owner can read" },
     Opt { key: "provider", kind: Kind::Name { max: 64 }, default: Unset::Value("tcp"), suggested: "verbs, efa or cxi on a cluster; tcp elsewhere", doc: "libfabric provider of a remote tier; tcp opens libfabric 1.17's net provider (native RDM over TCP, tcp from 1.18), tcp;ofi_rxm the layered one" },
     Opt { key: "replicas", kind: int(1, 8), default: Unset::Value("2"), suggested: "2 (a server may die); 1 to halve what the servers hold", doc: "Copies of each page of a remote tier, each on another server (at most the number of servers)" },
+    Opt { key: "rehome_ms", kind: int(0, 86_400_000), default: Unset::Value("10000"), suggested: "10000; 0 where a lost server always comes back", doc: "A remote server lost this long is given up on: its copies are placed on the other live servers (one holding no other copy of the same pages) and made there from the live copies; one back sooner keeps its place (0: they always wait for it)" },
     Opt { key: "timeout_ms", kind: int(10, 3_600_000), default: Unset::Value("5000"), suggested: "5000", doc: "A remote request unanswered for 2 s (half this at most) is sent again from a new endpoint; a server that then leaves its hello there unanswered this long is lost (a dead server or a cut link)" },
 ];
 

@@ -314,6 +314,7 @@ mod tests {
             provider: "tcp".into(),
             timeout_ms: 5000,
             replicas: 1,
+            rehome_ms: 0,
         };
         let t = MemoryTier::new(&cfg, 4 << 20, &uffd).expect("tier");
         (t, uffd)

@@ -480,6 +480,7 @@ mod tests {
             provider: "tcp".into(),
             timeout_ms: 5000,
             replicas: 1,
+            rehome_ms: 0,
         };
         PoolTier::new(&cfg, space).unwrap()
     }

@@ -92,6 +92,13 @@ pub(super) struct Client {
     replicas: usize,
     /// Servers that stopped answering: no request goes to them until they rejoin.
     down: Vec<bool>,
+    /// When each server was lost (`now_ns`), for `rehome`.
+    down_since: Vec<u64>,
+    /// The server of copy r of the units server s owns: `place[s * replicas + r]`
+    /// (`attune_policy::spread::first_place`, changed by `rehome`).
+    place: Vec<usize>,
+    /// A server lost this long is given up on (`rehome`; 0: never).
+    rehome_ns: u64,
     secret: Vec<u8>,
     /// Bytes asked of each server at hello.
     ask: u64,
@@ -173,6 +180,10 @@ impl Client {
         sh: &Shared,
     ) -> Result<Client, String> {
         let mut c = Client::open(cfg, secret)?;
+        let place = sh.place.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if place.len() == c.place.len() {
+            c.place = place;
+        }
         let (mut attach, mut fresh) = (Vec::new(), Vec::new());
         for s in 0..c.servers.len() {
             match clones.get(s).copied().flatten() {
@@ -229,6 +240,14 @@ impl Client {
         }
         let n = servers.len().max(1);
         let replicas = (cfg.replicas as usize).clamp(1, n);
+        // Each server holds `replicas` shares of the capacity over n servers; over n - 1
+        // once a lost one's copies are placed on the others (`rehome`). The ask is a
+        // bound, not a reservation (memserver's `Store::open`).
+        let over = if cfg.rehome_ms > 0 && replicas < n {
+            n - 1
+        } else {
+            n
+        };
         // Requests are numbered from a random start, and a reply's tag is its request's
         // number: replies a server still sends to a dead runtime whose address (a reused
         // port) this endpoint now has match none of this endpoint's receives. Numbered
@@ -246,10 +265,12 @@ impl Client {
             lease_ns: 60_000_000_000,
             replicas,
             down: vec![false; servers.len()],
+            down_since: vec![0; servers.len()],
+            place: spread::first_place(servers.len(), replicas),
+            rehome_ns: cfg.rehome_ms.saturating_mul(1_000_000),
             servers,
             secret,
-            // Each server holds `replicas` shares of the capacity over n servers.
-            ask: cfg.capacity.saturating_mul(replicas as u64) / n as u64 + UNIT,
+            ask: cfg.capacity.saturating_mul(replicas as u64) / over as u64 + UNIT,
             leaving: false,
             rebuild: None,
             rebuild_buf: Vec::new(),
@@ -366,7 +387,7 @@ impl Client {
             match r {
                 Ok(()) => moved += 1,
                 Err(m) => {
-                    self.down[s] = true;
+                    self.mark_down(s);
                     self.pending_loss.push((
                         s,
                         format!("its session could not be taken over from a new endpoint: {m}"),
@@ -579,7 +600,7 @@ impl Client {
 
     /// The server of replica `r` of the units of a piece whose owner is `s`.
     fn slot(&self, s: usize, r: usize) -> usize {
-        (s + r) % self.servers.len()
+        self.place[s * self.replicas + r]
     }
 
     /// The request to server `s` that moves `[o, o+l)` of job `at` (copy `replica`).
@@ -678,7 +699,7 @@ impl Client {
         if self.down[t] {
             return;
         }
-        self.down[t] = true;
+        self.mark_down(t);
         self.drop_copies(sh, t, why);
     }
 
@@ -698,6 +719,11 @@ impl Client {
 
     /// Server `t`'s copies no longer count.
     fn forget(&self, sh: &Shared, t: usize) {
+        self.forget_slots(sh, |s, r| self.slot(s, r) == t);
+    }
+
+    /// The copies r of the units of owner s for which `gone(s, r)` no longer count.
+    fn forget_slots(&self, sh: &Shared, gone: impl Fn(usize, usize) -> bool) {
         let n = self.servers.len();
         for p in 0..sh.valid.len() {
             let v = sh.valid.get(p);
@@ -706,11 +732,78 @@ impl Client {
             }
             let s = spread::owner(p as u64 * proto::PAGE / UNIT, n);
             for r in 0..self.replicas {
-                if (s + r) % n == t {
+                if gone(s, r) {
                     v.fetch_and(!(1u64 << r), AcqRel);
                 }
             }
         }
+    }
+
+    /// Servers lost for `rehome_ns` are given up on: the copies placed on them go to
+    /// other live servers (`attune_policy::spread::rehome`) and a pass makes them there,
+    /// so that a server that does not come back leaves no page with fewer copies than
+    /// asked for, and with one copy its units are stored again (on another server, not
+    /// the next tier). A server back sooner keeps its place (a restart is the common
+    /// loss, and its place keeps the load even); one back later is a spare that the next
+    /// loss may use.
+    fn rehome(&mut self, sh: &Shared) {
+        if self.rehome_ns == 0 {
+            return;
+        }
+        let now = attune_sys::os::now_ns();
+        let n = self.servers.len();
+        for t in 0..n {
+            if !self.down[t]
+                || now.saturating_sub(self.down_since[t]) < self.rehome_ns
+                || !self.place.contains(&t)
+            {
+                continue;
+            }
+            let moved = spread::rehome(&self.place, n, self.replicas, t, |x| !self.down[x]);
+            if moved.is_empty() {
+                continue;
+            }
+            for &(i, x) in &moved {
+                self.place[i] = x;
+            }
+            // Cleared when it was lost; a bit must never name a copy its new server lacks.
+            self.forget_slots(sh, |s, r| {
+                moved.iter().any(|&(i, _)| i == s * self.replicas + r)
+            });
+            *sh.place.lock().unwrap_or_else(|p| p.into_inner()) = self.place.clone();
+            let mut to: Vec<&str> = moved
+                .iter()
+                .map(|&(_, x)| self.servers[x].name.as_str())
+                .collect();
+            to.sort_unstable();
+            to.dedup();
+            let waiting = if self.place.contains(&t) {
+                " (the rest wait for it: no other server may take them)"
+            } else {
+                ""
+            };
+            crate::warn!(
+                "remote tier: server {} lost for {} s: {} of its {} places go to {}{waiting}",
+                self.servers[t].name,
+                now.saturating_sub(self.down_since[t]) / 1_000_000_000,
+                moved.len(),
+                moved.len() + self.place.iter().filter(|&&x| x == t).count(),
+                to.join(", ")
+            );
+            if self.replicas > 1 {
+                self.rebuild = Some(Rebuild {
+                    next: 0,
+                    bytes: 0,
+                    started: now,
+                });
+            }
+        }
+    }
+
+    /// Marks server `t` lost from now.
+    fn mark_down(&mut self, t: usize) {
+        self.down[t] = true;
+        self.down_since[t] = attune_sys::os::now_ns();
     }
 
     /// Keeps every live server's session: a server that does not answer is lost.
@@ -832,6 +925,11 @@ impl Client {
                 // It holds nothing: no bit may say otherwise, whatever set one.
                 self.forget(sh, s);
                 self.down[s] = false;
+                if !self.place.contains(&s) {
+                    // Given up on (`rehome`): a spare from now on.
+                    crate::warn!("remote tier: server {} rejoined empty; its places went to the others, and it is a spare", self.servers[s].name);
+                    continue;
+                }
                 crate::warn!("remote tier: server {} rejoined empty; its copies are made again in the background", self.servers[s].name);
                 if self.replicas > 1 {
                     self.rebuild = Some(Rebuild {
@@ -849,8 +947,8 @@ impl Client {
     /// page held by one copy only would be lost with the next server. Loads then stores,
     /// in the I/O thread between jobs: no store of the program's can come between a
     /// page's load and its copy's store, so a copy made is the page's current content.
-    /// A copy's place is fixed by the unit's owner, so a copy whose server is down waits
-    /// for it to rejoin (which starts a new pass).
+    /// A copy whose server is down waits for it to rejoin or to be given up on
+    /// (`rehome`), either of which starts a new pass.
     fn rebuild_step(&mut self, sh: &Shared) {
         let Some(next) = self.rebuild.as_ref().map(|rb| rb.next) else {
             return;
@@ -1064,6 +1162,7 @@ impl Client {
             if ops.iter().all(Option::is_none) {
                 if !self.leaving && now.saturating_sub(last_rejoin) >= REJOIN_NS {
                     self.rejoin(&shared);
+                    self.rehome(&shared);
                     last_rejoin = now;
                 }
                 if self.rebuild.is_some() && !self.leaving {

@@ -39,8 +39,8 @@ pub(super) struct Shared {
     pub(super) doorbell: AtomicU32,
     /// Bumped when a job is freed; callers waiting for a job sleep on it.
     freed: AtomicU32,
-    /// Per page of the offset space: bit r set when copy r (server `(owner + r) % n`,
-    /// the owner of the page's unit) holds the page's current content. Per page, not per
+    /// Per page of the offset space: bit r set when copy r (on the server `Client::place`
+    /// gives it for the owner of the page's unit) holds the page's current content. Per page, not per
     /// unit: the pages of one unit are stored, discarded and refused apart, and a unit's
     /// bit once cleared by one page's discard lost its other pages (seen in
     /// bench/remote.py's random updates). Written by the I/O thread; read by stores, which
@@ -54,6 +54,10 @@ pub(super) struct Shared {
     /// Per server, the session cloned for the child of the fork under way (number and
     /// token), or none (no data, or the server did not clone it).
     pub(super) clones: std::sync::Mutex<Vec<Option<(u64, [u8; 16])>>>,
+    /// Where each unit's copies are once a lost server was given up on (the I/O
+    /// thread's `place`, written when it changes; empty: where they start), for a forked
+    /// child, whose bits name those places.
+    pub(super) place: std::sync::Mutex<Vec<usize>>,
     /// A forked child's I/O thread has begun (1).
     pub(super) started: AtomicU32,
     /// Some store has succeeded: copies may exist, and a fork clones the sessions.
@@ -73,6 +77,7 @@ impl Shared {
             valid: attune_sys::mem::AtomicTable::new(pages)?,
             park: AtomicU32::new(0),
             clones: Default::default(),
+            place: Default::default(),
             started: AtomicU32::new(0),
             ever_stored: AtomicBool::new(false),
             left: AtomicU32::new(0),
