@@ -810,7 +810,8 @@ def test_copies_are_made_again_when_a_server_rejoins(workdir, hosts, user):
     print(m.group(0))
 
 
-def test_a_copy_answered_by_a_server_lost_in_the_same_exchange_is_not_counted(workdir, hosts):
+@pytest.mark.parametrize("user", [None, "nobody"])
+def test_a_copy_answered_by_a_server_lost_in_the_same_exchange_is_not_counted(workdir, hosts, user):
     """Two servers, two copies of each page. While the program writes, the first server
     is stopped (its requests go unanswered) and the second, which has answered its
     stores, is killed; 2 s on, the runtime moves to a new endpoint, the first server
@@ -819,13 +820,14 @@ def test_a_copy_answered_by_a_server_lost_in_the_same_exchange_is_not_counted(wo
     empty, and the pass of copies made again must copy those pages too. Counted, they
     were read from it as zeros: CI's remote soak died of a checksum mismatch (SIGBUS)
     once in its 20 s, and this test in 4 of 5 runs before the fix (client.rs,
-    `mark_copy`)."""
+    `mark_copy`). The runtime as root and as nobody; the servers as root, so that
+    SIGSTOP reaches them."""
     h = hosts(2)
-    s = secret(workdir)
+    s, scratch = secret_and_scratch(workdir, user)
     srv = [h.serve(i, workdir, s, "--size", "256M")[0] for i in range(2)]
-    cfg = config(workdir, h, 2, s, timeout_ms=5000, name="lost-mid-exchange", replicas=2)
-    err = workdir / "lost-mid-exchange.err"
-    prog = Program(h, workdir, cfg, mib="64", err=err)
+    cfg = config(workdir, h, 2, s, timeout_ms=5000, name=f"lost-mid-exchange-{user}", replicas=2, file_dir=scratch)
+    err = workdir / f"lost-mid-exchange-{user}.err"
+    prog = Program(h, workdir, cfg, mib="64", user=user, err=err)
     prog.p.stdin.write("w\n")
     prog.p.stdin.flush()
     time.sleep(0.2)
