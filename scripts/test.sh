@@ -12,6 +12,13 @@ trap 'umount "$OUT/full" 2>/dev/null; rm -rf "$OUT"' EXIT
 # Tests never read or write the user's execution history (attune profile records there).
 export ATTUNE_HISTORY="$OUT/history.json"
 pass=0; fail=0; failed=()
+# Each section's wall time, printed at the end: CI's budget is 45 minutes on 2 cores
+# (DEVELOPERS.md), and this table says where it goes.
+T0=$SECONDS; TS=$SECONDS; TNAME=""; times=()
+section() { # section NAME: closes the previous section's clock, opens NAME's
+  [ -n "$TNAME" ] && times+=("$(printf '%5ds  %s' $((SECONDS-TS)) "$TNAME")")
+  TNAME=$1; TS=$SECONDS; echo "== $1"
+}
 
 run() { # run NAME CMD...: one native test
   local name=$1; shift
@@ -22,7 +29,7 @@ run() { # run NAME CMD...: one native test
   fi
 }
 
-echo "== Rust tests"
+section "Rust tests"
 if cargo test --release --workspace 2>&1 | tee "$OUT/cargo.log" | grep -E '^test result|FAILED|panicked' ; then :; fi
 rust_pass=$(grep -E '^test result' "$OUT/cargo.log" | sed -E 's/.* ([0-9]+) passed.*/\1/' | awk '{s+=$1} END {print s+0}')
 rust_fail=$(grep -E '^test result' "$OUT/cargo.log" | sed -E 's/.* ([0-9]+) failed.*/\1/' | awk '{s+=$1} END {print s+0}')
@@ -52,7 +59,7 @@ for src in crates/*/src bench/lab/src; do
   else fail=$((fail+1)); failed+=("modules-$src"); echo "FAIL modules $src"; sed 's/^/     /' "$OUT/modules.log"; fi
 done
 
-echo "== native tests (pkg-config and CMake consumers of $PREFIX)"
+section "native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"
 for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads fork_small drop_behind predict_online config_error fallback protect lost_tier discard cap_tier churn deny_syscalls protect_change sigbus_chain fork_discard readahead writeback; do
@@ -235,7 +242,7 @@ fi
 # masked, the paths an older kernel runs (eviction by write-protect + copy + drop instead of
 # UFFDIO_MOVE, SIGBUS sent instead of UFFDIO_POISON) keep every word, in both deliveries,
 # on both far tiers, under 48 threads, across fork, discard, churn and lost tiers.
-echo "== kernel feature fallbacks (ATTUNE_KERNEL_FEATURES=-all)"
+section "kernel feature fallbacks (ATTUNE_KERNEL_FEATURES=-all)"
 export ATTUNE_KERNEL_FEATURES=-all
 for mode in thread signal; do
   ATTUNE_FAR=memory,file ATTUNE_FAULT_MODE=$mode run "no6x-integrity-memory-$mode" "$OUT/integrity" 48
@@ -332,7 +339,7 @@ if command -v cmake >/dev/null; then
 fi
 unset ATTUNE_DRAM TEST_BUDGET
 
-echo "== attune run (unmodified programs under LD_PRELOAD)"
+section "attune run (unmodified programs under LD_PRELOAD)"
 ATT="$PREFIX/bin/attune"
 RT="$OUT/run"; mkdir -p "$RT"
 CHECK="python3 tests/run/check_report.py"
@@ -663,7 +670,7 @@ fi
 # call. The C API and attune run tests again as nobody, from a copy of the build that
 # nobody can read (the checkout may sit below a private directory).
 if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/null; then
-  echo "== unprivileged user (runuser -u nobody)"
+  section "unprivileged user (runuser -u nobody)"
   UP=$(mktemp -d /tmp/attune-unpriv.XXXXXX); chmod 755 "$UP"
   mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
   cp "$PREFIX/bin/attune" "$PREFIX/bin/attune-lab" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
@@ -819,7 +826,7 @@ else
   echo "skip unprivileged tests (needs root to run them as nobody)"
 fi
 
-echo "== attune numa: bad input (this machine has one node; placement itself runs in the guest below)"
+section "attune numa: bad input (this machine has one node; placement itself runs in the guest below)"
 expect numa-bad-flags 1 "unknown flag 'BOGUS'" "$ATT" numa place --region 8M:BOGUS
 expect numa-size-zero 1 "size 0" "$ATT" numa place --region 0:LAT
 expect numa-bad-move-region 1 "there are 1 regions" "$ATT" numa place --region 8M:LAT --move 3:0
@@ -840,7 +847,7 @@ expect numa-missing-node-warns 1 "NUMA node 7 is not online.*tier left out" "$AT
 # several times the budget, every tier kind, both deliveries, a varying budget, as root
 # and as nobody; ATTUNE_SOAK_SECONDS (default 120) in all. The long run's figures are in
 # docs/reliability.md.
-echo "== soak"
+section "soak"
 if tests/stress/soak.sh --time "${ATTUNE_SOAK_SECONDS:-120}" >"$OUT/soak.log" 2>&1; then
   pass=$((pass+1)); echo "ok   soak $(tail -n 1 "$OUT/soak.log")"
 else
@@ -849,7 +856,7 @@ fi
 
 # Every fuzz target, briefly (ATTUNE_FUZZ_SECONDS each, default 20), after replaying the
 # inputs that once failed; the long runs are `scripts/fuzz.sh --time 3600`.
-echo "== fuzz"
+section "fuzz"
 if scripts/fuzz.sh --time "${ATTUNE_FUZZ_SECONDS:-20}" >"$OUT/fuzz.log" 2>&1; then
   n=$(grep -c '^fuzz .*, 0 crashes' "$OUT/fuzz.log"); pass=$((pass+n))
   grep '^fuzz ' "$OUT/fuzz.log" | sed 's/^/ok   /'
@@ -858,8 +865,8 @@ else
 fi
 
 if [ -d tests/python ] && command -v python3 >/dev/null; then
-  echo "== Python tests"
-  python3 -m pytest -q -rf tests/python 2>&1 | tee "$OUT/pytest.log" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 12
+  section "Python tests"
+  python3 -m pytest -q -rf --durations=25 tests/python 2>&1 | tee "$OUT/pytest.log" | grep -E "^(FAILED|ERROR)|passed|failed|^[0-9.]+s (call|setup|teardown)" | tail -n 40
   pp=$(grep -oE '[0-9]+ passed' "$OUT/pytest.log" | grep -oE '[0-9]+' || echo 0)
   pf=$(grep -oE '[0-9]+ (failed|error)' "$OUT/pytest.log" | grep -oE '[0-9]+' | awk '{s+=$1} END {print s+0}')
   pass=$((pass+${pp:-0})); fail=$((fail+${pf:-0}))
@@ -871,7 +878,7 @@ fi
 # boots it again on Debian's 6.1 and 5.10 kernels (about 75 s each): integrity, fork, a
 # lost tier, attune run and NUMA placement where UFFDIO_MOVE and UFFDIO_POISON are missing.
 if [ "$(id -u)" = 0 ] || command -v qemu-system-x86_64 >/dev/null; then
-  echo "== NUMA guest (QEMU, two nodes)"
+  section "NUMA guest (QEMU, two nodes)"
   ATTUNE_BIN="$PREFIX/bin/attune" python3 -m pytest -q -s tests/numa 2>&1 | tee "$OUT/numa.log" | grep -E 'kernel:|passed|failed|Error' | tail -n 4
   np=$(grep -oE '[0-9]+ passed' "$OUT/numa.log" | grep -oE '[0-9]+' || echo 0)
   nf=$(grep -oE '[0-9]+ (failed|error)' "$OUT/numa.log" | grep -oE '[0-9]+' | awk '{s+=$1} END {print s+0}')
@@ -881,6 +888,8 @@ else
   echo "skip NUMA guest (needs root once to install QEMU 10: scripts/numa-guest/fetch.sh)"
 fi
 
+section "end"
+echo "== wall time per section ($((SECONDS-T0)) s in all)"; printf '%s\n' "${times[@]}"
 [ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
 echo "${pass} passed, ${fail} failed"
 [ "$fail" -eq 0 ]
