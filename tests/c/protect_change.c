@@ -87,6 +87,20 @@ int main(void) {
     } else {
         printf("protect_change: no protection keys here (pkey_alloc: %s)\n", strerror(errno));
     }
+    /* Fresh memory with a guard page inside, first touched in order: a zero-filled run of
+     * the read-ahead crosses the boundaries the mprotect made (one UFFDIO_COPY fills one
+     * VMA), and each side is placed; before, the access failed with SIGBUS. */
+    size_t cw = words / 4, cg = cw / 2;
+    uint64_t *c = allocate_TM(cw * 8, 0);
+    CHECK(c && mprotect(&c[cg], ps, PROT_NONE) == 0, "fresh region with a guard page");
+    if (c) {
+        for (size_t i = 0; i < cw; i++) if (i < cg || i >= cg + 512) c[i] = mix64(i);
+        bad = 0;
+        for (size_t i = 0; i < cw; i++) if (i < cg || i >= cg + 512) bad += c[i] != mix64(i);
+        CHECK(bad == 0, "fresh region around a guard page: %lu bad words", bad);
+        CHECK(faults_on_read(&c[cg]), "the fresh region's guard page did not fault");
+        free_TM(c);
+    }
     free_TM(a);
     free_TM(b);
     CHECK_DONE();

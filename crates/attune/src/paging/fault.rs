@@ -331,16 +331,11 @@ fn fetch_run(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
         },
         _ => {
             r.counters.zero_fills.fetch_add(run.n as u64, Relaxed);
-            match uffd.copy(dst, e.zero_addr(), len, true) {
-                Ok(_) => Ok(()),
-                // Part of the run is mapped (the application's own data after a discard
-                // race is impossible here: the chunks were Fresh). Place page by page.
-                Err(Errno(libc::EEXIST)) => {
-                    copy_pages(uffd, dst, e.zero_addr(), len);
-                    Ok(())
-                }
-                Err(x) => Err(x),
-            }
+            // Page by page where one copy stops: a page of the run already mapped
+            // (EEXIST: the chunks were Fresh, so no data of the program's is there), or a
+            // boundary the program's mprotect made inside the run (ENOENT: one
+            // UFFDIO_COPY fills one VMA; before, such a run failed its access with SIGBUS).
+            uffd.place_copy(dst, e.zero_addr(), len, true)
         }
     }
 }
@@ -410,10 +405,24 @@ fn publish_run(e: &Pager, r: &Region, run: &Run, fault_ns: u64, result: Result<(
             crate::log::emit_static(errno_name(err));
             crate::log::emit_static("); the access fails with SIGBUS\n");
             if r.delivery == Delivery::Thread && !e.serving_inline.load(Acquire) {
-                let _ = uffd.poison(dst, len);
+                // One poison covers one VMA, as one copy does: where the run crosses a
+                // boundary of the program's mprotect, page by page, or the woken thread
+                // would wait for ever.
+                if uffd.poison(dst, len).is_err() && e.poisons() {
+                    let ps = attune_sys::page_size();
+                    for k in (0..len).step_by(ps) {
+                        let _ = uffd.poison(dst + k, ps);
+                    }
+                }
             }
+            // A zero-fill that failed leaves its chunks Fresh: no tier holds them.
+            let back = if src == Where::Fresh {
+                Where::Fresh
+            } else {
+                Where::Far
+            };
             for i in 0..n {
-                r.settle(c + i, Where::Far, tier, 0);
+                r.settle(c + i, back, tier, 0);
             }
             false
         }
@@ -434,15 +443,6 @@ fn errno_name(e: Errno) -> &'static str {
         libc::EEXIST => "EEXIST",
         libc::EBADMSG => "its checksum does not match what was written",
         _ => "an I/O error",
-    }
-}
-
-fn copy_pages(uffd: &attune_sys::uffd::Uffd, dst: usize, src: usize, len: usize) {
-    let ps = attune_sys::page_size();
-    let mut off = 0;
-    while off < len {
-        let _ = uffd.copy(dst + off, src + off, ps, true);
-        off += ps;
     }
 }
 
