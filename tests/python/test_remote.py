@@ -603,6 +603,12 @@ def test_eight_runtimes_through_four_servers_keep_their_sessions(workdir, hosts,
         assert "error" not in text, text
 
 
+# Passes over a test program's pages queued at once where a server is stopped or killed
+# "while the program writes": enough that the program is still moving pages when the
+# signal lands, on a fast host too.
+PASSES = 6
+
+
 class Program:
     """remote_lost.c on the client host, driven line by line (its stderr to the file `err`
     if given, to be read while it runs)."""
@@ -710,15 +716,19 @@ def test_a_paused_server_loses_nothing(workdir, hosts, user):
     srv, log = h.serve(0, workdir, s, "--size", "256M")
     cfg = config(workdir, h, 1, s, timeout_ms=5000, name=f"paused-{user}", file_dir=scratch)
     prog = Program(h, workdir, cfg, mib="64", user=user)
+    # One write and read back of 64 MiB takes about 0.2 s here (2026-12-01): six of them
+    # queued keep requests in flight when the server stops 0.2 s on. With one, a faster
+    # host finished before the stop, and no request waited on the paused server.
     for _ in range(3):
-        prog.p.stdin.write("w\nr\n")
+        prog.p.stdin.write("w\nr\n" * PASSES)
         prog.p.stdin.flush()
         time.sleep(0.2)
         srv.send_signal(signal.SIGSTOP)
         time.sleep(2.6)
         srv.send_signal(signal.SIGCONT)
-        prog.expect("written")
-        prog.expect("read back")
+        for _ in range(PASSES):
+            prog.expect("written")
+            prog.expect("read back")
     code, out, err = prog.finish()
     text = log.read_text()
     warnings = unexpected_warnings(err)
@@ -828,7 +838,8 @@ def test_a_copy_answered_by_a_server_lost_in_the_same_exchange_is_not_counted(wo
     cfg = config(workdir, h, 2, s, timeout_ms=5000, name=f"lost-mid-exchange-{user}", replicas=2, file_dir=scratch)
     err = workdir / f"lost-mid-exchange-{user}.err"
     prog = Program(h, workdir, cfg, mib="64", user=user, err=err)
-    prog.p.stdin.write("w\n")
+    # Writes queued to outlast the 0.2 s before the stop (one takes about 0.1 s here).
+    prog.p.stdin.write("w\n" * PASSES)
     prog.p.stdin.flush()
     time.sleep(0.2)
     srv[0].send_signal(signal.SIGSTOP)
@@ -837,7 +848,8 @@ def test_a_copy_answered_by_a_server_lost_in_the_same_exchange_is_not_counted(wo
     srv[1].wait()
     time.sleep(2.1)
     srv[0].send_signal(signal.SIGCONT)
-    prog.expect("written")
+    for _ in range(PASSES):
+        prog.expect("written")
     assert f"server {h.addr(1)} lost" in err.read_text(), err.read_text()
     h.serve(1, workdir, s, "--size", "256M")
     deadline = time.time() + 30
