@@ -357,6 +357,7 @@ gcc -O2 tests/run/c_matrix.c -o "$RT/c_matrix" && gcc -O2 tests/run/fork_exec.c 
   && gcc -O2 tests/run/crash.c -o "$RT/crash" && gcc -O2 tests/run/rand_update.c -o "$RT/rand_update" \
   && gcc -O2 tests/run/small_syscall_args.c -o "$RT/small_syscall_args" \
   && gcc -O2 tests/run/fork_first.c -o "$RT/fork_first" \
+  && gcc -O2 tests/run/fixed_commit.c -o "$RT/fixed_commit" \
   && gcc -O2 -static tests/run/crash.c -o "$RT/crash_static" \
   && g++ -O2 -std=c++17 tests/run/cpp_vectors.cpp -o "$RT/cpp_vectors" -lpthread \
   && gcc -O2 -fopenmp tests/run/omp_stream.c -o "$RT/omp_stream" || { fail=$((fail+1)); failed+=(build-run-tests); }
@@ -493,8 +494,21 @@ if python3 -c 'import numpy' 2>/dev/null; then
 else
   fail=$((fail+1)); failed+=(run-numpy-missing); echo "FAIL run-numpy: numpy not installed (scripts/setup.sh installs it)"
 fi
-if command -v javac >/dev/null && javac -d "$RT" tests/run/DirectBuffers.java; then
+# A heap reserved PROT_NONE and committed in place with MAP_FIXED (the JVM's way): the
+# commits are tiered (RSS well under the 80 MiB written), a decommit faults, a recommit
+# reads zero, a file mapped over a commit shows its bytes and the rest keeps its data;
+# each delivery (docs/design/run.md, "Heaps committed in place").
+for m in auto signal thread; do
+  expect "run-fixed-commit-$m" 0 "fixed_commit: OK" "$ATT" run -q --fault-mode $m --dram 16M -- "$RT/fixed_commit" "$RT" 64 48
+done
+expect run-fixed-commit-report 0 "fixed_commit: OK.*heaps committed in place \(MAP_FIXED\): 3 managed, 1 given back" sh -c "'$ATT' run --dram 16M -- '$RT/fixed_commit' '$RT' 64 48 2>&1 | tr '\n' ' '"
+if command -v javac >/dev/null && javac -d "$RT" tests/run/DirectBuffers.java tests/run/JavaHeap.java; then
   expect run-java 0 "DirectBuffers: OK" sh -c "'$ATT' run --dram 32M --report '$RT/java.json' -- java -Xmx64m -XX:MaxDirectMemorySize=256m -cp '$RT' DirectBuffers 96 && $CHECK '$RT/java.json' --exit 0 --min-procs 1 --budget-slack 2097152"
+  # The JVM's own heap (160 MiB of arrays checked at 48 MiB of DRAM, then garbage whose
+  # collections shrink and grow the heap), with G1 and the parallel collector.
+  for gc in G1 Parallel; do
+    expect "run-java-heap-$gc" 0 "JavaHeap: OK.*evictions [1-9].*heaps committed in place \(MAP_FIXED\): [1-9]" sh -c "'$ATT' run --dram 48M -- java -XX:+Use${gc}GC -Xmx1g -XX:MinHeapFreeRatio=5 -XX:MaxHeapFreeRatio=10 -cp '$RT' JavaHeap 160 4 2>&1 | tr '\n' ' '"
+  done
 else
   echo "skip run-java (no JDK)"
 fi
@@ -675,7 +689,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/n
   mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
   cp "$PREFIX/bin/attune" "$PREFIX/bin/attune-lab" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
   for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain readahead deny_syscalls writeback; do cp "$OUT/$t" "$UP/bin/"; done
-  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$RT/async_late" "$RT/own_uffd" "$RT/huge_pages" "$RT/heap_syscalls_jemalloc" "$RT/munmap_part" "$RT/dlopen_ctor" "$RT/libdlopen_ctor.so" "$UP/bin/" 2>/dev/null
+  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$RT/async_late" "$RT/own_uffd" "$RT/huge_pages" "$RT/heap_syscalls_jemalloc" "$RT/munmap_part" "$RT/dlopen_ctor" "$RT/libdlopen_ctor.so" "$RT/fixed_commit" "$UP/bin/" 2>/dev/null
   gcc -O2 -Wno-stringop-overflow tests/run/syscalls_io.c -o "$UP/bin/syscalls_io" -lpthread || { fail=$((fail+1)); failed+=(build-syscalls-io); }
   chmod -R a+rX "$UP/bin" "$UP/lib"
   cp tests/run/numpy_work.py "$UP/bin/"
@@ -812,6 +826,9 @@ assert d["user_mode_only"] == (not full and not dev), d
   [ -x "$UP/bin/allocators_jemalloc" ] && expect unpriv-run-linked-jemalloc 0 "allocators: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 32M -- "$UP/bin/allocators_jemalloc" 96
   # mremap growth of a program's own mapping as a user: still managed after the move.
   [ -x "$UP/bin/munmap_part" ] && expect unpriv-run-mremap-grow-stays-managed 0 "munmap_part: OK grown" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/munmap_part" 128 grow 48
+  [ -x "$UP/bin/fixed_commit" ] && expect unpriv-run-fixed-commit 0 "fixed_commit: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/fixed_commit" "$UP/work" 64 48
+  [ -f "$RT/JavaHeap.class" ] && cp "$RT/JavaHeap.class" "$UP/bin/" && chmod 644 "$UP/bin/JavaHeap.class" &&
+    expect unpriv-run-java-heap 0 "JavaHeap: OK.*heaps committed in place \(MAP_FIXED\): [1-9]" sh -c "runuser -u nobody -- env HOME='$UP/work' TMPDIR='$UP/work' '$UP/bin/attune' run --dram 48M -- java -Xmx1g -XX:MinHeapFreeRatio=5 -XX:MaxHeapFreeRatio=10 -cp '$UP/bin' JavaHeap 160 4 2>&1 | tr '\n' ' '"
   [ -x "$UP/bin/dlopen_ctor" ] && expect unpriv-run-dlopen-ctor 0 "dlopen_ctor: OK 20" runuser -u nobody -- "$UP/bin/attune" run -q --far file --dram 16M -- "$UP/bin/dlopen_ctor" "$UP/bin/libdlopen_ctor.so" 20
   # The allocator's heap where the kernel's faults are not served: left to the kernel,
   # so its system calls work, and the report says how many mappings stayed out.

@@ -17,7 +17,7 @@ TOTALS = ["peak_resident_bytes_max", "budget_bytes", "faults", "evictions", "fet
           "demand_bytes", "readahead_touched_bytes", "huge_collapses", "huge_splits", "huge_bytes", "clean_bytes",
           "online_split_regions", "online_kept_regions", "online_pinned_bytes",
           "managed_requests",
-          "fallback_requests"]
+          "fallback_requests", "fixed_adopted", "fixed_released"]
 PROC = {"pid": int, "command": list, "final": bool, "budget_bytes": int,
         "peak_resident_bytes": int, "faults": int, "tiers": list, "top_regions": list}
 TIER = ["name", "kind", "peak_used_bytes", "bytes_in", "bytes_out", "faults", "evictions", "errors"]

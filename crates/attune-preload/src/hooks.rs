@@ -410,20 +410,147 @@ extern "C" fn mmap_from(
             return p as *mut c_void;
         }
     }
-    if flags & libc::MAP_FIXED != 0 && len > 0 && table::overlaps(addr, len) {
-        // Replacing managed memory under the runtime would let it move pages into a
-        // mapping it no longer owns: refuse loudly instead.
-        warn_once(
-            &WARNED_FIXED,
-            "attune run: MAP_FIXED over managed memory refused (EINVAL); set ATTUNE_RUN_THRESHOLD above this program's mapping sizes",
-        );
-        return map_failed(libc::EINVAL);
+    if flags & libc::MAP_FIXED != 0 && len > 0 {
+        if table::overlaps(addr, len) {
+            return fixed_over_managed(addr, len, prot, flags, fd, off);
+        }
+        if fresh_anon(flags)
+            && prot == libc::PROT_READ | libc::PROT_WRITE
+            && addr % PAGE == 0
+            && managed_at(addr, len, caller)
+        {
+            return addr as *mut c_void;
+        }
     }
     match mem::raw_mmap(addr, len, prot, flags, fd, off) {
         Ok(p) => p as *mut c_void,
         Err(e) => map_failed(e.0),
     }
 }
+
+/// `MAP_FIXED` flags that ask for nothing but fresh private anonymous memory (what the
+/// runtime's regions are): a heap committed or decommitted in place.
+fn fresh_anon(flags: c_int) -> bool {
+    let plain = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    flags & plain == plain && flags & !(plain | libc::MAP_FIXED | libc::MAP_NORESERVE) == 0
+}
+
+/// Requests of fresh memory at a fixed address that became regions (`ADOPTED`).
+pub static ADOPTED: AtomicU64 = AtomicU64::new(0);
+
+/// A heap reserved `PROT_NONE` and committed in place with `MAP_FIXED` (the JVM's: each
+/// expansion maps fresh memory over part of its reservation) becomes a region at that
+/// address, under the same rules as any large mapping. False: the kernel maps it.
+fn managed_at(addr: usize, len: usize, caller: usize) -> bool {
+    let Some(len) = round_page(len) else {
+        return false;
+    };
+    let s = settings();
+    if len < THRESHOLD.load(Relaxed) || len < s.threshold {
+        return false;
+    }
+    let Some(_b) = Busy::enter() else {
+        return false;
+    };
+    if !ready() || attune::runtime::runtime().is_err() {
+        return false;
+    }
+    crate::delivery::check(false);
+    if crate::delivery::kept_out() {
+        return false;
+    }
+    let fault_mode = match crate::delivery::for_mapping(caller) {
+        None => return false,
+        m => m,
+    };
+    let opts = AllocOptions {
+        own_region: true,
+        fault_mode,
+        ..Default::default()
+    };
+    match attune::runtime::adopt(addr, len, s.flags_for(len).0, opts) {
+        Ok(()) => {
+            table::insert(addr, len, true);
+            SERVED.fetch_add(1, Relaxed);
+            ADOPTED.fetch_add(1, Relaxed);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// `mmap` with `MAP_FIXED` over managed memory (docs/design/run.md, "Heaps committed in
+/// place"). Fresh private anonymous memory keeps the region: the range is dropped (it
+/// reads as zero) and takes the protection asked for, as the kernel's new mapping
+/// would (a JVM decommits and commits its heap so). Any other mapping (a file, shared
+/// memory) first gives each region it touches back to the kernel in place, since the
+/// runtime must never move pages into a mapping it does not own. A region partly
+/// unmapped before is refused (EINVAL): which of its bytes the program still holds is
+/// not known here.
+fn fixed_over_managed(
+    addr: usize,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
+    let refuse = || {
+        warn_once(
+            &WARNED_FIXED,
+            "attune run: MAP_FIXED over a managed mapping that was partly unmapped before refused (EINVAL); set ATTUNE_RUN_THRESHOLD above this program's mapping sizes",
+        );
+        map_failed(libc::EINVAL)
+    };
+    let Some(rlen) = round_page(len) else {
+        return map_failed(libc::ENOMEM);
+    };
+    if addr % PAGE != 0 {
+        return map_failed(libc::EINVAL);
+    }
+    let pieces = table::pieces(addr, rlen);
+    if pieces.iter().any(|p| p.base.is_some() && !p.whole) {
+        return refuse();
+    }
+    if fresh_anon(flags) {
+        for p in &pieces {
+            let done = match p.base {
+                Some(_) => {
+                    let _b = Busy::enter();
+                    mem::protect(p.start, p.len, libc::PROT_READ | libc::PROT_WRITE)
+                        .and_then(|()| attune::runtime::discard(p.start, p.len))
+                        .and_then(|()| mem::protect(p.start, p.len, prot))
+                }
+                None => mem::raw_mmap(p.start, p.len, prot, flags, fd, 0).map(|_| ()),
+            };
+            if let Err(e) = done {
+                return map_failed(e.0);
+            }
+        }
+        return addr as *mut c_void;
+    }
+    for p in &pieces {
+        if let Some(b) = p.base {
+            let _b = Busy::enter();
+            if attune::runtime::release(b).is_err() {
+                warn_once(
+                    &WARNED_FIXED,
+                    "attune run: MAP_FIXED over managed memory refused (EINVAL): a page of it could not be brought back to give the region to the kernel",
+                );
+                return map_failed(libc::EINVAL);
+            }
+            table::forget(b);
+            RELEASED.fetch_add(1, Relaxed);
+        }
+    }
+    match mem::raw_mmap(addr, len, prot, flags, fd, off) {
+        Ok(p) => p as *mut c_void,
+        Err(e) => map_failed(e.0),
+    }
+}
+
+/// Regions given back to the kernel in place for another mapping over them.
+pub static RELEASED: AtomicU64 = AtomicU64::new(0);
 
 fn status(r: Result<(), attune_sys::Errno>) -> c_int {
     match r {

@@ -148,6 +148,9 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "phases": phases(),
         "numa": attune::runtime::numa_stats(),
     });
+    // Heaps committed in place (docs/design/run.md, "Heaps committed in place").
+    v["fixed_adopted"] = json!(hooks::ADOPTED.load(Relaxed));
+    v["fixed_released"] = json!(hooks::RELEASED.load(Relaxed));
     // The engine's movement counters, 0 before the engine starts.
     let none = attune::paging::Counters::default();
     let counters = e.map_or(&none, |e| &e.pager.counters);

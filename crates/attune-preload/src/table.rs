@@ -174,6 +174,73 @@ pub fn overlaps(addr: usize, len: usize) -> bool {
     })
 }
 
+/// A part of a range: inside the managed entry starting at `base`, or outside managed
+/// memory (`base` None).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    pub start: usize,
+    pub len: usize,
+    pub base: Option<usize>,
+    /// The entry is mapped whole (never partly unmapped) and this process's own.
+    pub whole: bool,
+}
+
+/// Where a walk of the entries that may overlap a range from `addr` starts: the entry at
+/// or below `addr`, else `addr`.
+fn first_key(m: &BTreeMap<usize, Entry>, addr: usize) -> usize {
+    m.range(..=addr)
+        .next_back()
+        .map(|(b, _)| *b)
+        .unwrap_or(addr)
+}
+
+/// `[addr, addr+len)` cut at the edges of the managed entries it overlaps, in order.
+pub fn pieces(addr: usize, len: usize) -> Vec<Piece> {
+    let end = addr.saturating_add(len);
+    let mut out = Vec::new();
+    let mut cursor = addr;
+    if end > LO.load(Relaxed) && addr < HI.load(Relaxed) {
+        with(|m| {
+            let first = first_key(m, addr);
+            for (&b, e) in m.range(first..end) {
+                let (s, t) = (b.max(addr), (b + e.size).min(end));
+                if t <= s {
+                    continue;
+                }
+                if s > cursor {
+                    out.push(Piece {
+                        start: cursor,
+                        len: s - cursor,
+                        base: None,
+                        whole: false,
+                    });
+                }
+                out.push(Piece {
+                    start: s,
+                    len: t - s,
+                    base: Some(b),
+                    whole: !e.inherited && e.live == e.size,
+                });
+                cursor = t;
+            }
+        });
+    }
+    if cursor < end {
+        out.push(Piece {
+            start: cursor,
+            len: end - cursor,
+            base: None,
+            whole: false,
+        });
+    }
+    out
+}
+
+/// Removes the entry starting at `base` (a region given back to the kernel in place).
+pub fn forget(base: usize) -> Option<Entry> {
+    with(|m| m.remove(&base))
+}
+
 /// What an munmap of `[addr, addr+len)` means for managed memory.
 #[derive(Debug, Default)]
 pub struct Unmap {
@@ -197,11 +264,7 @@ pub fn unmap(addr: usize, len: usize) -> Unmap {
         return u;
     }
     with(|m| {
-        let first = m
-            .range(..=addr)
-            .next_back()
-            .map(|(b, _)| *b)
-            .unwrap_or(addr);
+        let first = first_key(m, addr);
         let keys: Vec<usize> = m.range(first..end).map(|(b, _)| *b).collect();
         let mut cursor = addr;
         for b in keys {

@@ -100,6 +100,31 @@ pub fn map_none_at(addr: usize, len: usize) -> SysResult<()> {
     .map(|_| ())
 }
 
+/// Replaces `[addr, addr+len)` (owned by the caller: a range the application asked to be
+/// mapped there with `MAP_FIXED`) with fresh readable and writable anonymous memory.
+pub fn map_anon_at(addr: usize, len: usize) -> SysResult<()> {
+    raw_mmap(
+        addr,
+        len,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+        -1,
+        0,
+    )
+    .map(|_| ())
+}
+
+/// The `mprotect(2)` system call, bypassing any interposed symbol. Signal-safe.
+pub fn protect(addr: usize, len: usize, prot: i32) -> SysResult<()> {
+    // SAFETY: a protection change of a range the caller owns; nothing in Rust references
+    // managed memory (the contract above), so no reference loses its access.
+    if unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot) } == 0 {
+        Ok(())
+    } else {
+        Err(Errno::last())
+    }
+}
+
 /// A table of atomic words in a private anonymous mapping reserved without commit: a
 /// page of it costs memory only once a word in it is written, so a table with an entry
 /// per 64 KiB of a tier's (mostly unused) offset space stays small. Inherited by a

@@ -370,6 +370,46 @@ fn alloc_general(size: usize, flag_bits: u32, opts: Option<AllocOptions>) -> Res
     }
 }
 
+/// Makes `[addr, addr+len)` managed memory in place, as fresh zeroed memory: the
+/// interposer's `mmap` with `MAP_FIXED` of anonymous memory over a range the program
+/// reserved (a JVM's heap, committed in place). Only where the paging engine runs (not
+/// NUMA tiers, not without userfaultfd): ENOTSUP. EINVAL when the range is not made of
+/// whole chunks; an error leaves the range either as it was or as the plain anonymous
+/// memory the program asked for, which the caller maps again to be sure.
+pub fn adopt(addr: usize, len: usize, flag_bits: u32, opts: AllocOptions) -> Result<(), Errno> {
+    let flags = check_flags(flag_bits)?;
+    let Runtime::Tiered { engine, .. } = runtime()? else {
+        return Err(Errno(libc::ENOTSUP));
+    };
+    if engine.numa.is_some() {
+        return Err(Errno(libc::ENOTSUP));
+    }
+    if len == 0 || len as u64 > engine.pager.capacity {
+        return Err(Errno(libc::ENOMEM));
+    }
+    let opts = AllocOptions { flags, ..opts };
+    let _in = engine.pager.enter();
+    engine.pager.adopt_region(addr, len, &opts).map(|_| ())
+}
+
+/// Gives the region that starts at `ptr` back to the kernel in place (see
+/// `Pager::release_region`): its memory stays mapped with its content and is no longer
+/// managed. EBUSY when a chunk of it could not be settled in DRAM.
+pub fn release(ptr: usize) -> Result<(), Errno> {
+    let Runtime::Tiered { engine, .. } = runtime()? else {
+        return Err(Errno(libc::ENOTSUP));
+    };
+    let Lookup::Region(r) = lookup(ptr)? else {
+        return Err(Errno(libc::EINVAL));
+    };
+    let _in = engine.pager.enter();
+    if engine.pager.release_region(&r) {
+        Ok(())
+    } else {
+        Err(Errno(libc::EBUSY))
+    }
+}
+
 /// What `ptr` is to the runtime.
 pub enum Lookup {
     Region(Arc<Region>),

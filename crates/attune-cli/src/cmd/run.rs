@@ -604,6 +604,8 @@ pub fn build_report(
             "managed_requests": sum(&procs, "managed_requests"),
             "huge_bytes": sum(&procs, "huge_bytes"),
             "fallback_requests": sum(&procs, "fallback_requests"),
+            "fixed_adopted": sum(&procs, "fixed_adopted"),
+            "fixed_released": sum(&procs, "fixed_released"),
             "predicted_requests": sum(&procs, "predicted_requests"),
             "predicted_pinned_bytes": sum(&procs, "predicted_pinned_bytes"),
         },
@@ -756,6 +758,12 @@ pub fn text_report(r: &Value) -> String {
         "  kernel page faults: {} minor, {} major; managed requests {}, fell back to malloc {}\n",
         t["os_minor_faults"], t["os_major_faults"], t["managed_requests"], t["fallback_requests"]
     );
+    if t["fixed_adopted"].as_u64().unwrap_or(0) + t["fixed_released"].as_u64().unwrap_or(0) > 0 {
+        s += &format!(
+            "  heaps committed in place (MAP_FIXED): {} managed, {} given back to the kernel for a file or shared mapping over them\n",
+            t["fixed_adopted"], t["fixed_released"]
+        );
+    }
     // Which allocator served the program's unmanaged blocks, where it is not glibc's.
     let mut others: Vec<&str> = r["per_process"]
         .as_array()

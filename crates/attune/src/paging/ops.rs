@@ -92,6 +92,31 @@ impl Pager {
         kind: RegionKind,
         align: usize,
     ) -> Result<Arc<Region>, Errno> {
+        self.make_region(size, opts, kind, align, None)
+    }
+
+    /// Makes `[at, at+len)` a region in place: the program asked for fresh anonymous
+    /// memory there with `MAP_FIXED` (a runtime that reserves its heap and commits it in
+    /// place: the JVM). `at` and `len` must be multiples of the chunk the policy gives
+    /// this region, or EINVAL before anything is mapped. On any error after the mapping
+    /// the range is left as the plain anonymous memory the program asked for.
+    pub fn adopt_region(
+        &self,
+        at: usize,
+        len: usize,
+        opts: &AllocOptions,
+    ) -> Result<Arc<Region>, Errno> {
+        self.make_region(len, opts, RegionKind::Dedicated, 0, Some(at))
+    }
+
+    fn make_region(
+        &self,
+        size: usize,
+        opts: &AllocOptions,
+        kind: RegionKind,
+        align: usize,
+        at: Option<usize>,
+    ) -> Result<Arc<Region>, Errno> {
         let attuned = self.cfg.mode == Mode::Attuned;
         let views: Vec<place::FarTierView> = self
             .tiers
@@ -115,6 +140,9 @@ impl Pager {
         if size == 0 {
             return Err(Errno(libc::EINVAL));
         }
+        if at.is_some_and(|a| a % chunk != 0 || size % chunk != 0) {
+            return Err(Errno(libc::EINVAL));
+        }
         let len = size.checked_add(chunk - 1).ok_or(Errno(libc::ENOMEM))? / chunk * chunk;
         if kind == RegionKind::Dedicated {
             let prev = self.committed.fetch_add(len as u64, AcqRel);
@@ -129,18 +157,31 @@ impl Pager {
             }
         };
         let align = align.max(if len >= 2 << 20 { 2 << 20 } else { chunk });
-        let base = match mem::map_anon_aligned(len, align, true) {
+        let mapped = match at {
+            Some(a) => mem::map_anon_at(a, len).map(|()| a),
+            None => mem::map_anon_aligned(len, align, true),
+        };
+        let base = match mapped {
             Ok(b) => b,
             Err(e) => {
                 undo_commit();
                 return Err(e);
             }
         };
+        // Undoes the mapping on a later error: an adopted range stays mapped, as the
+        // program asked (plain memory, no longer ours).
+        let unmap = |b: usize, l: usize| {
+            if at.is_none() {
+                let _ = mem::unmap(b, l);
+            }
+        };
         // Regions never put on huge pages say so to the kernel too, so that its khugepaged
         // (transparent_hugepage/enabled = always) leaves them alone; the others are left
-        // to `super::huge`. Inherited by a forked child, which takes the runtime over
-        // (`crate::fork`).
-        let huge = kind == RegionKind::Dedicated && super::huge::eligible(self, opts.flags, len);
+        // to `super::huge`, whose spans are 2 MiB-aligned (an adopted range may not be).
+        // Inherited by a forked child, which takes the runtime over (`crate::fork`).
+        let huge = kind == RegionKind::Dedicated
+            && base % (2 << 20) == 0
+            && super::huge::eligible(self, opts.flags, len);
         if !huge {
             let _ = mem::advise(base, len, mem::MADV_NOHUGEPAGE);
         }
@@ -163,7 +204,7 @@ impl Pager {
             .uffd_for(delivery)
             .register(base, len, self.region_mode())
         {
-            let _ = mem::unmap(base, len);
+            unmap(base, len);
             undo_commit();
             return Err(e);
         }
@@ -175,7 +216,8 @@ impl Pager {
                     for (i, o) in slots.iter().enumerate() {
                         self.tiers[i].release(*o, len as u64);
                     }
-                    let _ = mem::unmap(base, len);
+                    let _ = self.uffd_for(delivery).unregister(base, len);
+                    unmap(base, len);
                     undo_commit();
                     return Err(Errno(libc::ENOMEM));
                 }
@@ -243,6 +285,49 @@ impl Pager {
         // The clock lock keeps the evictor out of this region while it goes away.
         let _g = os::SignalGuard::new();
         let _clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        self.retire(r, true);
+    }
+
+    /// Gives region `r` back to the kernel in place: its pages stay mapped as plain
+    /// anonymous memory, with the content they have, and the runtime forgets them (the
+    /// program maps something else over part of it with `MAP_FIXED`, which the kernel
+    /// must do on memory that is no longer ours). Chunks in a far tier are brought back
+    /// first, pinned so that no eviction takes them out again meanwhile. False, and the
+    /// region kept, when a chunk is still on its way in or out (another thread touches
+    /// the range while it is being replaced) or could not be read back.
+    pub fn release_region(&self, r: &Arc<Region>) -> bool {
+        let pinned_here: Vec<bool> = (0..r.chunks())
+            .map(|c| {
+                let new = r.pin(c);
+                if new {
+                    self.pinned.fetch_add(r.chunk as u64, Relaxed);
+                }
+                if r.state(c).place() == Where::Far {
+                    super::fault::fetch_chunk(self, r, c);
+                }
+                new
+            })
+            .collect();
+        let _g = os::SignalGuard::new();
+        let _clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        let settled =
+            (0..r.chunks()).all(|c| matches!(r.state(c).place(), Where::Fresh | Where::Resident));
+        if !settled {
+            for (c, _) in pinned_here.iter().enumerate().filter(|(_, p)| **p) {
+                if r.unpin(c) {
+                    self.pinned.fetch_sub(r.chunk as u64, Relaxed);
+                }
+            }
+            return false;
+        }
+        self.retire(r, false);
+        true
+    }
+
+    /// Takes `r` out of the runtime (the caller holds the clock lock): out of the region
+    /// table, unregistered, its counters and far-tier space given back, and, with `unmap`,
+    /// its range unmapped.
+    fn retire(&self, r: &Arc<Region>, unmap: bool) {
         {
             let mut t = self.regions.write().unwrap_or_else(|p| p.into_inner());
             t.retain(|x| !Arc::ptr_eq(x, r));
@@ -250,7 +335,9 @@ impl Pager {
         r.freed.store(true, Release);
         self.drop_behind.forget(r.base, r.len);
         let _ = self.uffd_for(r.delivery).unregister(r.base, r.len);
-        let _ = mem::unmap(r.base, r.len);
+        if unmap {
+            let _ = mem::unmap(r.base, r.len);
+        }
         let mut resident = 0u64;
         let mut pinned = 0u64;
         let mut active = 0u64;
