@@ -22,7 +22,7 @@ pressure less the ranks' managed peaks, and what is left of the limit is divided
 the ranks, since Attune's budget is per process.
 
 Usage: python3 bench/real_programs.py [--reps 3] [--fractions 0.5] [--far pool]
-                                     [--only numpy,igraph,zstd,sort,openmp,jemalloc,mpi,btree]
+                                     [--only numpy,igraph,zstd,sort,openmp,jemalloc,mpi,btree,java]
 """
 import argparse
 import hashlib
@@ -109,6 +109,10 @@ def programs(d):
         # pool of 64 MiB slabs, peak RSS about 230 MB.
         "btree": ([os.path.join(d, "btree_index"), "8000000"], {},
                   lambda out, _w: out.split("btree_index: OK")[-1].strip() if "btree_index: OK" in out else None),
+        # The JVM's own heap, reserved and committed in place (docs/design/run.md, "Heaps
+        # committed in place"): 256 MiB of arrays read back at random, then garbage.
+        "java": (["java", "-XX:+UseParallelGC", "-Xmx1g", "-cp", d, "JavaHeap", "256", "4"], {},
+                 line("JavaHeap: OK")),
     }
 
 
@@ -122,6 +126,8 @@ def build(d):
     if shutil.which("mpicc"):
         subprocess.run(["mpicc", "-O2", os.path.join(ROOT, "tests/run/mpi_exchange.c"), "-o",
                         os.path.join(d, "mpi_exchange")], check=True)
+    if shutil.which("javac"):
+        subprocess.run(["javac", "-d", d, os.path.join(ROOT, "tests/run/JavaHeap.java")], check=True)
 
 
 def run_env(env, work):
