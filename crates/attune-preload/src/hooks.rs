@@ -78,20 +78,15 @@ fn managed_slow(size: usize, region: bool, mapping: Option<usize>) -> (usize, bo
         // serves them.
         return (0, false);
     }
-    if is_region {
-        // A library loaded since the last region may hand memory to the kernel.
-        crate::delivery::check(false);
-    }
-    if crate::delivery::kept_out() {
-        return (0, false);
-    }
-    // A mapping may be a heap whose objects reach system calls no wrapper covers.
-    let fault_mode = match mapping {
-        None => None,
-        Some(caller) => match crate::delivery::for_mapping(caller) {
+    let fault_mode = if is_region {
+        match region_delivery(mapping) {
+            Some(m) => m,
             None => return (0, false),
-            m => m,
-        },
+        }
+    } else if crate::delivery::kept_out() {
+        return (0, false);
+    } else {
+        None
     };
     let (flags, hot) = match predicted(size) {
         Some(r) => (r.flags, r.hot.as_slice()),
@@ -129,6 +124,21 @@ fn managed_slow(size: usize, region: bool, mapping: Option<usize>) -> (usize, bo
             FELL_BACK.fetch_add(1, Relaxed);
             (0, false)
         }
+    }
+}
+
+/// The fault delivery of a new region (None inside: the configured one), or None where
+/// it stays unmanaged. A library loaded since the last region may hand memory to the
+/// kernel; a mapping (`mapping`: its caller) may be a heap whose objects reach system
+/// calls no wrapper covers.
+fn region_delivery(mapping: Option<usize>) -> Option<Option<attune::config::FaultMode>> {
+    crate::delivery::check(false);
+    if crate::delivery::kept_out() {
+        return None;
+    }
+    match mapping {
+        None => Some(None),
+        Some(caller) => crate::delivery::for_mapping(caller).map(Some),
     }
 }
 
@@ -370,6 +380,7 @@ pub extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
 }
 
 static WARNED_FIXED: AtomicBool = AtomicBool::new(false);
+static WARNED_RELEASE: AtomicBool = AtomicBool::new(false);
 
 fn warn_once(flag: &AtomicBool, msg: &str) {
     if !flag.swap(true, Relaxed) {
@@ -455,13 +466,8 @@ fn managed_at(addr: usize, len: usize, caller: usize) -> bool {
     if !ready() || attune::runtime::runtime().is_err() {
         return false;
     }
-    crate::delivery::check(false);
-    if crate::delivery::kept_out() {
+    let Some(fault_mode) = region_delivery(Some(caller)) else {
         return false;
-    }
-    let fault_mode = match crate::delivery::for_mapping(caller) {
-        None => return false,
-        m => m,
     };
     let opts = AllocOptions {
         own_region: true,
@@ -534,7 +540,7 @@ fn fixed_over_managed(
             let _b = Busy::enter();
             if attune::runtime::release(b).is_err() {
                 warn_once(
-                    &WARNED_FIXED,
+                    &WARNED_RELEASE,
                     "attune run: MAP_FIXED over managed memory refused (EINVAL): a page of it could not be brought back to give the region to the kernel",
                 );
                 return map_failed(libc::EINVAL);

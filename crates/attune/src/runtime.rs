@@ -374,7 +374,7 @@ fn alloc_general(size: usize, flag_bits: u32, opts: Option<AllocOptions>) -> Res
 /// interposer's `mmap` with `MAP_FIXED` of anonymous memory over a range the program
 /// reserved (a JVM's heap, committed in place). Only where the paging engine runs (not
 /// NUMA tiers, not without userfaultfd): ENOTSUP. EINVAL when the range is not made of
-/// whole chunks; an error leaves the range either as it was or as the plain anonymous
+/// whole chunks, ENOMEM when the tiers cannot hold it; an error leaves the range either as it was or as the plain anonymous
 /// memory the program asked for, which the caller maps again to be sure.
 pub fn adopt(addr: usize, len: usize, flag_bits: u32, opts: AllocOptions) -> Result<(), Errno> {
     let flags = check_flags(flag_bits)?;
@@ -383,9 +383,6 @@ pub fn adopt(addr: usize, len: usize, flag_bits: u32, opts: AllocOptions) -> Res
     };
     if engine.numa.is_some() {
         return Err(Errno(libc::ENOTSUP));
-    }
-    if len == 0 || len as u64 > engine.pager.capacity {
-        return Err(Errno(libc::ENOMEM));
     }
     let opts = AllocOptions { flags, ..opts };
     let _in = engine.pager.enter();

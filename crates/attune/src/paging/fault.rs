@@ -334,7 +334,7 @@ fn fetch_run(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
             // Page by page where one copy stops: a page of the run already mapped
             // (EEXIST: the chunks were Fresh, so no data of the program's is there), or a
             // boundary the program's mprotect made inside the run (ENOENT: one
-            // UFFDIO_COPY fills one VMA; before, such a run failed its access with SIGBUS).
+            // UFFDIO_COPY fills one VMA; docs/design/run.md, "Protection changes").
             uffd.place_copy(dst, e.zero_addr(), len, true)
         }
     }
