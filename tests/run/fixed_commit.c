@@ -11,9 +11,13 @@
  *   5. map a file over the first part of a 1 MiB commit (as the JVM maps its archived heap
  *      over a committed region) after the rest of the heap pushed the commit out of DRAM:
  *      the file's bytes show there, the rest of the commit keeps its data;
- *   6. unmap the reservation.
+ *   6. a commit partly unmapped, then fresh memory MAP_FIXED over its other part: refused
+ *      (EINVAL, which bytes of it the program still holds is not known to Attune), and
+ *      that part keeps its data;
+ *   7. unmap the reservation.
  * Usage: fixed_commit DIR MIB MAX_RSS_MIB (DIR: where the step-5 file goes). */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -117,7 +121,18 @@ int main(int argc, char **argv) {
     for (size_t i = fw; i < ow; i++) if (o[i] != (mix(i) ^ 5)) FAIL("the commit's word %zu after the file", i);
     n = bad(w, 0, 2 * Q, 7) + bad(w, 2 * Q, 2 * Q + Q / 2, 4) + bad(w, 3 * Q, W + Q, 7);
     if (n) FAIL("after the file: %zu bad words", n);
-    /* 6. unmap */
+    /* 6. the refusal over a partly unmapped commit */
+    char *two = one + (2u << 20);
+    size_t tw = (2u << 20) / 8;
+    if (!commit(two, 2u << 20, RW)) FAIL("2 MiB commit: %m");
+    uint64_t *t = (uint64_t *)two;
+    for (size_t i = 0; i < tw; i++) t[i] = mix(i) ^ 8;
+    if (munmap(two + (1u << 20), 1u << 20)) FAIL("munmap half a commit: %m");
+    errno = 0;
+    if (mmap(two, 1u << 20, RW, ANON | MAP_FIXED, -1, 0) != MAP_FAILED || errno != EINVAL)
+        FAIL("MAP_FIXED over a partly unmapped commit was not refused with EINVAL (%m)");
+    for (size_t i = 0; i < tw / 2; i++) if (t[i] != (mix(i) ^ 8)) FAIL("the refused range lost word %zu", i);
+    /* 7. unmap */
     if (munmap(heap, 2 * m)) FAIL("munmap: %m");
     printf("fixed_commit: OK %zu MiB committed in place, RSS %ld MiB\n", (m + q) >> 20, rss);
     return 0;
