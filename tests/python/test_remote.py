@@ -339,25 +339,40 @@ def test_a_stopped_server_holds_the_exit_up_briefly_and_loses_nothing(workdir, h
     program returns from main: the bye to it goes unanswered (it is best effort: the
     exit does not wait for it beyond a bound), the handler's reads then find the server
     silent, lose it and read every word from the other copy, and the other server still
-    frees the pages soon after the program's end."""
+    frees the pages soon after the program's end.
+
+    The last evictions' write-out may still be in flight when the program says
+    "written"; the test waits 0.5 s before the stop so that it usually meets an idle
+    runtime. If a write-out to the stopped server was still outstanding, the runtime
+    rightly loses that server during the linger, before the exit (one CI run in about
+    ten did): then the bye goes to the one live server, which is as correct."""
     h = hosts(2)
     s = secret(workdir)
     srv = [h.serve(i, workdir, s, "--size", "256M", "--lease", "60") for i in range(2)]
     cfg = config(workdir, h, 2, s, timeout_ms=1000, name="exit-stopped", replicas=2)
     p = subprocess.Popen(h.on_client([ATTUNE, "run", "--dram", "16M", "--config", cfg, "--",
-                                      build_plain(workdir, "exit_reads"), "64", "0", "1000"]),
+                                      build_plain(workdir, "exit_reads"), "64", "0", "2000"]),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "ATTUNE_LOG": "info"})
     try:
         assert p.stdout.readline().strip() == "exit_reads: written"
+        time.sleep(0.5)
         srv[0][0].send_signal(signal.SIGSTOP)
+        stopped = time.time()
         out, err = p.communicate(timeout=120)
     finally:
         srv[0][0].send_signal(signal.SIGCONT)
     ended = time.time()
     assert p.returncode == 0 and "exit_reads: OK" in out, out + err
-    assert "1 of 2 server(s) free this process's pages" in err, err
-    assert f"server {h.addr(0)} lost" in err, err
+    lost = f"server {h.addr(0)} lost"
+    assert lost in err, err
+    if "1 of 2 server(s) free this process's pages" not in err:
+        # Lost during the linger: the exit told the one server left.
+        assert "1 of 1 server(s) free this process's pages" in err, err
+        assert err.index(lost) < err.index("remote tier: exiting"), err
+    # Held up briefly: the linger, a timeout for the unanswered bye, the reads that lose
+    # the server (about a timeout each for the request and its takeover), with slack.
+    assert ended - stopped < 1.5 + 4 * 1.0 + 5, (ended - stopped, err)
     freed = re.compile(r"session \d+ expired .*: (\d+) MiB freed")
     log = srv[1][1]
     while not freed.search(log.read_text()) and time.time() < ended + 15:
