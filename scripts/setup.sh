@@ -12,6 +12,8 @@ command -v mpicc >/dev/null || need+=(openmpi-bin libopenmpi-dev)
 [ -e /usr/include/jemalloc/jemalloc.h ] || need+=(libjemalloc-dev)
 [ -e /usr/include/gperftools/tcmalloc.h ] || need+=(libgoogle-perftools-dev)
 [ -e /usr/include/mimalloc.h ] || need+=(libmimalloc-dev)
+# attune run's tests of the JVM: its own heap, and a JNI library's I/O on heap arrays.
+command -v javac >/dev/null || need+=(openjdk-17-jdk-headless)
 # attune run's automatic fault delivery: programs that read through io_uring and Linux AIO.
 [ -e /usr/include/liburing.h ] || need+=(liburing-dev)
 [ -e /usr/include/libaio.h ] || need+=(libaio-dev)

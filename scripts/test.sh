@@ -503,13 +503,24 @@ for m in auto signal thread; do
   expect "run-fixed-commit-$m" 0 "fixed_commit: OK" "$ATT" run -q --fault-mode $m --dram 16M -- "$RT/fixed_commit" "$RT" 64 48
 done
 expect run-fixed-commit-report 0 "MAP_FIXED over a managed mapping that was partly unmapped before refused.*fixed_commit: OK.*heaps committed in place \(MAP_FIXED\): 4 managed, 1 given back" sh -c "'$ATT' run --dram 16M -- '$RT/fixed_commit' '$RT' 64 48 2>&1 | tr '\n' ' '"
-if command -v javac >/dev/null && javac -d "$RT" tests/run/DirectBuffers.java tests/run/JavaHeap.java; then
+if command -v javac >/dev/null && javac -d "$RT" tests/run/DirectBuffers.java tests/run/JavaHeap.java tests/run/JniHeapIo.java; then
   expect run-java 0 "DirectBuffers: OK" sh -c "'$ATT' run --dram 32M --report '$RT/java.json' -- java -Xmx64m -XX:MaxDirectMemorySize=256m -cp '$RT' DirectBuffers 96 && $CHECK '$RT/java.json' --exit 0 --min-procs 1 --budget-slack 2097152"
   # The JVM's own heap (160 MiB of arrays checked at 48 MiB of DRAM, then garbage whose
   # collections shrink and grow the heap), with G1 and the parallel collector.
   for gc in G1 Parallel; do
     expect "run-java-heap-$gc" 0 "JavaHeap: OK.*evictions [1-9].*heaps committed in place \(MAP_FIXED\): [1-9]" sh -c "'$ATT' run --dram 48M -- java -XX:+Use${gc}GC -Xmx1g -XX:MinHeapFreeRatio=5 -XX:MaxHeapFreeRatio=10 -cp '$RT' JavaHeap 160 4 2>&1 | tr '\n' ' '"
   done
+  # A JNI library's file I/O on heap arrays through critical pointers, most of them far
+  # when the kernel touches them: under auto the heap takes signal delivery (HotSpot's
+  # heap is bulk data: attune_policy::delivery::COLLECTED_HEAP_OWNERS) and each call is
+  # held and retried; under the handler thread the kernel's faults are served.
+  JH=$(dirname "$(dirname "$(readlink -f "$(command -v javac)")")")
+  if gcc -O2 -shared -fPIC -I"$JH/include" -I"$JH/include/linux" tests/run/jni_heap_io.c -o "$RT/libjniheapio.so"; then
+    expect run-java-jni-io-auto 0 "JniHeapIo: OK.*check_report: OK" sh -c "'$ATT' run -q --dram 32M --report '$RT/jni.json' -- java -XX:+UseParallelGC -Xmx1g -Djni.lib='$RT/libjniheapio.so' -cp '$RT' JniHeapIo 96 && $CHECK '$RT/jni.json' --exit 0 --min-procs 1 --io-retried --regions-by signal"
+    expect run-java-jni-io-thread 0 "JniHeapIo: OK.*check_report: OK" sh -c "'$ATT' run -q --fault-mode thread --dram 32M --report '$RT/jni-t.json' -- java -XX:+UseG1GC -Xmx1g -Djni.lib='$RT/libjniheapio.so' -cp '$RT' JniHeapIo 96 && $CHECK '$RT/jni-t.json' --exit 0 --min-procs 1 --regions-by thread"
+  else
+    fail=$((fail+1)); failed+=(build-jni-heap-io); echo "FAIL build-jni-heap-io"
+  fi
 else
   echo "skip run-java (no JDK)"
 fi
@@ -830,6 +841,8 @@ assert d["user_mode_only"] == (not full and not dev), d
   [ -x "$UP/bin/fixed_commit" ] && expect unpriv-run-fixed-commit 0 "fixed_commit: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/fixed_commit" "$UP/work" 64 48
   [ -f "$RT/JavaHeap.class" ] && cp "$RT/JavaHeap.class" "$UP/bin/" && chmod 644 "$UP/bin/JavaHeap.class" &&
     expect unpriv-run-java-heap 0 "JavaHeap: OK.*heaps committed in place \(MAP_FIXED\): [1-9]" sh -c "runuser -u nobody -- env HOME='$UP/work' TMPDIR='$UP/work' '$UP/bin/attune' run --dram 48M -- java -Xmx1g -XX:MinHeapFreeRatio=5 -XX:MaxHeapFreeRatio=10 -cp '$UP/bin' JavaHeap 160 4 2>&1 | tr '\n' ' '"
+  [ -f "$RT/libjniheapio.so" ] && cp "$RT/JniHeapIo.class" "$RT/libjniheapio.so" "$UP/bin/" && chmod 644 "$UP/bin/JniHeapIo.class" && chmod 755 "$UP/bin/libjniheapio.so" &&
+    expect unpriv-run-java-jni-io 0 "JniHeapIo: OK.*check_report: OK" sh -c "runuser -u nobody -- env HOME='$UP/work' TMPDIR='$UP/work' '$UP/bin/attune' run -q --dram 32M --report '$UP/work/jni.json' -- java -Xmx1g -Djava.io.tmpdir='$UP/work' -Djni.lib='$UP/bin/libjniheapio.so' -cp '$UP/bin' JniHeapIo 96 && $CHECK '$UP/work/jni.json' --exit 0 --min-procs 1 --user-mode-only --regions-by signal"
   [ -x "$UP/bin/dlopen_ctor" ] && expect unpriv-run-dlopen-ctor 0 "dlopen_ctor: OK 20" runuser -u nobody -- "$UP/bin/attune" run -q --far file --dram 16M -- "$UP/bin/dlopen_ctor" "$UP/bin/libdlopen_ctor.so" 20
   # The allocator's heap where the kernel's faults are not served: left to the kernel,
   # so its system calls work, and the report says how many mappings stayed out.

@@ -2,7 +2,7 @@
 optional expectations. Usage:
   check_report.py REPORT [--exit N] [--signal N] [--min-procs N] [--budget-slack BYTES]
                   [--evictor-share-max F] [--evictor-share-min F] [--chunk N] [--has-command C]
-                  [--amplification MIN MAX]
+                  [--amplification MIN MAX] [--io-retried] [--regions-by thread|signal]
 """
 import argparse
 import json
@@ -41,6 +41,10 @@ def main():
                     help="every process resolved its faults this way")
     ap.add_argument("--user-mode-only", action="store_true",
                     help="every process ran with a user-mode-only userfaultfd and system calls were retried")
+    ap.add_argument("--io-retried", action="store_true",
+                    help="some system call met a non-resident page, was held and retried, and no EFAULT was passed on")
+    ap.add_argument("--regions-by", choices=["thread", "signal"],
+                    help="every managed region took this fault delivery")
     ap.add_argument("--evictor-share-max", type=float,
                     help="at most this part of the evicted bytes was evicted by the background evictor")
     ap.add_argument("--evictor-share-min", type=float,
@@ -104,6 +108,18 @@ def main():
             fail("no system call was held and retried")
         if sum(p.get("io_unretried_calls", 0) for p in procs) != 0:
             fail("a system call's EFAULT was passed on")
+    if a.io_retried:
+        procs = r["per_process"]
+        if sum(p.get("io_retried_calls", 0) for p in procs) == 0:
+            fail("no system call was held and retried")
+        if sum(p.get("io_unretried_calls", 0) for p in procs) != 0:
+            fail("a system call's EFAULT was passed on")
+    if a.regions_by:
+        other = "thread" if a.regions_by == "signal" else "signal"
+        t = r["totals"]
+        if t.get(f"regions_{a.regions_by}", 0) == 0 or t.get(f"regions_{other}", 0) != 0:
+            fail(f"regions by signal {t.get('regions_signal')}, by the handler thread {t.get('regions_thread')}: "
+                 f"expected every one by {a.regions_by}")
     if a.chunk is not None:
         sizes = {x["chunk_size"] for x in r["hottest_regions"]}
         if sizes != {a.chunk}:

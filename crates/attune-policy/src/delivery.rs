@@ -199,6 +199,32 @@ pub enum MappedBy {
     Allocator,
     /// Other code: the program's own data, or a heap nothing marks.
     Program,
+    /// A garbage-collected runtime's object heap (an object named in
+    /// [`COLLECTED_HEAP_OWNERS`]): bulk data no system call sees but through a copy or a
+    /// wrapped call (`collected_heap_owner`).
+    CollectedHeap,
+}
+
+/// File names (without version) of the objects whose mappings are the object heap of a
+/// garbage-collected runtime: HotSpot's `libjvm.so` (every JDK build, any collector). Its
+/// objects move with every collection, so no native code may keep their addresses beyond
+/// a JNI critical section, and neither the JDK's own native code nor the VM hands them to
+/// the kernel: file and socket I/O copy through buffers outside the heap (a stack buffer,
+/// a direct buffer from `malloc`), lock words live in the C heap (`ObjectMonitor`,
+/// `pthread` parkers). What reaches the kernel from a heap array is a JNI library's call
+/// on a critical pointer, a libc call the interposer retries. So such a heap takes the
+/// regions' delivery under `auto`; on the JVM's own heap benchmark, signal delivery takes
+/// 2.2 s against 4.3 s for the handler thread (docs/benchmarks.md).
+pub const COLLECTED_HEAP_OWNERS: &[&str] = &["libjvm.so"];
+
+/// Whether the object at `path` owns a collected heap (`COLLECTED_HEAP_OWNERS`, matched on
+/// the file name up to its version suffix).
+pub fn collected_heap_owner(path: &str) -> bool {
+    let file = path.rsplit('/').next().unwrap_or(path);
+    COLLECTED_HEAP_OWNERS.iter().any(|name| {
+        file.strip_prefix(name)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+    })
 }
 
 /// The rule for mappings. A mapping may be a heap: jemalloc, tcmalloc, mimalloc and
@@ -210,10 +236,13 @@ pub enum MappedBy {
 /// bulk data is `mmap`ed: docs/benchmarks.md). Where it does not, an allocator's
 /// mappings follow the small arenas' rule (unmanaged), and other mappings keep the
 /// regions' delivery: bulk data, whose transfers the wrapped calls retry, as malloc's
-/// large blocks. Explicit choices are kept, as for regions.
+/// large blocks. A collected heap (`MappedBy::CollectedHeap`) is such bulk data wherever
+/// the faults are served. Explicit choices are kept, as for regions.
 pub fn mapping(requested: Requested, kernel_faults: bool, by: MappedBy) -> Heap {
     match (requested, by) {
         (_, MappedBy::Allocator) => small_arenas(requested, kernel_faults),
+        (Requested::Thread, MappedBy::CollectedHeap) => Heap::Managed(Chosen::Thread),
+        (_, MappedBy::CollectedHeap) => Heap::Managed(Chosen::Signal),
         (Requested::Auto, MappedBy::Program) if kernel_faults => Heap::Managed(Chosen::Thread),
         (Requested::Thread, MappedBy::Program) => Heap::Managed(Chosen::Thread),
         (_, MappedBy::Program) => Heap::Managed(Chosen::Signal),
@@ -322,12 +351,37 @@ mod tests {
             (Signal, true, Program, s),
             (Signal, false, Allocator, s),
             (Signal, false, Program, s),
+            (Auto, true, CollectedHeap, s),
+            (Auto, false, CollectedHeap, s),
+            (Thread, true, CollectedHeap, t),
+            (Thread, false, CollectedHeap, t),
+            (Signal, true, CollectedHeap, s),
+            (Signal, false, CollectedHeap, s),
         ] {
             assert_eq!(
                 mapping(req, kernel_faults, by),
                 want,
                 "{req:?} {kernel_faults} {by:?}"
             );
+        }
+    }
+
+    #[test]
+    fn collected_heaps_by_file_name() {
+        for (path, owns) in [
+            (
+                "/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so",
+                true,
+            ),
+            ("/opt/jdk/lib/client/libjvm.so", true),
+            ("libjvm.so.1", true),
+            ("/usr/lib/jvm/java-17-openjdk-amd64/lib/libjava.so", false),
+            ("/opt/libjvm.so/libc.so.6", false),
+            ("/usr/lib/libjvm.sox", false),
+            ("/usr/bin/java", false),
+            ("", false),
+        ] {
+            assert_eq!(collected_heap_owner(path), owns, "{path}");
         }
     }
 

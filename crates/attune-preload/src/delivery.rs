@@ -191,6 +191,10 @@ pub fn for_mapping(caller: usize) -> Option<attune::config::FaultMode> {
         .unwrap_or(false);
     let by = if caller != 0 && attune_sys::libc_alloc::is_heap_code(caller) {
         delivery::MappedBy::Allocator
+    } else if caller != 0
+        && attune_sys::elf::code_object(caller).is_some_and(|o| delivery::collected_heap_owner(&o))
+    {
+        delivery::MappedBy::CollectedHeap
     } else {
         delivery::MappedBy::Program
     };

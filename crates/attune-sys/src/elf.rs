@@ -253,9 +253,21 @@ const PF_X: u32 = 1;
 /// from the lowest start to the highest end of its `PT_LOAD` segments marked `PF_X`.
 /// None when no object's code holds it. Takes the loader's lock.
 pub fn code_span(addr: usize) -> Option<(usize, usize)> {
+    code_owner(addr, false).map(|(span, _)| span)
+}
+
+/// The loader's name (its path; empty for the program itself) of the object whose code
+/// holds `addr`, None when no object's does. Takes the loader's lock, and allocates.
+pub fn code_object(addr: usize) -> Option<String> {
+    code_owner(addr, true).map(|(_, name)| name)
+}
+
+fn code_owner(addr: usize, named: bool) -> Option<((usize, usize), String)> {
     struct Find {
         addr: usize,
+        named: bool,
         span: Option<(usize, usize)>,
+        name: String,
     }
     unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
         // SAFETY: data is the &mut Find passed below; info and its program headers are
@@ -280,15 +292,25 @@ pub fn code_span(addr: usize) -> Option<(usize, usize)> {
             }
             if holds {
                 f.span = Some((lo, hi));
+                if f.named && !info.dlpi_name.is_null() {
+                    f.name = CStr::from_ptr(info.dlpi_name)
+                        .to_string_lossy()
+                        .into_owned();
+                }
                 return 1; // stop
             }
         }
         0
     }
-    let mut f = Find { addr, span: None };
+    let mut f = Find {
+        addr,
+        named,
+        span: None,
+        name: String::new(),
+    };
     // SAFETY: the callback reads only what the loader hands it; f outlives the call.
     unsafe { libc::dl_iterate_phdr(Some(each), &mut f as *mut Find as *mut c_void) };
-    f.span
+    f.span.map(|s| (s, f.name))
 }
 
 #[cfg(test)]
@@ -337,5 +359,21 @@ mod tests {
         // A heap address is nobody's code.
         let b = Box::new(7u64);
         assert_eq!(code_span(&*b as *const u64 as usize), None);
+    }
+
+    #[test]
+    fn the_code_object_is_named_by_the_loader() {
+        // The program itself has the empty name; libc its path.
+        assert_eq!(
+            code_object(code_span as *const () as usize).as_deref(),
+            Some("")
+        );
+        let libc_name = code_object(libc::malloc as *const () as usize).expect("libc's code");
+        assert!(
+            libc_name.rsplit('/').next().unwrap().starts_with("libc.so"),
+            "{libc_name}"
+        );
+        let b = Box::new(7u64);
+        assert_eq!(code_object(&*b as *const u64 as usize), None);
     }
 }
