@@ -358,6 +358,7 @@ gcc -O2 tests/run/c_matrix.c -o "$RT/c_matrix" && gcc -O2 tests/run/fork_exec.c 
   && gcc -O2 tests/run/small_syscall_args.c -o "$RT/small_syscall_args" \
   && gcc -O2 tests/run/fork_first.c -o "$RT/fork_first" \
   && gcc -O2 tests/run/fixed_commit.c -o "$RT/fixed_commit" \
+  && gcc -O2 tests/run/fills.c -o "$RT/fills" \
   && gcc -O2 -static tests/run/crash.c -o "$RT/crash_static" \
   && g++ -O2 -std=c++17 tests/run/cpp_vectors.cpp -o "$RT/cpp_vectors" -lpthread \
   && gcc -O2 -fopenmp tests/run/omp_stream.c -o "$RT/omp_stream" || { fail=$((fail+1)); failed+=(build-run-tests); }
@@ -502,6 +503,14 @@ fi
 for m in auto signal thread; do
   expect "run-fixed-commit-$m" 0 "fixed_commit: OK" "$ATT" run -q --fault-mode $m --dram 16M -- "$RT/fixed_commit" "$RT" 64 48
 done
+# Chunks of one repeated word kept as that word (docs/design/paging.md, "Filled chunks"):
+# ones, zeros over data, ints per MiB and random data at a budget a sixth of them, a
+# fill that becomes data, a forked child; each delivery, on the file tier; without fills
+# for the same answers.
+for m in auto signal thread; do
+  expect "run-fills-$m" 0 "fills: OK.*check_report: OK" sh -c "'$ATT' run -q --fault-mode $m --far file --dram 24M --report '$RT/fills-$m.json' -- '$RT/fills' 32 && $CHECK '$RT/fills-$m.json' --exit 0 --min-procs 1 --filled"
+done
+expect run-fills-off 0 "fills: OK" env ATTUNE_FILLS=false "$ATT" run -q --far file --dram 24M -- "$RT/fills" 32
 expect run-fixed-commit-report 0 "MAP_FIXED over a managed mapping that was partly unmapped before refused.*fixed_commit: OK.*heaps committed in place \(MAP_FIXED\): 4 managed, 1 given back" sh -c "'$ATT' run --dram 16M -- '$RT/fixed_commit' '$RT' 64 48 2>&1 | tr '\n' ' '"
 if command -v javac >/dev/null && javac -d "$RT" tests/run/DirectBuffers.java tests/run/JavaHeap.java tests/run/JniHeapIo.java; then
   expect run-java 0 "DirectBuffers: OK" sh -c "'$ATT' run --dram 32M --report '$RT/java.json' -- java -Xmx64m -XX:MaxDirectMemorySize=256m -cp '$RT' DirectBuffers 96 && $CHECK '$RT/java.json' --exit 0 --min-procs 1 --budget-slack 2097152"
@@ -701,7 +710,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/n
   mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
   cp "$PREFIX/bin/attune" "$PREFIX/bin/attune-lab" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
   for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain readahead deny_syscalls writeback; do cp "$OUT/$t" "$UP/bin/"; done
-  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$RT/async_late" "$RT/own_uffd" "$RT/huge_pages" "$RT/heap_syscalls_jemalloc" "$RT/munmap_part" "$RT/dlopen_ctor" "$RT/libdlopen_ctor.so" "$RT/fixed_commit" "$UP/bin/" 2>/dev/null
+  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$RT/async_late" "$RT/own_uffd" "$RT/huge_pages" "$RT/heap_syscalls_jemalloc" "$RT/munmap_part" "$RT/dlopen_ctor" "$RT/libdlopen_ctor.so" "$RT/fixed_commit" "$RT/fills" "$UP/bin/" 2>/dev/null
   gcc -O2 -Wno-stringop-overflow tests/run/syscalls_io.c -o "$UP/bin/syscalls_io" -lpthread || { fail=$((fail+1)); failed+=(build-syscalls-io); }
   chmod -R a+rX "$UP/bin" "$UP/lib"
   cp tests/run/numpy_work.py "$UP/bin/"
@@ -838,6 +847,7 @@ assert d["user_mode_only"] == (not full and not dev), d
   [ -x "$UP/bin/allocators_jemalloc" ] && expect unpriv-run-linked-jemalloc 0 "allocators: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 32M -- "$UP/bin/allocators_jemalloc" 96
   # mremap growth of a program's own mapping as a user: still managed after the move.
   [ -x "$UP/bin/munmap_part" ] && expect unpriv-run-mremap-grow-stays-managed 0 "munmap_part: OK grown" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/munmap_part" 128 grow 48
+  [ -x "$UP/bin/fills" ] && expect unpriv-run-fills 0 "fills: OK.*check_report: OK" sh -c "runuser -u nobody -- '$UP/bin/attune' run -q --far file --dram 24M --report '$UP/work/fills.json' -- '$UP/bin/fills' 32 && $CHECK '$UP/work/fills.json' --exit 0 --min-procs 1 --filled"
   [ -x "$UP/bin/fixed_commit" ] && expect unpriv-run-fixed-commit 0 "fixed_commit: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/fixed_commit" "$UP/work" 64 48
   [ -f "$RT/JavaHeap.class" ] && cp "$RT/JavaHeap.class" "$UP/bin/" && chmod 644 "$UP/bin/JavaHeap.class" &&
     expect unpriv-run-java-heap 0 "JavaHeap: OK.*heaps committed in place \(MAP_FIXED\): [1-9]" sh -c "runuser -u nobody -- env HOME='$UP/work' TMPDIR='$UP/work' '$UP/bin/attune' run --dram 48M -- java -Xmx1g -XX:MinHeapFreeRatio=5 -XX:MaxHeapFreeRatio=10 -cp '$UP/bin' JavaHeap 160 4 2>&1 | tr '\n' ' '"

@@ -212,6 +212,32 @@ def test_only_the_pages_that_changed_go_to_the_servers(workdir, hosts):
     assert received[512] - received[8] >= 25, received
 
 
+def test_filled_chunks_are_not_sent_to_the_servers(workdir, hosts):
+    """tests/run/fills.c (three arrays of one repeated word each, one of random data, a
+    fill that becomes data, a forked child) through one server, with fills and without:
+    every word verifies both ways, and with fills the server receives at least 48 MiB
+    less: the fills stay words in the runtime (docs/design/paging.md, "Filled chunks")."""
+    h = hosts(2)
+    s = secret(workdir)
+    received = {}
+    for fills, at in (("true", 0), ("false", 1)):
+        log = h.serve(at, workdir, s, "--size", "512M", "--lease", "2")[1]
+        cfg = config(workdir, h, 1, s, name=f"fills-{fills}", first=at)
+        p = subprocess.run(h.on_client([ATTUNE, "run", "--dram", "24M", "--config", cfg, "--",
+                                        build_plain(workdir, "fills"), "32"]),
+                           capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "ATTUNE_FILLS": fills})
+        assert p.returncode == 0 and "fills: OK" in p.stdout, p.stdout + p.stderr
+        assert ("filled chunks:" in p.stderr) == (fills == "true"), p.stderr
+        # Two sessions end: the program's and its forked child's (counted apart).
+        deadline = time.time() + 20
+        while log.read_text().count("expired") < 2 and time.time() < deadline:
+            time.sleep(0.2)
+        received[fills] = stored_mib(log)
+    print("server received (MiB) with fills and without:", received)
+    assert received["false"] - received["true"] >= 48, received
+
+
 def test_a_wrong_secret_is_refused_and_the_job_runs_on_its_other_tiers(workdir, hosts):
     h = hosts(1)
     _, log = h.serve(0, workdir, secret(workdir), "--size", "64M")

@@ -14,7 +14,7 @@ TOP = {"schema": str, "command": list, "program": str, "managed": bool, "wall_se
 TOTALS = ["peak_resident_bytes_max", "budget_bytes", "faults", "evictions", "fetched_bytes",
           "evicted_bytes", "moved_bytes", "os_minor_faults", "os_major_faults",
           "fault_ns", "budget_overruns", "direct_reclaims", "evictor_evicted_bytes", "dropped_behind_bytes", "readahead_bytes", "readahead_used_bytes",
-          "demand_bytes", "readahead_touched_bytes", "huge_collapses", "huge_splits", "huge_bytes", "clean_bytes",
+          "demand_bytes", "readahead_touched_bytes", "huge_collapses", "huge_splits", "huge_bytes", "clean_bytes", "filled_bytes", "fill_placed_bytes",
           "online_split_regions", "online_kept_regions", "online_pinned_bytes",
           "managed_requests",
           "fallback_requests", "fixed_adopted", "fixed_released"]
@@ -43,6 +43,8 @@ def main():
                     help="every process ran with a user-mode-only userfaultfd and system calls were retried")
     ap.add_argument("--io-retried", action="store_true",
                     help="some system call met a non-resident page, was held and retried, and no EFAULT was passed on")
+    ap.add_argument("--filled", action="store_true",
+                    help="some evicted chunks were kept as fill words and some placed back by filling")
     ap.add_argument("--regions-by", choices=["thread", "signal"],
                     help="every managed region took this fault delivery")
     ap.add_argument("--evictor-share-max", type=float,
@@ -114,6 +116,9 @@ def main():
             fail("no system call was held and retried")
         if sum(p.get("io_unretried_calls", 0) for p in procs) != 0:
             fail("a system call's EFAULT was passed on")
+    if a.filled and not (r["totals"]["filled_bytes"] > 0 and r["totals"]["fill_placed_bytes"] > 0):
+        fail(f"filled {r['totals']['filled_bytes']} bytes, placed {r['totals']['fill_placed_bytes']} by filling: "
+             "expected both")
     if a.regions_by:
         other = "thread" if a.regions_by == "signal" else "signal"
         t = r["totals"]

@@ -772,6 +772,42 @@ pub fn with_bytes<R>(addr: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
     f(unsafe { std::slice::from_raw_parts(addr as *const u8, len) })
 }
 
+/// Runs `f` over the `len / 8` words at `addr`, under [`with_bytes`]'s contract (and `addr`
+/// 8-byte aligned).
+pub fn with_words<R>(addr: usize, len: usize, f: impl FnOnce(&[u64]) -> R) -> R {
+    debug_assert_eq!(addr % 8, 0);
+    // SAFETY: by the contract; the slice does not outlive the call.
+    f(unsafe { std::slice::from_raw_parts(addr as *const u64, len / 8) })
+}
+
+/// Runs `f` over the `len / 8` words at `addr` for writing: a runtime-owned buffer (a
+/// bounce slot) that no one else uses during the call, 8-byte aligned.
+pub fn with_words_mut<R>(addr: usize, len: usize, f: impl FnOnce(&mut [u64]) -> R) -> R {
+    debug_assert_eq!(addr % 8, 0);
+    // SAFETY: by the contract the range is ours alone for the call.
+    f(unsafe { std::slice::from_raw_parts_mut(addr as *mut u64, len / 8) })
+}
+
+/// Whether every page of `[addr, addr+len)` is mapped (mincore(2), without touching any):
+/// a staged run that may be read where a fault on a hole could not be served (inside the
+/// SIGBUS handler, where the signal is blocked). Signal-safe, one system call per 2 MiB.
+pub fn all_present(addr: usize, len: usize) -> bool {
+    let ps = crate::page_size();
+    let mut v = [0u8; 512];
+    let mut at = addr & !(ps - 1);
+    let end = addr + len;
+    while at < end {
+        let n = (end - at).div_ceil(ps).min(v.len());
+        // SAFETY: n pages, n result bytes in the buffer on the stack.
+        let r = unsafe { libc::mincore(at as *mut libc::c_void, n * ps, v.as_mut_ptr()) };
+        if r != 0 || v[..n].iter().any(|b| b & 1 == 0) {
+            return false;
+        }
+        at += n * ps;
+    }
+    true
+}
+
 /// Reads the 8-byte word at `addr` as the application would (a volatile load, which may
 /// fault and be served). Contract: `addr` lies in memory the caller allocated and holds
 /// (the CLI's own checks of NUMA placement, acting as the application).

@@ -43,6 +43,13 @@ const CREDIT_SHIFT: u64 = 10;
 pub const CREDIT_MASK: u64 = 0x1 << CREDIT_SHIFT;
 const HEAT_SHIFT: u64 = 16;
 const HEAT_MASK: u64 = 0xFFFF << HEAT_SHIFT;
+/// The tier bits of a Far chunk that no tier holds: every 8-byte word of it is the word
+/// at the fill index (the high 32 bits) of the engine's dictionary
+/// (`crate::paging::fill`). So every rule about Far chunks holds for it, and a tier
+/// lookup of it finds none. Far tiers are numbered below it (`config::MAX_FAR_TIERS`).
+pub const FILLED: usize = 15;
+const FILL_SHIFT: u64 = 32;
+const FILL_MASK: u64 = 0xFFFF_FFFF << FILL_SHIFT;
 
 /// Decoded view of a state word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +84,11 @@ impl State {
     }
     pub fn heat(self) -> u32 {
         ((self.0 & HEAT_MASK) >> HEAT_SHIFT) as u32
+    }
+    /// The dictionary index of a filled chunk's word (meaningful while its tier bits say
+    /// [`FILLED`], Far or claimed from Far).
+    pub fn fill_index(self) -> u32 {
+        ((self.0 & FILL_MASK) >> FILL_SHIFT) as u32
     }
     /// Same flags and heat, new place (and tier).
     pub fn with(self, w: Where, tier: usize) -> State {
@@ -375,6 +387,14 @@ impl Region {
     pub fn settle(&self, c: usize, w: Where, tier: usize, extra: u64) {
         let _ = self.states[c].fetch_update(AcqRel, Acquire, |old| {
             Some(State(old).with(w, tier).with_bits(extra, 0).0)
+        });
+    }
+    /// Settles chunk `c` in the far place no tier holds: every word of it is the word at
+    /// `index` of the fill dictionary (`crate::paging::fill`).
+    pub fn settle_filled(&self, c: usize, index: u32) {
+        let _ = self.states[c].fetch_update(AcqRel, Acquire, |old| {
+            let s = State(old).with(Where::Far, FILLED).0 & !FILL_MASK;
+            Some(s | ((index as u64) << FILL_SHIFT))
         });
     }
     /// Stores a new place and bumps the heat counter.

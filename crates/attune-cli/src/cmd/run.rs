@@ -799,6 +799,13 @@ pub fn text_report(r: &Value) -> String {
             u(&t["clean_bytes"])
         );
     }
+    if t["filled_bytes"].as_u64().unwrap_or(0) > 0 {
+        s += &format!(
+            "  filled chunks: {} of evicted pages were one word repeated, kept as that word (no tier wrote them); {} placed back by filling\n",
+            u(&t["filled_bytes"]),
+            u(&t["fill_placed_bytes"])
+        );
+    }
     if t["huge_collapses"].as_u64().unwrap_or(0) > 0 {
         s += &format!(
             "  huge pages: {} spans of 2 MiB collapsed ({} split again by moves out); {} on huge pages at the last snapshot\n",

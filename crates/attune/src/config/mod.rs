@@ -152,6 +152,8 @@ pub struct Config {
     pub handler_spin_us: u64,
     /// `attune_policy::writeback::pieces`'s gap (4 KiB pages).
     pub writeback_gap: usize,
+    /// Evicted chunks of one repeated word are kept as that word (`paging::fill`).
+    pub fills: bool,
     /// Kernel features masked off (`attune_sys::kernel` bits), so their fallbacks run.
     pub kernel_features: u64,
     pub chunk_size: usize,
@@ -238,6 +240,10 @@ impl std::fmt::Display for Origin {
 /// A configuration error naming the key and where it was set.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConfigError(pub String);
+
+/// Far tiers a configuration may name: the tier indices a chunk's state can hold, less
+/// `region::FILLED`.
+pub const MAX_FAR_TIERS: usize = crate::region::FILLED;
 
 impl std::fmt::Display for ConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -803,8 +809,18 @@ pub fn load_text(
         });
     }
     tiers.sort_by_key(|t| t.latency_ns);
+    let far = tiers
+        .iter()
+        .filter(|t| !matches!(t.kind, TierKind::Numa | TierKind::Dram))
+        .count();
+    if far > MAX_FAR_TIERS {
+        return Err(ConfigError(format!(
+            "{far} far tiers: at most {MAX_FAR_TIERS} (a chunk's state names its tier in 4 bits, one of which values says no tier holds it)"
+        )));
+    }
     Ok(Config {
         dram,
+        fills: g.bool("fills"),
         fault_mode: g.choice("fault_mode")?,
         handler_spin_us: g.u64("handler_spin_us"),
         writeback_gap: g.u64("writeback_gap") as usize,

@@ -13,7 +13,7 @@
 use super::behind::BEHIND;
 use super::pager::{Pager, MAX_RUN};
 use crate::region::{Region, State, Where, ACTIVE, CREDIT_MASK, HASH_PAGE, SHARED};
-use crate::tier::Pieces;
+use crate::tier::{Pieces, Staged};
 use attune_policy::victim::{capacity_first, clock_decide, scan_quantum, ChunkView, ClockAction};
 use attune_policy::writeback;
 use attune_sys::os;
@@ -274,6 +274,26 @@ fn flush_run(e: &Pager, r: &Region, c: usize, n: usize) -> u64 {
     store_run(e, r, c, n, false)
 }
 
+/// Whether the staged run of `n` chunks of `r` at `staged` is fills, chunk by chunk, each
+/// word in the dictionary: then their indices are in `out`. A run with a hole (a page
+/// the program dropped behind the interposer's back) is not looked at: inside the SIGBUS
+/// handler a fault on it could not be served. Signal-safe.
+fn staged_fills(e: &Pager, r: &Region, staged: usize, n: usize, out: &mut [u32]) -> bool {
+    if n > out.len() || !attune_sys::mem::all_present(staged, n * r.chunk) {
+        return false;
+    }
+    for (i, slot) in out.iter_mut().enumerate().take(n) {
+        let Some(w) = super::fill::fill_word(staged + i * r.chunk, r.chunk) else {
+            return false;
+        };
+        let Some(k) = e.fills.index(w) else {
+            return false;
+        };
+        *slot = k;
+    }
+    true
+}
+
 /// [`flush_run`] for the access sampler: the same move, counted as a sample, not an
 /// eviction.
 pub(crate) fn park_chunk(e: &Pager, r: &Region, c: usize) -> bool {
@@ -295,6 +315,8 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
     let pages = known.len();
     let per_chunk = pages / n.max(1);
     let mut hashes = [0u64; MAX_RUN / HASH_PAGE];
+    // Fill words by chunk, when the staged run turns out to be fills (`super::fill`).
+    let mut fills = [0u32; MAX_RUN / HASH_PAGE];
     for t in order {
         let Some(tier) = e.tiers.get(t) else { continue };
         if !tier.is_pageable() {
@@ -303,7 +325,8 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
         let off = r.slots[t] + (c * r.chunk) as u64;
         let keeps = tier.keeps_copy();
         let mut written = pages;
-        let mut dirty = |staged: usize, all: bool| -> Pieces {
+        let mut filled = false;
+        let mut pieces_to_write = |staged: usize, all: bool| -> Pieces {
             if !keeps {
                 return Pieces::whole(pages);
             }
@@ -322,11 +345,28 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
             written = p.pages();
             p
         };
+        let mut dirty = |staged: usize, all: bool| -> Staged {
+            if e.cfg.fills && staged_fills(e, r, staged, n, &mut fills) {
+                filled = true;
+                return Staged::Filled;
+            }
+            Staged::Write(pieces_to_write(staged, all))
+        };
         match tier.store(&e.io(), uffd, src, off, len, &mut dirty) {
             Ok(()) => {
                 // Refault distances count from the bytes evicted before this run.
                 let clock = e.eviction_clock();
-                if keeps {
+                if filled {
+                    // No tier took the content: the copies tiers hold are older, so the
+                    // next store of these pages writes them whole.
+                    for k in known {
+                        k.store(0, Relaxed);
+                    }
+                    for (i, &w) in fills.iter().enumerate().take(n) {
+                        r.settle_filled(c + i, w);
+                    }
+                    e.counters.filled_bytes.fetch_add(len as u64, Relaxed);
+                } else if keeps {
                     for i in 0..n {
                         let page = |k: usize| i * per_chunk + k;
                         if (0..per_chunk).all(|k| known[page(k)].load(Relaxed) == hashes[page(k)]) {
@@ -341,7 +381,9 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
                         .fetch_add(((pages - written) * HASH_PAGE) as u64, Relaxed);
                 }
                 for i in 0..n {
-                    r.settle(c + i, Where::Far, t, 0);
+                    if !filled {
+                        r.settle(c + i, Where::Far, t, 0);
+                    }
                     r.evicted_at[c + i].store(clock, Relaxed);
                     if r.set_bits(c + i, 0, ACTIVE | CREDIT_MASK).active() {
                         e.deactivate(r.chunk as u64);

@@ -313,6 +313,11 @@ fn fetch_run(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
     let uffd = e.uffd_for(r.delivery);
     let (dst, len) = (run.dst, run.len);
     match run.src {
+        Where::Far if run.tier == crate::region::FILLED => {
+            place_fills(e, r, run.c, dst, len)?;
+            e.counters.fill_placed_bytes.fetch_add(len as u64, Relaxed);
+            Ok(())
+        }
         Where::Far => match e.tiers.get(run.tier) {
             Some(t) => {
                 e.pace(len as u64);
@@ -338,6 +343,28 @@ fn fetch_run(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
             uffd.place_copy(dst, e.zero_addr(), len, true)
         }
     }
+}
+
+/// Places the run `[dst, dst+len)` of chunks `c..` of `r`, all Far in no tier (claimed by
+/// this thread, each with its fill index in its state word), from a buffer filled with
+/// their words; all zero: from the zero buffer. Signal-safe.
+fn place_fills(e: &Pager, r: &Region, c: usize, dst: usize, len: usize) -> Result<(), Errno> {
+    let uffd = e.uffd_for(r.delivery);
+    let n = len / r.chunk;
+    if (0..n).all(|i| r.state(c + i).fill_index() == 0) {
+        return uffd.place_copy(dst, e.zero_addr(), len, true);
+    }
+    let io = e.io();
+    let slot = io.bounce.claim(len).ok_or(Errno(libc::EAGAIN))?;
+    let b = slot.addr();
+    for i in 0..n {
+        super::fill::fill(
+            b + i * r.chunk,
+            r.chunk,
+            e.fills.word(r.state(c + i).fill_index()),
+        );
+    }
+    uffd.place_copy(dst, b, len, true)
 }
 
 /// Publishes the run's outcome: Resident with its replacement class, or (its data could

@@ -5,6 +5,7 @@
 //! * `behind.rs`: the ring of chunks streams have passed (first victims).
 //! * `sample.rs`: what the fault path records for access sampling.
 //! * `unshare.rs`: copies pages a fork left shared, so they can move again.
+//! * `fill.rs`: chunks of one repeated word, kept as that word (no tier holds them).
 //! * `evict.rs`: the CLOCK and the background evictor (decisions: `attune_policy::victim`).
 //! * `limit.rs`: the budget capped by the memory cgroup's usage, read on the evictor's tick.
 //! * `fault.rs`: the fault path (claim, read-ahead, place) and both deliveries.
@@ -14,6 +15,7 @@
 mod behind;
 pub mod evict;
 pub mod fault;
+pub mod fill;
 pub mod huge;
 mod limit;
 pub mod ops;

@@ -95,13 +95,17 @@ pub struct Counters {
     /// Bytes of evicted pages a tier that keeps copies was not written again: it held
     /// their content already (`attune_policy::writeback`).
     pub clean_bytes: AtomicU64,
+    /// Bytes of evicted chunks kept as one repeated word (`super::fill`), and bytes that
+    /// faults placed from such words: no tier wrote or read them.
+    pub filled_bytes: AtomicU64,
+    pub fill_placed_bytes: AtomicU64,
 }
 
 impl Counters {
     /// The counters the statistics report, by their names there (`attune_stats_json`'s
     /// `engine` object, each process snapshot of the `attune run` report and its totals):
     /// one list, so they cannot drift apart. Page movement, then the online prediction.
-    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 22] {
+    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 24] {
         [
             ("faults", &self.faults),
             ("fault_ns", &self.fault_ns),
@@ -125,6 +129,8 @@ impl Counters {
             ("huge_collapses", &self.huge_collapses),
             ("huge_splits", &self.huge_splits),
             ("clean_bytes", &self.clean_bytes),
+            ("filled_bytes", &self.filled_bytes),
+            ("fill_placed_bytes", &self.fill_placed_bytes),
         ]
     }
 }
@@ -161,6 +167,8 @@ pub struct Pager {
     pub(crate) staging: BufferPool,
     pub(crate) bounce: BufferPool,
     pub(crate) zero: BufferPool,
+    /// The words of filled chunks (`super::fill`).
+    pub(crate) fills: super::fill::Fills,
     /// Sorted by base address.
     pub(crate) regions: RwLock<Vec<Arc<Region>>>,
     /// Freed regions waiting until no fault handler holds them (dropped by the evictor).
@@ -340,6 +348,7 @@ impl Pager {
             staging,
             bounce,
             zero,
+            fills: super::fill::Fills::new(),
             regions: RwLock::new(Vec::new()),
             retired: Mutex::new(Vec::new()),
             sampled_history: Mutex::new(Vec::new()),

@@ -118,11 +118,14 @@ impl super::Medium for FileTier {
         src: usize,
         off: u64,
         len: usize,
-        dirty: &mut dyn FnMut(usize, bool) -> super::Pieces,
+        dirty: &mut dyn FnMut(usize, bool) -> super::Staged,
     ) -> SysResult<()> {
-        // Clean content the file holds already is not written again.
+        // Clean content the file holds already is not written again, nor a fill.
         super::store_staged(io, region_uffd, src, len, &mut |st| {
-            for &(p, n) in dirty(st, false).as_slice() {
+            let super::Staged::Write(pieces) = dirty(st, false) else {
+                return Ok(());
+            };
+            for &(p, n) in pieces.as_slice() {
                 let at = p * super::HASH_PAGE;
                 mem::pwrite_raw(&self.fd, st + at, n * super::HASH_PAGE, off + at as u64)?;
             }

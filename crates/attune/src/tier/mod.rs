@@ -38,17 +38,34 @@ pub struct TierCounters {
     pub errors: AtomicU64,
     /// Stores refused because the medium was full (ENOSPC).
     pub full: AtomicU64,
+    /// Bytes of stores the engine kept as fill words: nothing written here.
+    pub filled_bytes: AtomicU64,
+}
+
+/// What a store through a staging buffer writes, as the engine judges from the staged
+/// content (`dirty(staged, all)` of [`Medium::store`]).
+// Returned by value on the fault path, where boxing the pieces would allocate.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Staged {
+    /// These pieces of the run, in [`HASH_PAGE`]s (`attune_policy::writeback`; none: the
+    /// medium holds all of it already). A medium that keeps no copy writes the whole run.
+    Write(Pieces),
+    /// Every chunk of the run is one 8-byte word repeated (`crate::paging::fill`): the
+    /// engine keeps the words, the medium writes nothing and holds nothing new for the
+    /// run (what its slot held before stays, unread), and the store succeeds.
+    Filled,
 }
 
 /// Where a far tier keeps chunk runs. Every method may run on the fault path, in a SIGBUS
 /// handler: signal-safe, no allocation, errors as errno values.
 pub trait Medium: Send + Sync {
     /// Moves `len` bytes of region memory at `src` into slot `off`; on error nothing was
-    /// taken from the region. `dirty(staged, all)`, for a medium that keeps copies: the
-    /// pieces of the run to write, in [`HASH_PAGE`]s (`attune_policy::writeback`; none: it
-    /// holds all of it already); `all`: the medium writes the whole run whatever changed
-    /// (its copy is not whole), so that the engine counts what was written. A medium that
-    /// keeps no copy ignores it.
+    /// taken from the region. A medium that stages the run (file, pool, remote) asks
+    /// `dirty(staged, all)` what to write ([`Staged`]); `all`: the medium writes the whole
+    /// run whatever changed (its copy is not whole), so that the engine counts what was
+    /// written. The memory tier moves pages without staging and never asks: it holds
+    /// fills as pages.
     fn store(
         &self,
         io: &IoContext,
@@ -56,7 +73,7 @@ pub trait Medium: Send + Sync {
         src: usize,
         off: u64,
         len: usize,
-        dirty: &mut dyn FnMut(usize, bool) -> Pieces,
+        dirty: &mut dyn FnMut(usize, bool) -> Staged,
     ) -> SysResult<()>;
     /// Places slot `off` into the missing region range at `dst` through the region's
     /// userfaultfd. `seen(data)` checks bytes read through a buffer; false is EBADMSG.
@@ -310,8 +327,9 @@ impl FarTier {
     }
 
     /// Moves `len` bytes of region memory at `src` into slot `off`. Signal-safe.
-    /// On error nothing was taken from the region. `dirty(staged, all)`: what a medium that
-    /// keeps copies writes ([`Medium::store`]).
+    /// On error nothing was taken from the region. `dirty(staged, all)`: what a staging
+    /// medium writes ([`Medium::store`]); after [`Staged::Filled`] the tier holds nothing
+    /// new.
     pub fn store(
         &self,
         io: &IoContext,
@@ -319,13 +337,23 @@ impl FarTier {
         src: usize,
         off: u64,
         len: usize,
-        dirty: &mut dyn FnMut(usize, bool) -> Pieces,
+        dirty: &mut dyn FnMut(usize, bool) -> Staged,
     ) -> SysResult<()> {
         if !self.accepts(len as u64) {
             return Err(Errno(libc::ENOSPC));
         }
-        let r = self.medium.store(io, region_uffd, src, off, len, dirty);
+        let mut filled = false;
+        let r = self
+            .medium
+            .store(io, region_uffd, src, off, len, &mut |st, all| {
+                let d = dirty(st, all);
+                filled = d == Staged::Filled;
+                d
+            });
         match r {
+            Ok(()) if filled => {
+                self.counters.filled_bytes.fetch_add(len as u64, Relaxed);
+            }
             Ok(()) => {
                 let now = self.counters.stored.fetch_add(len as u64, Relaxed) + len as u64;
                 self.counters.peak_stored.fetch_max(now, Relaxed);
@@ -639,7 +667,7 @@ mod tests {
             bounce: &io.bounce,
         };
         t.store(&ctx, &io.uffd, 0, 0, len, &mut |_, _| {
-            Pieces::whole(len / HASH_PAGE)
+            Staged::Write(Pieces::whole(len / HASH_PAGE))
         })
     }
     fn load(t: &FarTier, io: &Io, len: usize) -> SysResult<()> {

@@ -298,7 +298,7 @@ impl super::Medium for PoolTier {
         src: usize,
         off: u64,
         len: usize,
-        _dirty: &mut dyn FnMut(usize, bool) -> super::Pieces,
+        dirty: &mut dyn FnMut(usize, bool) -> super::Staged,
     ) -> SysResult<()> {
         let base = self.base.load(Acquire);
         let Some(fd) = self.fd.get() else {
@@ -311,7 +311,13 @@ impl super::Medium for PoolTier {
         let (first, pages) = (off as usize / ps, len / ps);
         // Pool pages first: with no room, nothing leaves the region.
         self.claim(first, pages)?;
+        let mut filled = false;
         let r = super::store_staged(io, region_uffd, src, len, &mut |st| {
+            // A fill is not copied into the pool: its pages go back to it.
+            if dirty(st, true) == super::Staged::Filled {
+                filled = true;
+                return Ok(());
+            }
             for (i, at, n) in self.runs(first, pages) {
                 // Every page was claimed above.
                 let at = at.ok_or(Errno(libc::EIO))?;
@@ -319,7 +325,7 @@ impl super::Medium for PoolTier {
             }
             Ok(())
         });
-        if r.is_err() {
+        if r.is_err() || filled {
             self.unclaim(first, pages);
         }
         r

@@ -97,7 +97,7 @@ impl super::Medium for RemoteTier {
         src: usize,
         off: u64,
         len: usize,
-        dirty: &mut dyn FnMut(usize, bool) -> super::Pieces,
+        dirty: &mut dyn FnMut(usize, bool) -> super::Staged,
     ) -> SysResult<()> {
         super::store_staged(io, region_uffd, src, len, &mut |st| {
             // The provider's send reads the staged pages in the kernel: a page the
@@ -107,7 +107,10 @@ impl super::Medium for RemoteTier {
             // Clean content the servers hold already is not sent again, unless the
             // copies were on servers since lost: then all of it goes.
             let all = !self.shared.held(off, len);
-            let pieces = dirty(st, all);
+            let super::Staged::Write(pieces) = dirty(st, all) else {
+                // A fill: nothing goes to the servers (what they held stays, unread).
+                return Ok(());
+            };
             if all {
                 return self.shared.post(Op::Store, st, off, len, false);
             }
