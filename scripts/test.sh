@@ -508,7 +508,7 @@ done
 # fill that becomes data, a forked child; each delivery, on the file tier; without fills
 # for the same answers.
 for m in auto signal thread; do
-  expect "run-fills-$m" 0 "fills: OK.*check_report: OK" sh -c "'$ATT' run -q --fault-mode $m --far file --dram 24M --report '$RT/fills-$m.json' -- '$RT/fills' 32 && $CHECK '$RT/fills-$m.json' --exit 0 --min-procs 1 --filled"
+  expect "run-fills-$m" 0 "check_report: OK" sh -c "'$ATT' run -q --fault-mode $m --far file --dram 24M --report '$RT/fills-$m.json' -- '$RT/fills' 32 && $CHECK '$RT/fills-$m.json' --exit 0 --min-procs 1 --filled"
 done
 expect run-fills-off 0 "fills: OK" env ATTUNE_FILLS=false "$ATT" run -q --far file --dram 24M -- "$RT/fills" 32
 expect run-fixed-commit-report 0 "MAP_FIXED over a managed mapping that was partly unmapped before refused.*fixed_commit: OK.*heaps committed in place \(MAP_FIXED\): 4 managed, 1 given back" sh -c "'$ATT' run --dram 16M -- '$RT/fixed_commit' '$RT' 64 48 2>&1 | tr '\n' ' '"
@@ -525,8 +525,8 @@ if command -v javac >/dev/null && javac -d "$RT" tests/run/DirectBuffers.java te
   # held and retried; under the handler thread the kernel's faults are served.
   JH=$(dirname "$(dirname "$(readlink -f "$(command -v javac)")")")
   if gcc -O2 -shared -fPIC -I"$JH/include" -I"$JH/include/linux" tests/run/jni_heap_io.c -o "$RT/libjniheapio.so"; then
-    expect run-java-jni-io-auto 0 "JniHeapIo: OK.*check_report: OK" sh -c "'$ATT' run -q --dram 32M --report '$RT/jni.json' -- java -XX:+UseParallelGC -Xmx1g -Djni.lib='$RT/libjniheapio.so' -cp '$RT' JniHeapIo 96 && $CHECK '$RT/jni.json' --exit 0 --min-procs 1 --io-retried --regions-by signal"
-    expect run-java-jni-io-thread 0 "JniHeapIo: OK.*check_report: OK" sh -c "'$ATT' run -q --fault-mode thread --dram 32M --report '$RT/jni-t.json' -- java -XX:+UseG1GC -Xmx1g -Djni.lib='$RT/libjniheapio.so' -cp '$RT' JniHeapIo 96 && $CHECK '$RT/jni-t.json' --exit 0 --min-procs 1 --regions-by thread"
+    expect run-java-jni-io-auto 0 "check_report: OK" sh -c "'$ATT' run -q --dram 32M --report '$RT/jni.json' -- java -XX:+UseParallelGC -Xmx1g -Djni.lib='$RT/libjniheapio.so' -cp '$RT' JniHeapIo 96 && $CHECK '$RT/jni.json' --exit 0 --min-procs 1 --io-retried --regions-by signal"
+    expect run-java-jni-io-thread 0 "check_report: OK" sh -c "'$ATT' run -q --fault-mode thread --dram 32M --report '$RT/jni-t.json' -- java -XX:+UseG1GC -Xmx1g -Djni.lib='$RT/libjniheapio.so' -cp '$RT' JniHeapIo 96 && $CHECK '$RT/jni-t.json' --exit 0 --min-procs 1 --regions-by thread"
   else
     fail=$((fail+1)); failed+=(build-jni-heap-io); echo "FAIL build-jni-heap-io"
   fi
@@ -847,12 +847,12 @@ assert d["user_mode_only"] == (not full and not dev), d
   [ -x "$UP/bin/allocators_jemalloc" ] && expect unpriv-run-linked-jemalloc 0 "allocators: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 32M -- "$UP/bin/allocators_jemalloc" 96
   # mremap growth of a program's own mapping as a user: still managed after the move.
   [ -x "$UP/bin/munmap_part" ] && expect unpriv-run-mremap-grow-stays-managed 0 "munmap_part: OK grown" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/munmap_part" 128 grow 48
-  [ -x "$UP/bin/fills" ] && expect unpriv-run-fills 0 "fills: OK.*check_report: OK" sh -c "runuser -u nobody -- '$UP/bin/attune' run -q --far file --dram 24M --report '$UP/work/fills.json' -- '$UP/bin/fills' 32 && $CHECK '$UP/work/fills.json' --exit 0 --min-procs 1 --filled"
+  [ -x "$UP/bin/fills" ] && expect unpriv-run-fills 0 "check_report: OK" sh -c "runuser -u nobody -- '$UP/bin/attune' run -q --far file --dram 24M --report '$UP/work/fills.json' -- '$UP/bin/fills' 32 && $CHECK '$UP/work/fills.json' --exit 0 --min-procs 1 --filled"
   [ -x "$UP/bin/fixed_commit" ] && expect unpriv-run-fixed-commit 0 "fixed_commit: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/fixed_commit" "$UP/work" 64 48
   [ -f "$RT/JavaHeap.class" ] && cp "$RT/JavaHeap.class" "$UP/bin/" && chmod 644 "$UP/bin/JavaHeap.class" &&
     expect unpriv-run-java-heap 0 "JavaHeap: OK.*heaps committed in place \(MAP_FIXED\): [1-9]" sh -c "runuser -u nobody -- env HOME='$UP/work' TMPDIR='$UP/work' '$UP/bin/attune' run --dram 48M -- java -Xmx1g -XX:MinHeapFreeRatio=5 -XX:MaxHeapFreeRatio=10 -cp '$UP/bin' JavaHeap 160 4 2>&1 | tr '\n' ' '"
   [ -f "$RT/libjniheapio.so" ] && cp "$RT/JniHeapIo.class" "$RT/libjniheapio.so" "$UP/bin/" && chmod 644 "$UP/bin/JniHeapIo.class" && chmod 755 "$UP/bin/libjniheapio.so" &&
-    expect unpriv-run-java-jni-io 0 "JniHeapIo: OK.*check_report: OK" sh -c "runuser -u nobody -- env HOME='$UP/work' TMPDIR='$UP/work' '$UP/bin/attune' run -q --dram 32M --report '$UP/work/jni.json' -- java -Xmx1g -Djava.io.tmpdir='$UP/work' -Djni.lib='$UP/bin/libjniheapio.so' -cp '$UP/bin' JniHeapIo 96 && $CHECK '$UP/work/jni.json' --exit 0 --min-procs 1 --user-mode-only --regions-by signal"
+    expect unpriv-run-java-jni-io 0 "check_report: OK" sh -c "runuser -u nobody -- env HOME='$UP/work' TMPDIR='$UP/work' '$UP/bin/attune' run -q --dram 32M --report '$UP/work/jni.json' -- java -Xmx1g -Djava.io.tmpdir='$UP/work' -Djni.lib='$UP/bin/libjniheapio.so' -cp '$UP/bin' JniHeapIo 96 && $CHECK '$UP/work/jni.json' --exit 0 --min-procs 1 --user-mode-only --regions-by signal"
   [ -x "$UP/bin/dlopen_ctor" ] && expect unpriv-run-dlopen-ctor 0 "dlopen_ctor: OK 20" runuser -u nobody -- "$UP/bin/attune" run -q --far file --dram 16M -- "$UP/bin/dlopen_ctor" "$UP/bin/libdlopen_ctor.so" 20
   # The allocator's heap where the kernel's faults are not served: left to the kernel,
   # so its system calls work, and the report says how many mappings stayed out.

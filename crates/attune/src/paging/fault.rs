@@ -351,20 +351,27 @@ fn fetch_run(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
 fn place_fills(e: &Pager, r: &Region, c: usize, dst: usize, len: usize) -> Result<(), Errno> {
     let uffd = e.uffd_for(r.delivery);
     let n = len / r.chunk;
-    if (0..n).all(|i| r.state(c + i).fill_index() == 0) {
-        return uffd.place_copy(dst, e.zero_addr(), len, true);
+    // No wake until the whole run is placed, as the pool's loads: a thread woken by a
+    // partial placement could free the region while the rest of the run is placed.
+    let res = if (0..n).all(|i| r.state(c + i).fill_index() == 0) {
+        uffd.place_copy(dst, e.zero_addr(), len, false)
+    } else {
+        let io = e.io();
+        let slot = io.bounce.claim(len).ok_or(Errno(libc::EAGAIN))?;
+        let b = slot.addr();
+        for i in 0..n {
+            super::fill::fill(
+                b + i * r.chunk,
+                r.chunk,
+                e.fills.word(r.state(c + i).fill_index()),
+            );
+        }
+        uffd.place_copy(dst, b, len, false)
+    };
+    if res.is_ok() && r.delivery == Delivery::Thread {
+        let _ = uffd.wake(dst, len);
     }
-    let io = e.io();
-    let slot = io.bounce.claim(len).ok_or(Errno(libc::EAGAIN))?;
-    let b = slot.addr();
-    for i in 0..n {
-        super::fill::fill(
-            b + i * r.chunk,
-            r.chunk,
-            e.fills.word(r.state(c + i).fill_index()),
-        );
-    }
-    uffd.place_copy(dst, b, len, true)
+    res
 }
 
 /// Publishes the run's outcome: Resident with its replacement class, or (its data could
