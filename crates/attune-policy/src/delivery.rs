@@ -213,8 +213,9 @@ pub enum MappedBy {
 /// a direct buffer from `malloc`), lock words live in the C heap (`ObjectMonitor`,
 /// `pthread` parkers). What reaches the kernel from a heap array is a JNI library's call
 /// on a critical pointer, a libc call the interposer retries. So such a heap takes the
-/// regions' delivery under `auto`; on the JVM's own heap benchmark, signal delivery takes
-/// 2.2 s against 4.3 s for the handler thread (docs/benchmarks.md).
+/// regions' delivery under `auto`: on the JVM's own heap benchmark, 2.87 s against
+/// 4.07 s for the handler thread (`bench/real_programs.py --only java`,
+/// docs/benchmarks.md).
 pub const COLLECTED_HEAP_OWNERS: &[&str] = &["libjvm.so"];
 
 /// Whether the object at `path` owns a collected heap (`COLLECTED_HEAP_OWNERS`, matched on

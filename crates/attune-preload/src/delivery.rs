@@ -192,6 +192,10 @@ pub fn for_mapping(caller: usize) -> Option<attune::config::FaultMode> {
     let by = if caller != 0 && attune_sys::libc_alloc::is_heap_code(caller) {
         delivery::MappedBy::Allocator
     } else if caller != 0
+        && requested() == Requested::Auto
+        && kernel_faults
+        // Only there does a collected heap get another delivery than other mappings
+        // (`attune_policy::delivery::mapping`): the loader's list is walked only then.
         && attune_sys::elf::code_object(caller).is_some_and(|o| delivery::collected_heap_owner(&o))
     {
         delivery::MappedBy::CollectedHeap

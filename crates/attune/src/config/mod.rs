@@ -986,6 +986,27 @@ fn expand_vars(s: &str, m: &Machine) -> String {
 mod tests {
     use super::*;
 
+    #[test]
+    fn more_far_tiers_than_a_chunk_state_can_name_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("many.toml");
+        let tiers = |n: usize| -> String {
+            (0..n)
+                .map(|i| {
+                    format!("[[tier]]\nname = \"m{i}\"\nkind = \"memory\"\ncapacity = \"64M\"\n")
+                })
+                .collect()
+        };
+        std::fs::write(&p, tiers(MAX_FAR_TIERS)).unwrap();
+        assert_eq!(
+            load(Some(&p), &[], &machine()).unwrap().tiers.len(),
+            MAX_FAR_TIERS
+        );
+        std::fs::write(&p, tiers(MAX_FAR_TIERS + 1)).unwrap();
+        let e = load(Some(&p), &[], &machine()).unwrap_err().0;
+        assert!(e.contains("16 far tiers: at most 15"), "{e}");
+    }
+
     fn machine() -> Machine {
         Machine {
             total_memory: 16 << 30,

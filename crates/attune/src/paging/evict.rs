@@ -277,9 +277,20 @@ fn flush_run(e: &Pager, r: &Region, c: usize, n: usize) -> u64 {
 /// Whether the staged run of `n` chunks of `r` at `staged` is fills, chunk by chunk, each
 /// word in the dictionary: then their indices are in `out`. A run with a hole (a page
 /// the program dropped behind the interposer's back) is not looked at: inside the SIGBUS
-/// handler a fault on it could not be served. Signal-safe.
-fn staged_fills(e: &Pager, r: &Region, staged: usize, n: usize, out: &mut [u32]) -> bool {
-    if n > out.len() || !attune_sys::mem::all_present(staged, n * r.chunk) {
+/// handler a fault on it could not be served. `read_anyway`: the medium reads the whole
+/// staged run itself (the content hashes of a tier that keeps copies; the remote tier
+/// fills holes first), so the look adds no risk and skips the `mincore` that vouches for
+/// the run: that call made random updates over the file tier 1.13x slower
+/// (docs/benchmarks.md, "filled chunks"). Signal-safe.
+fn staged_fills(
+    e: &Pager,
+    r: &Region,
+    staged: usize,
+    n: usize,
+    read_anyway: bool,
+    out: &mut [u32],
+) -> bool {
+    if n > out.len() || !(read_anyway || attune_sys::mem::all_present(staged, n * r.chunk)) {
         return false;
     }
     for (i, slot) in out.iter_mut().enumerate().take(n) {
@@ -346,7 +357,7 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
             p
         };
         let mut dirty = |staged: usize, all: bool| -> Staged {
-            if e.cfg.fills && staged_fills(e, r, staged, n, &mut fills) {
+            if e.cfg.fills && staged_fills(e, r, staged, n, keeps, &mut fills) {
                 filled = true;
                 return Staged::Filled;
             }

@@ -85,18 +85,6 @@ impl Fills {
             .map(|w| w.load(Relaxed))
             .unwrap_or(0)
     }
-
-    /// Words held (statistics).
-    pub fn len(&self) -> usize {
-        self.state
-            .iter()
-            .filter(|s| s.load(Relaxed) == READY)
-            .count()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        false
-    }
 }
 
 /// The word every 8 bytes of `[addr, addr+len)` hold, if they all hold the same one.
@@ -143,7 +131,8 @@ mod tests {
         assert_eq!(f.word(0), 0);
         let j = f.index(0x0000_0007_0000_0007).unwrap();
         assert_ne!(i, j);
-        assert_eq!(f.len(), 3);
+        assert_eq!(f.word(j), 0x0000_0007_0000_0007);
+        assert_eq!(f.word(i), one);
     }
 
     #[test]

@@ -38,8 +38,6 @@ pub struct TierCounters {
     pub errors: AtomicU64,
     /// Stores refused because the medium was full (ENOSPC).
     pub full: AtomicU64,
-    /// Bytes of stores the engine kept as fill words: nothing written here.
-    pub filled_bytes: AtomicU64,
 }
 
 /// What a store through a staging buffer writes, as the engine judges from the staged
@@ -351,9 +349,8 @@ impl FarTier {
                 d
             });
         match r {
-            Ok(()) if filled => {
-                self.counters.filled_bytes.fetch_add(len as u64, Relaxed);
-            }
+            // A fill: the medium holds nothing new (the engine counts it).
+            Ok(()) if filled => {}
             Ok(()) => {
                 let now = self.counters.stored.fetch_add(len as u64, Relaxed) + len as u64;
                 self.counters.peak_stored.fetch_max(now, Relaxed);
