@@ -62,7 +62,7 @@ done
 section "native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"
-for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads fork_small drop_behind predict_online config_error fallback protect lost_tier discard cap_tier churn deny_syscalls protect_change sigbus_chain fork_discard readahead writeback; do
+for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads fork_small drop_behind predict_online config_error fallback protect lost_tier discard cap_tier churn deny_syscalls protect_change sigbus_chain fork_discard readahead writeback free_in_run; do
   gcc $CFLAGS tests/c/$t.c -o "$OUT/$t" $LIBS || { fail=$((fail+1)); failed+=("build-$t"); }
 done
 g++ -O2 -std=c++17 $(pkg-config --cflags attune) tests/cpp/threads.cpp -o "$OUT/cpp_threads" $LIBS || { fail=$((fail+1)); failed+=(build-cpp); }
@@ -191,6 +191,12 @@ run signal_mode "$OUT/signal_mode"
 for mode in thread signal; do
   ATTUNE_FAULT_MODE=$mode run "protect-change-$mode" "$OUT/protect_change"
 done
+# A region freed by the thread whose fault's read-ahead run is being placed: no placement
+# fails, and nothing of it lands in the next region mapped there; default and memory tiers.
+for mode in thread signal; do
+  ATTUNE_FAULT_MODE=$mode run "free-in-run-$mode" "$OUT/free_in_run"
+  ATTUNE_FAR=memory,file ATTUNE_FAULT_MODE=$mode run "free-in-run-memory-$mode" "$OUT/free_in_run"
+done
 # A program with its own SIGBUS handler (installed after the runtime's) and a thread that
 # blocks every signal: managed faults resolve, a foreign SIGBUS reaches the program.
 for mode in signal thread; do
@@ -257,6 +263,7 @@ for mode in thread signal; do
   EXPECT_PROTECTED_EVICTED=1 ATTUNE_FAULT_MODE=$mode run "no6x-protect-change-$mode" "$OUT/protect_change"
   ATTUNE_FAULT_MODE=$mode run "no6x-readahead-$mode" "$OUT/readahead"
   ATTUNE_FAULT_MODE=$mode run "no6x-sigbus-chain-$mode" "$OUT/sigbus_chain"
+  ATTUNE_FAR=memory,file ATTUNE_FAULT_MODE=$mode run "no6x-free-in-run-memory-$mode" "$OUT/free_in_run"
 done
 ATTUNE_FAR=memory,file ATTUNE_CHUNK_SIZE=2M run no6x-integrity-memory-2M "$OUT/integrity" 48
 ATTUNE_FAR=memory,file run no6x-fork-inherit-memory "$OUT/fork_inherit"
@@ -709,7 +716,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/n
   UP=$(mktemp -d /tmp/attune-unpriv.XXXXXX); chmod 755 "$UP"
   mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
   cp "$PREFIX/bin/attune" "$PREFIX/bin/attune-lab" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
-  for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain readahead deny_syscalls writeback; do cp "$OUT/$t" "$UP/bin/"; done
+  for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain readahead deny_syscalls writeback free_in_run; do cp "$OUT/$t" "$UP/bin/"; done
   cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$RT/async_late" "$RT/own_uffd" "$RT/huge_pages" "$RT/heap_syscalls_jemalloc" "$RT/munmap_part" "$RT/dlopen_ctor" "$RT/libdlopen_ctor.so" "$RT/fixed_commit" "$RT/fills" "$UP/bin/" 2>/dev/null
   gcc -O2 -Wno-stringop-overflow tests/run/syscalls_io.c -o "$UP/bin/syscalls_io" -lpthread || { fail=$((fail+1)); failed+=(build-syscalls-io); }
   chmod -R a+rX "$UP/bin" "$UP/lib"
@@ -746,6 +753,7 @@ assert d["user_mode_only"] == (not full and not dev), d
 '; then pass=$((pass+1)); echo "ok   unpriv-doctor"
   else fail=$((fail+1)); failed+=(unpriv-doctor); echo "FAIL unpriv-doctor"; fi
   run unpriv-readahead "$nobody" "$UP/bin/readahead"
+  run unpriv-free-in-run "$nobody" "$UP/bin/free_in_run"
   # Write-back of changed pages only, as a user: the file tier in a directory of its own.
   printf 'dram = "16M"\n[[tier]]\nname = "ssd"\nkind = "file"\npath = "%s"\ncapacity = "1G"\n' "$UP/work" > "$UP/wb.toml"
   chmod 644 "$UP/wb.toml"

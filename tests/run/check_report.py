@@ -14,7 +14,7 @@ TOP = {"schema": str, "command": list, "program": str, "managed": bool, "wall_se
 TOTALS = ["peak_resident_bytes_max", "budget_bytes", "faults", "evictions", "fetched_bytes",
           "evicted_bytes", "moved_bytes", "os_minor_faults", "os_major_faults",
           "fault_ns", "budget_overruns", "direct_reclaims", "evictor_evicted_bytes", "dropped_behind_bytes", "readahead_bytes", "readahead_used_bytes",
-          "demand_bytes", "readahead_touched_bytes", "huge_collapses", "huge_splits", "huge_bytes", "clean_bytes", "filled_bytes", "fill_placed_bytes",
+          "demand_bytes", "readahead_touched_bytes", "huge_collapses", "huge_splits", "huge_bytes", "clean_bytes", "filled_bytes", "fill_placed_bytes", "load_errors",
           "online_split_regions", "online_kept_regions", "online_pinned_bytes",
           "managed_requests",
           "fallback_requests", "fixed_adopted", "fixed_released"]
@@ -89,6 +89,9 @@ def main():
             fail("prediction is not {runs, regions, encoded}")
     elif "prediction" not in r:
         fail("missing prediction (null when the history was not used)")
+    # Every row's program runs to its end with its data intact: no placement may fail.
+    if r["totals"].get("load_errors", 0) != 0:
+        fail(f"{r['totals']['load_errors']} placements could not be read back or placed")
     if r["processes"] != len(r["per_process"]):
         fail("processes != len(per_process)")
     if a.exit is not None and r.get("exit_code") != a.exit:

@@ -309,7 +309,24 @@ struct Run {
 }
 
 /// One attempt at placing the run's data: zero-fill or a load from its tier.
+///
+/// No wake before the whole run: every placement below leaves the waiting threads asleep,
+/// and the run is woken once, all of it placed (thread delivery; a signal-delivery
+/// thread places its own fault). A copy that stops part-way (EAGAIN with progress, a VMA
+/// boundary) would otherwise wake the thread whose page it placed, and that thread may
+/// free the region while the rest of its read-ahead is still being placed: the soak's
+/// "could not be read back (ENOENT)" from a region just freed, and, had another region
+/// been mapped there meanwhile, pages of the old one placed into it.
 fn fetch_run(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
+    place_data(e, r, run)?;
+    if r.delivery == Delivery::Thread {
+        let _ = e.uffd_for(r.delivery).wake(run.dst, run.len);
+    }
+    Ok(())
+}
+
+/// [`fetch_run`]'s placement, waking no one.
+fn place_data(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
     let uffd = e.uffd_for(r.delivery);
     let (dst, len) = (run.dst, run.len);
     match run.src {
@@ -340,20 +357,18 @@ fn fetch_run(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
             // (EEXIST: the chunks were Fresh, so no data of the program's is there), or a
             // boundary the program's mprotect made inside the run (ENOENT: one
             // UFFDIO_COPY fills one VMA; docs/design/run.md, "Protection changes").
-            uffd.place_copy(dst, e.zero_addr(), len, true)
+            uffd.place_copy(dst, e.zero_addr(), len, false)
         }
     }
 }
 
 /// Places the run `[dst, dst+len)` of chunks `c..` of `r`, all Far in no tier (claimed by
 /// this thread, each with its fill index in its state word), from a buffer filled with
-/// their words; all zero: from the zero buffer. Signal-safe.
+/// their words; all zero: from the zero buffer. Wakes no one. Signal-safe.
 fn place_fills(e: &Pager, r: &Region, c: usize, dst: usize, len: usize) -> Result<(), Errno> {
     let uffd = e.uffd_for(r.delivery);
     let n = len / r.chunk;
-    // No wake until the whole run is placed, as the pool's loads: a thread woken by a
-    // partial placement could free the region while the rest of the run is placed.
-    let res = if (0..n).all(|i| r.state(c + i).fill_index() == 0) {
+    if (0..n).all(|i| r.state(c + i).fill_index() == 0) {
         uffd.place_copy(dst, e.zero_addr(), len, false)
     } else {
         let io = e.io();
@@ -367,11 +382,7 @@ fn place_fills(e: &Pager, r: &Region, c: usize, dst: usize, len: usize) -> Resul
             );
         }
         uffd.place_copy(dst, b, len, false)
-    };
-    if res.is_ok() && r.delivery == Delivery::Thread {
-        let _ = uffd.wake(dst, len);
     }
-    res
 }
 
 /// Publishes the run's outcome: Resident with its replacement class, or (its data could
@@ -448,6 +459,9 @@ fn publish_run(e: &Pager, r: &Region, run: &Run, fault_ns: u64, result: Result<(
                         let _ = uffd.poison(dst + k, ps);
                     }
                 }
+                // Pages the failed attempt had placed were placed without a wake, and a
+                // poison does not cover them: a thread waiting on one goes on with it.
+                let _ = uffd.wake(dst, len);
             }
             // A zero-fill that failed leaves its chunks Fresh: no tier holds them.
             let back = if src == Where::Fresh {

@@ -66,6 +66,8 @@ pub struct Counters {
     /// Chunks an eviction left in DRAM because the program had changed their protection
     /// (mprotect to read-only or none).
     pub protected_skips: AtomicU64,
+    /// Runs whose data could not be placed: the access failed with SIGBUS (and the error
+    /// line said why).
     pub load_errors: AtomicU64,
     /// Access sampling: chunks parked, and parked chunks touched within the window.
     pub sample_parks: AtomicU64,
@@ -105,7 +107,7 @@ impl Counters {
     /// The counters the statistics report, by their names there (`attune_stats_json`'s
     /// `engine` object, each process snapshot of the `attune run` report and its totals):
     /// one list, so they cannot drift apart. Page movement, then the online prediction.
-    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 24] {
+    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 25] {
         [
             ("faults", &self.faults),
             ("fault_ns", &self.fault_ns),
@@ -131,6 +133,7 @@ impl Counters {
             ("clean_bytes", &self.clean_bytes),
             ("filled_bytes", &self.filled_bytes),
             ("fill_placed_bytes", &self.fill_placed_bytes),
+            ("load_errors", &self.load_errors),
         ]
     }
 }

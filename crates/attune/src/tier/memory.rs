@@ -134,15 +134,15 @@ impl MemoryTier {
     fn copy_out(&self, region_uffd: &Uffd, dst: usize, src: usize, len: usize) -> SysResult<()> {
         use attune_sys::Errno;
         let placed = |r: SysResult<usize>| matches!(r, Ok(_) | Err(Errno(libc::EEXIST)));
-        if !placed(region_uffd.copy(dst, src, len, true)) {
+        if !placed(region_uffd.copy(dst, src, len, false)) {
             let ps = attune_sys::page_size();
             let mut off = 0;
             while off < len {
-                match region_uffd.move_pages(dst + off, src + off, ps, true, true) {
+                match region_uffd.move_pages(dst + off, src + off, ps, true, false) {
                     Ok(n) if n > 0 => {}
                     Err(Errno(libc::EEXIST)) => {}
                     Ok(_) | Err(Errno(libc::EBUSY | libc::EINVAL)) => {
-                        let r = region_uffd.copy(dst + off, src + off, ps, true);
+                        let r = region_uffd.copy(dst + off, src + off, ps, false);
                         if !placed(r) {
                             return r.map(|_| ());
                         }
@@ -239,7 +239,7 @@ impl super::Medium for MemoryTier {
             // than copying the bytes (sequential pass 4.3 GB/s moving, 2.2 copying).
             // EINVAL: the program changed the region's protection (mprotect), and a move
             // needs the same on both sides; a copy places pages under any protection.
-            let done = match region_uffd.move_pages(dst, src, len, true, true) {
+            let done = match region_uffd.move_pages(dst, src, len, true, false) {
                 Ok(n) => n,
                 Err(attune_sys::Errno(libc::EBUSY | libc::EINVAL)) => 0,
                 Err(e) => return Err(e),

@@ -74,7 +74,9 @@ pub trait Medium: Send + Sync {
         dirty: &mut dyn FnMut(usize, bool) -> Staged,
     ) -> SysResult<()>;
     /// Places slot `off` into the missing region range at `dst` through the region's
-    /// userfaultfd. `seen(data)` checks bytes read through a buffer; false is EBADMSG.
+    /// userfaultfd, waking no one: the fault path wakes the run once it is all placed
+    /// (`paging::fault`, "No wake before the whole run"). `seen(data)` checks bytes read
+    /// through a buffer; false is EBADMSG.
     fn load(
         &self,
         io: &IoContext,
@@ -380,7 +382,8 @@ impl FarTier {
     }
 
     /// Places `len` bytes of slot `off` into the missing region range at `dst`, through
-    /// the region's userfaultfd (which wakes threads waiting on it). Signal-safe.
+    /// the region's userfaultfd, without waking the threads waiting on it (the caller
+    /// does, once the whole run is placed). Signal-safe.
     /// `seen(data)` is called with the fetched bytes when the tier reads them through a
     /// buffer (file), to check and record content hashes; when it returns false the data
     /// is not what was written, nothing is placed and the load fails with EBADMSG.
@@ -560,7 +563,7 @@ pub(crate) fn load_bounced(
     if !seen(b) {
         return Err(Errno(libc::EBADMSG));
     }
-    region_uffd.place_copy(dst, b, len, true)
+    region_uffd.place_copy(dst, b, len, false)
 }
 
 /// Puts pages a store had moved out of the region (`[st, st+len)`, a staging slot or a

@@ -348,10 +348,9 @@ impl super::Medium for PoolTier {
         let (first, pages) = (off as usize / ps, len / ps);
         for (i, at, n) in self.runs(first, pages) {
             // A run the program split (mprotect, mlock of a part) is placed page by page
-            // past the boundary (`place_copy`). No wake until the whole run is placed: a
-            // thread woken early could free the region while its read-ahead part is still
-            // being placed (seen in the soak: ENOENT from a region just freed). On an
-            // error nothing is released: the chunk stays far, a later fetch copies again.
+            // past the boundary (`place_copy`). No wake: the fault path wakes the whole
+            // run once placed. On an error nothing is released: the chunk stays far, a
+            // later fetch copies again.
             match at {
                 Some(at) => region_uffd.place_copy(dst + i * ps, base + at * ps, n * ps, false)?,
                 // Pages the program discarded while they were far (`discard`): they read
@@ -359,7 +358,6 @@ impl super::Medium for PoolTier {
                 None => region_uffd.place_zeros(dst + i * ps, n * ps, false)?,
             }
         }
-        let _ = region_uffd.wake(dst, len);
         self.unclaim(first, pages);
         Ok(())
     }
