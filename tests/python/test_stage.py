@@ -85,27 +85,82 @@ def test_a_file_and_a_pipe_staged_once_mapped_read_only(workdir, daemon):
     assert p.returncode == 1 and "no staged input 'in'" in p.stderr, p
 
 
-def test_a_daemon_restart_leaves_running_instances_their_input(workdir, daemon):
-    """The daemon keeps nothing on disk: after a SIGKILL and a restart it does not know
-    the input, but an instance that holds it reads it whole (its descriptor keeps the
-    memory file), and staging again works (docs/daemon.md, "Limits")."""
+def test_a_daemon_restart_gets_its_staged_input_back_from_a_running_instance(workdir, daemon):
+    """The daemon keeps nothing on disk: after a SIGKILL and a restart, the launcher of a
+    running instance gives the input back (it holds the memory file), so a new instance
+    finds it staged without a new copy, and it stays, as staged by hand, until `attune
+    unstage` (docs/design/daemon.md, "Restart without state on disk")."""
     d = daemon("--dram", "256M")
     src = data_file(workdir, "restart.dat", 8)
     assert attune(d, "stage", "rs", src).returncode == 0
     run = subprocess.Popen(
-        [str(ATTUNE), "run", "-q", "--staged", "rs", "--", "sh", "-c",
-         f'sleep 2; cmp "$ATTUNE_STAGED_RS" {src} && echo SAME'],
+        [str(ATTUNE), "run", "--staged", "rs", "--", "sh", "-c",
+         f'sleep 3; cmp "$ATTUNE_STAGED_RS" {src} && echo SAME'],
         env=d.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(0.8)
     assert region(d, "rs")["refs"] == 1
     d.kill()
-    time.sleep(0.5)
+    time.sleep(0.3)
     d.start()
-    assert region(d, "rs") is None
+    t0 = time.time()
+    while region(d, "rs") is None and time.time() - t0 < 5:
+        time.sleep(0.05)
+    r = region(d, "rs")
+    assert r is not None and r["staged"] and r["refs"] == 1 and r["size"] == 8 * MIB, r
+    # A new instance maps the one copy, with no new stage.
+    p = subprocess.run([str(ATTUNE), "run", "-q", "--staged", "rs", "--", "sh", "-c",
+                        f'cmp "$ATTUNE_STAGED_RS" {src} && echo SAME'],
+                       env=d.env(), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "SAME" in p.stdout, p
     out, err = run.communicate(timeout=60)
     assert run.returncode == 0 and "SAME" in out, (out, err)
-    p = attune(d, "stage", "rs", src)
-    assert p.returncode == 0 and region(d, "rs")["staged"], p
+    assert "attuned restarted; staged input rs given back to it" in err, err
+    # Held by the daemon again once its instances are gone, until unstaged.
+    r = region(d, "rs")
+    assert r is not None and r["staged"] and r["refs"] == 0, r
+    assert d.status()["shared_bytes"] == 8 * MIB
+    assert attune(d, "unstage", "rs").returncode == 0
+    assert wait_gone(d, "rs", 5)
+
+
+@needs_cgroup
+def test_a_job_keeps_its_staged_input_across_a_daemon_restart(workdir, daemon):
+    """An instance in a Slurm job's cgroup gives the input back after a restart for its
+    job: the job keeps it, and it goes when the job's cgroup does, as before the restart."""
+    d = daemon("--dram", "256M")
+    src = data_file(workdir, "jobrs.dat", 4)
+    top = CGROUP_ROOT / f"attune-rejoin-{os.getpid()}"
+    job = top / "job_4301"
+    job.mkdir(parents=True)
+    try:
+        def in_job(*args, **kw):
+            return subprocess.Popen(["sh", "-c", f'echo $$ > {job}/cgroup.procs && exec "$@"', "sh",
+                                     str(ATTUNE), *args], env=d.env(), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, **kw)
+        p = in_job("stage", "jrs", str(src))
+        assert p.wait(timeout=60) == 0, p.communicate()
+        assert region(d, "jrs")["job"] == "4301"
+        run = in_job("run", "-q", "--staged", "jrs", "--", "sh", "-c",
+                     f'sleep 2; cmp "$ATTUNE_STAGED_JRS" {src} && echo SAME')
+        time.sleep(0.8)
+        d.kill()
+        time.sleep(0.3)
+        d.start()
+        t0 = time.time()
+        while region(d, "jrs") is None and time.time() - t0 < 5:
+            time.sleep(0.05)
+        r = region(d, "jrs")
+        assert r is not None and r["staged"] and r["job"] == "4301" and r["refs"] == 1, r
+        out, err = run.communicate(timeout=60)
+        assert run.returncode == 0 and "SAME" in out, (out, err)
+        time.sleep(1.5)
+        assert region(d, "jrs") is not None, "kept while its job lives"
+        job.rmdir()
+        assert wait_gone(d, "jrs", 5), d.status()
+    finally:
+        for c in (job, top):
+            if c.exists():
+                c.rmdir()
 
 
 def test_unstaged_while_in_use_lives_until_its_last_user(workdir, daemon):

@@ -103,6 +103,16 @@ pub enum Request {
         id: u64,
         name: String,
     },
+    /// Gives back, after a daemon restart, the shared regions a connection held without
+    /// a registration (`attune run --staged`: the launcher is the program's reference);
+    /// their memory files come attached, in order (`fds` = their count). Each is adopted
+    /// as a `Hello`'s `shared` are; a staged input gets the daemon's own reference back,
+    /// tied to the caller's Slurm job (or until `attune unstage` outside one).
+    Rejoin {
+        id: u64,
+        shared: Vec<SharedHeld>,
+        fds: usize,
+    },
     /// Lets `uid` open the caller's shared region `name`.
     SharedGrant {
         id: u64,
@@ -529,7 +539,9 @@ impl Request {
     /// Descriptors a request carries.
     pub fn fds(&self) -> usize {
         match self {
-            Request::Hello { fds, .. } | Request::Stage { fds, .. } => *fds,
+            Request::Hello { fds, .. }
+            | Request::Stage { fds, .. }
+            | Request::Rejoin { fds, .. } => *fds,
             _ => 0,
         }
     }

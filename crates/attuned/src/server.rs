@@ -414,6 +414,25 @@ pub fn handle(
         Request::Unstage { id: rid, name } => {
             Some((crate::stage::unstage(st, uid, rid, &name), None))
         }
+        Request::Rejoin {
+            id: rid,
+            shared,
+            fds: _,
+        } => {
+            if shared.len() != fds.len() {
+                st.rejected += 1;
+                return err(
+                    rid,
+                    libc::EINVAL,
+                    "shared regions and descriptors do not match",
+                );
+            }
+            for (h, fd) in shared.into_iter().zip(fds) {
+                readopt(st, id, uid, h, fd);
+            }
+            crate::state::request_rebalance();
+            Some((Reply::Ok { id: rid }, None))
+        }
         Request::SharedGrant {
             id: rid,
             name,
@@ -641,6 +660,12 @@ const MAX_READOPT_REFS: u32 = 1 << 16;
 /// re-registrant's file is kept; a name held by another owner is not taken over (the
 /// client keeps its own mapping; new opens see the first owner's region).
 ///
+/// A staged input (its file sealed against writes) gets the daemon's own reference back
+/// from its first re-registrant, as `attune stage` gave it: tied to the re-registrant's
+/// Slurm job, or, outside a job, until `attune unstage`; each later re-registrant's job
+/// keeps it too, as a reuse does. One the daemon no longer holds (unstaged since the
+/// restart) is not held again.
+///
 /// A re-registration is a claim like `shared_open`, and any local user can make one: the
 /// file must be a sealed memory file, its real size (not a declared one) must fit what is
 /// left of `shared_max` (else one claim of a sparse 1 TiB file took every workflow's
@@ -669,6 +694,7 @@ fn readopt(st: &mut State, cid: u64, uid: u32, h: attune_proto::SharedHeld, fd: 
     if !attune_sys::unix::is_sealed_memfd(&fd) {
         return ignore(st, "not a sealed memory file".into());
     }
+    let mut new_staged = false;
     match st.shared.get(&h.name) {
         Some(s) if s.owner != uid && !s.granted.contains(&uid) => {
             let owner = s.owner;
@@ -690,11 +716,19 @@ fn readopt(st: &mut State, cid: u64, uid: u32, h: attune_proto::SharedHeld, fd: 
                     h.name
                 ),
             );
+            new_staged = attune_sys::unix::is_write_sealed(&fd);
             st.shared.insert(
                 h.name.clone(),
                 crate::state::SharedRegion::opened(uid, flags.to_string(), size, fd),
             );
         }
+    }
+    // The first re-registrant's job keeps it (outside a job: `unstage`); a later one's job
+    // keeps it too, as a reuse does.
+    let stager = crate::stage::stager_of(st, cid);
+    let r = st.shared.get_mut(&h.name).unwrap();
+    if new_staged || (r.staged() && stager.is_some()) {
+        r.hold_for(stager);
     }
     let refs = st
         .clients
@@ -704,4 +738,124 @@ fn readopt(st: &mut State, cid: u64, uid: u32, h: attune_proto::SharedHeld, fd: 
         .entry(h.name)
         .or_default();
     *refs = refs.saturating_add(h.refs).min(MAX_READOPT_REFS);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attune_proto::SharedHeld;
+    use std::os::unix::net::UnixStream;
+    use std::sync::{Arc, Mutex};
+
+    fn state() -> (State, Vec<UnixStream>) {
+        let o = |k: &'static str, v: &str| (k, v.to_string());
+        let cfg = crate::config::load(
+            None,
+            &[
+                o("dram", "1G"),
+                o("shared_max", "8M"),
+                o("socket", "/nonexistent/attuned.sock"),
+                o("metrics", "off"),
+            ],
+            4 << 30,
+            None,
+        )
+        .unwrap();
+        (State::new(cfg, Vec::new()), Vec::new())
+    }
+
+    fn client(st: &mut State, keep: &mut Vec<UnixStream>, uid: u32) -> u64 {
+        let (a, b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        keep.push(b);
+        let pid = std::process::id() as i32;
+        st.add_client(pid, uid, Default::default(), Arc::new(Mutex::new(a)))
+    }
+
+    /// A memory file as `attune stage` leaves one (`staged`) or as `shared_open` makes one.
+    fn file(staged: bool) -> OwnedFd {
+        if staged {
+            let f = attune_sys::unix::memfd_growable("t").unwrap();
+            let mut w = std::fs::File::from(attune_sys::unix::dup(&f).unwrap());
+            std::io::Write::write_all(&mut w, &[7u8; 1 << 20]).unwrap();
+            drop(w);
+            attune_sys::unix::seal_read_only(&f).unwrap();
+            f
+        } else {
+            attune_sys::unix::memfd_sized("t", 1 << 20).unwrap()
+        }
+    }
+
+    fn rejoin(st: &mut State, cid: u64, uid: u32, name: &str, fds: Vec<OwnedFd>) -> Reply {
+        let shared = vec![SharedHeld {
+            name: name.into(),
+            flags: "CAP".into(),
+            refs: 1,
+        }];
+        let req = Request::Rejoin {
+            id: 9,
+            shared,
+            fds: fds.len(),
+        };
+        handle(st, cid, uid, req, fds).unwrap().0
+    }
+
+    #[test]
+    fn a_rejoin_gives_a_staged_input_its_daemon_reference_back() {
+        let (mut st, mut keep) = state();
+        let a = client(&mut st, &mut keep, 1000);
+        assert!(matches!(
+            rejoin(&mut st, a, 1000, "in", vec![file(true)]),
+            Reply::Ok { id: 9 }
+        ));
+        let r = &st.shared["in"];
+        // Outside a Slurm job: held until `attune unstage`, as a stage by hand is.
+        assert!(r.staged() && r.by_hand && r.owner == 1000 && r.size == 1 << 20);
+        assert_eq!(st.clients[&a].shared_refs["in"], 1);
+        // Another user's file under the same name is not taken, nor referenced.
+        let b = client(&mut st, &mut keep, 1001);
+        assert!(matches!(
+            rejoin(&mut st, b, 1001, "in", vec![file(true)]),
+            Reply::Ok { .. }
+        ));
+        assert!(!st.clients[&b].shared_refs.contains_key("in"));
+        assert_eq!(st.shared["in"].owner, 1000);
+        // Unstaged since the restart: a later re-registration does not hold it again.
+        st.shared.get_mut("in").unwrap().by_hand = false;
+        assert!(matches!(
+            rejoin(&mut st, a, 1000, "in", vec![file(true)]),
+            Reply::Ok { .. }
+        ));
+        assert!(!st.shared["in"].staged());
+        assert_eq!(st.clients[&a].shared_refs["in"], 2);
+    }
+
+    #[test]
+    fn a_rejoin_of_a_writable_region_takes_no_daemon_reference() {
+        let (mut st, mut keep) = state();
+        let a = client(&mut st, &mut keep, 1000);
+        assert!(matches!(
+            rejoin(&mut st, a, 1000, "rw", vec![file(false)]),
+            Reply::Ok { .. }
+        ));
+        assert!(!st.shared["rw"].staged());
+        // Nothing beyond shared_max (8 MiB) is adopted: a sparse claim takes nothing.
+        let big = attune_sys::unix::memfd_sized("t", 64 << 20).unwrap();
+        assert!(matches!(
+            rejoin(&mut st, a, 1000, "big", vec![big]),
+            Reply::Ok { .. }
+        ));
+        assert!(!st.shared.contains_key("big"));
+    }
+
+    #[test]
+    fn a_rejoin_whose_descriptors_do_not_match_is_refused() {
+        let (mut st, mut keep) = state();
+        let a = client(&mut st, &mut keep, 1000);
+        match rejoin(&mut st, a, 1000, "in", Vec::new()) {
+            Reply::Error { errno, .. } => assert_eq!(errno, libc::EINVAL),
+            r => panic!("{r:?}"),
+        }
+        assert!(st.shared.is_empty());
+    }
 }

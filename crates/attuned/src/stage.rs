@@ -178,12 +178,7 @@ pub fn begin(
                 format!("'{name}' is a writable shared region, not a staged input"),
             ));
         }
-        match stager {
-            Some(j) if r.stagers.iter().any(|(id, _)| *id == j.0) => {}
-            Some(j) if r.stagers.len() < crate::state::MAX_STAGERS => r.stagers.push(j),
-            Some(_) => {}
-            None => r.by_hand = true,
-        }
+        r.hold_for(stager);
         return Err(Reply::Staged {
             id: rid,
             name,
@@ -236,10 +231,7 @@ pub fn begin(
     };
     let mut region = SharedRegion::opened(uid, f.to_string(), want, file);
     region.ready = false;
-    match stager {
-        Some(j) => region.stagers.push(j),
-        None => region.by_hand = true,
-    }
+    region.hold_for(stager);
     st.shared.insert(name.clone(), region);
     request_rebalance();
     Ok(Staging {
@@ -258,7 +250,7 @@ pub fn begin(
 
 /// The Slurm job client `cid` runs in and its cgroup directory (None: not in a job, or
 /// its cgroup cannot be found: then only `attune unstage` ends what it stages).
-fn stager_of(st: &State, cid: u64) -> Option<(String, std::path::PathBuf)> {
+pub(crate) fn stager_of(st: &State, cid: u64) -> Option<(String, std::path::PathBuf)> {
     let c = st.clients.get(&cid)?;
     if c.placement.job.is_empty() {
         return None;

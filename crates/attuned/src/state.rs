@@ -152,6 +152,18 @@ impl SharedRegion {
         self.by_hand || !self.stagers.is_empty()
     }
 
+    /// Takes the daemon's own reference for `stager`'s job (a stage, a reuse, a
+    /// re-registration after a restart), or, outside a job, until `attune unstage`. A job
+    /// is listed once; past [`MAX_STAGERS`] jobs the earlier ones keep it.
+    pub fn hold_for(&mut self, stager: Option<(String, std::path::PathBuf)>) {
+        match stager {
+            Some(j) if self.stagers.iter().any(|(id, _)| *id == j.0) => {}
+            Some(j) if self.stagers.len() < MAX_STAGERS => self.stagers.push(j),
+            Some(_) => {}
+            None => self.by_hand = true,
+        }
+    }
+
     /// The jobs that keep it, as `attune status` shows them.
     pub fn jobs(&self) -> String {
         let ids: Vec<&str> = self.stagers.iter().map(|(j, _)| j.as_str()).collect();

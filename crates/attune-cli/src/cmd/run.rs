@@ -349,7 +349,7 @@ pub fn run(a: Args) -> i32 {
     let _held = if a.staged.is_empty() {
         None
     } else {
-        match super::stage::hold(&a.staged) {
+        match super::stage::hold(&a.staged, !a.quiet) {
             Ok(h) => {
                 for (name, f) in &h.files {
                     use std::os::fd::AsRawFd;

@@ -206,12 +206,67 @@ pub fn env_name(name: &str) -> String {
     format!("ATTUNE_STAGED_{n}")
 }
 
-/// The connection and memory files `attune run --staged` holds for its program: the
-/// connection is the daemon's reference of each region (it ends when the launcher does,
-/// after the program), the files are inherited by the program at their numbers.
+/// The memory files `attune run --staged` holds for its program, inherited by the program
+/// at their numbers. The launcher's connection is the daemon's reference of each region
+/// (it ends when the launcher does, after the program); a thread watches it and, when the
+/// daemon restarts, gives the regions back to the new one ([`rejoin`]).
 pub struct Held {
-    _conn: std::os::unix::net::UnixStream,
     pub files: Vec<(String, OwnedFd)>,
+}
+
+/// How often the launcher tries the socket again after its daemon went away.
+const REJOIN_EVERY: Duration = Duration::from_millis(200);
+
+/// Watches connection `s` for its end (the daemon never writes to a connection that only
+/// holds regions) and, once it ends, connects again every [`REJOIN_EVERY`] until a new
+/// daemon takes the regions back, for as long as the launcher lives: the daemon keeps
+/// nothing on disk, and the launcher holds the memory files. `say`: a line on stderr
+/// when they are given back.
+fn rejoin(
+    socket: PathBuf,
+    mut s: std::os::unix::net::UnixStream,
+    files: Vec<(String, OwnedFd)>,
+    say: bool,
+) {
+    use std::io::Read;
+    let held: Vec<attune_proto::SharedHeld> = files
+        .iter()
+        .map(|(name, _)| attune_proto::SharedHeld {
+            name: name.clone(),
+            // What the stage gave is not told to openers; a staged input's flags only
+            // decide whether an open faults it in (LAT/SHL).
+            flags: "CAP".into(),
+            refs: 1,
+        })
+        .collect();
+    let fds: Vec<std::os::fd::RawFd> = files.iter().map(|(_, f)| f.as_raw_fd()).collect();
+    loop {
+        let _ = s.set_read_timeout(None);
+        let mut b = [0u8; 64];
+        // Anything read is a frame nobody asked for: ignored. 0 or an error: gone.
+        while matches!(s.read(&mut b), Ok(n) if n > 0) {}
+        s = loop {
+            std::thread::sleep(REJOIN_EVERY);
+            let Ok(n) = attune_proto::connect(&socket, Duration::from_secs(5)) else {
+                continue;
+            };
+            let req = Request::Rejoin {
+                id: 1,
+                shared: held.clone(),
+                fds: fds.len(),
+            };
+            if let Ok((Reply::Ok { .. }, _)) = attune_proto::call_with(&n, &req, &fds) {
+                break n;
+            }
+        };
+        if say {
+            let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+            eprintln!(
+                "attune run: attuned restarted; staged input {} given back to it",
+                names.join(", ")
+            );
+        }
+    }
 }
 
 /// How long an open waits for an input another process is still staging.
@@ -253,17 +308,26 @@ fn open_when_staged(
 
 /// Opens each staged input (or any shared region this user may open) for a program
 /// `attune run` starts, waiting for one that is still being staged.
-pub fn hold(names: &[String]) -> Result<Held, String> {
+pub fn hold(names: &[String], say: bool) -> Result<Held, String> {
     let socket = attune_proto::socket_path();
     let s = connect(&socket)?;
     let mut files = Vec::new();
+    let mut watched = Vec::new();
     for name in names {
         let (_, f) = open_when_staged(&s, name).map_err(|e| format!("--staged {e}"))?;
         let f =
             attune_sys::unix::dup_inheritable(&f).map_err(|e| format!("--staged {name}: {e}"))?;
+        watched.push((
+            name.clone(),
+            f.try_clone().map_err(|e| format!("--staged {name}: {e}"))?,
+        ));
         files.push((name.clone(), f));
     }
-    Ok(Held { _conn: s, files })
+    std::thread::Builder::new()
+        .name("attune-rejoin".into())
+        .spawn(move || rejoin(socket, s, watched, say))
+        .map_err(|e| format!("--staged: {e}"))?;
+    Ok(Held { files })
 }
 
 #[cfg(test)]
