@@ -196,7 +196,7 @@ impl super::Medium for MemoryTier {
         src: usize,
         off: u64,
         len: usize,
-        _dirty: &mut dyn FnMut(usize, bool) -> super::Staged,
+        _dirty: &mut dyn FnMut(usize, bool, bool) -> super::Staged,
     ) -> SysResult<()> {
         debug_assert!(off as usize + len <= self.len);
         // The slot may still hold what a fetch copied out: it must be empty, or the move
@@ -206,7 +206,8 @@ impl super::Medium for MemoryTier {
         // a freed region's ranges are in the queue until released too, so an overlap test
         // finds whatever could still be mapped in this slot.
         self.release_if_overlapping(self.base + off as usize, len);
-        let moved = super::take_out(io.internal, region_uffd, self.base + off as usize, src, len)?;
+        let (moved, _) =
+            super::take_out(io.internal, region_uffd, self.base + off as usize, src, len)?;
         if moved < len {
             // A page could not move (EBUSY: shared since a fork, or pinned by the kernel
             // for I/O). Put back what moved so the caller sees all-or-nothing, and report

@@ -97,9 +97,9 @@ impl super::Medium for RemoteTier {
         src: usize,
         off: u64,
         len: usize,
-        dirty: &mut dyn FnMut(usize, bool) -> super::Staged,
+        dirty: &mut dyn FnMut(usize, bool, bool) -> super::Staged,
     ) -> SysResult<()> {
-        super::store_staged(io, region_uffd, src, len, &mut |st| {
+        super::store_staged(io, region_uffd, src, len, &mut |st, whole| {
             // The provider's send reads the staged pages in the kernel: a page the
             // program had discarded is absent there and would fail the whole connection
             // (EFAULT inside the provider), so holes are filled with zeros first.
@@ -107,7 +107,7 @@ impl super::Medium for RemoteTier {
             // Clean content the servers hold already is not sent again, unless the
             // copies were on servers since lost: then all of it goes.
             let all = !self.shared.held(off, len);
-            let super::Staged::Write(pieces) = dirty(st, all) else {
+            let super::Staged::Write(pieces) = dirty(st, all, whole) else {
                 // A fill: nothing goes to the servers (what they held stays, unread).
                 return Ok(());
             };
