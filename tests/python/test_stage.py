@@ -85,6 +85,18 @@ def test_a_file_and_a_pipe_staged_once_mapped_read_only(workdir, daemon):
     assert p.returncode == 1 and "no staged input 'in'" in p.stderr, p
 
 
+def restart_and_wait_for(d, name, timeout=5):
+    """Kills the daemon, starts it again on its socket, and waits for region `name` to be
+    given back by the launchers that hold it: its status entry, or None."""
+    d.kill()
+    time.sleep(0.3)
+    d.start()
+    t0 = time.time()
+    while region(d, name) is None and time.time() - t0 < timeout:
+        time.sleep(0.05)
+    return region(d, name)
+
+
 def test_a_daemon_restart_gets_its_staged_input_back_from_a_running_instance(workdir, daemon):
     """The daemon keeps nothing on disk: after a SIGKILL and a restart, the launcher of a
     running instance gives the input back (it holds the memory file), so a new instance
@@ -99,13 +111,7 @@ def test_a_daemon_restart_gets_its_staged_input_back_from_a_running_instance(wor
         env=d.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(0.8)
     assert region(d, "rs")["refs"] == 1
-    d.kill()
-    time.sleep(0.3)
-    d.start()
-    t0 = time.time()
-    while region(d, "rs") is None and time.time() - t0 < 5:
-        time.sleep(0.05)
-    r = region(d, "rs")
+    r = restart_and_wait_for(d, "rs")
     assert r is not None and r["staged"] and r["refs"] == 1 and r["size"] == 8 * MIB, r
     # A new instance maps the one copy, with no new stage.
     p = subprocess.run([str(ATTUNE), "run", "-q", "--staged", "rs", "--", "sh", "-c",
@@ -143,13 +149,7 @@ def test_a_job_keeps_its_staged_input_across_a_daemon_restart(workdir, daemon):
         run = in_job("run", "-q", "--staged", "jrs", "--", "sh", "-c",
                      f'sleep 2; cmp "$ATTUNE_STAGED_JRS" {src} && echo SAME')
         time.sleep(0.8)
-        d.kill()
-        time.sleep(0.3)
-        d.start()
-        t0 = time.time()
-        while region(d, "jrs") is None and time.time() - t0 < 5:
-            time.sleep(0.05)
-        r = region(d, "jrs")
+        r = restart_and_wait_for(d, "jrs")
         assert r is not None and r["staged"] and r["job"] == "4301" and r["refs"] == 1, r
         out, err = run.communicate(timeout=60)
         assert run.returncode == 0 and "SAME" in out, (out, err)
