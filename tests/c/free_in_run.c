@@ -3,9 +3,8 @@
  * same address afterwards reads zero everywhere (no page of the old one placed into it).
  * The region's protection is split every 128 KiB (mprotect of one page) so that every
  * run crosses a VMA boundary: a copy stops there, and before the run was woken once whole
- * (paging/fault.rs, "No wake before the whole run") its first part woke the thread.
- * Measured on c8380b6: 82 errors in 100 rounds under thread delivery; 0 after.
- * Run with each fault delivery. Budget: $TEST_BUDGET (16 MiB in scripts/test.sh). */
+ * (docs/design/paging.md, "No wake before the whole run", with the figures) its first
+ * part woke the thread. Run with each fault delivery. Budget: $TEST_BUDGET (16 MiB in scripts/test.sh). */
 #define _GNU_SOURCE
 #include <attune.h>
 #include <stdint.h>

@@ -97,26 +97,33 @@ def restart_and_wait_for(d, name, timeout=5):
     return region(d, name)
 
 
-def test_a_daemon_restart_gets_its_staged_input_back_from_a_running_instance(workdir, daemon):
+@pytest.mark.parametrize("user", [None, "nobody"])
+def test_a_daemon_restart_gets_its_staged_input_back_from_a_running_instance(workdir, daemon, user):
     """The daemon keeps nothing on disk: after a SIGKILL and a restart, the launcher of a
     running instance gives the input back (it holds the memory file), so a new instance
     finds it staged without a new copy, and it stays, as staged by hand, until `attune
-    unstage` (docs/design/daemon.md, "Restart without state on disk")."""
+    unstage` (docs/design/daemon.md, "Restart without state on disk"). As root and as a
+    user who is not (the input is that user's)."""
+    if user and os.geteuid() != 0:
+        pytest.skip("needs root to run as nobody")
     d = daemon("--dram", "256M")
     src = data_file(workdir, "restart.dat", 8)
-    assert attune(d, "stage", "rs", src).returncode == 0
+    assert attune(d, "stage", "rs", src, user=user).returncode == 0
     run = subprocess.Popen(
         [str(ATTUNE), "run", "--staged", "rs", "--", "sh", "-c",
          f'sleep 3; cmp "$ATTUNE_STAGED_RS" {src} && echo SAME'],
-        env=d.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env=d.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=as_nobody if user else None)
     time.sleep(0.8)
     assert region(d, "rs")["refs"] == 1
     r = restart_and_wait_for(d, "rs")
     assert r is not None and r["staged"] and r["refs"] == 1 and r["size"] == 8 * MIB, r
+    assert r["owner"] == (65534 if user else 0), r
     # A new instance maps the one copy, with no new stage.
     p = subprocess.run([str(ATTUNE), "run", "-q", "--staged", "rs", "--", "sh", "-c",
                         f'cmp "$ATTUNE_STAGED_RS" {src} && echo SAME'],
-                       env=d.env(), capture_output=True, text=True, timeout=60)
+                       env=d.env(), capture_output=True, text=True, timeout=60,
+                       preexec_fn=as_nobody if user else None)
     assert p.returncode == 0 and "SAME" in p.stdout, p
     out, err = run.communicate(timeout=60)
     assert run.returncode == 0 and "SAME" in out, (out, err)
@@ -125,7 +132,7 @@ def test_a_daemon_restart_gets_its_staged_input_back_from_a_running_instance(wor
     r = region(d, "rs")
     assert r is not None and r["staged"] and r["refs"] == 0, r
     assert d.status()["shared_bytes"] == 8 * MIB
-    assert attune(d, "unstage", "rs").returncode == 0
+    assert attune(d, "unstage", "rs", user=user).returncode == 0
     assert wait_gone(d, "rs", 5)
 
 

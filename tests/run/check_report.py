@@ -90,7 +90,7 @@ def main():
     elif "prediction" not in r:
         fail("missing prediction (null when the history was not used)")
     # Every row's program runs to its end with its data intact: no placement may fail.
-    if r["totals"].get("load_errors", 0) != 0:
+    if r["totals"]["load_errors"] != 0:
         fail(f"{r['totals']['load_errors']} placements could not be read back or placed")
     if r["processes"] != len(r["per_process"]):
         fail("processes != len(per_process)")

@@ -800,32 +800,27 @@ mod tests {
         handle(st, cid, uid, req, fds).unwrap().0
     }
 
+    fn assert_ok(r: Reply) {
+        assert!(matches!(r, Reply::Ok { id: 9 }), "{r:?}");
+    }
+
     #[test]
     fn a_rejoin_gives_a_staged_input_its_daemon_reference_back() {
         let (mut st, mut keep) = state();
         let a = client(&mut st, &mut keep, 1000);
-        assert!(matches!(
-            rejoin(&mut st, a, 1000, "in", vec![file(true)]),
-            Reply::Ok { id: 9 }
-        ));
+        assert_ok(rejoin(&mut st, a, 1000, "in", vec![file(true)]));
         let r = &st.shared["in"];
         // Outside a Slurm job: held until `attune unstage`, as a stage by hand is.
         assert!(r.staged() && r.by_hand && r.owner == 1000 && r.size == 1 << 20);
         assert_eq!(st.clients[&a].shared_refs["in"], 1);
         // Another user's file under the same name is not taken, nor referenced.
         let b = client(&mut st, &mut keep, 1001);
-        assert!(matches!(
-            rejoin(&mut st, b, 1001, "in", vec![file(true)]),
-            Reply::Ok { .. }
-        ));
+        assert_ok(rejoin(&mut st, b, 1001, "in", vec![file(true)]));
         assert!(!st.clients[&b].shared_refs.contains_key("in"));
         assert_eq!(st.shared["in"].owner, 1000);
         // Unstaged since the restart: a later re-registration does not hold it again.
         st.shared.get_mut("in").unwrap().by_hand = false;
-        assert!(matches!(
-            rejoin(&mut st, a, 1000, "in", vec![file(true)]),
-            Reply::Ok { .. }
-        ));
+        assert_ok(rejoin(&mut st, a, 1000, "in", vec![file(true)]));
         assert!(!st.shared["in"].staged());
         assert_eq!(st.clients[&a].shared_refs["in"], 2);
     }
@@ -834,17 +829,11 @@ mod tests {
     fn a_rejoin_of_a_writable_region_takes_no_daemon_reference() {
         let (mut st, mut keep) = state();
         let a = client(&mut st, &mut keep, 1000);
-        assert!(matches!(
-            rejoin(&mut st, a, 1000, "rw", vec![file(false)]),
-            Reply::Ok { .. }
-        ));
+        assert_ok(rejoin(&mut st, a, 1000, "rw", vec![file(false)]));
         assert!(!st.shared["rw"].staged());
         // Nothing beyond shared_max (8 MiB) is adopted: a sparse claim takes nothing.
         let big = attune_sys::unix::memfd_sized("t", 64 << 20).unwrap();
-        assert!(matches!(
-            rejoin(&mut st, a, 1000, "big", vec![big]),
-            Reply::Ok { .. }
-        ));
+        assert_ok(rejoin(&mut st, a, 1000, "big", vec![big]));
         assert!(!st.shared.contains_key("big"));
     }
 
