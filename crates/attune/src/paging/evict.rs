@@ -519,6 +519,8 @@ pub fn evictor_loop(e: &'static Pager) {
         super::unshare::unshare_pass(e);
         let _in = e.enter();
         drop_retired(e);
+        // Staged pages a buffer kept for its next batch go within a tick.
+        e.staging.drop_kept();
         let now = os::now_ns();
         // A second's collapses go in slices of at most 10 ms a tick, so the evictor reads
         // the memory cgroup and serves wake-ups between them; none near the cgroup's limit

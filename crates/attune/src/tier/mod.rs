@@ -526,8 +526,8 @@ fn move_noting_holes(
 }
 
 /// A store through a staging buffer (the file and pool media): moves `[src, src+len)`
-/// into a staging slot (`take_out`), hands the slot's address to `write`, and empties the
-/// slot. All or nothing: when a page cannot move, or `write` fails, the pages go back to
+/// into a staging slot (`take_out`), hands the slot's address to `write`, and leaves the
+/// written pages for the slot to drop in a batch (`pool::KEEP_BATCH`). All or nothing: when a page cannot move, or `write` fails, the pages go back to
 /// the region and the error is returned (ENOTRECOVERABLE if even that failed: a lost write).
 /// `write(staged, whole)`: `whole`, the staged run has no hole ([`take_out`]). A write that
 /// fails with EFAULT met a hole (a page the program discarded): the holes are filled with
@@ -540,7 +540,7 @@ pub(crate) fn store_staged(
     write: &mut dyn FnMut(usize, bool) -> SysResult<()>,
 ) -> SysResult<()> {
     let slot = io.staging.claim(len).ok_or(Errno(libc::EAGAIN))?;
-    let st = slot.addr();
+    let st = slot.fresh(len);
     let (moved, whole) = take_out(io.internal, region_uffd, st, src, len)?;
     if moved < len {
         // A page could not move (EBUSY: shared since a fork, or pinned by the kernel
@@ -568,7 +568,8 @@ pub(crate) fn store_staged(
             Errno(libc::ENOTRECOVERABLE)
         });
     }
-    let _ = attune_sys::mem::advise(st, len, attune_sys::mem::MADV_DONTNEED);
+    // Written: the staged pages are dropped with the buffer's next ones (`KEEP_BATCH`).
+    slot.keep(len);
     Ok(())
 }
 
