@@ -8,33 +8,13 @@
  * in TIER_DIR. */
 #define _GNU_SOURCE
 #include <attune.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "check.h"
-
-/* The runtime's tier file: an unnamed file (O_TMPFILE) in dir, seen as "dir/#N (deleted)". */
-static int tier_fd(const char *dir) {
-    DIR *d = opendir("/proc/self/fd");
-    if (!d) return -1;
-    struct dirent *e;
-    int found = -1;
-    size_t dl = strlen(dir);
-    while ((e = readdir(d)) != NULL) {
-        char path[64], link[4096];
-        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
-        ssize_t n = readlink(path, link, sizeof link - 1);
-        if (n <= 0) continue;
-        link[n] = 0;
-        if (strncmp(link, dir, dl) == 0 && link[dl] == '/' && strstr(link, "(deleted)"))
-            found = atoi(e->d_name);
-    }
-    closedir(d);
-    return found;
-}
+#include "tier_file.h"
 
 int main(void) {
     const char *dir = getenv("TIER_DIR");

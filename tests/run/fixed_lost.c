@@ -12,7 +12,6 @@
  * Steps 2-4 run in a child; the parent checks it died of SIGBUS after step 3.
  * Usage: fixed_lost TIER_DIR MIB (TIER_DIR: the directory of the only far tier, a file). */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -23,6 +22,7 @@
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "../c/tier_file.h"
 
 #define FAIL(code, ...) do { printf("fixed_lost: FAIL: " __VA_ARGS__); printf("\n"); fflush(stdout); _exit(code); } while (0)
 #define RW (PROT_READ | PROT_WRITE)
@@ -30,26 +30,6 @@
 #define ALIGN (2u << 20)
 
 static uint64_t mix(uint64_t x) { x ^= x >> 31; x *= 0x9e3779b97f4a7c15ull; return x ^ (x >> 29); }
-
-/* The runtime's tier file: an unnamed file (O_TMPFILE) in dir, "dir/#N (deleted)". */
-static int tier_fd(const char *dir) {
-    DIR *d = opendir("/proc/self/fd");
-    if (!d) return -1;
-    struct dirent *e;
-    int found = -1;
-    size_t dl = strlen(dir);
-    while ((e = readdir(d)) != NULL) {
-        char path[300], link[4096];
-        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
-        ssize_t n = readlink(path, link, sizeof link - 1);
-        if (n <= 0) continue;
-        link[n] = 0;
-        if (strncmp(link, dir, dl) == 0 && link[dl] == '/' && strstr(link, "(deleted)"))
-            found = atoi(e->d_name);
-    }
-    closedir(d);
-    return found;
-}
 
 /* A reservation of len bytes (PROT_NONE) starting on a 2 MiB boundary, so that commits at
  * its start are whole chunks of any size up to 2 MiB. */
