@@ -11,8 +11,12 @@ random fault latency (fault-attune, 64 MiB budget), a sequential pass over twice
 a memory-backed device at the same budget (rand-kswap-memory) as the baseline of the
 random updates. Prints medians and the ratios the issue names.
 
-Usage: python3 bench/remote.py [--reps 3] [--servers 1]   (root; make build first; fi_pingpong
-from Debian's libfabric-bin)
+Usage: python3 bench/remote.py [--reps 3] [--servers 1] [--only fault,seq,rand]
+       [--builds A/bin/attune,B/bin/attune]
+(root; make build first; fi_pingpong from Debian's libfabric-bin). `--builds` runs the
+remote-tier scenarios with each build in turn within every repetition (two checkouts
+side by side: `git worktree add /tmp/old <commit> && make -C /tmp/old build`), the servers
+and the baselines from this checkout's build.
 """
 import argparse
 import functools
@@ -60,12 +64,12 @@ def pingpong(h, size, iters):
     return float(row[-1][6]), float(row[-1][5])
 
 
-def attune_bench(h, env, only):
+def attune_bench(h, env, only, attune=ATTUNE):
     """One `attune bench` scenario set on the client host (h None: in the root namespace,
     whose /sys shows the cgroups the kernel-swap baseline needs; `ip netns exec` mounts a
-    /sys of its own)."""
+    /sys of its own), run by the build `attune`."""
     out = tempfile.mkdtemp(prefix="attune-remote-bench-")
-    argv = ["env", *[f"{k}={v}" for k, v in env.items()], ATTUNE, "bench", "--core-only", "--reps",
+    argv = ["env", *[f"{k}={v}" for k, v in env.items()], attune, "bench", "--core-only", "--reps",
             "1", "--only", only, "--out", out]
     cmd = h.on_client(argv) if h else argv
     try:
@@ -85,7 +89,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--servers", type=int, default=1)
+    ap.add_argument("--only", default="fault,seq,rand", help="scenario kinds: fault, seq, rand")
+    ap.add_argument("--builds", default=str(ATTUNE), help="attune binaries to compare, comma-separated")
     a = ap.parse_args()
+    kinds = [k for k in ("fault", "seq", "rand") if k in a.only.split(",")]
+    builds = a.builds.split(",")
     d = Path(tempfile.mkdtemp(prefix="attune-remote-"))
     os.chmod(d, 0o755)
     h = Hosts(a.servers)
@@ -102,49 +110,67 @@ secret_file = "{secret}"
 """)
         mem = d / "memory.toml"
         mem.write_text('[[tier]]\nname = "memory"\nkind = "memory"\ncapacity = "2G"\n')
-        rows = {k: [] for k in ("pp4k", "pp1m", "remote", "memory", "kswap")}
+        rows = {k: [] for k in ("pp4k", "pp1m", "memory", "kswap")}
+        remote = {b: [] for b in builds}
         for _ in range(a.reps):
             rows["pp4k"].append(pingpong(h, 4096, 5000))
             rows["pp1m"].append(pingpong(h, 1 << 20, 200))
-            servers = [h.serve(i, d, secret, "--size", "3G") for i in range(a.servers)]
+            for b in builds:
+                # Fresh servers for each build: none starts with the other's sessions.
+                servers = [h.serve(i, d, secret, "--size", "3G") for i in range(a.servers)]
+                got = {}
+                for k in kinds:
+                    got.update(attune_bench(h, {"ATTUNE_CONFIG": cfg}, f"{k}-attune", b))
+                remote[b].append(got)
+                for p, _ in servers:
+                    p.kill()
+                    p.wait()
             got = {}
-            for only in ("fault-attune", "seq-attune", "rand-attune"):
-                got.update(attune_bench(h, {"ATTUNE_CONFIG": cfg}, only))
-            rows["remote"].append(got)
-            for p, _ in servers:
-                p.kill()
-                p.wait()
-            got = {}
-            for only in ("fault-attune", "seq-attune", "rand-attune"):
-                got.update(attune_bench(h, {"ATTUNE_CONFIG": mem}, only))
+            for k in kinds:
+                got.update(attune_bench(h, {"ATTUNE_CONFIG": mem}, f"{k}-attune"))
             rows["memory"].append(got)
-            rows["kswap"].append(attune_bench(None, {}, "rand-kswap-memory")[("rand-kswap-memory", "updates_per_s")])
+            if "rand" in kinds:
+                rows["kswap"].append(attune_bench(None, {}, "rand-kswap-memory")[("rand-kswap-memory",
+                                                                                    "updates_per_s")])
         med = statistics.median
         rtt = med(r[0] for r in rows["pp4k"]) * 2
         bw = med(r[1] for r in rows["pp1m"]) / 1000
         print(f"fi_pingpong {tcp_provider()} rdm, client and server hosts: 4 KiB {rtt / 2:.1f} us a transfer "
               f"(round trip {rtt:.1f} us); 1 MiB {bw:.3f} GB/s")
-        print(f"\n| scenario | metric | remote tier ({a.servers} server(s)) | in-process memory tier | remote / limit |")
-        print("|---|---|---|---|---|")
-        for scen, metric in (("fault-attune-thread", "fault_median_us"), ("fault-attune-signal", "fault_median_us"),
-                             ("fault-attune-thread", "fault_p99_us"), ("fault-attune-signal", "fault_p99_us"),
-                             ("seq-attune-thread", "seq_read_gbps"), ("seq-attune-signal", "seq_read_gbps"),
-                             ("rand-attune-thread", "updates_per_s"), ("rand-attune-signal", "updates_per_s")):
-            r = med(x[(scen, metric)] for x in rows["remote"])
-            m = med(x[(scen, metric)] for x in rows["memory"])
-            if metric == "fault_median_us":
-                lim = f"{r / rtt:.2f}x the round trip (goal <= 2)"
-            elif metric == "seq_read_gbps":
-                lim = f"{r / bw:.0%} of fi_pingpong's 1 MiB bandwidth (goal >= 70%)"
-            elif metric == "updates_per_s":
-                lim = f"{r / med(rows['kswap']):.2f}x kernel swap on memory (goal >= 1)"
-            else:
-                lim = ""
-            print(f"| {scen} | {metric} | {r:.3g} | {m:.3g} | {lim} |")
-        print(f"| rand-kswap-memory | updates_per_s | {med(rows['kswap']):.3g} (kernel swap on memory, same budget) | | |")
+        for b in builds:
+            if len(builds) > 1:
+                print(f"\nbuild {b}:")
+            table(a, rows, remote[b], kinds, rtt, bw)
     finally:
         h.close()
         subprocess.run(["rm", "-rf", str(d)])
+
+
+def table(a, rows, remote, kinds, rtt, bw):
+    """The table of one build's remote-tier medians against the limits and baselines."""
+    med = statistics.median
+    print(f"\n| scenario | metric | remote tier ({a.servers} server(s)) | in-process memory tier | remote / limit |")
+    print("|---|---|---|---|---|")
+    for scen, metric in (("fault-attune-thread", "fault_median_us"), ("fault-attune-signal", "fault_median_us"),
+                         ("fault-attune-thread", "fault_p99_us"), ("fault-attune-signal", "fault_p99_us"),
+                         ("seq-attune-thread", "seq_read_gbps"), ("seq-attune-signal", "seq_read_gbps"),
+                         ("rand-attune-thread", "updates_per_s"), ("rand-attune-signal", "updates_per_s")):
+        if scen.split("-")[0] not in kinds:
+            continue
+        r = med(x[(scen, metric)] for x in remote)
+        m = med(x[(scen, metric)] for x in rows["memory"])
+        if metric == "fault_median_us":
+            lim = f"{r / rtt:.2f}x the round trip (goal <= 2)"
+        elif metric == "seq_read_gbps":
+            lim = f"{r / bw:.0%} of fi_pingpong's 1 MiB bandwidth (goal >= 70%)"
+        elif metric == "updates_per_s":
+            lim = f"{r / med(rows['kswap']):.2f}x kernel swap on memory (goal >= 1)"
+        else:
+            lim = ""
+        print(f"| {scen} | {metric} | {r:.3g} | {m:.3g} | {lim} |")
+    if "rand" in kinds:
+        print(f"| rand-kswap-memory | updates_per_s | {med(rows['kswap']):.3g} (kernel swap on memory, same budget) "
+              "| | |")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@
  *                       (a page each, nothing read ahead).
  * The engine's readahead_used_bytes: at least 90% of the forward pass's read-ahead shown
  * used by the run going on past it.
+ * `readahead bounced`: the far tier reads into a bounce buffer (file, remote), so no fault
+ * of the forward pass fetches more than 256 KiB (tier::BOUNCED_RUN); `readahead moved`:
+ * it moves pages (memory), and the forward pass's faults fetch more than 256 KiB on
+ * average (the window grows to `readahead`, 1 MiB).
  * Run under both fault deliveries (ATTUNE_FAULT_MODE). */
 #define _GNU_SOURCE
 #include <attune.h>
@@ -61,7 +65,8 @@ static void *stream(void *arg) {
     return NULL;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    const char *tier = argc > 1 ? argv[1] : "";
     const size_t len = 48 << 20;
     attune_alloc_opts o;
     attune_alloc_opts_init(&o);
@@ -87,6 +92,13 @@ int main(void) {
            (unsigned long long)s.faults, (unsigned long long)s.readahead_chunks, pages);
     CHECK(s.faults * 16 <= pages, "forward: %llu faults for %zu pages", (unsigned long long)s.faults, pages);
     CHECK(s.readahead_chunks > 0, "forward: nothing read ahead");
+    const uint64_t run = 256 << 10;
+    if (!strcmp(tier, "bounced"))
+        CHECK(s.fetched_bytes <= s.faults * run, "forward, bounced tier: %llu bytes fetched by %llu faults",
+              (unsigned long long)s.fetched_bytes, (unsigned long long)s.faults);
+    if (!strcmp(tier, "moved"))
+        CHECK(s.fetched_bytes > s.faults * run, "forward, moved tier: %llu bytes fetched by %llu faults",
+              (unsigned long long)s.fetched_bytes, (unsigned long long)s.faults);
 
     start();
     for (size_t p = pages; p-- > 0;) check_page(p);

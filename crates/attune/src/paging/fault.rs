@@ -148,7 +148,12 @@ fn claim_readahead(e: &Pager, r: &Region, c: usize, src: Where, tier: usize) -> 
     // In DRAM or on its way: a run's last chunk placed by another thread may still be
     // Fetching (signal delivery: each faulting thread places its own).
     let present = |x: usize| matches!(r.state(x).place(), Where::Resident | Where::Fetching);
-    let d = readahead::on_fault(&slots, c, r.chunks(), readahead_max(e, r), hint, present);
+    // A tier that copies through a bounce buffer caps the run (`tier::BOUNCED_RUN`).
+    let max = match (src, e.tiers.get(tier).and_then(|t| t.run_max())) {
+        (Where::Far, Some(run)) => readahead_max(e, r).min((run / r.chunk).max(1) - 1),
+        _ => readahead_max(e, r),
+    };
+    let d = readahead::on_fault(&slots, c, r.chunks(), max, hint, present);
     let mut got = 0;
     while got < d.ahead {
         let n = (c as i64 + (got as i64 + 1) * d.step) as usize;

@@ -164,6 +164,9 @@ impl super::Medium for FileTier {
     fn is_node_memory(&self) -> bool {
         false
     }
+    fn run_max(&self) -> Option<usize> {
+        Some(super::BOUNCED_RUN)
+    }
     /// Nothing stored: no copy (fork+exec pays nothing), and the hashes are dropped.
     fn prepare_fork(
         &self,

@@ -94,6 +94,12 @@ pub trait Medium: Send + Sync {
     fn keeps_copy(&self) -> bool;
     /// Whether it is node memory, which the node daemon divides among workflows.
     fn is_node_memory(&self) -> bool;
+    /// The most bytes one fault's read-ahead run loads from it (None: the `readahead`
+    /// setting alone). Media that read into a bounce buffer and copy it into place
+    /// ([`load_bounced`]) say [`BOUNCED_RUN`].
+    fn run_max(&self) -> Option<usize> {
+        None
+    }
     /// Whether its ENOSPC costs nothing (no system call), so the tier need not be left
     /// alone for a back-off after one (the pool's units, which a grant refills).
     fn refuses_cheaply(&self) -> bool {
@@ -236,6 +242,11 @@ impl FarTier {
     /// emptied by the move), so that identical content need not be written again.
     pub fn keeps_copy(&self) -> bool {
         self.medium.keeps_copy()
+    }
+
+    /// The most bytes one fault's run loads from this tier (`Medium::run_max`).
+    pub fn run_max(&self) -> Option<usize> {
+        self.medium.run_max()
     }
 
     /// Whether the fault engine can store pages here (every far tier it opens can; NUMA
@@ -572,6 +583,15 @@ pub(crate) fn store_staged(
     slot.keep(len);
     Ok(())
 }
+
+/// The longest run a fault loads from a medium that reads into a bounce buffer and
+/// copies it into place ([`load_bounced`]: file, remote). The run is written into the
+/// buffer and read back by the copy; a shorter run's bytes are still in the core's cache
+/// when the copy reads them. Sequential passes (`attune bench --only seq-attune`) ran
+/// faster at 256 KiB runs than at 1 MiB over a memory server (1.3x, signal delivery) and
+/// from the file tier (1.18x), while the memory tier, which moves pages and copies
+/// nothing, ran slower (docs/benchmarks.md, "Read-ahead runs from bounced tiers").
+pub const BOUNCED_RUN: usize = 256 << 10;
 
 /// A load through a bounce buffer (the file and remote media): `read` fills the buffer
 /// with the slot's `len` bytes, `seen` checks them (false: EBADMSG, nothing placed), and

@@ -160,6 +160,9 @@ impl super::Medium for RemoteTier {
     fn is_node_memory(&self) -> bool {
         false
     }
+    fn run_max(&self) -> Option<usize> {
+        Some(crate::tier::BOUNCED_RUN)
+    }
 
     /// A child cannot share the parent's sessions (both would write the same pages), and
     /// the parent's endpoint is its I/O thread's, which the child does not have. So,
