@@ -16,18 +16,29 @@ quarter of it in DRAM (pages spread over the servers by 64 KiB unit), Attune's d
 unit. Reported: the aggregate rate (the sum of the clients' MB/s of touched pages, which
 run at once) and, in brackets, the rate per client.
 
+rMap's case studies (--only cases): BFS and XSBench (bench/workloads/bfs.c, xsbench.c,
+--case-mib MiB each) on the client host, first all in DRAM (no Attune: the baseline and
+the peak RSS), then under `attune run` with 25%, 50% and 75% of that peak as local
+memory, the rest through one server, and the same with the rest in the process (the
+in-process memory tier: a fault without the network). Reported: wall seconds, the kernel's own phase (the workload's
+RESULT line), both over the all-DRAM run, faults, bytes fetched, and the workload's own
+check of its answer.
+
 One cell of Figure 7, run --reps times with fresh servers each time (the aggregate and each
 client's seconds per run): --cell SERVERS,CLIENTS,PATTERN, e.g. --cell 4,8,seq.
 
-Usage: python3 bench/rmap.py [--mib 64] [--cut 60] [--only 6,7] [--cell S,C,P --reps N]
+Usage: python3 bench/rmap.py [--mib 64] [--cut 60] [--only 6,7,cases] [--case-mib 128]
+       [--cell S,C,P --reps N]
        (root; make build first)
 """
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,11 +174,85 @@ def figure7(h, d, exe, secret, a):
             print(f"| {n} | " + " | ".join(cells) + " |", flush=True)
 
 
+def run_case(h, argv, cut):
+    """Runs argv on the client host: (wall seconds, peak RSS in bytes, stdout, exit status),
+    or None when stopped after `cut` seconds. The peak is this child's own (`wait4`):
+    `ip netns exec` runs the program in its own process."""
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(h.on_client(argv), stdout=out, stderr=err, text=True)
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() - t0 > cut:
+                p.kill()
+                os.wait4(p.pid, 0)
+                return None
+            time.sleep(0.02)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.monotonic() - t0
+        out.seek(0)
+        err.seek(0)
+        text = out.read()
+        if p.returncode != 0:
+            print(f"  {' '.join(map(str, argv[-3:]))} failed ({p.returncode}): {err.read().strip()[-300:]}",
+                  file=sys.stderr)
+        return wall, ru.ru_maxrss << 10, text, p.returncode
+
+
+def cases(h, d, secret, a):
+    cfg = config(d, h, 1, secret)
+    # The same fractions with the far pages in the process (no network): what the
+    # server's round trips cost beyond a fault's own.
+    mem = d / "memory.toml"
+    mem.write_text('[[tier]]\nname = "memory"\nkind = "memory"\ncapacity = "2G"\n')
+    os.chmod(mem, 0o644)
+    print(f"\nrMap's case studies: BFS and XSBench, {a.case_mib} MiB each, local memory as a share of the "
+          "all-DRAM peak RSS, the rest on one memory server\n")
+    print("| workload | local memory | wall s | x all-DRAM | kernel s | x all-DRAM | faults | fetched MiB | "
+          "answer |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for w in ("bfs", "xsbench"):
+        exe = d / w
+        subprocess.run(["gcc", "-O2", "-I", ROOT / "bench" / "workloads", ROOT / "bench" / "workloads" / f"{w}.c",
+                        "-o", exe, "-lm"], check=True)
+        base = run_case(h, [exe, str(a.case_mib)], a.cut)
+        if base is None or base[3] != 0:
+            print(f"| {w} | 100% (no Attune) | failed | | | | | | |")
+            continue
+        wall0, peak, out0, _ = base
+        k0 = float(re.search(r"seconds=([\d.]+)", out0).group(1))
+        print(f"| {w} | 100% (no Attune, peak {peak >> 20} MiB) | {wall0:.2f} | 1.00 | {k0:.3f} | 1.00 | | | "
+              f"{'OK' if ' OK ' in out0 else 'BAD'} |", flush=True)
+        for frac in (0.75, 0.5, 0.25):
+            for far, c in (("server", cfg), ("memory", mem)):
+                servers = [h.serve(0, d, secret, "--size", "2G")] if far == "server" else []
+                rep = d / f"case-{w}-{frac}-{far}.json"
+                try:
+                    r = run_case(h, [ATTUNE, "run", "-q", "--config", c, "--dram", f"{int(peak * frac) >> 20}M",
+                                     "--report", rep, "--", exe, str(a.case_mib)], a.cut)
+                finally:
+                    for p, _ in servers:
+                        p.kill()
+                        p.wait()
+                where = f"{frac:.0%}, rest {'on one memory server' if far == 'server' else 'in the process (memory tier)'}"
+                if r is None or r[3] != 0:
+                    print(f"| {w} | {where} | {'failed' if r else f'> {a.cut} (stopped)'} | | | | | | |", flush=True)
+                    continue
+                wall, _, out, _ = r
+                k = float(re.search(r"seconds=([\d.]+)", out).group(1))
+                t = json.load(open(rep))["totals"]
+                print(f"| {w} | {where} | {wall:.2f} | {wall / wall0:.2f} | {k:.3f} | {k / k0:.2f} | {t['faults']} | "
+                      f"{t['fetched_bytes'] / (1 << 20):.0f} | {'OK' if ' OK ' in out else 'BAD'} |", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--cut", type=int, default=60, help="seconds before a run is stopped")
-    ap.add_argument("--only", default="6,7")
+    ap.add_argument("--only", default="6,7", help="6, 7, cases")
+    ap.add_argument("--case-mib", type=int, default=128, help="MiB of each case study's workload")
     ap.add_argument("--cell", help="SERVERS,CLIENTS,PATTERN: one cell of Figure 7 only")
     ap.add_argument("--reps", type=int, default=3, help="runs of --cell")
     a = ap.parse_args()
@@ -188,6 +273,8 @@ def main():
             figure6(h, d, exe, secret, a)
         if "7" in a.only.split(","):
             figure7(h, d, exe, secret, a)
+        if "cases" in a.only.split(","):
+            cases(h, d, secret, a)
     finally:
         h.close()
         subprocess.run(["rm", "-rf", str(d)])
