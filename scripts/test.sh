@@ -221,10 +221,10 @@ ATTUNE_PREDICT_WINDOW_MS=3000 run predict-online-uniform "$OUT/predict_online" u
 ATTUNE_MODE=temperature ATTUNE_PREDICT_WINDOW_MS=3000 run predict-online-temperature "$OUT/predict_online" off
 # Read-ahead by stream: forward, backward, four threads, a stride, random reads; values and
 # the moves per pattern checked, under both deliveries.
-# The default far tier here is a file (bounced: runs of 256 KiB at most); the memory tier
-# moves pages and reads ahead up to `readahead`.
-run readahead "$OUT/readahead" bounced
-ATTUNE_FAULT_MODE=signal run readahead-signal "$OUT/readahead" bounced
+# The default far tier here is a file, which copies runs into place (256 KiB at most); the
+# memory tier moves pages and reads ahead up to `readahead`.
+run readahead "$OUT/readahead" copied
+ATTUNE_FAULT_MODE=signal run readahead-signal "$OUT/readahead" copied
 ATTUNE_FAR=memory,file run readahead-memory "$OUT/readahead" moved
 ATTUNE_FAR=memory,file ATTUNE_FAULT_MODE=signal run readahead-memory-signal "$OUT/readahead" moved
 run config_error "$OUT/config_error"

@@ -11,8 +11,8 @@
  *                       (a page each, nothing read ahead).
  * The engine's readahead_used_bytes: at least 90% of the forward pass's read-ahead shown
  * used by the run going on past it.
- * `readahead bounced`: the far tier reads into a bounce buffer (file, remote), so no fault
- * of the forward pass fetches more than 256 KiB (tier::BOUNCED_RUN); `readahead moved`:
+ * `readahead copied`: the far tier copies runs into place (file, pool, remote), so no fault
+ * of the forward pass fetches more than 256 KiB (tier::COPIED_RUN); `readahead moved`:
  * it moves pages (memory), and the forward pass's faults fetch more than 256 KiB on
  * average (the window grows to `readahead`, 1 MiB).
  * Run under both fault deliveries (ATTUNE_FAULT_MODE). */
@@ -93,8 +93,8 @@ int main(int argc, char **argv) {
     CHECK(s.faults * 16 <= pages, "forward: %llu faults for %zu pages", (unsigned long long)s.faults, pages);
     CHECK(s.readahead_chunks > 0, "forward: nothing read ahead");
     const uint64_t run = 256 << 10;
-    if (!strcmp(tier, "bounced"))
-        CHECK(s.fetched_bytes <= s.faults * run, "forward, bounced tier: %llu bytes fetched by %llu faults",
+    if (!strcmp(tier, "copied"))
+        CHECK(s.fetched_bytes <= s.faults * run, "forward, copying tier: %llu bytes fetched by %llu faults",
               (unsigned long long)s.fetched_bytes, (unsigned long long)s.faults);
     if (!strcmp(tier, "moved"))
         CHECK(s.fetched_bytes > s.faults * run, "forward, moved tier: %llu bytes fetched by %llu faults",

@@ -171,6 +171,18 @@ def test_stress_discard_and_signal_delivery_through_the_pool(workdir, daemon):
     assert p.returncode == 0, p.stdout + p.stderr
 
 
+@pytest.mark.parametrize("mode", ["thread", "signal"])
+def test_read_ahead_from_the_pool_copies_short_runs(workdir, daemon, mode):
+    """The pool copies runs into place: tests/c/readahead.c's patterns verify every value,
+    and no fault of its forward pass fetches more than 256 KiB (tier::COPIED_RUN)."""
+    d = daemon("--dram", "256M", "--far-pool", "256M", "--move-limit", "off")
+    p = subprocess.run([build(workdir, "readahead"), "copied"], capture_output=True, text=True, timeout=300,
+                       env=d.env(ATTUNE_CONFIG=pool_config(workdir), ATTUNE_DRAM="16M", ATTUNE_FAULT_MODE=mode,
+                                 ATTUNE_LOG="info"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "segment of the node's far pool attached" in p.stderr, p.stderr
+
+
 def test_a_forked_child_keeps_its_copy(workdir, daemon):
     d = daemon("--dram", "128M", "--far-pool", "256M", "--move-limit", "off")
     p = subprocess.run([build(workdir, "fork_inherit")], capture_output=True, text=True, timeout=300,

@@ -148,7 +148,7 @@ fn claim_readahead(e: &Pager, r: &Region, c: usize, src: Where, tier: usize) -> 
     // In DRAM or on its way: a run's last chunk placed by another thread may still be
     // Fetching (signal delivery: each faulting thread places its own).
     let present = |x: usize| matches!(r.state(x).place(), Where::Resident | Where::Fetching);
-    // A tier that copies through a bounce buffer caps the run (`tier::BOUNCED_RUN`).
+    // A tier that copies runs into place caps them (`tier::COPIED_RUN`).
     let max = match (src, e.tiers.get(tier).and_then(|t| t.run_max())) {
         (Where::Far, Some(run)) => readahead_max(e, r).min((run / r.chunk).max(1) - 1),
         _ => readahead_max(e, r),

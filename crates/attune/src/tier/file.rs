@@ -165,7 +165,7 @@ impl super::Medium for FileTier {
         false
     }
     fn run_max(&self) -> Option<usize> {
-        Some(super::BOUNCED_RUN)
+        Some(super::COPIED_RUN)
     }
     /// Nothing stored: no copy (fork+exec pays nothing), and the hashes are dropped.
     fn prepare_fork(

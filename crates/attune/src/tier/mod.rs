@@ -95,8 +95,7 @@ pub trait Medium: Send + Sync {
     /// Whether it is node memory, which the node daemon divides among workflows.
     fn is_node_memory(&self) -> bool;
     /// The most bytes one fault's read-ahead run loads from it (None: the `readahead`
-    /// setting alone). Media that read into a bounce buffer and copy it into place
-    /// ([`load_bounced`]) say [`BOUNCED_RUN`].
+    /// setting alone). Media that copy the run into place say [`COPIED_RUN`].
     fn run_max(&self) -> Option<usize> {
         None
     }
@@ -584,14 +583,15 @@ pub(crate) fn store_staged(
     Ok(())
 }
 
-/// The longest run a fault loads from a medium that reads into a bounce buffer and
-/// copies it into place ([`load_bounced`]: file, remote). The run is written into the
-/// buffer and read back by the copy; a shorter run's bytes are still in the core's cache
-/// when the copy reads them. Sequential passes (`attune bench --only seq-attune`) ran
-/// faster at 256 KiB runs than at 1 MiB over a memory server (1.3x, signal delivery) and
-/// from the file tier (1.18x), while the memory tier, which moves pages and copies
-/// nothing, ran slower (docs/benchmarks.md, "Read-ahead runs from bounced tiers").
-pub const BOUNCED_RUN: usize = 256 << 10;
+/// The longest run a fault loads from a medium that copies it into place (file and
+/// remote through a bounce buffer, the pool from its mapping). A copied run is in the
+/// core's cache when the program goes on to read it, if it is short enough; a moved one
+/// (the memory tier) is not touched by the move, and longer moves cost less. Sequential
+/// passes (`attune bench --only seq-attune`, signal delivery) ran 1.29x faster at 256 KiB
+/// runs than at 1 MiB over a memory server, 1.19x from the file tier and 1.28x from the
+/// pool, while the memory tier ran 0.9x (docs/benchmarks.md, "Read-ahead runs from
+/// copying tiers").
+pub const COPIED_RUN: usize = 256 << 10;
 
 /// A load through a bounce buffer (the file and remote media): `read` fills the buffer
 /// with the slot's `len` bytes, `seen` checks them (false: EBADMSG, nothing placed), and

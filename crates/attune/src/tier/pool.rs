@@ -362,6 +362,10 @@ impl super::Medium for PoolTier {
         Ok(())
     }
 
+    fn run_max(&self) -> Option<usize> {
+        Some(super::COPIED_RUN)
+    }
+
     fn discard(&self, off: u64, len: usize) {
         let ps = page();
         let first = off as usize / ps;

@@ -161,7 +161,7 @@ impl super::Medium for RemoteTier {
         false
     }
     fn run_max(&self) -> Option<usize> {
-        Some(crate::tier::BOUNCED_RUN)
+        Some(crate::tier::COPIED_RUN)
     }
 
     /// A child cannot share the parent's sessions (both would write the same pages), and
