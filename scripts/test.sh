@@ -62,7 +62,7 @@ done
 section "native tests (pkg-config and CMake consumers of $PREFIX)"
 CFLAGS="-O2 -g $(pkg-config --cflags attune) -Itests/c"
 LIBS="$(pkg-config --libs attune) -Wl,-rpath,$PREFIX/lib -lpthread"
-for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads fork_small drop_behind predict_online config_error fallback protect lost_tier discard cap_tier churn deny_syscalls protect_change sigbus_chain fork_discard readahead writeback free_in_run; do
+for t in smoke integrity errors stress fork_exec fork_inherit fork_abandon signal_mode small small_threads fork_small drop_behind predict_online config_error fallback protect lost_tier discard cap_tier churn deny_syscalls protect_change sigbus_chain fork_discard readahead writeback free_in_run partial_load; do
   gcc $CFLAGS tests/c/$t.c -o "$OUT/$t" $LIBS || { fail=$((fail+1)); failed+=("build-$t"); }
 done
 g++ -O2 -std=c++17 $(pkg-config --cflags attune) tests/cpp/threads.cpp -o "$OUT/cpp_threads" $LIBS || { fail=$((fail+1)); failed+=(build-cpp); }
@@ -227,6 +227,13 @@ run readahead "$OUT/readahead" copied
 ATTUNE_FAULT_MODE=signal run readahead-signal "$OUT/readahead" copied
 ATTUNE_FAR=memory,file run readahead-memory "$OUT/readahead" moved
 ATTUNE_FAR=memory,file ATTUNE_FAULT_MODE=signal run readahead-memory-signal "$OUT/readahead" moved
+# A load that fails part-way (injected: the 3rd load of a run places half of it, then
+# EIO): what it placed reads right and is evicted like any page; only the rest fails.
+ATTUNE_INJECT=load-fail-half:3 run partial-load-thread "$OUT/partial_load" poisoned
+ATTUNE_INJECT=load-fail-half:3 ATTUNE_FAULT_MODE=signal run partial-load-signal "$OUT/partial_load" retried
+ATTUNE_FAR=memory,file ATTUNE_INJECT=load-fail-half:3 run partial-load-memory-thread "$OUT/partial_load" poisoned
+ATTUNE_FAR=memory,file ATTUNE_INJECT=load-fail-half:3 ATTUNE_FAULT_MODE=signal \
+  run partial-load-memory-signal "$OUT/partial_load" retried
 run config_error "$OUT/config_error"
 ATTUNE_DISABLE_UFFD=1 run fallback-plain-dram "$OUT/fallback"
 # userfaultfd refused by a seccomp filter, as in a container: the runtime says what to
@@ -277,6 +284,7 @@ run no6x-signal-mode "$OUT/signal_mode"
 # Each feature alone too: the move fallback with poison present, and the other way round.
 ATTUNE_KERNEL_FEATURES=-move ATTUNE_FAULT_MODE=signal run no-move-stress-signal "$OUT/stress" 64
 ATTUNE_KERNEL_FEATURES=-poison ATTUNE_CONFIG="$OUT/file.toml" TIER_DIR="$OUT" run no-poison-lost-tier-thread "$OUT/lost_tier"
+ATTUNE_KERNEL_FEATURES=-poison ATTUNE_INJECT=load-fail-half:3 run no-poison-partial-load-thread "$OUT/partial_load" retried
 unset ATTUNE_KERNEL_FEATURES
 # A feature the kernel offers but refuses when used (a seccomp profile that refuses the
 # UFFDIO_MOVE and UFFDIO_POISON ioctls): masked once at start with a warning, the
@@ -730,7 +738,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/n
   UP=$(mktemp -d /tmp/attune-unpriv.XXXXXX); chmod 755 "$UP"
   mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
   cp "$PREFIX/bin/attune" "$PREFIX/bin/attune-lab" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
-  for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain readahead deny_syscalls writeback free_in_run; do cp "$OUT/$t" "$UP/bin/"; done
+  for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain readahead deny_syscalls writeback free_in_run partial_load; do cp "$OUT/$t" "$UP/bin/"; done
   cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$RT/async_late" "$RT/own_uffd" "$RT/huge_pages" "$RT/heap_syscalls_jemalloc" "$RT/munmap_part" "$RT/dlopen_ctor" "$RT/libdlopen_ctor.so" "$RT/fixed_commit" "$RT/fixed_lost" "$RT/fills" "$UP/bin/" 2>/dev/null
   gcc -O2 -Wno-stringop-overflow tests/run/syscalls_io.c -o "$UP/bin/syscalls_io" -lpthread || { fail=$((fail+1)); failed+=(build-syscalls-io); }
   chmod -R a+rX "$UP/bin" "$UP/lib"
@@ -768,6 +776,7 @@ assert d["user_mode_only"] == (not full and not dev), d
   else fail=$((fail+1)); failed+=(unpriv-doctor); echo "FAIL unpriv-doctor"; fi
   run unpriv-readahead "$nobody" "$UP/bin/readahead"
   run unpriv-free-in-run "$nobody" "$UP/bin/free_in_run"
+  ATTUNE_INJECT=load-fail-half:3 run unpriv-partial-load "$nobody" "$UP/bin/partial_load" poisoned
   # Write-back of changed pages only, as a user: the file tier in a directory of its own.
   printf 'dram = "16M"\n[[tier]]\nname = "ssd"\nkind = "file"\npath = "%s"\ncapacity = "1G"\n' "$UP/work" > "$UP/wb.toml"
   chmod 644 "$UP/wb.toml"

@@ -1,7 +1,9 @@
 //! Failure injection for the failure rules' tests (docs/reliability.md): with
-//! `ATTUNE_INJECT=<point>[:<n>]` the runtime panics at the n-th pass (default 1) through
-//! one named point, so the tests can show on the real build what a bug there does to the
-//! program: it stops at once with a message, and no faulting thread waits for ever.
+//! `ATTUNE_INJECT=<point>[:<n>]` the runtime fails at the n-th pass (default 1) through
+//! one named point, so the tests can show on the real build what a bug or a failing
+//! medium there does to the program. The panic points show that it stops at once with a
+//! message and no faulting thread waits for ever; `load-fail-half` makes one load place
+//! the first half of its run and then fail, as a medium that breaks mid-run would.
 //!
 //! Compiled in, not behind a feature: the tests run the build users get (a second build
 //! of the runtime would double CI's compile time). Read once, at engine start; ignored in
@@ -20,12 +22,16 @@ pub enum Point {
     Signal = 2,
     /// The evictor thread, as it starts to evict.
     Evictor = 3,
+    /// A load from a far tier of a run of two chunks or more: its first half is placed,
+    /// then it fails with EIO (not a panic: `hit`).
+    LoadHalf = 4,
 }
 
-const POINTS: [(&str, Point); 3] = [
+const POINTS: [(&str, Point); 4] = [
     ("handler-panic", Point::Handler),
     ("signal-panic", Point::Signal),
     ("evictor-panic", Point::Evictor),
+    ("load-fail-half", Point::LoadHalf),
 ];
 
 static ARMED: AtomicU32 = AtomicU32::new(0);
@@ -81,6 +87,22 @@ pub fn at(p: Point) {
     }
 }
 
+/// Passes through `p`, a point that fails without a panic: true at its armed pass, once.
+/// Signal-safe (atomics only).
+#[inline]
+pub fn hit(p: Point) -> bool {
+    ARMED.load(Relaxed) == p as u32 && last_pass()
+}
+
+#[cold]
+fn last_pass() -> bool {
+    if LEFT.fetch_sub(1, Relaxed) == 1 {
+        ARMED.store(0, Relaxed);
+        return true;
+    }
+    false
+}
+
 #[cold]
 fn fire(p: Point) {
     if LEFT.fetch_sub(1, Relaxed) == 1 {
@@ -91,6 +113,7 @@ fn fire(p: Point) {
             Point::Handler => panic!("injected failure (ATTUNE_INJECT=handler-panic)"),
             Point::Signal => panic!("injected failure (ATTUNE_INJECT=signal-panic)"),
             Point::Evictor => panic!("injected failure (ATTUNE_INJECT=evictor-panic)"),
+            Point::LoadHalf => {}
         }
     }
 }
@@ -104,6 +127,7 @@ mod tests {
         assert_eq!(parse("handler-panic"), Ok((Point::Handler, 1)));
         assert_eq!(parse("evictor-panic:30"), Ok((Point::Evictor, 30)));
         assert_eq!(parse("signal-panic:2"), Ok((Point::Signal, 2)));
+        assert_eq!(parse("load-fail-half:3"), Ok((Point::LoadHalf, 3)));
         for bad in ["handler-panic:0", "handler-panic:x", "evictor-panic:"] {
             assert!(parse(bad).unwrap_err().contains("pass number"), "{bad}");
         }

@@ -323,6 +323,16 @@ struct Run {
 /// "could not be read back (ENOENT)" from a region just freed, and, had another region
 /// been mapped there meanwhile, pages of the old one placed into it.
 fn fetch_run(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
+    if run.n >= 2 && run.src == Where::Far && crate::inject::hit(crate::inject::Point::LoadHalf) {
+        // ATTUNE_INJECT=load-fail-half: a medium that fails after part of the run.
+        let half = Run {
+            n: run.n / 2,
+            len: run.n / 2 * r.chunk,
+            ..*run
+        };
+        place_data(e, r, &half)?;
+        return Err(Errno(libc::EIO));
+    }
     place_data(e, r, run)?;
     if r.delivery == Delivery::Thread {
         let _ = e.uffd_for(r.delivery).wake(run.dst, run.len);
@@ -441,6 +451,32 @@ fn publish_run(e: &Pager, r: &Region, run: &Run, fault_ns: u64, result: Result<(
             true
         }
         Err(err) => {
+            // Chunks the failed attempt placed whole, from the run's start, are the tier's
+            // data, checked before they were placed: they are published as placed (and
+            // woken), and only the rest fails. Published as Far, they stayed mapped but
+            // out of the budget and of the evictor's reach, and a touched chunk among
+            // them failed an access whose page was there.
+            let whole = placed_whole(r, dst, n);
+            if whole > 0 {
+                let head = Run {
+                    n: whole,
+                    len: whole * r.chunk,
+                    ..*run
+                };
+                publish_run(e, r, &head, fault_ns, Ok(()));
+                if r.delivery == Delivery::Thread {
+                    let _ = uffd.wake(dst, head.len);
+                }
+                let tail = Run {
+                    c: c + whole,
+                    n: n - whole,
+                    dst: dst + head.len,
+                    len: len - head.len,
+                    ..*run
+                };
+                let touched_placed = (c..c + whole).contains(&touched);
+                return whole == n || publish_run(e, r, &tail, fault_ns, result) || touched_placed;
+            }
             // The only copy cannot be read back. Never hand the application wrong data and
             // never replay the access forever: it fails loudly with SIGBUS, and we say why.
             // Thread delivery: the range is poisoned, so the woken thread's access raises
@@ -480,6 +516,21 @@ fn publish_run(e: &Pager, r: &Region, run: &Run, fault_ns: u64, result: Result<(
             false
         }
     }
+}
+
+/// The chunks of the run at `dst` whose every page is mapped, counted from its start: what
+/// a placement that failed part-way had placed (one copy places in address order).
+/// Signal-safe: `mincore` page by page; it runs only on a failed placement.
+fn placed_whole(r: &Region, dst: usize, n: usize) -> usize {
+    let ps = attune_sys::page_size();
+    (0..n)
+        .take_while(|&i| {
+            let at = dst + i * r.chunk;
+            (0..r.chunk)
+                .step_by(ps)
+                .all(|k| attune_sys::mem::page_present(at + k))
+        })
+        .count()
 }
 
 /// A static name for the errors a load can end with (signal-safe: no formatting).
