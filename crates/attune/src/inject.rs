@@ -94,6 +94,7 @@ pub fn hit(p: Point) -> bool {
     ARMED.load(Relaxed) == p as u32 && last_pass()
 }
 
+/// Counts a pass of the armed point: true at its n-th, which disarms it.
 #[cold]
 fn last_pass() -> bool {
     if LEFT.fetch_sub(1, Relaxed) == 1 {
@@ -105,14 +106,14 @@ fn last_pass() -> bool {
 
 #[cold]
 fn fire(p: Point) {
-    if LEFT.fetch_sub(1, Relaxed) == 1 {
-        ARMED.store(0, Relaxed);
+    if last_pass() {
         // Literal messages: a panic with arguments allocates, and the signal-delivery
         // point runs in a signal handler.
         match p {
             Point::Handler => panic!("injected failure (ATTUNE_INJECT=handler-panic)"),
             Point::Signal => panic!("injected failure (ATTUNE_INJECT=signal-panic)"),
             Point::Evictor => panic!("injected failure (ATTUNE_INJECT=evictor-panic)"),
+            // Not a panic point: the fault path asks `hit`.
             Point::LoadHalf => {}
         }
     }

@@ -125,7 +125,12 @@ pub fn fetch_chunk(e: &Pager, r: &Region, c: usize) {
 
 /// The most chunks one fault of `r` claims beyond its own (0: read-ahead off).
 fn readahead_max(e: &Pager, r: &Region) -> usize {
-    (e.cfg.readahead.min(MAX_RUN) / r.chunk).max(1) - 1
+    readahead_within(e, r, MAX_RUN)
+}
+
+/// [`readahead_max`] for a run of at most `bytes` (a tier's `run_max`).
+fn readahead_within(e: &Pager, r: &Region, bytes: usize) -> usize {
+    (e.cfg.readahead.min(MAX_RUN).min(bytes) / r.chunk).max(1) - 1
 }
 
 /// What a fault's read-ahead claimed beside its own chunk.
@@ -149,10 +154,11 @@ fn claim_readahead(e: &Pager, r: &Region, c: usize, src: Where, tier: usize) -> 
     // Fetching (signal delivery: each faulting thread places its own).
     let present = |x: usize| matches!(r.state(x).place(), Where::Resident | Where::Fetching);
     // A tier that copies runs into place caps them (`tier::COPIED_RUN`).
-    let max = match (src, e.tiers.get(tier).and_then(|t| t.run_max())) {
-        (Where::Far, Some(run)) => readahead_max(e, r).min((run / r.chunk).max(1) - 1),
-        _ => readahead_max(e, r),
+    let run = match src {
+        Where::Far => e.tiers.get(tier).and_then(|t| t.run_max()),
+        _ => None,
     };
+    let max = readahead_within(e, r, run.unwrap_or(MAX_RUN));
     let d = readahead::on_fault(&slots, c, r.chunks(), max, hint, present);
     let mut got = 0;
     while got < d.ahead {

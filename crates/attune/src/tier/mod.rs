@@ -584,13 +584,11 @@ pub(crate) fn store_staged(
 }
 
 /// The longest run a fault loads from a medium that copies it into place (file and
-/// remote through a bounce buffer, the pool from its mapping). A copied run is in the
-/// core's cache when the program goes on to read it, if it is short enough; a moved one
-/// (the memory tier) is not touched by the move, and longer moves cost less. Sequential
-/// passes (`attune bench --only seq-attune`, signal delivery) ran 1.29x faster at 256 KiB
-/// runs than at 1 MiB over a memory server, 1.19x from the file tier and 1.28x from the
-/// pool, while the memory tier ran 0.9x (docs/benchmarks.md, "Read-ahead runs from
-/// copying tiers").
+/// remote through a bounce buffer, the pool from its mapping): their sequential passes
+/// ran faster at 256 KiB runs than at 1 MiB, the memory tier's (moves, which cost less
+/// the longer they are) slower (docs/benchmarks.md, "Read-ahead runs from copying
+/// tiers"). Likely the copied run is still in the core's cache when the program reads it;
+/// not measured apart.
 pub const COPIED_RUN: usize = 256 << 10;
 
 /// A load through a bounce buffer (the file and remote media): `read` fills the buffer
