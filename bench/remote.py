@@ -93,7 +93,12 @@ def main():
     ap.add_argument("--builds", default=str(ATTUNE), help="attune binaries to compare, comma-separated")
     a = ap.parse_args()
     kinds = [k for k in ("fault", "seq", "rand") if k in a.only.split(",")]
+    if not kinds or len(kinds) != len(set(a.only.split(","))):
+        ap.error(f"--only takes fault, seq and rand, comma-separated (got '{a.only}')")
     builds = a.builds.split(",")
+    for b in builds:
+        if not os.access(b, os.X_OK):
+            ap.error(f"--builds: {b} is not an executable attune")
     d = Path(tempfile.mkdtemp(prefix="attune-remote-"))
     os.chmod(d, 0o755)
     h = Hosts(a.servers)

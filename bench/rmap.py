@@ -20,9 +20,9 @@ rMap's case studies (--only cases): BFS and XSBench (bench/workloads/bfs.c, xsbe
 --case-mib MiB each) on the client host, first all in DRAM (no Attune: the baseline and
 the peak RSS), then under `attune run` with 25%, 50% and 75% of that peak as local
 memory, the rest through one server, and the same with the rest in the process (the
-in-process memory tier: a fault without the network). Reported: wall seconds, the kernel's own phase (the workload's
-RESULT line), both over the all-DRAM run, faults, bytes fetched, and the workload's own
-check of its answer.
+in-process memory tier: a fault without the network). Reported: wall seconds, the
+kernel's own phase (the workload's RESULT line), both over the all-DRAM run, faults,
+bytes fetched, and the workload's own check of its answer.
 
 One cell of Figure 7, run --reps times with fresh servers each time (the aggregate and each
 client's seconds per run): --cell SERVERS,CLIENTS,PATTERN, e.g. --cell 4,8,seq.
@@ -256,6 +256,8 @@ def main():
     ap.add_argument("--cell", help="SERVERS,CLIENTS,PATTERN: one cell of Figure 7 only")
     ap.add_argument("--reps", type=int, default=3, help="runs of --cell")
     a = ap.parse_args()
+    if not set(a.only.split(",")) <= {"6", "7", "cases"}:
+        ap.error(f"--only takes 6, 7 and cases, comma-separated (got '{a.only}')")
     if a.cell and (len(a.cell.split(",")) != 3 or a.cell.split(",")[2] not in ("seq", "random")):
         ap.error("--cell takes SERVERS,CLIENTS,PATTERN with PATTERN seq or random (e.g. 4,8,seq)")
     d = Path(tempfile.mkdtemp(prefix="attune-rmap-"))

@@ -227,8 +227,8 @@ run readahead "$OUT/readahead" copied
 ATTUNE_FAULT_MODE=signal run readahead-signal "$OUT/readahead" copied
 ATTUNE_FAR=memory,file run readahead-memory "$OUT/readahead" moved
 ATTUNE_FAR=memory,file ATTUNE_FAULT_MODE=signal run readahead-memory-signal "$OUT/readahead" moved
-# A load that fails part-way (injected: the 3rd load of a run places half of it, then
-# EIO): what it placed reads right and is evicted like any page; only the rest fails.
+# A load that fails part-way (injected: the 3rd load of a run of two chunks or more
+# places half of it, then EIO): what it placed reads right and is evicted like any page; only the rest fails.
 ATTUNE_INJECT=load-fail-half:3 run partial-load-thread "$OUT/partial_load" poisoned
 ATTUNE_INJECT=load-fail-half:3 ATTUNE_FAULT_MODE=signal run partial-load-signal "$OUT/partial_load" retried
 ATTUNE_FAR=memory,file ATTUNE_INJECT=load-fail-half:3 run partial-load-memory-thread "$OUT/partial_load" poisoned
@@ -774,7 +774,7 @@ assert d["userfaultfd"] and d["fault_engine"] and d["write_protect"], d
 assert d["user_mode_only"] == (not full and not dev), d
 '; then pass=$((pass+1)); echo "ok   unpriv-doctor"
   else fail=$((fail+1)); failed+=(unpriv-doctor); echo "FAIL unpriv-doctor"; fi
-  run unpriv-readahead "$nobody" "$UP/bin/readahead"
+  run unpriv-readahead "$nobody" "$UP/bin/readahead" copied
   run unpriv-free-in-run "$nobody" "$UP/bin/free_in_run"
   ATTUNE_INJECT=load-fail-half:3 run unpriv-partial-load "$nobody" "$UP/bin/partial_load" poisoned
   # Write-back of changed pages only, as a user: the file tier in a directory of its own.
