@@ -15,13 +15,22 @@ against the source). Variants, interleaved in each repetition:
   local   the node fetches it once to a file on local disk, each instance maps the file
           (the sbcast way: one copy, in the page cache, counted to no one)
 
+With --image the input is a container image instead: a SquashFS image (busybox and the
+input as /etc/input.dat) that each instance runs in Charliecloud (`ch-run IMAGE --
+md5sum /etc/input.dat`, ch-run mounting it with its own SquashFUSE): fetched to a file of
+its own per instance, staged once (each instance runs `ch-run "$ATTUNE_STAGED_IMG"`), or
+fetched once to a local file.
+
 The time is the makespan: from the first start (the staging or the local fetch included)
 to the last instance's end. The memory is the peak of the instances' memory cgroup (with
-the staged copy, charged to attuned, added). Needs root, bwrap optional.
+the staged copy, charged to attuned, added). Needs root, bwrap optional (--image: ch-run,
+mksquashfs and busybox, from scripts/setup.sh).
 
 Usage: python3 bench/staging.py [--reps 3] [--counts 10,50,100] [--mib 16] [--rate 2gbit]
+                                [--image]
 """
 import argparse
+import hashlib
 import os
 import shutil
 import statistics
@@ -54,6 +63,23 @@ def container():
     return f"{b} --ro-bind / / --dev /dev --proc /proc --unshare-pid --die-with-parent"
 
 
+def image_script(variant, n, url, work):
+    """The --image variants: each instance runs the image in Charliecloud and checks the
+    input inside it."""
+    check = "-- /bin/md5sum /etc/input.dat"
+    inst = {
+        "fetch": f"curl -sf {url} -o {work}/img.$i && ch-run {work}/img.$i {check}; rm -f {work}/img.$i",
+        "staged": f"{ATTUNE} run -q --staged img -- sh -c 'ch-run \"$ATTUNE_STAGED_IMG\" {check}'",
+        "local": f"ch-run {work}/local.sqfs {check}",
+    }[variant]
+    first = {
+        "fetch": "",
+        "staged": f"curl -sf {url} | {ATTUNE} stage img - > /dev/null || exit 1",
+        "local": f"curl -sf {url} -o {work}/local.sqfs || exit 1",
+    }[variant]
+    return (f"{first}\nfor i in $(seq {n}); do ({inst}) > {work}/out.$i 2>&1 & done\nwait\n")
+
+
 def script(variant, n, url, reader, work, cont):
     inst = {
         "fetch": f"curl -sf {url} | {cont} {reader} -",
@@ -74,9 +100,14 @@ def main():
     ap.add_argument("--counts", default="10,50,100")
     ap.add_argument("--mib", type=int, default=16)
     ap.add_argument("--rate", default="2gbit", help="the store's link (tbf)")
+    ap.add_argument("--image", action="store_true", help="a SquashFS image run by ch-run")
     a = ap.parse_args()
     if os.geteuid() != 0:
-        sys.exit("staging.py: needs root (network namespaces, a memory cgroup)")
+        sys.exit("staging.py: needs root (network namespaces, a memory cgroup; --image: /dev/fuse)")
+    if a.image:
+        missing = [t for t in ("ch-run", "mksquashfs", "busybox") if not shutil.which(t)]
+        if missing:
+            sys.exit(f"staging.py --image: {', '.join(missing)} not installed (scripts/setup.sh)")
     counts = [int(c) for c in a.counts.split(",")]
     work = Path(tempfile.mkdtemp(prefix="attune-staging-"))
     os.chmod(work, 0o755)
@@ -85,8 +116,14 @@ def main():
     store = work / "store"
     store.mkdir()
     data = os.urandom(a.mib * MIB)
-    (store / "input.dat").write_bytes(data)
-    want = subprocess.run([reader, store / "input.dat"], capture_output=True, text=True).stdout.strip()
+    if a.image:
+        from test_stage import squashfs_image  # noqa: E402
+        squashfs_image(work, data).rename(store / "input.dat")
+        want = f"{hashlib.md5(data).hexdigest()}  /etc/input.dat"
+    else:
+        (store / "input.dat").write_bytes(data)
+        want = subprocess.run([reader, store / "input.dat"], capture_output=True, text=True).stdout.strip()
+    staged_bytes = (store / "input.dat").stat().st_size
     cg = CGROUP / f"attune-stagebench-{os.getpid()}"
     cg.mkdir()
     h = Hosts(1)
@@ -109,7 +146,7 @@ def main():
             if ok and sock.exists():
                 break
             time.sleep(0.1)
-        env = dict(os.environ, ATTUNE_SOCKET=str(sock))
+        env = dict(os.environ, ATTUNE_SOCKET=str(sock), USER="root")
         cont = container()
         variants = ["fetch", "staged", "local"]
         res = {}
@@ -117,7 +154,8 @@ def main():
             for n in counts:
                 for v in variants:
                     (cg / "memory.max_usage_in_bytes").write_text("0")
-                    body = script(v, n, url, reader, work, cont)
+                    body = (image_script(v, n, url, work) if a.image
+                            else script(v, n, url, reader, work, cont))
                     t0 = time.monotonic()
                     r = subprocess.run(["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh",
                                         *h.on_client(["sh", "-c", body])], env=env, capture_output=True,
@@ -130,15 +168,18 @@ def main():
                         sys.exit(f"{v} x{n} failed (rc {r.returncode}): {r.stderr[-400:]} "
                                  f"{len(bad)} wrong: {bad[:2]} (want {want})")
                     if v == "staged":
-                        peak += a.mib * MIB
-                        subprocess.run([ATTUNE, "unstage", "in"], env=env, check=True)
+                        peak += staged_bytes
+                        subprocess.run([ATTUNE, "unstage", "img" if a.image else "in"], env=env, check=True)
                     if v == "local":
-                        (work / "local.dat").unlink()
+                        (work / ("local.sqfs" if a.image else "local.dat")).unlink()
                     res.setdefault((n, v), []).append((dt, peak))
                     print(f"rep {rep + 1} n={n:4d} {v:7s} {dt:7.2f} s  peak {peak / MIB:8.1f} MiB",
                           file=sys.stderr)
-        print(f"\nCold start of N instances each reading a {a.mib} MiB input from a store behind a "
-              f"{a.rate} link; {'bubblewrap containers' if cont else 'no container'}; medians of "
+        what = (f"running a {staged_bytes / MIB:.1f} MiB SquashFS image in Charliecloud and reading its "
+                f"{a.mib} MiB input" if a.image else f"reading a {a.mib} MiB input")
+        where = "Charliecloud" if a.image else "bubblewrap containers" if cont else "no container"
+        print(f"\nCold start of N instances each {what} from a store behind a "
+              f"{a.rate} link; {where}; medians of "
               f"{a.reps} (min-max); every instance's checksum verified.\n")
         print("| instances | variant | makespan (s) | vs fetch | node memory peak (MiB) |")
         print("|---|---|---|---|---|")

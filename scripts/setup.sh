@@ -36,6 +36,10 @@ command -v slurmdbd >/dev/null || need+=(slurmdbd)
 command -v mariadbd >/dev/null || need+=(mariadb-server)
 command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v ch-run >/dev/null || need+=(charliecloud-runtime)
+# A SquashFS image staged once per node and run by Charliecloud (tests/python/test_stage.py,
+# bench/staging.py --image): mksquashfs builds it, busybox (static) is its whole userland.
+command -v mksquashfs >/dev/null || need+=(squashfs-tools)
+command -v busybox >/dev/null || need+=(busybox-static)
 # The failing-tier test: an ext4 file system on a loop device (docs/reliability.md).
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 # The file tier on a disk that fails its reads: a FUSE file system of the tests'

@@ -913,7 +913,11 @@ pub fn warnings(cfg: &Config, env: &[(String, String)], m: &Machine) -> Vec<Stri
     known.push("TM_FLAGS".into());
     let mut out = Vec::new();
     for (k, _) in env {
-        if known.contains(k) {
+        // `attune run --staged NAME` gives each staged input's path in ATTUNE_STAGED_NAME.
+        if known.contains(k)
+            || k.strip_prefix("ATTUNE_STAGED_")
+                .is_some_and(|n| !n.is_empty())
+        {
             continue;
         }
         if let Some(rest) = k.strip_prefix("ATTUNE_TIER_") {
@@ -1537,6 +1541,7 @@ mod tests {
             ("ATTUNE_TIER_MY_SSD_MIN_CHUNK", "64K"),
             ("ATTUNE_CONFIG", ""),
             ("ATTUNE_REPORT_DIR", "/tmp"),
+            ("ATTUNE_STAGED_ERA5_IN", "/proc/self/fd/9"),
             ("ATTUNE_WHATEVER_ELSE", "1"),
         ]);
         let c = load(None, &e, &m).unwrap();
