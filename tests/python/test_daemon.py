@@ -288,6 +288,35 @@ def test_require_fails_when_the_daemon_does_not_take_the_process(workdir, daemon
     holder.close()
 
 
+def test_a_late_welcome_is_waited_for_on_the_same_connection(workdir, daemon):
+    """A daemon too busy to answer a registration in 2 s (50 Charliecloud containers
+    started at once on 2 vCPUs: bench/staging.py --image) answered into a connection the
+    runtime had dropped, which warned "no answer to the registration" and registered
+    again. Here the daemon is stopped for 3.5 s: a program's start is not held past 2 s,
+    no warning is printed, the late welcome joins it on the same connection, and with
+    `daemon = require` the start waits for it."""
+    d = daemon("--dram", "128M")
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.time()
+        auto = client(workdir, d, "sweeps", "CAP", 8, 1)
+        req = client(workdir, d, "workflow", "CAP", 8, 4, ATTUNE_DAEMON="require", ATTUNE_DRAM="32M")
+        rc, out = finish(auto)
+        started = time.time() - t0
+        time.sleep(max(0.0, 3.5 - started))
+        assert rc == 0 and "sweeps: OK" in out, out
+        assert 1.5 < started < 3.3, f"start held {started:.1f} s"
+        assert "no answer" not in out and "running alone" not in out, out
+        assert req.poll() is None, "require did not wait"
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    rc, out = finish(req)
+    assert rc == 0 and "workflow: OK" in out and "connected=1" in out, out
+    assert "did not take this process" not in out, out
+    time.sleep(0.5)
+    assert d.status()["workflows"] == [], "both gone with their processes"
+
+
 # --- shared regions ----------------------------------------------------------------
 
 def wait_line(p, text, timeout=20):

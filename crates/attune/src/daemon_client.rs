@@ -28,6 +28,31 @@ const REPORT_EVERY: Duration = Duration::from_millis(200);
 const WATCH_EVERY: Duration = Duration::from_millis(20);
 const RECONNECT_EVERY: Duration = Duration::from_millis(500);
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a process's start waits for the daemon's welcome: a daemon that has not
+/// answered by then must not hold the program up.
+const WELCOME_AT_START: Duration = Duration::from_secs(2);
+/// How long a registration the daemon has not answered in time is still waited for, by
+/// the connection thread, before it is dropped. A daemon busy with a cold start of many
+/// instances at once (50 Charliecloud containers on 2 vCPUs: bench/staging.py --image)
+/// answers late; dropping the connection and registering again would give it the same
+/// work twice, where it already has too much.
+const WELCOME_LATE: Duration = Duration::from_secs(30);
+
+/// Why a registration did not end in a welcome.
+enum NotWelcomed {
+    /// No answer yet on a connection the daemon took: it may still come.
+    Late(UnixStream, FrameReader),
+    Failed(String),
+}
+
+impl NotWelcomed {
+    fn why(self) -> String {
+        match self {
+            NotWelcomed::Late(..) => "no answer to the registration yet".into(),
+            NotWelcomed::Failed(why) => why,
+        }
+    }
+}
 
 /// A shared region this process maps.
 struct Held {
@@ -110,7 +135,7 @@ pub fn start(cfg: &Config, engine: Option<&'static Pager>) -> Result<(), String>
     if cfg.daemon == DaemonMode::Off {
         return Ok(());
     }
-    let first = attune_proto::connect(&cfg.socket, Duration::from_secs(2));
+    let first = attune_proto::connect(&cfg.socket, WELCOME_AT_START);
     let sock = match first {
         Ok(s) => s,
         Err(e) => {
@@ -155,24 +180,51 @@ pub fn start(cfg: &Config, engine: Option<&'static Pager>) -> Result<(), String>
     ATFORK.call_once(|| attune_sys::os::atfork(None, None, Some(forget_in_child)));
     *CLIENT.lock().unwrap_or_else(|p| p.into_inner()) = Some((c.pid, c.clone()));
     // Register before returning, so the first allocations already run under the grant.
-    let session = match c.hello(sock) {
+    // `require` means a process the daemon did not take must not run unaccounted: it
+    // waits out a late answer here.
+    let mut hello = c.hello(sock);
+    if cfg.daemon == DaemonMode::Require {
+        if let Err(NotWelcomed::Late(sock, rd)) = hello {
+            hello = c.welcome(sock, rd, WELCOME_LATE);
+        }
+    }
+    let mut pending = None;
+    let session = match hello {
         Ok(s) => Some(s),
-        // `require` means a process the daemon did not take must not run unaccounted.
         Err(why) if cfg.daemon == DaemonMode::Require => {
             *CLIENT.lock().unwrap_or_else(|p| p.into_inner()) = None;
             return Err(format!(
-                "daemon = require, but attuned on {} did not take this process: {why}",
-                cfg.socket.display()
+                "daemon = require, but attuned on {} did not take this process: {}",
+                cfg.socket.display(),
+                why.why()
             ));
         }
-        Err(why) => {
+        Err(NotWelcomed::Late(sock, rd)) => {
+            crate::info!(
+                "attuned on {} has not answered the registration in {} s; running on the local budget until it does",
+                cfg.socket.display(),
+                WELCOME_AT_START.as_secs()
+            );
+            pending = Some((sock, rd));
+            None
+        }
+        Err(NotWelcomed::Failed(why)) => {
             crate::warn!("{why}; running alone on the local budget");
             None
         }
     };
     let c2 = c.clone();
-    attune_sys::os::spawn_runtime_thread("attune-tmm", move || c2.run(session))
-        .map_err(|e| format!("cannot start the daemon thread: {e}"))?;
+    attune_sys::os::spawn_runtime_thread("attune-tmm", move || {
+        // A late welcome is waited for on the connection that asked for it.
+        let session = session.or_else(|| {
+            let (sock, rd) = pending?;
+            c2.welcome(sock, rd, WELCOME_LATE)
+                .map_err(|why| crate::warn!("{}; running alone on the local budget", why.why()))
+                .ok()
+        });
+        c2.run(session)
+    })
+    .map_err(|e| format!("cannot start the daemon thread: {e}"))?;
     Ok(())
 }
 
@@ -219,9 +271,9 @@ impl Client {
         b.min(self.want)
     }
 
-    /// Sends `Hello` on a fresh connection and waits for `Welcome`; None if refused.
-    /// Registers this process; the session, or why the daemon did not take it.
-    fn hello(&self, sock: UnixStream) -> Result<(UnixStream, FrameReader), String> {
+    /// Registers this process: sends `Hello` on a fresh connection and waits for
+    /// `Welcome` as long as the connection's read timeout; the session, or why not.
+    fn hello(&self, sock: UnixStream) -> Result<(UnixStream, FrameReader), NotWelcomed> {
         let (held, mut fds): (Vec<SharedHeld>, Vec<i32>) = {
             let h = self.held.lock().unwrap_or_else(|p| p.into_inner());
             h.iter()
@@ -257,9 +309,46 @@ impl Client {
             pool: pool.is_some(),
             pool_held: pool_held.is_some(),
         };
-        attune_proto::write_frame(&sock, &req, &fds)
-            .map_err(|e| format!("the registration could not be sent ({e})"))?;
-        let mut rd = FrameReader::default();
+        attune_proto::write_frame(&sock, &req, &fds).map_err(|e| {
+            NotWelcomed::Failed(format!("the registration could not be sent ({e})"))
+        })?;
+        self.await_welcome(sock, FrameReader::default())
+    }
+
+    /// [`Client::await_welcome`] for up to `wait` more on a registration that had no
+    /// answer in time.
+    fn welcome(
+        &self,
+        sock: UnixStream,
+        rd: FrameReader,
+        wait: Duration,
+    ) -> Result<(UnixStream, FrameReader), NotWelcomed> {
+        if let Err(e) = sock.set_read_timeout(Some(wait)) {
+            return Err(NotWelcomed::Failed(format!(
+                "no answer to the registration ({e})"
+            )));
+        }
+        let r = self.await_welcome(sock, rd);
+        match r {
+            Err(NotWelcomed::Late(..)) => Err(NotWelcomed::Failed(format!(
+                "no answer to the registration in {} s",
+                (WELCOME_AT_START + wait).as_secs()
+            ))),
+            r => r,
+        }
+    }
+
+    /// Reads the daemon's answers to a sent `Hello` until its `Welcome`, applying the grants
+    /// that overtake it.
+    fn await_welcome(
+        &self,
+        sock: UnixStream,
+        mut rd: FrameReader,
+    ) -> Result<(UnixStream, FrameReader), NotWelcomed> {
+        let pool = self
+            .engine
+            .and_then(|e| e.pool_tier())
+            .filter(|p| !p.detached());
         loop {
             match rd.read(&sock, Reply::fds) {
                 // A grant computed for a later rebalance may overtake the welcome.
@@ -300,17 +389,27 @@ impl Client {
                     return Ok((sock, rd));
                 }
                 Ok((Reply::Error { message, .. }, _)) => {
-                    return Err(format!("attuned refused this process: {message}"));
+                    return Err(NotWelcomed::Failed(format!(
+                        "attuned refused this process: {message}"
+                    )));
+                }
+                Err(ReadError::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(NotWelcomed::Late(sock, rd));
                 }
                 // A daemon at max_clients closes the connection without a word.
                 other => {
-                    return Err(format!(
+                    return Err(NotWelcomed::Failed(format!(
                         "no answer to the registration ({})",
                         match other {
                             Ok((r, _)) => format!("{r:?}"),
                             Err(e) => e.to_string(),
                         }
-                    ));
+                    )));
                 }
             }
         }
@@ -445,11 +544,13 @@ impl Client {
                 );
             }
             std::thread::sleep(RECONNECT_EVERY);
-            if let Ok(s) = attune_proto::connect(&self.socket, Duration::from_secs(2)) {
-                session = self
-                    .hello(s)
-                    .map_err(|why| crate::warn!("{why}; running alone on the local budget"))
-                    .ok();
+            if let Ok(s) = attune_proto::connect(&self.socket, WELCOME_AT_START) {
+                session = match self.hello(s) {
+                    Err(NotWelcomed::Late(s, rd)) => self.welcome(s, rd, WELCOME_LATE),
+                    r => r,
+                }
+                .map_err(|why| crate::warn!("{}; running alone on the local budget", why.why()))
+                .ok();
             }
         }
     }
