@@ -147,6 +147,28 @@ def test_a_staged_squashfs_image_serves_concurrent_charliecloud_instances(workdi
     assert wait_gone(d, "img", 5)
 
 
+def test_a_launcher_waits_for_a_busy_daemon_to_answer_its_open(workdir, daemon):
+    """`attune run --staged` cannot start its program without the input, and a daemon
+    that took the connection is there: one too busy to answer in 5 s (a cold start of
+    100 containers at once: bench/staging.py --image) failed the instance with "attuned:
+    Resource temporarily unavailable". Stopped here for 6 s, it is waited for."""
+    d = daemon("--dram", "256M")
+    src = data_file(workdir, "busy.dat", 1)
+    assert attune(d, "stage", "busy", src).returncode == 0
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        run = subprocess.Popen([str(ATTUNE), "run", "-q", "--staged", "busy", "--", "sh", "-c",
+                                f'cmp "$ATTUNE_STAGED_BUSY" {src} && echo SAME'],
+                               env=d.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(6)
+        assert run.poll() is None, run.communicate()
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 0 and "SAME" in out, (out, err)
+    assert attune(d, "unstage", "busy").returncode == 0
+
+
 def restart_and_wait_for(d, name, timeout=5):
     """Kills the daemon, starts it again on its socket, and waits for region `name` to be
     given back by the launchers that hold it: its status entry, or None."""
