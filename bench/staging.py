@@ -63,34 +63,31 @@ def container():
     return f"{b} --ro-bind / / --dev /dev --proc /proc --unshare-pid --die-with-parent"
 
 
-def image_script(variant, n, url, work):
-    """The --image variants: each instance runs the image in Charliecloud and checks the
-    input inside it."""
-    check = "-- /bin/md5sum /etc/input.dat"
-    inst = {
-        "fetch": f"curl -sf {url} -o {work}/img.$i && ch-run {work}/img.$i {check}; rm -f {work}/img.$i",
-        "staged": f"{ATTUNE} run -q --staged img -- sh -c 'ch-run \"$ATTUNE_STAGED_IMG\" {check}'",
-        "local": f"ch-run {work}/local.sqfs {check}",
+def commands(variant, url, work, image, reader, cont):
+    """What the node runs first, and what each instance runs. With `image` each instance
+    runs the image in Charliecloud and checks the input inside it; otherwise it reads the
+    input with `reader` in `cont`."""
+    if image:
+        check = "-- /bin/md5sum /etc/input.dat"
+        name, local = "img", f"{work}/local.sqfs"
+        fetch = f"curl -sf {url} -o {work}/img.$i && ch-run {work}/img.$i {check}; rm -f {work}/img.$i"
+        staged = f"ch-run \"$ATTUNE_STAGED_IMG\" {check}"
+        on_local = f"ch-run {local} {check}"
+    else:
+        name, local = "in", f"{work}/local.dat"
+        fetch = f"curl -sf {url} | {cont} {reader} -"
+        staged = f"{cont} {reader} \"$ATTUNE_STAGED_IN\""
+        on_local = f"{cont} {reader} {local}"
+    return {
+        "fetch": ("", fetch),
+        "staged": (f"curl -sf {url} | {ATTUNE} stage {name} - > /dev/null || exit 1",
+                   f"{ATTUNE} run -q --staged {name} -- sh -c '{staged}'"),
+        "local": (f"curl -sf {url} -o {local} || exit 1", on_local),
     }[variant]
-    first = {
-        "fetch": "",
-        "staged": f"curl -sf {url} | {ATTUNE} stage img - > /dev/null || exit 1",
-        "local": f"curl -sf {url} -o {work}/local.sqfs || exit 1",
-    }[variant]
-    return (f"{first}\nfor i in $(seq {n}); do ({inst}) > {work}/out.$i 2>&1 & done\nwait\n")
 
 
-def script(variant, n, url, reader, work, cont):
-    inst = {
-        "fetch": f"curl -sf {url} | {cont} {reader} -",
-        "staged": f"{ATTUNE} run -q --staged in -- sh -c '{cont} {reader} \"$ATTUNE_STAGED_IN\"'",
-        "local": f"{cont} {reader} {work}/local.dat",
-    }[variant]
-    first = {
-        "fetch": "",
-        "staged": f"curl -sf {url} | {ATTUNE} stage in - > /dev/null || exit 1",
-        "local": f"curl -sf {url} -o {work}/local.dat || exit 1",
-    }[variant]
+def script(variant, n, url, work, image, reader, cont):
+    first, inst = commands(variant, url, work, image, reader, cont)
     return (f"{first}\nfor i in $(seq {n}); do ({inst}) > {work}/out.$i 2>&1 & done\nwait\n")
 
 
@@ -154,8 +151,7 @@ def main():
             for n in counts:
                 for v in variants:
                     (cg / "memory.max_usage_in_bytes").write_text("0")
-                    body = (image_script(v, n, url, work) if a.image
-                            else script(v, n, url, reader, work, cont))
+                    body = script(v, n, url, work, a.image, reader, cont)
                     t0 = time.monotonic()
                     r = subprocess.run(["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh",
                                         *h.on_client(["sh", "-c", body])], env=env, capture_output=True,
