@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# How many registrations a busy attuned answers after the runtime's 2 s (issue 26;
+# docs/design/daemon.md, "A late welcome"): N Charliecloud instances of one staged
+# SquashFS image start at once, and each one's runtimes log whether the welcome was late.
+# Root (ch-run's SquashFUSE needs /dev/fuse), after `make build`; ch-run, mksquashfs and
+# busybox from scripts/setup.sh.
+# Usage: bench/registration_burst.sh [COUNTS...]   (default: 25 50 100 150)
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+A=$ROOT/build/bin/attune
+W=$(mktemp -d /tmp/attune-burst-XXXXXX)
+D=
+cleanup() { [ -n "$D" ] && kill "$D" 2>/dev/null && wait "$D" 2>/dev/null; rm -rf "$W"; }
+trap cleanup EXIT
+python3 -c "import sys, os; sys.path.insert(0, '$ROOT/tests/python')
+from test_stage import squashfs_image; squashfs_image('$W', os.urandom(16 << 20))"
+export USER=root ATTUNE_SOCKET=$W/d.sock ATTUNE_LOG=info
+"$ROOT/build/bin/attuned" --socket "$W/d.sock" --dram 4G --shared-max 1G --metrics off > "$W/d.log" 2>&1 &
+D=$!
+for _ in $(seq 100); do [ -S "$W/d.sock" ] && break; sleep 0.05; done
+"$A" stage img "$W/image.sqfs" > /dev/null
+echo "| instances | makespan (s) | verified | welcomes | late (> 2 s) | warnings |"
+echo "|---|---|---|---|---|---|"
+for n in "${@:-25 50 100 150}"; do
+  for m in $n; do
+    rm -f "$W"/out.*
+    t0=$(date +%s.%N)
+    pids=()
+    for i in $(seq "$m"); do
+      ("$A" run -q --staged img -- sh -c 'ch-run "$ATTUNE_STAGED_IMG" -- /bin/md5sum /etc/input.dat') \
+        > "$W/out.$i" 2>&1 &
+      pids+=($!)
+    done
+    wait "${pids[@]}"
+    t1=$(date +%s.%N)
+    ok=$(cat "$W"/out.* | grep -c '  /etc/input.dat$' || true)
+    joined=$(cat "$W"/out.* | grep -c 'joined attuned' || true)
+    late=$(cat "$W"/out.* | grep -c 'has not answered the registration' || true)
+    warn=$(cat "$W"/out.* | grep -c 'warning' || true)
+    printf '| %d | %.2f | %d/%d | %d | %d | %d |\n' "$m" "$(echo "$t1 - $t0" | bc)" "$ok" "$m" "$joined" "$late" "$warn"
+  done
+done
