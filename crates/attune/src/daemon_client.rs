@@ -45,15 +45,6 @@ enum NotWelcomed {
     Failed(String),
 }
 
-impl NotWelcomed {
-    fn why(self) -> String {
-        match self {
-            NotWelcomed::Late(..) => "no answer to the registration yet".into(),
-            NotWelcomed::Failed(why) => why,
-        }
-    }
-}
-
 /// A shared region this process maps.
 struct Held {
     file: OwnedFd,
@@ -182,23 +173,19 @@ pub fn start(cfg: &Config, engine: Option<&'static Pager>) -> Result<(), String>
     // Register before returning, so the first allocations already run under the grant.
     // `require` means a process the daemon did not take must not run unaccounted: it
     // waits out a late answer here.
-    let mut hello = c.hello(sock);
     if cfg.daemon == DaemonMode::Require {
-        if let Err(NotWelcomed::Late(sock, rd)) = hello {
-            hello = c.welcome(sock, rd, WELCOME_LATE);
-        }
+        let session = c.hello_waiting(sock).map_err(|why| {
+            *CLIENT.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            format!(
+                "daemon = require, but attuned on {} did not take this process: {why}",
+                cfg.socket.display()
+            )
+        })?;
+        return c.spawn_thread(Some(session), None);
     }
     let mut pending = None;
-    let session = match hello {
+    let session = match c.hello(sock) {
         Ok(s) => Some(s),
-        Err(why) if cfg.daemon == DaemonMode::Require => {
-            *CLIENT.lock().unwrap_or_else(|p| p.into_inner()) = None;
-            return Err(format!(
-                "daemon = require, but attuned on {} did not take this process: {}",
-                cfg.socket.display(),
-                why.why()
-            ));
-        }
         Err(NotWelcomed::Late(sock, rd)) => {
             crate::info!(
                 "attuned on {} has not answered the registration in {} s; running on the local budget until it does",
@@ -213,22 +200,34 @@ pub fn start(cfg: &Config, engine: Option<&'static Pager>) -> Result<(), String>
             None
         }
     };
-    let c2 = c.clone();
-    attune_sys::os::spawn_runtime_thread("attune-tmm", move || {
-        // A late welcome is waited for on the connection that asked for it.
-        let session = session.or_else(|| {
-            let (sock, rd) = pending?;
-            c2.welcome(sock, rd, WELCOME_LATE)
-                .map_err(|why| crate::warn!("{}; running alone on the local budget", why.why()))
-                .ok()
-        });
-        c2.run(session)
-    })
-    .map_err(|e| format!("cannot start the daemon thread: {e}"))?;
-    Ok(())
+    c.spawn_thread(session, pending)
 }
 
+type Session = (UnixStream, FrameReader);
+
 impl Client {
+    /// Starts the connection thread on `session`, or first on the `pending` registration
+    /// that had no answer in time (a late welcome is waited for on the connection that
+    /// asked for it).
+    fn spawn_thread(
+        self: &Arc<Self>,
+        session: Option<Session>,
+        pending: Option<Session>,
+    ) -> Result<(), String> {
+        let c = self.clone();
+        attune_sys::os::spawn_runtime_thread("attune-tmm", move || {
+            let session = session.or_else(|| {
+                let (sock, rd) = pending?;
+                c.welcome(sock, rd, WELCOME_LATE)
+                    .map_err(|why| crate::warn!("{why}; running alone on the local budget"))
+                    .ok()
+            });
+            c.run(session)
+        })
+        .map(|_| ())
+        .map_err(|e| format!("cannot start the daemon thread: {e}"))
+    }
+
     fn flags_now(&self) -> Flags {
         if !self.launch_flags.is_empty() {
             return self.launch_flags;
@@ -273,7 +272,7 @@ impl Client {
 
     /// Registers this process: sends `Hello` on a fresh connection and waits for
     /// `Welcome` as long as the connection's read timeout; the session, or why not.
-    fn hello(&self, sock: UnixStream) -> Result<(UnixStream, FrameReader), NotWelcomed> {
+    fn hello(&self, sock: UnixStream) -> Result<Session, NotWelcomed> {
         let (held, mut fds): (Vec<SharedHeld>, Vec<i32>) = {
             let h = self.held.lock().unwrap_or_else(|p| p.into_inner());
             h.iter()
@@ -315,6 +314,15 @@ impl Client {
         self.await_welcome(sock, FrameReader::default())
     }
 
+    /// [`Client::hello`], then up to [`WELCOME_LATE`] more for a late answer.
+    fn hello_waiting(&self, sock: UnixStream) -> Result<Session, String> {
+        match self.hello(sock) {
+            Ok(s) => Ok(s),
+            Err(NotWelcomed::Late(sock, rd)) => self.welcome(sock, rd, WELCOME_LATE),
+            Err(NotWelcomed::Failed(why)) => Err(why),
+        }
+    }
+
     /// [`Client::await_welcome`] for up to `wait` more on a registration that had no
     /// answer in time.
     fn welcome(
@@ -322,29 +330,21 @@ impl Client {
         sock: UnixStream,
         rd: FrameReader,
         wait: Duration,
-    ) -> Result<(UnixStream, FrameReader), NotWelcomed> {
-        if let Err(e) = sock.set_read_timeout(Some(wait)) {
-            return Err(NotWelcomed::Failed(format!(
-                "no answer to the registration ({e})"
-            )));
-        }
-        let r = self.await_welcome(sock, rd);
-        match r {
-            Err(NotWelcomed::Late(..)) => Err(NotWelcomed::Failed(format!(
+    ) -> Result<Session, String> {
+        sock.set_read_timeout(Some(wait))
+            .map_err(|e| format!("no answer to the registration ({e})"))?;
+        self.await_welcome(sock, rd).map_err(|e| match e {
+            NotWelcomed::Late(..) => format!(
                 "no answer to the registration in {} s",
                 (WELCOME_AT_START + wait).as_secs()
-            ))),
-            r => r,
-        }
+            ),
+            NotWelcomed::Failed(why) => why,
+        })
     }
 
     /// Reads the daemon's answers to a sent `Hello` until its `Welcome`, applying the grants
     /// that overtake it.
-    fn await_welcome(
-        &self,
-        sock: UnixStream,
-        mut rd: FrameReader,
-    ) -> Result<(UnixStream, FrameReader), NotWelcomed> {
+    fn await_welcome(&self, sock: UnixStream, mut rd: FrameReader) -> Result<Session, NotWelcomed> {
         let pool = self
             .engine
             .and_then(|e| e.pool_tier())
@@ -528,7 +528,7 @@ impl Client {
     }
 
     /// The connection thread: serve a session, then reconnect for ever.
-    fn run(self: Arc<Self>, mut session: Option<(UnixStream, FrameReader)>) {
+    fn run(self: Arc<Self>, mut session: Option<Session>) {
         loop {
             if let Some((sock, rd)) = session.take() {
                 self.serve(sock, rd);
@@ -545,12 +545,10 @@ impl Client {
             }
             std::thread::sleep(RECONNECT_EVERY);
             if let Ok(s) = attune_proto::connect(&self.socket, WELCOME_AT_START) {
-                session = match self.hello(s) {
-                    Err(NotWelcomed::Late(s, rd)) => self.welcome(s, rd, WELCOME_LATE),
-                    r => r,
-                }
-                .map_err(|why| crate::warn!("{}; running alone on the local budget", why.why()))
-                .ok();
+                session = self
+                    .hello_waiting(s)
+                    .map_err(|why| crate::warn!("{why}; running alone on the local budget"))
+                    .ok();
             }
         }
     }
