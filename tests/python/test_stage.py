@@ -147,26 +147,57 @@ def test_a_staged_squashfs_image_serves_concurrent_charliecloud_instances(workdi
     assert wait_gone(d, "img", 5)
 
 
-def test_a_launcher_waits_for_a_busy_daemon_to_answer_its_open(workdir, daemon):
+def staged_run(d, name, src, user):
+    """`attune run --staged NAME` of a program that compares its input with `src`."""
+    var = "$ATTUNE_STAGED_" + name.upper()
+    return subprocess.Popen([str(ATTUNE), "run", "-q", "--staged", name, "--", "sh", "-c",
+                             f'cmp "{var}" {src} && echo SAME'],
+                            env=d.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_nobody if user else None)
+
+
+@pytest.mark.parametrize("user", [None, "nobody"])
+def test_a_launcher_waits_for_a_busy_daemon_to_answer_its_open(workdir, daemon, user):
     """`attune run --staged` cannot start its program without the input, and a daemon
     that took the connection is there: one too busy to answer in 5 s (a cold start of
     100 containers at once: bench/staging.py --image) failed the instance with "attuned:
-    Resource temporarily unavailable". Stopped here for 6 s, it is waited for."""
+    Resource temporarily unavailable". Stopped here for 6 s, it is waited for; as root
+    and as a user who is not (the input is that user's)."""
+    if user and os.geteuid() != 0:
+        pytest.skip("needs root to run as nobody")
     d = daemon("--dram", "256M")
     src = data_file(workdir, "busy.dat", 1)
-    assert attune(d, "stage", "busy", src).returncode == 0
+    assert attune(d, "stage", "busy", src, user=user).returncode == 0
     os.kill(d.proc.pid, signal.SIGSTOP)
     try:
-        run = subprocess.Popen([str(ATTUNE), "run", "-q", "--staged", "busy", "--", "sh", "-c",
-                                f'cmp "$ATTUNE_STAGED_BUSY" {src} && echo SAME'],
-                               env=d.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        run = staged_run(d, "busy", src, user)
         time.sleep(6)
         assert run.poll() is None, run.communicate()
     finally:
         os.kill(d.proc.pid, signal.SIGCONT)
     out, err = run.communicate(timeout=60)
     assert run.returncode == 0 and "SAME" in out, (out, err)
-    assert attune(d, "unstage", "busy").returncode == 0
+    assert attune(d, "unstage", "busy", user=user).returncode == 0
+
+
+def test_a_launcher_gives_up_on_a_daemon_silent_past_its_wait(workdir, daemon):
+    """The wait is bounded: a daemon stopped for longer than the launcher's 30 s fails
+    the instance with a message that says so, and the program never runs."""
+    d = daemon("--dram", "256M")
+    src = data_file(workdir, "silent.dat", 1)
+    assert attune(d, "stage", "silent", src).returncode == 0
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.time()
+        run = staged_run(d, "silent", src, None)
+        out, err = run.communicate(timeout=60)
+        took = time.time() - t0
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    assert run.returncode != 0 and "SAME" not in out, (out, err)
+    assert "--staged silent: no answer from attuned in 30 s" in err, err
+    assert 29 < took < 45, f"gave up after {took:.1f} s"
+    assert attune(d, "unstage", "silent").returncode == 0
 
 
 def restart_and_wait_for(d, name, timeout=5):

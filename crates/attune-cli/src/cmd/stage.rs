@@ -203,7 +203,7 @@ pub fn env_name(name: &str) -> String {
             }
         })
         .collect();
-    format!("ATTUNE_STAGED_{n}")
+    format!("{}{n}", attune::config::STAGED_PREFIX)
 }
 
 /// The memory files `attune run --staged` holds for its program, inherited by the program
@@ -301,6 +301,18 @@ fn open_when_staged(
                 std::thread::sleep(Duration::from_millis(50));
             }
             Ok((r, _)) => return Err(format!("{name}: {}", reply_error(r))),
+            Err(attune_proto::ReadError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                let waited = s.read_timeout().ok().flatten().unwrap_or_default();
+                return Err(format!(
+                    "{name}: no answer from attuned in {} s",
+                    waited.as_secs()
+                ));
+            }
             Err(e) => return Err(format!("{name}: attuned: {e}")),
         }
     }

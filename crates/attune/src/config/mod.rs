@@ -882,6 +882,10 @@ pub fn load_from_process(path: Option<&std::path::Path>) -> Result<Config, Confi
     Ok(cfg)
 }
 
+/// `attune run --staged NAME` gives each staged input's path in `ATTUNE_STAGED_<NAME>`
+/// (`attune stage`'s `env_name`): the launcher's own variables, never warned about.
+pub const STAGED_PREFIX: &str = "ATTUNE_STAGED_";
+
 /// `ATTUNE_*` variables that are not options: the launcher's, the lab's and the tests'.
 const OTHER_VARIABLES: &[&str] = &[
     "ATTUNE_CONFIG",
@@ -913,11 +917,7 @@ pub fn warnings(cfg: &Config, env: &[(String, String)], m: &Machine) -> Vec<Stri
     known.push("TM_FLAGS".into());
     let mut out = Vec::new();
     for (k, _) in env {
-        // `attune run --staged NAME` gives each staged input's path in ATTUNE_STAGED_NAME.
-        if known.contains(k)
-            || k.strip_prefix("ATTUNE_STAGED_")
-                .is_some_and(|n| !n.is_empty())
-        {
+        if known.contains(k) || k.strip_prefix(STAGED_PREFIX).is_some_and(|n| !n.is_empty()) {
             continue;
         }
         if let Some(rest) = k.strip_prefix("ATTUNE_TIER_") {
