@@ -8,6 +8,16 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 A=$ROOT/build/bin/attune
+[ "$(id -u)" -eq 0 ] || { echo "registration_burst.sh: needs root (ch-run's SquashFUSE opens /dev/fuse)" >&2; exit 2; }
+for t in ch-run mksquashfs busybox bc; do
+  command -v "$t" >/dev/null || { echo "registration_burst.sh: $t not installed (scripts/setup.sh)" >&2; exit 2; }
+done
+[ -x "$A" ] || { echo "registration_burst.sh: no $A (make build)" >&2; exit 2; }
+counts=("$@")
+[ ${#counts[@]} -gt 0 ] || counts=(25 50 100 150)
+for m in "${counts[@]}"; do
+  [[ "$m" =~ ^[1-9][0-9]*$ ]] || { echo "registration_burst.sh: a count is a positive integer, not '$m'" >&2; exit 2; }
+done
 W=$(mktemp -d /tmp/attune-burst-XXXXXX)
 D=
 cleanup() { [ -n "$D" ] && kill "$D" 2>/dev/null && wait "$D" 2>/dev/null; rm -rf "$W"; }
@@ -21,22 +31,20 @@ for _ in $(seq 100); do [ -S "$W/d.sock" ] && break; sleep 0.05; done
 "$A" stage img "$W/image.sqfs" > /dev/null
 echo "| instances | makespan (s) | verified | welcomes | late (> 2 s) | warnings |"
 echo "|---|---|---|---|---|---|"
-for n in "${@:-25 50 100 150}"; do
-  for m in $n; do
-    rm -f "$W"/out.*
-    t0=$(date +%s.%N)
-    pids=()
-    for i in $(seq "$m"); do
-      ("$A" run -q --staged img -- sh -c 'ch-run "$ATTUNE_STAGED_IMG" -- /bin/md5sum /etc/input.dat') \
-        > "$W/out.$i" 2>&1 &
-      pids+=($!)
-    done
-    wait "${pids[@]}"
-    t1=$(date +%s.%N)
-    ok=$(cat "$W"/out.* | grep -c '  /etc/input.dat$' || true)
-    joined=$(cat "$W"/out.* | grep -c 'joined attuned' || true)
-    late=$(cat "$W"/out.* | grep -c 'has not answered the registration' || true)
-    warn=$(cat "$W"/out.* | grep -c 'warning' || true)
-    printf '| %d | %.2f | %d/%d | %d | %d | %d |\n' "$m" "$(echo "$t1 - $t0" | bc)" "$ok" "$m" "$joined" "$late" "$warn"
+for m in "${counts[@]}"; do
+  rm -f "$W"/out.*
+  t0=$(date +%s.%N)
+  pids=()
+  for i in $(seq "$m"); do
+    ("$A" run -q --staged img -- sh -c 'ch-run "$ATTUNE_STAGED_IMG" -- /bin/md5sum /etc/input.dat') \
+      > "$W/out.$i" 2>&1 &
+    pids+=($!)
   done
+  wait "${pids[@]}"
+  t1=$(date +%s.%N)
+  ok=$(cat "$W"/out.* | grep -c '  /etc/input.dat$' || true)
+  joined=$(cat "$W"/out.* | grep -c 'joined attuned' || true)
+  late=$(cat "$W"/out.* | grep -c 'has not answered the registration' || true)
+  warn=$(cat "$W"/out.* | grep -c 'warning' || true)
+  printf '| %d | %.2f | %d/%d | %d | %d | %d |\n' "$m" "$(echo "$t1 - $t0" | bc)" "$ok" "$m" "$joined" "$late" "$warn"
 done
