@@ -24,10 +24,16 @@ in-process memory tier: a fault without the network). Reported: wall seconds, th
 kernel's own phase (the workload's RESULT line), both over the all-DRAM run, faults,
 bytes fetched, and the workload's own check of its answer.
 
+The remote tier's concurrency (--only concurrency): one client, one server, 16 threads
+sharing random 8-byte reads and 4 threads streaming their quarters (unit_patterns
+random-threads and threads, --mib MiB at a quarter in DRAM), with 1 to 64 loads and
+stores in flight (`concurrency`), interleaved --reps times. Reported: the medians' MB/s
+of touched pages, and each run's sum against the first (the same reads, the same answer).
+
 One cell of Figure 7, run --reps times with fresh servers each time (the aggregate and each
 client's seconds per run): --cell SERVERS,CLIENTS,PATTERN, e.g. --cell 4,8,seq.
 
-Usage: python3 bench/rmap.py [--mib 64] [--cut 60] [--only 6,7,cases] [--case-mib 128]
+Usage: python3 bench/rmap.py [--mib 64] [--cut 60] [--only 6,7,cases,concurrency] [--case-mib 128]
        [--cell S,C,P --reps N]
        (root; make build first)
 """
@@ -35,6 +41,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,9 +80,9 @@ def client(h, exe, cfg, pattern, mib, chunk, env, report):
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def finish(p, cut, report):
+def finish(p, cut, report, answer=None):
     """(seconds, touched bytes, fetched bytes) of a client; None when cut, "failed" when
-    it failed."""
+    it failed. `answer`, a dict, gets the pattern's sum under "sum"."""
     try:
         out, err = p.communicate(timeout=cut)
     except subprocess.TimeoutExpired:
@@ -91,6 +98,8 @@ def finish(p, cut, report):
         # A client that lost a server and went on (other copies, the next tier).
         print(f"  a client warned: {err.strip()[-300:]}", file=sys.stderr, flush=True)
     f = dict(kv.split("=") for kv in out.split()[1:])
+    if answer is not None:
+        answer["sum"] = f["sum"]
     fetched = json.load(open(report))["totals"]["fetched_bytes"]
     return float(f["secs"]), int(f["touched"]), fetched
 
@@ -174,6 +183,46 @@ def figure7(h, d, exe, secret, a):
             print(f"| {n} | " + " | ".join(cells) + " |", flush=True)
 
 
+CONCURRENCY = [1, 2, 4, 8, 16, 32, 64]
+
+
+def concurrency(h, d, exe, secret, a):
+    """MB/s of touched pages per (pattern, concurrency), medians of --reps interleaved runs
+    on one fresh server each; every run's sum checked against the pattern's first."""
+    cfg = config(d, h, 1, secret)
+    patterns = ("random-threads", "threads")
+    rates = {(p, c): [] for p in patterns for c in CONCURRENCY}
+    sums, bad = {}, 0
+    for rep in range(a.reps):
+        for pattern in patterns:
+            for c in CONCURRENCY:
+                servers = [h.serve(0, d, secret, "--size", "2G")]
+                try:
+                    r = d / f"cc-{pattern}-{c}.json"
+                    ans = {}
+                    env = {"ATTUNE_TIER_REMOTE_CONCURRENCY": str(c)}
+                    res = finish(client(h, exe, cfg, pattern, a.mib, "default", env, r), a.cut, r, ans)
+                finally:
+                    for p, _ in servers:
+                        p.kill()
+                        p.wait()
+                if res in (None, "failed"):
+                    continue
+                if sums.setdefault(pattern, ans["sum"]) != ans["sum"]:
+                    bad += 1
+                    print(f"  {pattern} at concurrency {c}: sum {ans['sum']}, not {sums[pattern]}", file=sys.stderr)
+                rates[(pattern, c)].append(res[1] / res[0] / 1e6)
+    print(f"\nThe remote tier's concurrency: 1 client, 1 server, {a.mib} MiB at a quarter in DRAM; MB/s of "
+          f"touched pages, medians of {a.reps} (runs that failed or were cut left out)\n")
+    print("| pattern | " + " | ".join(f"{c}" for c in CONCURRENCY) + " |")
+    print("|---|" + "---|" * len(CONCURRENCY))
+    for pattern in patterns:
+        cells = [f"{statistics.median(rates[(pattern, c)]):.0f}" if rates[(pattern, c)] else "-"
+                 for c in CONCURRENCY]
+        print(f"| {pattern} | " + " | ".join(cells) + " |", flush=True)
+    print(f"\nsums: {bad} run(s) disagreed with their pattern's first")
+
+
 def run_case(h, argv, cut):
     """Runs argv on the client host: (wall seconds, peak RSS in bytes, stdout, exit status),
     or None when stopped after `cut` seconds. The peak is this child's own (`wait4`):
@@ -251,13 +300,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--cut", type=int, default=60, help="seconds before a run is stopped")
-    ap.add_argument("--only", default="6,7", help="6, 7, cases")
+    ap.add_argument("--only", default="6,7", help="6, 7, cases, concurrency")
     ap.add_argument("--case-mib", type=int, default=128, help="MiB of each case study's workload")
     ap.add_argument("--cell", help="SERVERS,CLIENTS,PATTERN: one cell of Figure 7 only")
     ap.add_argument("--reps", type=int, default=3, help="runs of --cell")
     a = ap.parse_args()
-    if not set(a.only.split(",")) <= {"6", "7", "cases"}:
-        ap.error(f"--only takes 6, 7 and cases, comma-separated (got '{a.only}')")
+    if not set(a.only.split(",")) <= {"6", "7", "cases", "concurrency"}:
+        ap.error(f"--only takes 6, 7, cases and concurrency, comma-separated (got '{a.only}')")
     if a.cell and (len(a.cell.split(",")) != 3 or a.cell.split(",")[2] not in ("seq", "random")):
         ap.error("--cell takes SERVERS,CLIENTS,PATTERN with PATTERN seq or random (e.g. 4,8,seq)")
     d = Path(tempfile.mkdtemp(prefix="attune-rmap-"))
@@ -277,6 +326,8 @@ def main():
             figure7(h, d, exe, secret, a)
         if "cases" in a.only.split(","):
             cases(h, d, secret, a)
+        if "concurrency" in a.only.split(","):
+            concurrency(h, d, exe, secret, a)
     finally:
         h.close()
         subprocess.run(["rm", "-rf", str(d)])

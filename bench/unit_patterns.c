@@ -8,7 +8,10 @@
  *   unit_patterns seq MiB       3 sequential passes
  *   unit_patterns random MiB    MiB*1024 random 8-byte reads
  *   unit_patterns strided MiB   4 passes, each reading one word of every 4th page
- *   unit_patterns threads MiB   4 threads, each 3 sequential passes over its quarter */
+ *   unit_patterns threads MiB   4 threads, each 3 sequential passes over its quarter
+ *   unit_patterns random-threads MiB
+ *                               16 threads sharing the random reads (each its own seed):
+ *                               many faults at once, as a tier's concurrency serves them */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -28,6 +31,24 @@ static double now_s(void) {
 
 struct part { size_t lo, hi; uint64_t sum; };
 
+/* Random 8-byte reads: `reads` of them from seed `x` (xorshift64). */
+static uint64_t random_reads(uint64_t x, size_t reads) {
+    uint64_t sum = 0;
+    for (size_t k = 0; k < reads; k++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        sum += a[x % words];
+    }
+    return sum;
+}
+
+struct reads { uint64_t seed; size_t n; uint64_t sum; };
+
+static void *reader(void *arg) {
+    struct reads *r = arg;
+    r->sum = random_reads(r->seed, r->n);
+    return NULL;
+}
+
 static void *stream(void *arg) {
     struct part *p = arg;
     for (int pass = 0; pass < 3; pass++)
@@ -37,7 +58,7 @@ static void *stream(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc != 3) {
-        fprintf(stderr, "usage: unit_patterns seq|random|strided|threads MiB\n");
+        fprintf(stderr, "usage: unit_patterns seq|random|strided|threads|random-threads MiB\n");
         return 2;
     }
     const char *pat = argv[1];
@@ -53,13 +74,23 @@ int main(int argc, char **argv) {
             for (size_t i = 0; i < words; i++) sum += a[i];
         touched = 3 * bytes;
     } else if (!strcmp(pat, "random")) {
-        uint64_t x = 88172645463325252ull;
         size_t reads = (bytes >> 20) * 1024;
-        for (size_t k = 0; k < reads; k++) {
-            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-            sum += a[x % words];
-        }
+        sum = random_reads(88172645463325252ull, reads);
         touched = reads * 4096;
+    } else if (!strcmp(pat, "random-threads")) {
+        enum { T = 16 };
+        pthread_t th[T];
+        struct reads r[T];
+        size_t reads = (bytes >> 20) * 1024 / T;
+        for (int k = 0; k < T; k++) {
+            r[k] = (struct reads){88172645463325252ull + 0x9E3779B97F4A7C15ull * (k + 1), reads, 0};
+            pthread_create(&th[k], NULL, reader, &r[k]);
+        }
+        for (int k = 0; k < T; k++) {
+            pthread_join(th[k], NULL);
+            sum += r[k].sum;
+        }
+        touched = reads * T * 4096;
     } else if (!strcmp(pat, "strided")) {
         for (size_t off = 0; off < 4; off++)
             for (size_t p = off; p < pages; p += 4) sum += a[p * 512];

@@ -130,6 +130,8 @@ pub struct TierConfig {
     pub replicas: u64,
     /// A remote server lost this long is given up on: its copies go to the others.
     pub rehome_ms: u64,
+    /// A remote tier's jobs (loads and stores) in flight at once.
+    pub concurrency: usize,
 }
 
 impl TierConfig {
@@ -806,6 +808,7 @@ pub fn load_text(
             timeout_ms: t.u64("timeout_ms"),
             replicas: t.u64("replicas"),
             rehome_ms: t.u64("rehome_ms"),
+            concurrency: t.u64("concurrency") as usize,
         });
     }
     tiers.sort_by_key(|t| t.latency_ns);

@@ -316,6 +316,7 @@ mod tests {
             timeout_ms: 5000,
             replicas: 1,
             rehome_ms: 0,
+            concurrency: 8,
         };
         let t = MemoryTier::new(&cfg, 4 << 20, &uffd).expect("tier");
         (t, uffd)

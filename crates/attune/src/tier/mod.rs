@@ -699,6 +699,7 @@ mod tests {
             timeout_ms: 5000,
             replicas: 1,
             rehome_ms: 0,
+            concurrency: 8,
         };
         let mut t = FarTier::with_medium(cfg, 0, 1 << 30, Box::new(fake.clone()));
         t.now = now;

@@ -489,6 +489,7 @@ mod tests {
             timeout_ms: 5000,
             replicas: 1,
             rehome_ms: 0,
+            concurrency: 8,
         };
         PoolTier::new(&cfg, space).unwrap()
     }

@@ -4,7 +4,7 @@
 //! (`attune_policy::spread`), sends them all at once, and keeps each server's session:
 //! hello with the job's secret, pings at a quarter of the lease, lost servers asked back.
 
-use super::jobs::{Shared, JOBS};
+use super::jobs::{Codes, Ops, Shared, MAX_JOBS};
 use crate::config::TierConfig;
 use attune_policy::spread;
 use attune_proto::remote::{self as proto, Header, Op};
@@ -109,6 +109,9 @@ pub(super) struct Client {
     rebuild: Option<Rebuild>,
     /// Where the copies being made again pass (REBUILD_BATCH bytes, allocated at first use).
     rebuild_buf: Vec<u8>,
+    /// The most jobs found posted at once (said at exit: one at the `concurrency` limit
+    /// says that callers waited for a free job).
+    peak_jobs: usize,
 }
 
 /// A pass over the copy table that makes again the copies of live servers that lack
@@ -274,6 +277,7 @@ impl Client {
             leaving: false,
             rebuild: None,
             rebuild_buf: Vec::new(),
+            peak_jobs: 0,
         })
     }
 
@@ -1055,8 +1059,8 @@ impl Client {
     /// Serves the posted jobs `ops`: every request of every job at once (a fault's load
     /// does not wait behind the evictor's stores), loads retried on the next copy when a
     /// server is lost. Returns each job's result (0 or an errno value).
-    fn serve(&mut self, sh: &Shared, ops: &[Option<Op>; JOBS]) -> [i32; JOBS] {
-        let mut codes = [0i32; JOBS];
+    fn serve(&mut self, sh: &Shared, ops: &Ops) -> Codes {
+        let mut codes = [0i32; MAX_JOBS];
         let mut reqs: Vec<Req> = Vec::new();
         let what = |op: Op| match op {
             Op::Store => "a store",
@@ -1084,7 +1088,7 @@ impl Client {
             let results = self.exchange(&mut reqs, self.timeout_ns);
             self.settle(sh);
             let mut again: Vec<Req> = Vec::new();
-            let mut first_err: [Option<Failure>; JOBS] = Default::default();
+            let mut first_err: [Option<Failure>; MAX_JOBS] = std::array::from_fn(|_| None);
             for (q, res) in reqs.iter().zip(results) {
                 let op = Op::from_u16(q.head.op).unwrap_or(Op::Discard);
                 match res {
@@ -1152,6 +1156,7 @@ impl Client {
             self.settle(&shared);
             let bell = shared.doorbell.load(Acquire);
             let ops = shared.posted();
+            self.peak_jobs = self.peak_jobs.max(ops.iter().flatten().count());
             // Every live server is pinged at a quarter of the lease, busy or not (a
             // server whose units are not in use would lose the session otherwise).
             let now = attune_sys::os::now_ns();
@@ -1185,9 +1190,9 @@ impl Client {
             }
             if let Some(k) = bye {
                 self.leave(&shared);
-                let mut one = [None; JOBS];
+                let mut one = [None; MAX_JOBS];
                 one[k] = Some(Op::Bye);
-                shared.answer(&one, &[0; JOBS]);
+                shared.answer(&one, &[0; MAX_JOBS]);
                 shared.mark_left();
             }
             if rest.iter().any(Option::is_some) {
@@ -1220,9 +1225,11 @@ impl Client {
         self.no_reconnect = was;
         let told = res.iter().filter(|r| r.is_ok()).count();
         crate::info!(
-            "remote tier: exiting; {told} of {} server(s) free this process's pages {} ms after its last request",
+            "remote tier: exiting; {told} of {} server(s) free this process's pages {} ms after its last request; at most {} of its {} jobs were in flight at once",
             reqs.len(),
-            grace / 1_000_000
+            grace / 1_000_000,
+            self.peak_jobs,
+            sh.limit()
         );
         self.lease_ns = grace;
         self.leaving = true;
@@ -1241,9 +1248,9 @@ impl Client {
         *sh.clones.lock().unwrap_or_else(|p| p.into_inner()) = clones;
         // Set before the answer: the parent unparks after the fork, which follows it.
         sh.park.store(1, Release);
-        let mut one = [None; JOBS];
+        let mut one = [None; MAX_JOBS];
         one[k] = Some(Op::Clone);
-        sh.answer(&one, &[0; JOBS]);
+        sh.answer(&one, &[0; MAX_JOBS]);
         sh.wait_parked();
     }
 

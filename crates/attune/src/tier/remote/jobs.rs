@@ -1,8 +1,9 @@
 //! The table between the fault path and the remote tier's I/O thread. The fault path is
-//! signal-safe and the fabric library is not, so a store or load claims one of `JOBS`
-//! slots, fills it, rings the doorbell and sleeps on a futex until the I/O thread has
-//! served it (`Shared::post`: atomics and futexes only). The I/O thread takes every job
-//! posted (`posted`), serves them together and answers each (`answer`). The table also
+//! signal-safe and the fabric library is not, so a store or load claims one of the
+//! tier's `concurrency` jobs (at most `MAX_JOBS`), fills it, rings the doorbell and
+//! sleeps on a futex until the I/O thread has served it (`Shared::post`: atomics and
+//! futexes only). The I/O thread takes every job posted (`posted`), serves them together
+//! and answers each (`answer`). The table also
 //! holds which servers have each page's current content (`valid`), and what a fork needs:
 //! the sessions cloned for the child (`clones`) and the I/O thread's park (`park`).
 
@@ -13,8 +14,14 @@ use std::sync::atomic::{
     Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
 
-/// Jobs posted at once (callers beyond wait for a free one).
-pub(super) const JOBS: usize = 8;
+/// Most jobs posted at once: the `concurrency` option's ceiling (callers beyond the
+/// tier's `concurrency` wait for a free job). The table is fixed, so that posting stays
+/// signal-safe; the I/O thread scans all of it (a few hundred ns).
+pub(super) const MAX_JOBS: usize = 64;
+
+/// A posted operation per job, and an answer per job.
+pub(super) type Ops = [Option<Op>; MAX_JOBS];
+pub(super) type Codes = [i32; MAX_JOBS];
 
 const FREE: u32 = 0;
 const CLAIMED: u32 = 1;
@@ -34,7 +41,9 @@ pub(super) struct Job {
 }
 
 pub(super) struct Shared {
-    jobs: [Job; JOBS],
+    jobs: [Job; MAX_JOBS],
+    /// Jobs that may be posted at once (the tier's `concurrency`, 1..=MAX_JOBS).
+    limit: usize,
     /// Bumped at every post; the I/O thread sleeps on it.
     pub(super) doorbell: AtomicU32,
     /// Bumped when a job is freed; callers waiting for a job sleep on it.
@@ -69,9 +78,10 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    pub(super) fn new(pages: usize) -> Result<Shared, Errno> {
+    pub(super) fn new(pages: usize, concurrency: usize) -> Result<Shared, Errno> {
         Ok(Shared {
-            jobs: Default::default(),
+            jobs: std::array::from_fn(|_| Job::default()),
+            limit: concurrency.clamp(1, MAX_JOBS),
             doorbell: AtomicU32::new(0),
             freed: AtomicU32::new(0),
             valid: attune_sys::mem::AtomicTable::new(pages)?,
@@ -82,6 +92,11 @@ impl Shared {
             ever_stored: AtomicBool::new(false),
             left: AtomicU32::new(0),
         })
+    }
+
+    /// Jobs that may be posted at once (the tier's `concurrency`).
+    pub(super) fn limit(&self) -> usize {
+        self.limit
     }
 
     fn word(&self, page: u64) -> Option<&AtomicU64> {
@@ -138,11 +153,13 @@ impl Shared {
     /// the first error. It never waits for a free job while holding one: two callers
     /// that each held some and waited for more would wait for ever.
     pub(super) fn post_each(&self, op: Op, parts: &[(usize, u64, usize)]) -> SysResult<()> {
-        const IN_FLIGHT: usize = JOBS / 2;
-        let mut held: [Option<&Job>; IN_FLIGHT] = [None; IN_FLIGHT];
+        // Half the jobs, so that a fault's load finds one free while a store is written.
+        const MOST: usize = MAX_JOBS / 2;
+        let in_flight = (self.limit / 2).max(1);
+        let mut held: [Option<&Job>; MOST] = [None; MOST];
         let mut n = 0;
         let mut result = Ok(());
-        let mut drain = |held: &mut [Option<&Job>; IN_FLIGHT], n: &mut usize| {
+        let mut drain = |held: &mut [Option<&Job>; MOST], n: &mut usize| {
             for j in held.iter_mut().take(*n) {
                 if let Some(j) = j.take() {
                     let r = self.finish(j);
@@ -155,7 +172,7 @@ impl Shared {
         };
         for &(addr, off, len) in parts {
             let job = loop {
-                if n < IN_FLIGHT {
+                if n < in_flight {
                     if let Some(j) = self.try_claim() {
                         break j;
                     }
@@ -174,7 +191,7 @@ impl Shared {
     }
 
     fn try_claim(&self) -> Option<&Job> {
-        self.jobs.iter().find(|j| {
+        self.jobs[..self.limit].iter().find(|j| {
             j.state
                 .compare_exchange(FREE, CLAIMED, AcqRel, Relaxed)
                 .is_ok()
@@ -265,8 +282,8 @@ impl Shared {
     }
 
     /// The operation of each job posted now (the I/O thread's side).
-    pub(super) fn posted(&self) -> [Option<Op>; JOBS] {
-        let mut ops = [None; JOBS];
+    pub(super) fn posted(&self) -> Ops {
+        let mut ops = [None; MAX_JOBS];
         for (k, j) in self.jobs.iter().enumerate() {
             if j.state.load(Acquire) == POSTED {
                 ops[k] = Some(match j.op.load(Relaxed) {
@@ -283,7 +300,7 @@ impl Shared {
 
     /// Answers each job of `ops` with its code (0 or an errno): a waiting caller is
     /// woken, a detached job is freed.
-    pub(super) fn answer(&self, ops: &[Option<Op>; JOBS], codes: &[i32; JOBS]) {
+    pub(super) fn answer(&self, ops: &Ops, codes: &Codes) {
         for (k, j) in self.jobs.iter().enumerate() {
             if ops[k].is_none() {
                 continue;
@@ -297,6 +314,25 @@ impl Shared {
                 j.state.store(DONE, Release);
                 attune_sys::os::futex_wake(&j.state, 1);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn at_most_the_tiers_concurrency_is_claimed_at_once() {
+        for (asked, limit) in [(1, 1), (3, 3), (32, 32), (0, 1), (1000, MAX_JOBS)] {
+            let s = Shared::new(16, asked).unwrap();
+            let held: Vec<&Job> = std::iter::from_fn(|| s.try_claim()).collect();
+            assert_eq!(held.len(), limit, "concurrency {asked}");
+            // A job freed is claimed again, and only it.
+            s.start(held[0], Op::Load, 0, 0, 4096, false);
+            s.answer(&s.posted(), &[0; MAX_JOBS]);
+            assert!(s.finish(held[0]).is_ok());
+            assert!(s.try_claim().is_some() && s.try_claim().is_none());
         }
     }
 }

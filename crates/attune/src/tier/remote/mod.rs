@@ -74,7 +74,7 @@ impl RemoteTier {
         let secret = read_secret(path).map_err(|e| format!("tier '{}': {e}", cfg.name))?;
         let c = Client::connect(cfg, secret.clone())?;
         let shared = Arc::new(
-            Shared::new(space.div_ceil(proto::PAGE) as usize)
+            Shared::new(space.div_ceil(proto::PAGE) as usize, cfg.concurrency)
                 .map_err(|e| format!("tier '{}': its copy table: {e}", cfg.name))?,
         );
         let s2 = shared.clone();
