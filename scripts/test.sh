@@ -20,12 +20,12 @@ section() { # section NAME: closes the previous section's clock, opens NAME's
   TNAME=$1; TS=$SECONDS; echo "== $1"
 }
 
-run() { # run NAME CMD...: one native test
-  local name=$1; shift
+run() { # run NAME CMD...: one native test, its seconds at the end of its line
+  local name=$1 t=$SECONDS; shift
   if timeout 300 "$@" >"$OUT/$name.log" 2>&1; then
-    pass=$((pass+1)); echo "ok   $name $(grep -h -m1 -E '^(integrity|stress):' "$OUT/$name.log" || true)"
+    pass=$((pass+1)); echo "ok   $name $(grep -h -m1 -E '^(integrity|stress):' "$OUT/$name.log" || true) ($((SECONDS-t)) s)"
   else
-    fail=$((fail+1)); failed+=("$name"); echo "FAIL $name"; tail -n 20 "$OUT/$name.log" | sed 's/^/     /'
+    fail=$((fail+1)); failed+=("$name"); echo "FAIL $name ($((SECONDS-t)) s)"; tail -n 20 "$OUT/$name.log" | sed 's/^/     /'
   fi
 }
 
@@ -363,12 +363,12 @@ ATT="$PREFIX/bin/attune"
 RT="$OUT/run"; mkdir -p "$RT"
 CHECK="python3 tests/run/check_report.py"
 expect() { # expect NAME RC PATTERN CMD...: exit status RC and PATTERN in the output
-  local name=$1 rc=$2 pat=$3; shift 3
+  local name=$1 rc=$2 pat=$3 t=$SECONDS; shift 3
   timeout 300 "$@" >"$OUT/$name.log" 2>&1; local got=$?
   if [ "$got" = "$rc" ] && grep -qE -- "$pat" "$OUT/$name.log"; then
-    pass=$((pass+1)); echo "ok   $name"
+    pass=$((pass+1)); echo "ok   $name ($((SECONDS-t)) s)"
   else
-    fail=$((fail+1)); failed+=("$name"); echo "FAIL $name (exit $got, expected $rc and /$pat/)"; tail -n 15 "$OUT/$name.log" | sed 's/^/     /'
+    fail=$((fail+1)); failed+=("$name"); echo "FAIL $name (exit $got, expected $rc and /$pat/; $((SECONDS-t)) s)"; tail -n 15 "$OUT/$name.log" | sed 's/^/     /'
   fi
 }
 gcc -O2 tests/run/c_matrix.c -o "$RT/c_matrix" && gcc -O2 tests/run/fork_exec.c -o "$RT/fork_exec" \
@@ -927,10 +927,10 @@ else
   fail=$((fail+1)); failed+=(soak); echo "FAIL soak"; tail -n 20 "$OUT/soak.log" | sed 's/^/     /'
 fi
 
-# Every fuzz target, briefly (ATTUNE_FUZZ_SECONDS each, default 20), after replaying the
+# Every fuzz target, briefly (ATTUNE_FUZZ_SECONDS each, default 10), after replaying the
 # inputs that once failed; the long runs are `scripts/fuzz.sh --time 3600`.
 section "fuzz"
-if scripts/fuzz.sh --time "${ATTUNE_FUZZ_SECONDS:-20}" >"$OUT/fuzz.log" 2>&1; then
+if scripts/fuzz.sh --time "${ATTUNE_FUZZ_SECONDS:-10}" >"$OUT/fuzz.log" 2>&1; then
   n=$(grep -c '^fuzz .*, 0 crashes' "$OUT/fuzz.log"); pass=$((pass+n))
   grep '^fuzz ' "$OUT/fuzz.log" | sed 's/^/ok   /'
 else

@@ -147,10 +147,10 @@ def test_a_staged_squashfs_image_serves_concurrent_charliecloud_instances(workdi
     assert wait_gone(d, "img", 5)
 
 
-def staged_run(d, name, src, user):
+def staged_run(d, name, src, user, *extra):
     """`attune run --staged NAME` of a program that compares its input with `src`."""
     var = "$ATTUNE_STAGED_" + name.upper()
-    return subprocess.Popen([str(ATTUNE), "run", "-q", "--staged", name, "--", "sh", "-c",
+    return subprocess.Popen([str(ATTUNE), "run", "-q", "--staged", name, *extra, "--", "sh", "-c",
                              f'cmp "{var}" {src} && echo SAME'],
                             env=d.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=as_nobody if user else None)
@@ -181,23 +181,32 @@ def test_a_launcher_waits_for_a_busy_daemon_to_answer_its_open(workdir, daemon, 
 
 
 def test_a_launcher_gives_up_on_a_daemon_silent_past_its_wait(workdir, daemon):
-    """The wait is bounded: a daemon stopped for longer than the launcher's 30 s fails
-    the instance with a message that says so, and the program never runs."""
+    """The wait is bounded: a daemon stopped for longer than the launcher's wait (30 s
+    by default; 5 s here, `--staged-wait 5`) fails the instance with a message that says
+    so, and the program never runs."""
     d = daemon("--dram", "256M")
     src = data_file(workdir, "silent.dat", 1)
     assert attune(d, "stage", "silent", src).returncode == 0
     os.kill(d.proc.pid, signal.SIGSTOP)
     try:
         t0 = time.time()
-        run = staged_run(d, "silent", src, None)
+        run = staged_run(d, "silent", src, None, "--staged-wait", "5")
         out, err = run.communicate(timeout=60)
         took = time.time() - t0
     finally:
         os.kill(d.proc.pid, signal.SIGCONT)
     assert run.returncode != 0 and "SAME" not in out, (out, err)
-    assert "--staged silent: no answer from attuned in 30 s" in err, err
-    assert 29 < took < 45, f"gave up after {took:.1f} s"
+    assert "--staged silent: no answer from attuned in 5 s" in err, err
+    assert 4.5 < took < 20, f"gave up after {took:.1f} s"
     assert attune(d, "unstage", "silent").returncode == 0
+
+
+def test_a_bad_staged_wait_is_refused(workdir, daemon):
+    d = daemon("--dram", "256M")
+    for bad in ("0", "3601", "soon"):
+        p = subprocess.run([str(ATTUNE), "run", "--staged", "x", "--staged-wait", bad, "--", "true"], env=d.env(),
+                           capture_output=True, text=True)
+        assert p.returncode == 2 and "--staged-wait" in p.stderr and "Traceback" not in p.stderr, (bad, p.stderr)
 
 
 def restart_and_wait_for(d, name, timeout=5):

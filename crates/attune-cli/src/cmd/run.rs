@@ -61,6 +61,11 @@ pub struct Args {
     /// ends; repeatable.
     #[arg(long, value_name = "NAME")]
     staged: Vec<String>,
+    /// Seconds to wait for attuned's answer to each --staged open before giving up (a
+    /// busy daemon answers late: a cold start of 100 instances on 2 vCPUs took over 5 s).
+    #[arg(long, value_name = "SECS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    staged_wait: u64,
     /// No text report on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -349,7 +354,11 @@ pub fn run(a: Args) -> i32 {
     let _held = if a.staged.is_empty() {
         None
     } else {
-        match super::stage::hold(&a.staged, !a.quiet) {
+        match super::stage::hold(
+            &a.staged,
+            std::time::Duration::from_secs(a.staged_wait),
+            !a.quiet,
+        ) {
             Ok(h) => {
                 for (name, f) in &h.files {
                     use std::os::fd::AsRawFd;

@@ -318,18 +318,16 @@ fn open_when_staged(
     }
 }
 
-/// How long `attune run --staged` waits for the daemon's answer to each open.
-const HOLD_WAIT: Duration = Duration::from_secs(30);
-
 /// Opens each staged input (or any shared region this user may open) for a program
-/// `attune run` starts, waiting for one that is still being staged.
-pub fn hold(names: &[String], say: bool) -> Result<Held, String> {
+/// `attune run` starts, waiting for one that is still being staged, and up to `wait`
+/// for the daemon's answer to each open (`attune run --staged-wait`).
+pub fn hold(names: &[String], wait: Duration, say: bool) -> Result<Held, String> {
     let socket = attune_proto::socket_path();
     let s = connect(&socket)?;
     // The program cannot start without its input, and a daemon that took the connection is
     // there: a cold start of 100 containers at once on 2 vCPUs had it answer some opens
     // after more than 5 s (docs/design/daemon.md, "A late welcome").
-    let _ = s.set_read_timeout(Some(HOLD_WAIT));
+    let _ = s.set_read_timeout(Some(wait));
     let mut files = Vec::new();
     let mut watched = Vec::new();
     for name in names {
