@@ -99,7 +99,7 @@ def test_checksummed_programs_pass(guest, step):
 
 
 def test_integrity_really_tiered(guest):
-    # "integrity: 24 MiB, chunk 4096, faults N, evictions M, ..." with pages moved.
+    # "integrity: 12 MiB, chunk 4096, faults N, evictions M, ..." with pages moved.
     for step in ("integrity-memory-thread", "integrity-memory-signal", "integrity-file"):
         out = ok(guest, step)
         m = re.search(r"faults (\d+), evictions (\d+)", out)
