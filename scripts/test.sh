@@ -13,7 +13,7 @@ trap 'umount "$OUT/full" 2>/dev/null; rm -rf "$OUT"' EXIT
 export ATTUNE_HISTORY="$OUT/history.json"
 pass=0; fail=0; failed=()
 # Each section's wall time, printed at the end: CI's budget is 45 minutes on 2 cores
-# (DEVELOPERS.md), and this table says where it goes.
+# (docs/reliability.md, "The test suite's time"), and this table says where it goes.
 T0=$SECONDS; TS=$SECONDS; TNAME=""; times=()
 section() { # section NAME: closes the previous section's clock, opens NAME's
   [ -n "$TNAME" ] && times+=("$(printf '%5ds  %s' $((SECONDS-TS)) "$TNAME")")
