@@ -3,9 +3,9 @@
 //! tier's `concurrency` jobs (at most `MAX_JOBS`), fills it, rings the doorbell and
 //! sleeps on a futex until the I/O thread has served it (`Shared::post`: atomics and
 //! futexes only). The I/O thread takes every job posted (`posted`), serves them together
-//! and answers each (`answer`). The table also
-//! holds which servers have each page's current content (`valid`), and what a fork needs:
-//! the sessions cloned for the child (`clones`) and the I/O thread's park (`park`).
+//! and answers each (`answer`). The table also holds which servers have each page's
+//! current content (`valid`), and what a fork needs: the sessions cloned for the child
+//! (`clones`) and the I/O thread's park (`park`).
 
 use attune_proto::remote::{self as proto, Op};
 use attune_sys::{Errno, SysResult};
@@ -16,7 +16,7 @@ use std::sync::atomic::{
 
 /// Most jobs posted at once: the `concurrency` option's ceiling (callers beyond the
 /// tier's `concurrency` wait for a free job). The table is fixed, so that posting stays
-/// signal-safe; the I/O thread scans all of it (a few hundred ns).
+/// signal-safe; only its first `concurrency` jobs are ever claimed, posted or scanned.
 pub(super) const MAX_JOBS: usize = 64;
 
 /// A posted operation per job, and an answer per job.
@@ -190,8 +190,13 @@ impl Shared {
         result
     }
 
+    /// The jobs this tier may use.
+    fn usable(&self) -> &[Job] {
+        &self.jobs[..self.limit]
+    }
+
     fn try_claim(&self) -> Option<&Job> {
-        self.jobs[..self.limit].iter().find(|j| {
+        self.usable().iter().find(|j| {
             j.state
                 .compare_exchange(FREE, CLAIMED, AcqRel, Relaxed)
                 .is_ok()
@@ -284,7 +289,7 @@ impl Shared {
     /// The operation of each job posted now (the I/O thread's side).
     pub(super) fn posted(&self) -> Ops {
         let mut ops = [None; MAX_JOBS];
-        for (k, j) in self.jobs.iter().enumerate() {
+        for (k, j) in self.usable().iter().enumerate() {
             if j.state.load(Acquire) == POSTED {
                 ops[k] = Some(match j.op.load(Relaxed) {
                     2 => Op::Store,
@@ -301,7 +306,7 @@ impl Shared {
     /// Answers each job of `ops` with its code (0 or an errno): a waiting caller is
     /// woken, a detached job is freed.
     pub(super) fn answer(&self, ops: &Ops, codes: &Codes) {
-        for (k, j) in self.jobs.iter().enumerate() {
+        for (k, j) in self.usable().iter().enumerate() {
             if ops[k].is_none() {
                 continue;
             }
