@@ -55,14 +55,10 @@ pub fn rate_mixture(cells: &[(u32, u64)], floor_ns: u64) -> Vec<(f64, f64)> {
     // 8192 cells: 31.0 s to 9.2 s).
     let mut sampled: Vec<(u32, u64)> = cells.iter().copied().filter(|c| c.1 > 0).collect();
     sampled.sort_unstable();
-    let mut obs: Vec<((f64, f64), f64)> = Vec::new();
-    for (i, &(h, e)) in sampled.iter().enumerate() {
-        if i > 0 && sampled[i - 1] == (h, e) {
-            obs.last_mut().expect("a cell before").1 += 1.0;
-        } else {
-            obs.push((observed(h, e, floor_ns), 1.0));
-        }
-    }
+    let obs: Vec<((f64, f64), f64)> = sampled
+        .chunk_by(|a, b| a == b)
+        .map(|same| (observed(same[0].0, same[0].1, floor_ns), same.len() as f64))
+        .collect();
     if obs.is_empty() {
         return Vec::new();
     }
