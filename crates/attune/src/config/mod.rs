@@ -1392,6 +1392,32 @@ mod tests {
     }
 
     #[test]
+    fn every_integer_tier_row_refuses_a_value_outside_its_bounds() {
+        let m = machine();
+        // `node` is a numa tier's (a memory tier has none to refuse).
+        for o in TIER_OPTIONS.iter().filter(|o| o.key != "node") {
+            let table::Kind::Int { min, max } = o.kind else {
+                continue;
+            };
+            // A row whose bound is u64::MAX has no whole number above it.
+            let mut outside = Vec::new();
+            if max < u64::MAX {
+                outside.push(max + 1);
+            }
+            if min > 0 {
+                outside.push(min - 1);
+            }
+            for v in outside {
+                let (k, v) = (o.tier_env("memory"), v.to_string());
+                let e = load(None, &emulated(&[(&k, &v)]), &m)
+                    .expect_err(&format!("{k}={v} accepted"))
+                    .0;
+                assert!(e.contains(&k) && e.contains("must be between"), "{e}");
+            }
+        }
+    }
+
+    #[test]
     fn replacement_and_movement_options() {
         let ok = load(
             None,
