@@ -180,17 +180,20 @@ def test_a_launcher_waits_for_a_busy_daemon_to_answer_its_open(workdir, daemon, 
     assert attune(d, "unstage", "busy", user=user).returncode == 0
 
 
-def test_a_launcher_gives_up_on_a_daemon_silent_past_its_wait(workdir, daemon):
+@pytest.mark.parametrize("user", [None, "nobody"])
+def test_a_launcher_gives_up_on_a_daemon_silent_past_its_wait(workdir, daemon, user):
     """The wait is bounded: a daemon stopped for longer than the launcher's wait (30 s
     by default; 5 s here, `--staged-wait 5`) fails the instance with a message that says
-    so, and the program never runs."""
+    so, and the program never runs; as root and as a user who is not."""
+    if user and os.geteuid() != 0:
+        pytest.skip("needs root to run as nobody")
     d = daemon("--dram", "256M")
     src = data_file(workdir, "silent.dat", 1)
-    assert attune(d, "stage", "silent", src).returncode == 0
+    assert attune(d, "stage", "silent", src, user=user).returncode == 0
     os.kill(d.proc.pid, signal.SIGSTOP)
     try:
         t0 = time.time()
-        run = staged_run(d, "silent", src, None, "--staged-wait", "5")
+        run = staged_run(d, "silent", src, user, "--staged-wait", "5")
         out, err = run.communicate(timeout=60)
         took = time.time() - t0
     finally:
@@ -198,10 +201,12 @@ def test_a_launcher_gives_up_on_a_daemon_silent_past_its_wait(workdir, daemon):
     assert run.returncode != 0 and "SAME" not in out, (out, err)
     assert "--staged silent: no answer from attuned in 5 s" in err, err
     assert 4.5 < took < 20, f"gave up after {took:.1f} s"
-    assert attune(d, "unstage", "silent").returncode == 0
+    assert attune(d, "unstage", "silent", user=user).returncode == 0
 
 
 def test_a_bad_staged_wait_is_refused(workdir, daemon):
+    """A wait of 0, past an hour or not a number: the parser's usage error, before any
+    connection or program."""
     d = daemon("--dram", "256M")
     for bad in ("0", "3601", "soon"):
         p = subprocess.run([str(ATTUNE), "run", "--staged", "x", "--staged-wait", bad, "--", "true"], env=d.env(),
