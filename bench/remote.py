@@ -11,8 +11,12 @@ random fault latency (fault-attune, 64 MiB budget), a sequential pass over twice
 a memory-backed device at the same budget (rand-kswap-memory) as the baseline of the
 random updates. Prints medians and the ratios the issue names.
 
+`--perf-server FILE` records server 0 with `perf record -e cpu-clock -g -o FILE` while
+the first build's scenarios of the first repetition run, and prints the CPU seconds it
+used over the seconds recorded (`perf report -i FILE --no-children --sort sym` reads it).
+
 Usage: python3 bench/remote.py [--reps 3] [--servers 1] [--only fault,seq,rand]
-       [--builds A/bin/attune,B/bin/attune]
+       [--builds A/bin/attune,B/bin/attune] [--perf-server FILE]
 (root; make build first; fi_pingpong from Debian's libfabric-bin). `--builds` runs the
 remote-tier scenarios with each build in turn within every repetition (two checkouts
 side by side: `git worktree add /tmp/old <commit> && make -C /tmp/old build`), the servers
@@ -85,12 +89,19 @@ def attune_bench(h, env, only, attune=ATTUNE):
         subprocess.run(["rm", "-rf", out])
 
 
+def cpu_seconds(pid):
+    """User and system CPU seconds process `pid` has used."""
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--only", default="fault,seq,rand", help="scenario kinds: fault, seq, rand")
     ap.add_argument("--builds", default=str(ATTUNE), help="attune binaries to compare, comma-separated")
+    ap.add_argument("--perf-server", metavar="FILE", help="perf record server 0 during the first scenarios")
     a = ap.parse_args()
     kinds = [k for k in ("fault", "seq", "rand") if k in a.only.split(",")]
     if not kinds or len(kinds) != len(set(a.only.split(","))):
@@ -117,16 +128,30 @@ secret_file = "{secret}"
         mem.write_text('[[tier]]\nname = "memory"\nkind = "memory"\ncapacity = "2G"\n')
         rows = {k: [] for k in ("pp4k", "pp1m", "memory", "kswap")}
         remote = {b: [] for b in builds}
-        for _ in range(a.reps):
+        for rep in range(a.reps):
             rows["pp4k"].append(pingpong(h, 4096, 5000))
             rows["pp1m"].append(pingpong(h, 1 << 20, 200))
             for b in builds:
                 # Fresh servers for each build: none starts with the other's sessions.
                 servers = [h.serve(i, d, secret, "--size", "3G") for i in range(a.servers)]
+                perf = None
+                if a.perf_server and rep == 0 and b == builds[0]:
+                    # `ip netns exec` runs the server in its own process.
+                    pid = servers[0][0].pid
+                    perf = subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-g", "-o", a.perf_server,
+                                             "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    time.sleep(0.5)
+                    cpu0, t0 = cpu_seconds(pid), time.monotonic()
                 got = {}
                 for k in kinds:
                     got.update(attune_bench(h, {"ATTUNE_CONFIG": cfg}, f"{k}-attune", b))
                 remote[b].append(got)
+                if perf:
+                    cpu, wall = cpu_seconds(pid) - cpu0, time.monotonic() - t0
+                    perf.send_signal(2)
+                    perf.wait(timeout=60)
+                    print(f"server 0 used {cpu:.2f} s of CPU over {wall:.2f} s of {', '.join(kinds)} "
+                          f"({cpu / wall:.0%} of a CPU); profile in {a.perf_server}", flush=True)
                 for p, _ in servers:
                     p.kill()
                     p.wait()
