@@ -51,8 +51,8 @@ pub fn rate_mixture(cells: &[(u32, u64)], floor_ns: u64) -> Vec<(f64, f64)> {
     // Cells with the same samples have the same likelihoods: each distinct one is
     // weighed by how many cells share it. Most sampled cells of a region were parked
     // and never touched, at a few exposures, so this cuts the EM's work about 3x
-    // (predict::tests::online_split_locates_the_hot_part_in_every_window, 80 windows of
-    // 8192 cells: 31.0 s to 9.2 s).
+    // (`cargo test --release -p attune-policy online_split_locates`, 80 windows of 8192
+    // cells: 31.0 s to 9.2 s).
     let mut sampled: Vec<(u32, u64)> = cells.iter().copied().filter(|c| c.1 > 0).collect();
     sampled.sort_unstable();
     let obs: Vec<((f64, f64), f64)> = sampled
