@@ -195,11 +195,15 @@ impl Shared {
         &self.jobs[..self.limit]
     }
 
+    /// A free job, claimed. Busy jobs are passed over by a load, not a failed
+    /// compare-exchange: with up to 64 jobs, a fault would otherwise write to the cache
+    /// line of every busy one on its way to a free one.
     fn try_claim(&self) -> Option<&Job> {
         self.usable().iter().find(|j| {
-            j.state
-                .compare_exchange(FREE, CLAIMED, AcqRel, Relaxed)
-                .is_ok()
+            j.state.load(Relaxed) == FREE
+                && j.state
+                    .compare_exchange(FREE, CLAIMED, AcqRel, Relaxed)
+                    .is_ok()
         })
     }
 
