@@ -156,6 +156,18 @@ def staged_run(d, name, src, user, *extra):
                             preexec_fn=as_nobody if user else None)
 
 
+def staged_then_stopped(workdir, daemon, name, user):
+    """A daemon with input `name` staged (as `user`), then stopped (SIGSTOP: the caller
+    sends SIGCONT): (daemon, the input's source file)."""
+    if user and os.geteuid() != 0:
+        pytest.skip("needs root to run as nobody")
+    d = daemon("--dram", "256M")
+    src = data_file(workdir, f"{name}.dat", 1)
+    assert attune(d, "stage", name, src, user=user).returncode == 0
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    return d, src
+
+
 @pytest.mark.parametrize("user", [None, "nobody"])
 def test_a_launcher_waits_for_a_busy_daemon_to_answer_its_open(workdir, daemon, user):
     """`attune run --staged` cannot start its program without the input, and a daemon
@@ -163,12 +175,7 @@ def test_a_launcher_waits_for_a_busy_daemon_to_answer_its_open(workdir, daemon, 
     100 containers at once: bench/staging.py --image) failed the instance with "attuned:
     Resource temporarily unavailable". Stopped here for 6 s, it is waited for; as root
     and as a user who is not (the input is that user's)."""
-    if user and os.geteuid() != 0:
-        pytest.skip("needs root to run as nobody")
-    d = daemon("--dram", "256M")
-    src = data_file(workdir, "busy.dat", 1)
-    assert attune(d, "stage", "busy", src, user=user).returncode == 0
-    os.kill(d.proc.pid, signal.SIGSTOP)
+    d, src = staged_then_stopped(workdir, daemon, "busy", user)
     try:
         run = staged_run(d, "busy", src, user)
         time.sleep(6)
@@ -185,12 +192,7 @@ def test_a_launcher_gives_up_on_a_daemon_silent_past_its_wait(workdir, daemon, u
     """The wait is bounded: a daemon stopped for longer than the launcher's wait (30 s
     by default; 5 s here, `--staged-wait 5`) fails the instance with a message that says
     so, and the program never runs; as root and as a user who is not."""
-    if user and os.geteuid() != 0:
-        pytest.skip("needs root to run as nobody")
-    d = daemon("--dram", "256M")
-    src = data_file(workdir, "silent.dat", 1)
-    assert attune(d, "stage", "silent", src, user=user).returncode == 0
-    os.kill(d.proc.pid, signal.SIGSTOP)
+    d, src = staged_then_stopped(workdir, daemon, "silent", user)
     try:
         t0 = time.time()
         run = staged_run(d, "silent", src, user, "--staged-wait", "5")
