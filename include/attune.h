@@ -125,7 +125,8 @@ int attune_tier_stats(int index, attune_tier_stats_t *out);
  * evictor_evicted_bytes (the background evictor's part of evicted_bytes),
  * dropped_behind_bytes (evicted from just behind streamed BW regions),
  * budget_overruns, protected_skips (chunks left in DRAM because the program made them
- * read-only or inaccessible with mprotect)} or null without tiering, "numa": {"tiers": [name, nodes, capacity,
+ * read-only or inaccessible with mprotect), unplaced_runs (runs claimed for eviction that
+ * no far tier took: all full or failing)} or null without tiering, "numa": {"tiers": [name, nodes, capacity,
  * used_bytes], "interleave", "write_heat", "counters": {promoted_bytes,
  * demoted_cold_bytes, demoted_headroom_bytes, moved_pages, ...}} or null without a
  * numa tier}. See docs/run-report.md for every field. */

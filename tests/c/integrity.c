@@ -7,6 +7,7 @@
 #include <string.h>
 #include <errno.h>
 #include "check.h"
+#include "engine_stats.h"
 
 int main(int argc, char **argv) {
     size_t mib = argc > 1 ? strtoull(argv[1], 0, 0) : 48;
@@ -51,6 +52,13 @@ int main(int argc, char **argv) {
         int full = 0; attune_tier_stats_t t;
         for (int k = 1; k < attune_tier_count(); k++) if (attune_tier_stats(k, &t) == 0 && t.errors > 0) full = 1;
         CHECK(full, "expected a tier to report ENOSPC");
+        /* Tiers full: a sweep stops at the first run no tier takes, so runs claimed and put
+         * back stay below one a fault (before that rule, each fault's reclaim claimed and
+         * put back run after run: 0.7 ms of CPU a fault). */
+        uint64_t unplaced = engine_counter("unplaced_runs");
+        CHECK(unplaced != UINT64_MAX, "unplaced_runs in attune_stats_json");
+        CHECK(unplaced <= s.faults + 1000, "%lu runs claimed and put back for %lu faults", unplaced, s.faults);
+        printf("integrity: %lu runs no tier took\n", unplaced);
     } else {
         CHECK(peak <= budget + (2u << 20), "resident %zu KiB exceeds budget %zu KiB", peak >> 10, budget >> 10);
     }

@@ -66,6 +66,10 @@ pub struct Counters {
     /// Chunks an eviction left in DRAM because the program had changed their protection
     /// (mprotect to read-only or none).
     pub protected_skips: AtomicU64,
+    /// Runs the hand claimed for eviction that no far tier took (all full, failing or
+    /// backing off, or the pages protected), put back in DRAM: a sweep ends at the first
+    /// such run for lack of room (`super::evict`), so they stay about one a fault.
+    pub unplaced_runs: AtomicU64,
     /// Runs whose data could not be placed: the access failed with SIGBUS (and the error
     /// line said why).
     pub load_errors: AtomicU64,
@@ -107,7 +111,7 @@ impl Counters {
     /// The counters the statistics report, by their names there (`attune_stats_json`'s
     /// `engine` object, each process snapshot of the `attune run` report and its totals):
     /// one list, so they cannot drift apart. Page movement, then the online prediction.
-    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 25] {
+    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 26] {
         [
             ("faults", &self.faults),
             ("fault_ns", &self.fault_ns),
@@ -126,6 +130,7 @@ impl Counters {
             ("online_kept_regions", &self.online_kept_regions),
             ("online_pinned_bytes", &self.online_pinned_bytes),
             ("protected_skips", &self.protected_skips),
+            ("unplaced_runs", &self.unplaced_runs),
             ("regions_thread", &self.regions_thread),
             ("regions_signal", &self.regions_signal),
             ("huge_collapses", &self.huge_collapses),
@@ -660,6 +665,7 @@ impl Pager {
             &c.evictor_evicted_bytes,
             &c.budget_overruns,
             &c.protected_skips,
+            &c.unplaced_runs,
             &c.load_errors,
             &c.sample_parks,
             &c.sample_hits,

@@ -256,9 +256,9 @@ impl FarTier {
 
     /// Whether a store could succeed now (capacity left, medium not known to be full).
     pub fn accepts(&self, len: u64) -> bool {
-        self.is_pageable()
-            && self.free_bytes() >= len
-            && (self.now)() >= self.full_until.load(Relaxed)
+        // A tier that never backed off reads no clock: eviction asks at every run.
+        let until = self.full_until.load(Relaxed);
+        self.is_pageable() && self.free_bytes() >= len && (until == 0 || (self.now)() >= until)
     }
 
     /// Bytes free on the tier by its capacity now.
