@@ -98,17 +98,23 @@ fn reclaim_behind(e: &Pager, table: &[Arc<Region>], want: u64) -> u64 {
                 len += 1;
             }
             if len > 0 && (!take || len == max_run) {
-                freed += flush_run(e, r, start, len);
+                let stored = flush_run(e, r, start, len);
+                freed += stored.unwrap_or(0);
                 len = 0;
                 max_run = fitting_run(e, r, room(e));
-                if max_run == 0 {
+                if max_run == 0 || stored.is_none() {
                     drained = false;
                     break 'entries;
                 }
             }
         }
         if len > 0 {
-            freed += flush_run(e, r, start, len);
+            let stored = flush_run(e, r, start, len);
+            freed += stored.unwrap_or(0);
+            if stored.is_none() {
+                drained = false;
+                break;
+            }
         }
     }
     if drained {
@@ -254,12 +260,14 @@ fn sweep_region(e: &Pager, r: &Region, want: u64, last_resort: bool) -> (u64, us
         i += 1;
         // A run must be contiguous and not wrap around the region's end.
         if run_len > 0 && (c != run_start + run_len || run_len == max_run) {
-            freed += flush_run(e, r, run_start, run_len);
+            let stored = flush_run(e, r, run_start, run_len);
+            freed += stored.unwrap_or(0);
             run_len = 0;
             max_run = fitting_run(e, r, room(e));
-            if freed >= want || max_run == 0 {
+            let no_room = max_run == 0 || stored.is_none();
+            if freed >= want || no_room {
                 r.hand.store(c, Relaxed);
-                return (freed, i - 1, acted, max_run == 0);
+                return (freed, i - 1, acted, no_room);
             }
         }
         let s = r.state(c);
@@ -299,16 +307,23 @@ fn sweep_region(e: &Pager, r: &Region, want: u64, last_resort: bool) -> (u64, us
             }
         }
     }
+    let mut no_room = false;
     if run_len > 0 {
-        freed += flush_run(e, r, run_start, run_len);
+        let stored = flush_run(e, r, run_start, run_len);
+        freed += stored.unwrap_or(0);
+        no_room = stored.is_none();
     }
     r.hand.store((start + quantum) % n, Relaxed);
-    (freed, quantum, acted, false)
+    (freed, quantum, acted, no_room)
 }
 
 /// Stores chunks `[c, c+n)` (claimed Evicting by this thread) in a far tier: the home
-/// tier first, then the others fastest first. On failure they stay resident.
-fn flush_run(e: &Pager, r: &Region, c: usize, n: usize) -> u64 {
+/// tier first, then the others fastest first. On failure they stay resident. Bytes
+/// stored; None when every tier refused them for lack of room (full, failing, backing
+/// off): the sweep then ends, as the next run would meet the same tiers (a medium whose
+/// refusal `room` cannot foresee, such as a pool segment its grant has not grown yet,
+/// costs one run a sweep).
+fn flush_run(e: &Pager, r: &Region, c: usize, n: usize) -> Option<u64> {
     store_run(e, r, c, n, false)
 }
 
@@ -347,10 +362,10 @@ fn staged_fills(
 /// [`flush_run`] for the access sampler: the same move, counted as a sample, not an
 /// eviction.
 pub(crate) fn park_chunk(e: &Pager, r: &Region, c: usize) -> bool {
-    store_run(e, r, c, 1, true) > 0
+    store_run(e, r, c, 1, true).is_some_and(|b| b > 0)
 }
 
-fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
+fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> Option<u64> {
     let len = n * r.chunk;
     let src = r.chunk_addr(c);
     let home = r.home_tier.load(Relaxed);
@@ -367,6 +382,8 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
     let mut hashes = [0u64; MAX_RUN / HASH_PAGE];
     // Fill words by chunk, when the staged run turns out to be fills (`super::fill`).
     let mut fills = [0u32; MAX_RUN / HASH_PAGE];
+    // Every tier passed the run on for being full or failing: no room anywhere.
+    let mut refused_for_room = true;
     for t in order {
         let Some(tier) = e.tiers.get(t) else { continue };
         if !tier.is_pageable() {
@@ -451,9 +468,15 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
                     r.counters.evictions.fetch_add(n as u64, Relaxed);
                     r.counters.evicted_bytes.fetch_add(len as u64, Relaxed);
                 }
-                return len as u64;
+                return Some(len as u64);
             }
-            Err(err) if crate::tier::passes_on(err.0) => continue,
+            Err(err) if crate::tier::passes_on(err.0) => {
+                // A medium that cannot hold this run (EOPNOTSUPP) says nothing of room.
+                if err.0 == libc::EOPNOTSUPP {
+                    refused_for_room = false;
+                }
+                continue;
+            }
             Err(err) if err.0 == libc::EINVAL => {
                 // The program made these pages read-only or inaccessible (mprotect): a move
                 // needs the same protection on both sides, and copying out then dropping
@@ -461,6 +484,7 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
                 // while so protected, as mlocked pages would (docs/design/run.md, "Protection
                 // changes").
                 e.counters.protected_skips.fetch_add(n as u64, Relaxed);
+                refused_for_room = false;
                 break;
             }
             Err(err) => {
@@ -472,8 +496,9 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
                     }
                     e.unshare_pending.fetch_add(n as u64, AcqRel);
                     e.wake_evictor.notify();
-                    return 0;
+                    return Some(0);
                 }
+                refused_for_room = false;
                 break;
             }
         }
@@ -481,10 +506,13 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> u64 {
     for i in 0..n {
         r.settle(c + i, Where::Resident, 0, 0);
     }
+    if !refused_for_room {
+        return Some(0);
+    }
     if !sample {
         e.counters.unplaced_runs.fetch_add(1, Relaxed);
     }
-    0
+    None
 }
 
 /// Moves chunk `c` (seen in state `s`) from the active class back to inactive with a lap

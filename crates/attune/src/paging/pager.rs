@@ -66,9 +66,9 @@ pub struct Counters {
     /// Chunks an eviction left in DRAM because the program had changed their protection
     /// (mprotect to read-only or none).
     pub protected_skips: AtomicU64,
-    /// Runs the hand claimed for eviction that no far tier took (all full, failing or
-    /// backing off, or the pages protected), put back in DRAM: a sweep ends at the first
-    /// such run for lack of room (`super::evict`), so they stay about one a fault.
+    /// Runs the hand claimed for eviction that no far tier took for lack of room (all
+    /// full, failing or backing off), put back in DRAM: a sweep ends at the first such run
+    /// (`super::evict`), so they stay below one a fault.
     pub unplaced_runs: AtomicU64,
     /// Runs whose data could not be placed: the access failed with SIGBUS (and the error
     /// line said why).
