@@ -35,17 +35,25 @@ fn max_run(e: &Pager, r: &Region) -> usize {
 /// claim run after run that no tier took, to put each back: 0.7 ms of CPU a fault, 31 s
 /// for `file-tier-full` in `scripts/test.sh` (docs/reliability.md, "The full-disk case").
 fn room(e: &Pager) -> u64 {
-    e.tiers
-        .iter()
-        .filter(|t| t.accepts(1))
-        .map(|t| t.free_bytes())
-        .max()
-        .unwrap_or(0)
+    e.tiers.iter().map(|t| t.room()).max().unwrap_or(0)
 }
 
-/// `max_run(e, r)` cut to what `room` can take (0: not one chunk of `r`).
-fn fitting_run(e: &Pager, r: &Region, room: u64) -> usize {
-    max_run(e, r).min((room / r.chunk as u64) as usize)
+/// `max_run(e, r)` cut to what `room` can take now (0: not one chunk of `r`).
+fn fitting_run(e: &Pager, r: &Region) -> usize {
+    max_run(e, r).min((room(e) / r.chunk as u64) as usize)
+}
+
+/// Flushes the run `[c, c+n)` into `freed`; returns the longest run that may be built
+/// next, 0 when the sweep must end: every tier refused this one for lack of room, or
+/// `room` is below a chunk.
+fn flush_and_fit(e: &Pager, r: &Region, c: usize, n: usize, freed: &mut u64) -> usize {
+    match flush_run(e, r, c, n) {
+        Some(f) => {
+            *freed += f;
+            fitting_run(e, r)
+        }
+        None => 0,
+    }
 }
 
 /// Evicts chunks from the drop-behind ring, newest first, until `want` bytes are freed or
@@ -76,7 +84,7 @@ fn reclaim_behind(e: &Pager, table: &[Arc<Region>], want: u64) -> u64 {
         if addr >= r.base + r.len || r.freed.load(Acquire) || e.is_protected(r) {
             continue;
         }
-        let mut max_run = fitting_run(e, r, room(e));
+        let mut max_run = fitting_run(e, r);
         if max_run == 0 {
             // No tier takes a chunk now: the entry waits for the next drain (unless a
             // push took its slot meanwhile).
@@ -98,23 +106,17 @@ fn reclaim_behind(e: &Pager, table: &[Arc<Region>], want: u64) -> u64 {
                 len += 1;
             }
             if len > 0 && (!take || len == max_run) {
-                let stored = flush_run(e, r, start, len);
-                freed += stored.unwrap_or(0);
+                max_run = flush_and_fit(e, r, start, len, &mut freed);
                 len = 0;
-                max_run = fitting_run(e, r, room(e));
-                if max_run == 0 || stored.is_none() {
+                if max_run == 0 {
                     drained = false;
                     break 'entries;
                 }
             }
         }
-        if len > 0 {
-            let stored = flush_run(e, r, start, len);
-            freed += stored.unwrap_or(0);
-            if stored.is_none() {
-                drained = false;
-                break;
-            }
+        if len > 0 && flush_and_fit(e, r, start, len, &mut freed) == 0 {
+            drained = false;
+            break;
         }
     }
     if drained {
@@ -241,7 +243,7 @@ fn sweep_region(e: &Pager, r: &Region, want: u64, last_resort: bool) -> (u64, us
         return (0, 0, 0, false);
     }
     let protected = e.is_protected(r);
-    let mut max_run = fitting_run(e, r, room(e));
+    let mut max_run = fitting_run(e, r);
     if max_run == 0 {
         return (0, 0, 0, true);
     }
@@ -260,14 +262,11 @@ fn sweep_region(e: &Pager, r: &Region, want: u64, last_resort: bool) -> (u64, us
         i += 1;
         // A run must be contiguous and not wrap around the region's end.
         if run_len > 0 && (c != run_start + run_len || run_len == max_run) {
-            let stored = flush_run(e, r, run_start, run_len);
-            freed += stored.unwrap_or(0);
+            max_run = flush_and_fit(e, r, run_start, run_len, &mut freed);
             run_len = 0;
-            max_run = fitting_run(e, r, room(e));
-            let no_room = max_run == 0 || stored.is_none();
-            if freed >= want || no_room {
+            if freed >= want || max_run == 0 {
                 r.hand.store(c, Relaxed);
-                return (freed, i - 1, acted, no_room);
+                return (freed, i - 1, acted, max_run == 0);
             }
         }
         let s = r.state(c);
@@ -307,12 +306,7 @@ fn sweep_region(e: &Pager, r: &Region, want: u64, last_resort: bool) -> (u64, us
             }
         }
     }
-    let mut no_room = false;
-    if run_len > 0 {
-        let stored = flush_run(e, r, run_start, run_len);
-        freed += stored.unwrap_or(0);
-        no_room = stored.is_none();
-    }
+    let no_room = run_len > 0 && flush_and_fit(e, r, run_start, run_len, &mut freed) == 0;
     r.hand.store((start + quantum) % n, Relaxed);
     (freed, quantum, acted, no_room)
 }
@@ -321,8 +315,8 @@ fn sweep_region(e: &Pager, r: &Region, want: u64, last_resort: bool) -> (u64, us
 /// tier first, then the others fastest first. On failure they stay resident. Bytes
 /// stored; None when every tier refused them for lack of room (full, failing, backing
 /// off): the sweep then ends, as the next run would meet the same tiers (a medium whose
-/// refusal `room` cannot foresee, such as a pool segment its grant has not grown yet,
-/// costs one run a sweep).
+/// refusal `room` cannot foresee, a file on a disk fuller than its `capacity` before its
+/// first ENOSPC or a pool tier with no free page in its segment, costs one run a sweep).
 fn flush_run(e: &Pager, r: &Region, c: usize, n: usize) -> Option<u64> {
     store_run(e, r, c, n, false)
 }

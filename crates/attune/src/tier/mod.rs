@@ -254,11 +254,20 @@ impl FarTier {
         true
     }
 
-    /// Whether a store could succeed now (capacity left, medium not known to be full).
+    /// Whether a store of `len` bytes could succeed now (see [`FarTier::room`]).
     pub fn accepts(&self, len: u64) -> bool {
-        // A tier that never backed off reads no clock: eviction asks at every run.
+        self.room() >= len
+    }
+
+    /// The most bytes a store could put here now: its free capacity, 0 while the medium
+    /// backs off after a full or failed write. Eviction asks at every run, so a tier that
+    /// never backed off reads no clock.
+    pub fn room(&self) -> u64 {
         let until = self.full_until.load(Relaxed);
-        self.is_pageable() && self.free_bytes() >= len && (until == 0 || (self.now)() >= until)
+        if !self.is_pageable() || (until != 0 && (self.now)() < until) {
+            return 0;
+        }
+        self.free_bytes()
     }
 
     /// Bytes free on the tier by its capacity now.
