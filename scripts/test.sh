@@ -757,6 +757,15 @@ EOS
   run unpriv-smoke "$nobody" "$UP/bin/smoke"
   run unpriv-integrity "$nobody" "$UP/bin/integrity" 48
   ATTUNE_FAULT_MODE=signal run unpriv-integrity-signal "$nobody" "$UP/bin/integrity" 48
+  # The full disk of `file-tier-full` for a user who is not root: root mounts the 8 MiB
+  # tmpfs, nobody's program fills it; ENOSPC reported, every word verifies, runs claimed
+  # and put back below one a fault.
+  mkdir -p "$UP/full"
+  if mount -t tmpfs -o size=8m,mode=1777 tmpfs "$UP/full" 2>/dev/null; then
+    two_tier_config "$UP/full.toml" "$UP/full"; chmod 644 "$UP/full.toml"
+    ATTUNE_CONFIG="$UP/full.toml" EXPECT_TIER_FULL=1 INTEGRITY_READS=50000 run unpriv-file-tier-full "$nobody" "$UP/bin/integrity" 48
+    umount "$UP/full"
+  fi
   run unpriv-stress "$nobody" "$UP/bin/stress" 64
   # The fallbacks for kernels before 6.8 as an unprivileged user (user-mode-only
   # userfaultfd): write-protect faults of kernel accesses come back as EFAULT, held and
