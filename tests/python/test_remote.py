@@ -185,6 +185,36 @@ def test_integrity_at_three_times_the_budget_over_servers(workdir, hosts, n):
         assert stored_mib(log) > 0, log.read_text()
 
 
+@pytest.mark.parametrize("mode", ["signal", "thread"])
+def test_windows_fetched_ahead_made_stale_by_stores_are_dropped(workdir, hosts, mode):
+    """tests/c/ahead.c through one server at an 8 MiB budget, in each fault delivery: a
+    stream's windows fetched ahead (`ahead`, docs/design/remote.md "Windows fetched
+    ahead") are overlapped by stores of pages the program wrote inside them. Every word
+    reads back as last written; the tier says at exit that it placed pages from windows,
+    dropped stale ones, and found none stale by the content hashes alone (the I/O
+    thread's marking, not the hash check, keeps old pages out). With `ahead = 0` nothing
+    is fetched ahead and every word still verifies."""
+    h = hosts(1)
+    s = secret(workdir)
+    h.serve(0, workdir, s, "--size", "256M")
+    cfg = config(workdir, h, 1, s, name=f"ahead-{mode}")
+    for depth in (2, 0):
+        p = subprocess.run(h.on_client([build(workdir, "ahead"), "32"]), capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "ATTUNE_CONFIG": str(cfg), "ATTUNE_DRAM": "8M",
+                                             "TEST_BUDGET": str(8 * MIB), "ATTUNE_LOG": "info",
+                                             "ATTUNE_FAULT_MODE": mode, "ATTUNE_TIER_REMOTE_AHEAD": str(depth)})
+        assert p.returncode == 0 and "FAIL" not in p.stdout + p.stderr, p.stdout + p.stderr[-3000:]
+        assert unexpected_warnings(p.stderr) == [], p.stderr[-3000:]
+        m = re.search(r"(\d+) KiB fetched ahead, (\d+) KiB of it placed, (\d+) window\(s\) dropped as stale, "
+                      r"(\d+) did not match", p.stderr)
+        assert m, p.stderr[-3000:]
+        fetched, placed, stale, mismatched = map(int, m.groups())
+        if depth == 0:
+            assert fetched == 0 and placed == 0, m.group(0)
+            continue
+        assert placed >= 32 << 10 and stale >= 1 and mismatched == 0, m.group(0)
+
+
 @pytest.mark.parametrize("concurrency,user", [(1, None), (64, None), (64, "nobody")])
 def test_many_faulting_threads_at_the_tiers_concurrency(workdir, hosts, concurrency, user):
     """48 threads reading and writing random words of 32 MiB through 16 MiB of DRAM, one

@@ -5,6 +5,7 @@
 //! here touches the kernel, so every decision is unit-tested table-driven.
 #![forbid(unsafe_code)]
 
+pub mod ahead;
 pub mod budget;
 pub mod chunk;
 pub mod delivery;

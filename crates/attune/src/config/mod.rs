@@ -132,6 +132,8 @@ pub struct TierConfig {
     pub rehome_ms: u64,
     /// A remote tier's jobs (loads and stores) in flight at once.
     pub concurrency: usize,
+    /// Windows a remote tier fetches ahead of each stream of loads (0: none).
+    pub ahead: usize,
 }
 
 impl TierConfig {
@@ -809,6 +811,7 @@ pub fn load_text(
             replicas: t.u64("replicas"),
             rehome_ms: t.u64("rehome_ms"),
             concurrency: t.u64("concurrency") as usize,
+            ahead: t.u64("ahead") as usize,
         });
     }
     tiers.sort_by_key(|t| t.latency_ns);

@@ -154,15 +154,23 @@ fn claim_readahead(e: &Pager, r: &Region, c: usize, src: Where, tier: usize) -> 
     // Fetching (signal delivery: each faulting thread places its own).
     let present = |x: usize| matches!(r.state(x).place(), Where::Resident | Where::Fetching);
     // A tier that copies runs into place caps them (`tier::COPIED_RUN`).
-    let run = match src {
-        Where::Far => e.tiers.get(tier).and_then(|t| t.run_max()),
-        _ => None,
+    let (run, grid) = match src {
+        Where::Far => e
+            .tiers
+            .get(tier)
+            .map_or((None, None), |t| (t.run_max(), t.run_grid())),
+        _ => (None, None),
     };
     let max = readahead_within(e, r, run.unwrap_or(MAX_RUN));
     let d = readahead::on_fault(&slots, c, r.chunks(), max, hint, present);
     let mut got = 0;
     while got < d.ahead {
         let n = (c as i64 + (got as i64 + 1) * d.step) as usize;
+        // A forward run ends on its tier's grid (regions start 2 MiB-aligned in a tier's
+        // offset space, so the region's offsets stand for the tier's).
+        if d.step == 1 && grid.is_some_and(|g| (n * r.chunk) % g == 0) {
+            break;
+        }
         let s = r.state(n);
         let same = s.place() == src && (src == Where::Fresh || s.tier() == tier);
         if !same || !r.claim_hold(n, s) {

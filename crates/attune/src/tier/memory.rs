@@ -317,6 +317,7 @@ mod tests {
             replicas: 1,
             rehome_ms: 0,
             concurrency: 8,
+            ahead: 0,
         };
         let t = MemoryTier::new(&cfg, 4 << 20, &uffd).expect("tier");
         (t, uffd)

@@ -99,6 +99,12 @@ pub trait Medium: Send + Sync {
     fn run_max(&self) -> Option<usize> {
         None
     }
+    /// Forward read-ahead runs end at multiples of this many bytes of the tier's offset
+    /// space (None: anywhere). The remote tier fetches windows ahead on this grid, and a
+    /// run that crossed two windows would be served by neither.
+    fn run_grid(&self) -> Option<usize> {
+        None
+    }
     /// Whether its ENOSPC costs nothing (no system call), so the tier need not be left
     /// alone for a back-off after one (the pool's units, which a grant refills).
     fn refuses_cheaply(&self) -> bool {
@@ -246,6 +252,11 @@ impl FarTier {
     /// The most bytes one fault's run loads from this tier (`Medium::run_max`).
     pub fn run_max(&self) -> Option<usize> {
         self.medium.run_max()
+    }
+
+    /// Where forward runs from this tier end (`Medium::run_grid`).
+    pub fn run_grid(&self) -> Option<usize> {
+        self.medium.run_grid()
     }
 
     /// Whether the fault engine can store pages here (every far tier it opens can; NUMA
@@ -709,6 +720,7 @@ mod tests {
             replicas: 1,
             rehome_ms: 0,
             concurrency: 8,
+            ahead: 0,
         };
         let mut t = FarTier::with_medium(cfg, 0, 1 << 30, Box::new(fake.clone()));
         t.now = now;

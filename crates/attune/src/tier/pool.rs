@@ -490,6 +490,7 @@ mod tests {
             replicas: 1,
             rehome_ms: 0,
             concurrency: 8,
+            ahead: 0,
         };
         PoolTier::new(&cfg, space).unwrap()
     }

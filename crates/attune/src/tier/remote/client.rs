@@ -728,6 +728,8 @@ impl Client {
 
     /// The copies r of the units of owner s for which `gone(s, r)` no longer count.
     fn forget_slots(&self, sh: &Shared, gone: impl Fn(usize, usize) -> bool) {
+        // A page whose copies are gone must fail its load loudly, as without windows.
+        sh.ahead.forget();
         let n = self.servers.len();
         for p in 0..sh.valid.len() {
             let v = sh.valid.get(p);
@@ -1073,10 +1075,15 @@ impl Client {
             if op == Op::Load {
                 let at = At { job: k, addr, off };
                 if let Err(bad) = self.load_requests(sh, at, off, len as u64, &mut reqs) {
-                    crate::warn!("remote tier: a load of {len} bytes failed: no live server holds the page at offset {bad:#x}");
+                    if !sh.is_window(k) {
+                        crate::warn!("remote tier: a load of {len} bytes failed: no live server holds the page at offset {bad:#x}");
+                    }
                     codes[k] = libc::EIO;
                 }
             } else {
+                // Windows fetched ahead that this store or discard overlaps no longer hold
+                // the servers' content (docs/design/remote.md, "Windows fetched ahead").
+                sh.ahead.overlaps(off, len as u64);
                 self.write_requests(sh, At { job: k, addr, off }, op, len, &mut reqs);
             }
         }
@@ -1110,10 +1117,12 @@ impl Client {
                             };
                             let (o, l) = (q.head.off, q.head.len as u64);
                             if self.load_requests(sh, at, o, l, &mut again).is_err() {
-                                crate::warn!(
-                                    "remote tier: a load of {} bytes failed: {m}",
-                                    q.head.len
-                                );
+                                if !sh.is_window(q.job) {
+                                    crate::warn!(
+                                        "remote tier: a load of {} bytes failed: {m}",
+                                        q.head.len
+                                    );
+                                }
                                 codes[q.job] = e.0;
                             }
                         } else if op == Op::Store {
@@ -1224,12 +1233,17 @@ impl Client {
         let res = self.exchange(&mut reqs, self.timeout_ns.min(BYE_WAIT_NS));
         self.no_reconnect = was;
         let told = res.iter().filter(|r| r.is_ok()).count();
+        let c = &sh.ahead.counts;
         crate::info!(
-            "remote tier: exiting; {told} of {} server(s) free this process's pages {} ms after its last request; at most {} of its {} jobs were in flight at once",
+            "remote tier: exiting; {told} of {} server(s) free this process's pages {} ms after its last request; at most {} of its {} jobs were in flight at once; {} KiB fetched ahead, {} KiB of it placed, {} window(s) dropped as stale, {} did not match their hashes",
             reqs.len(),
             grace / 1_000_000,
             self.peak_jobs,
-            sh.limit()
+            sh.limit(),
+            c.fetched.load(Relaxed) >> 10,
+            c.used.load(Relaxed) >> 10,
+            c.stale.load(Relaxed),
+            c.mismatched.load(Relaxed)
         );
         self.lease_ns = grace;
         self.leaving = true;

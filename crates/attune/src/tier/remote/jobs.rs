@@ -18,6 +18,9 @@ use std::sync::atomic::{
 /// tier's `concurrency` wait for a free job). The table is fixed, so that posting stays
 /// signal-safe; only its first `concurrency` jobs are ever claimed, posted or scanned.
 pub(super) const MAX_JOBS: usize = 64;
+/// The least `concurrency` at which windows are fetched ahead (they hold jobs while on
+/// their way).
+pub(super) const MIN_JOBS_AHEAD: usize = 4;
 
 /// A posted operation per job, and an answer per job.
 pub(super) type Ops = [Option<Op>; MAX_JOBS];
@@ -38,6 +41,9 @@ pub(super) struct Job {
     pub(super) result: AtomicI32,
     /// Nobody waits: the I/O thread frees the job (discards).
     pub(super) detached: AtomicBool,
+    /// A window fetched ahead (its index + 1; 0: none): answered into the window, freed
+    /// by the I/O thread, and quiet when it fails (no fault asked for it).
+    pub(super) window: AtomicUsize,
 }
 
 pub(super) struct Shared {
@@ -75,22 +81,36 @@ pub(super) struct Shared {
     pub(super) ever_stored: AtomicBool,
     /// The I/O thread has told the servers that this process is exiting (1).
     pub(super) left: AtomicU32,
+    /// Windows fetched ahead of streams (`ahead`).
+    pub(super) ahead: super::ahead::Ahead,
 }
 
 impl Shared {
-    pub(super) fn new(pages: usize, concurrency: usize) -> Result<Shared, Errno> {
+    /// `depth` windows of `window` bytes fetched ahead of each stream (0: none).
+    pub(super) fn new(
+        pages: usize,
+        concurrency: usize,
+        depth: usize,
+        window: usize,
+    ) -> Result<Shared, String> {
+        let limit = concurrency.clamp(1, MAX_JOBS);
+        // Windows take jobs the faults would otherwise have: at a small `concurrency`,
+        // none are fetched ahead.
+        let depth = if limit < MIN_JOBS_AHEAD { 0 } else { depth };
         Ok(Shared {
             jobs: std::array::from_fn(|_| Job::default()),
-            limit: concurrency.clamp(1, MAX_JOBS),
+            limit,
             doorbell: AtomicU32::new(0),
             freed: AtomicU32::new(0),
-            valid: attune_sys::mem::AtomicTable::new(pages)?,
+            valid: attune_sys::mem::AtomicTable::new(pages)
+                .map_err(|e| format!("its copy table: {e}"))?,
             park: AtomicU32::new(0),
             clones: Default::default(),
             place: Default::default(),
             started: AtomicU32::new(0),
             ever_stored: AtomicBool::new(false),
             left: AtomicU32::new(0),
+            ahead: super::ahead::Ahead::new(depth, window)?,
         })
     }
 
@@ -146,6 +166,22 @@ impl Shared {
             return Ok(());
         }
         self.finish(job)
+    }
+
+    /// Posts the load of window `w` (`ahead`) into `addr` if a job is free (a window
+    /// never waits for one). Signal-safe.
+    pub(super) fn post_window(&self, w: usize, addr: usize, off: u64, len: usize) -> bool {
+        let Some(job) = self.try_claim() else {
+            return false;
+        };
+        job.window.store(w + 1, Relaxed);
+        self.start(job, Op::Load, addr, off, len, true);
+        true
+    }
+
+    /// Whether job `k` loads a window fetched ahead (its failure is nobody's fault).
+    pub(super) fn is_window(&self, k: usize) -> bool {
+        self.jobs[k].window.load(Relaxed) != 0
     }
 
     /// Posts `op` for every `(addr, off, len)` of `parts` and waits for them all, several
@@ -315,6 +351,10 @@ impl Shared {
                 continue;
             }
             j.result.store(codes[k], Relaxed);
+            let w = j.window.swap(0, Relaxed);
+            if w != 0 {
+                self.ahead.arrive(w - 1, codes[k]);
+            }
             if j.detached.load(Relaxed) {
                 j.state.store(FREE, Release);
                 self.freed.fetch_add(1, Release);
@@ -334,7 +374,7 @@ mod tests {
     #[test]
     fn at_most_the_tiers_concurrency_is_claimed_at_once() {
         for (asked, limit) in [(1, 1), (3, 3), (32, 32), (0, 1), (1000, MAX_JOBS)] {
-            let s = Shared::new(16, asked).unwrap();
+            let s = Shared::new(16, asked, 0, 0).unwrap();
             let held: Vec<&Job> = std::iter::from_fn(|| s.try_claim()).collect();
             assert_eq!(held.len(), limit, "concurrency {asked}");
             // A job freed is claimed again, and only it.
@@ -343,5 +383,47 @@ mod tests {
             assert!(s.finish(held[0]).is_ok());
             assert!(s.try_claim().is_some() && s.try_claim().is_none());
         }
+    }
+
+    #[test]
+    fn a_window_is_answered_into_itself_and_holds_no_job() {
+        const W: usize = 64 << 10;
+        let s = Shared::new(64, 8, 2, W).unwrap();
+        let mut posted = Vec::new();
+        // A stream of loads: the second continues the first, so windows are posted.
+        for off in [0u64, W as u64] {
+            s.ahead.after_load(
+                off,
+                W,
+                None,
+                1 << 30,
+                |_, _| true,
+                |a, o, l, w| {
+                    let ok = s.post_window(w, a, o, l);
+                    posted.push((o, l));
+                    ok
+                },
+            );
+        }
+        assert_eq!(posted, [(2 * W as u64, W), (3 * W as u64, W)]);
+        let ops = s.posted();
+        assert_eq!(ops.iter().flatten().count(), 2);
+        let k: Vec<usize> = (0..MAX_JOBS).filter(|&k| ops[k].is_some()).collect();
+        assert!(k.iter().all(|&k| s.is_window(k)));
+        // The I/O thread fills the windows and answers: the jobs are free again.
+        for &k in &k {
+            let (addr, off, len) = s.job(k);
+            attune_sys::mem::with_words_mut(addr, len, |w| w.fill(off / W as u64 + 1));
+        }
+        s.answer(&ops, &[0; MAX_JOBS]);
+        assert_eq!(std::iter::from_fn(|| s.try_claim()).count(), 8);
+        // A load inside the second window is placed from it, at its offset.
+        let t = s.ahead.take(3 * W as u64 + 4096, 4096).expect("held");
+        assert_eq!(attune_sys::mem::load_u8(t.addr), 4);
+        s.ahead.give_back(t, true, 4096);
+        // A store over the first window makes it stale: taken, it is dropped.
+        s.ahead.overlaps(2 * W as u64 + 8192, 4096);
+        assert!(s.ahead.take(2 * W as u64, W).is_none());
+        assert!(s.ahead.take(3 * W as u64 + 8192, 4096).is_some());
     }
 }

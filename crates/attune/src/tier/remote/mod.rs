@@ -12,6 +12,7 @@
 //! (ETIMEDOUT; a load then makes its region fail with SIGBUS) and the log names it; a
 //! full server answers ENOSPC and the pages go to the next tier.
 
+mod ahead;
 mod client;
 mod jobs;
 
@@ -36,6 +37,8 @@ pub struct RemoteTier {
     secret: Vec<u8>,
     /// The parent held pages here at the fork (the child's own I/O thread must start).
     had_data: AtomicBool,
+    /// The tier's offset space (no window is fetched past it).
+    space: u64,
 }
 
 /// How long a forked child waits for its I/O thread to begin.
@@ -74,8 +77,13 @@ impl RemoteTier {
         let secret = read_secret(path).map_err(|e| format!("tier '{}': {e}", cfg.name))?;
         let c = Client::connect(cfg, secret.clone())?;
         let shared = Arc::new(
-            Shared::new(space.div_ceil(proto::PAGE) as usize, cfg.concurrency)
-                .map_err(|e| format!("tier '{}': its copy table: {e}", cfg.name))?,
+            Shared::new(
+                space.div_ceil(proto::PAGE) as usize,
+                cfg.concurrency,
+                cfg.ahead,
+                crate::tier::COPIED_RUN,
+            )
+            .map_err(|e| format!("tier '{}': {e}", cfg.name))?,
         );
         let s2 = shared.clone();
         attune_sys::os::spawn_runtime_thread("attune-remote", move || c.run(s2))
@@ -85,7 +93,25 @@ impl RemoteTier {
             cfg: cfg.clone(),
             secret,
             had_data: AtomicBool::new(false),
+            space,
         })
+    }
+}
+
+impl RemoteTier {
+    /// Posts the windows `attune_policy::ahead` asks for after a load of `[off,
+    /// off+len)` (`served`: placed from a window that ends there), of pages the servers
+    /// hold.
+    fn fetch_ahead(&self, off: u64, len: usize, served: Option<u64>) {
+        let sh = &*self.shared;
+        sh.ahead.after_load(
+            off,
+            len,
+            served,
+            self.space,
+            |s, l| sh.held(s, l),
+            |addr, s, l, w| sh.post_window(w, addr, s, l),
+        );
     }
 }
 
@@ -133,12 +159,26 @@ impl super::Medium for RemoteTier {
         len: usize,
         seen: &mut dyn FnMut(usize) -> bool,
     ) -> SysResult<()> {
+        let sh = &*self.shared;
+        let taken = sh.ahead.take(off, len);
+        // The next windows go out before this run is placed: the link moves them while
+        // the program places and reads this one.
+        self.fetch_ahead(off, len, taken.as_ref().map(|t| t.end));
+        if let Some(t) = taken {
+            if seen(t.addr) {
+                let placed = region_uffd.place_copy(dst, t.addr, len, false);
+                sh.ahead.give_back(t, true, len);
+                return placed;
+            }
+            // What the window held is not what was stored last: loaded again below.
+            sh.ahead.give_back(t, false, len);
+        }
         super::load_bounced(
             io,
             region_uffd,
             dst,
             len,
-            &mut |b| self.shared.post(Op::Load, b, off, len, false),
+            &mut |b| sh.post(Op::Load, b, off, len, false),
             seen,
         )
     }
@@ -163,6 +203,9 @@ impl super::Medium for RemoteTier {
     fn run_max(&self) -> Option<usize> {
         Some(crate::tier::COPIED_RUN)
     }
+    fn run_grid(&self) -> Option<usize> {
+        self.shared.ahead.on().then_some(crate::tier::COPIED_RUN)
+    }
 
     /// A child cannot share the parent's sessions (both would write the same pages), and
     /// the parent's endpoint is its I/O thread's, which the child does not have. So,
@@ -179,6 +222,8 @@ impl super::Medium for RemoteTier {
     ) -> Result<bool, String> {
         let has_data = self.shared.ever_stored.load(Relaxed);
         self.had_data.store(has_data, Relaxed);
+        // No window is on its way at the fork: the child's I/O thread would answer none.
+        self.shared.ahead.drain();
         self.shared
             .post(Op::Clone, has_data as usize, 0, 0, false)
             .map_err(|e| format!("the I/O thread did not prepare the fork: {e}"))?;
