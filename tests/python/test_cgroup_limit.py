@@ -98,7 +98,12 @@ def test_a_budget_above_the_limit_is_lowered_and_the_program_finishes(c_matrix, 
     # the file tier holds the rest.
     assert "far tier 'memory' is left out" in p.stderr, p.stderr
     assert CAP - 8 * MIB < hwm(p.stdout) < LIMIT - 16 * MIB, p.stdout
-    assert r["totals"]["budget_bytes"] == CAP and tiers["dram"]["capacity"] == CAP, tiers
+    # The budget starts at the cap (above); `follow_limit` may lower it during the run:
+    # the buffered file tier's dirty pages count as held outside Attune's pages until the
+    # kernel writes them back, which on this machine's disk and the host's dirty ratios
+    # (10%/20% of 24 GiB) can take longer than the run (seen: the budget at exit 139.7
+    # MiB of the 160 MiB cap, docs/reliability.md "Dirty pages of a buffered file tier").
+    assert 0 < r["totals"]["budget_bytes"] <= CAP and 0 < tiers["dram"]["capacity"] <= CAP, tiers
     assert "memory" not in tiers and tiers["file"]["peak_used_bytes"] > 100 * MIB, tiers
 
 
