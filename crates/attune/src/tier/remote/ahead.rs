@@ -10,7 +10,7 @@
 //!
 //! A window is only as good as the servers' content when it was read. Every store and
 //! discard the I/O thread serves marks the windows it overlaps `stale` before its
-//! requests go out (`Shared::overlaps`), and the I/O thread serves jobs in batches, one
+//! requests go out (`Ahead::overlaps`), and the I/O thread serves jobs in batches, one
 //! after the other: a store served before a window's batch has its reply, so the window
 //! reads it; one served in the same batch or after marks it. A stale window is dropped
 //! when taken, and the fault path's content hashes check whatever is placed from a
@@ -72,6 +72,8 @@ pub(super) struct Ahead {
     /// Each window's buffer: `buf + i * window`.
     buf: usize,
     window: u64,
+    /// The tier's offset space (no window is fetched past it).
+    space: u64,
     trail: [AtomicU64; TRAIL],
     next: AtomicUsize,
     /// Loads served (the windows' clock).
@@ -90,8 +92,9 @@ pub(super) struct Taken {
 }
 
 impl Ahead {
-    /// `depth` windows of `window` bytes ahead of each stream (0: off, no buffers).
-    pub(super) fn new(depth: usize, window: usize) -> Result<Ahead, String> {
+    /// `depth` windows of `window` bytes ahead of each stream (0: off, no buffers), in
+    /// an offset space of `space` bytes.
+    pub(super) fn new(depth: usize, window: usize, space: u64) -> Result<Ahead, String> {
         let depth = depth.min(ahead::MAX_DEPTH);
         let usable = WINDOWS_PER_DEPTH * depth;
         let buf = if usable == 0 {
@@ -106,6 +109,7 @@ impl Ahead {
             depth,
             buf,
             window: window as u64,
+            space,
             trail: std::array::from_fn(|_| AtomicU64::new(0)),
             next: AtomicUsize::new(0),
             loads: AtomicU64::new(0),
@@ -185,27 +189,22 @@ impl Ahead {
     }
 
     /// After a load of `[off, off+len)` (`served`: placed from a window that ends
-    /// there): remembers it, and
-    /// posts the windows the policy asks for. `held` says whether the servers hold every
-    /// page of a range (a window of pages never stored is not asked for); `post` posts a
-    /// window's load (buffer, offset, length, window index) and says whether a job was
-    /// free for it.
+    /// there): remembers it, and posts the windows the policy asks for. `held` says
+    /// whether the servers hold every page of a range (a window of pages never stored is
+    /// not asked for); `post` posts a window's load (buffer, offset, length, window
+    /// index) and says whether a job was free for it.
     pub(super) fn after_load(
         &self,
         off: u64,
         len: usize,
         served: Option<u64>,
-        space: u64,
         held: impl Fn(u64, usize) -> bool,
         mut post: impl FnMut(usize, u64, usize, usize) -> bool,
     ) {
         if !self.on() {
             return;
         }
-        let mut trail = Trail::default();
-        for (e, t) in trail.ends.iter_mut().zip(&self.trail) {
-            *e = t.load(Relaxed);
-        }
+        let trail = Trail(std::array::from_fn(|k| self.trail[k].load(Relaxed)));
         let have = |s: u64| {
             self.used().iter().any(|w| {
                 let (ws, wl) = (w.start.load(Relaxed), w.len.load(Relaxed));
@@ -215,7 +214,7 @@ impl Ahead {
         let a = ahead::Ahead {
             depth: self.depth,
             window: self.window,
-            space,
+            space: self.space,
         };
         let (wins, n) = ahead::windows(a, &trail, off, len as u64, served, have);
         let now = self.loads.fetch_add(1, Relaxed);

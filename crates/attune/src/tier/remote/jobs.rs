@@ -86,7 +86,8 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    /// `depth` windows of `window` bytes fetched ahead of each stream (0: none).
+    /// `pages` pages of offset space; `depth` windows of `window` bytes fetched ahead of
+    /// each stream (0: none).
     pub(super) fn new(
         pages: usize,
         concurrency: usize,
@@ -110,7 +111,7 @@ impl Shared {
             started: AtomicU32::new(0),
             ever_stored: AtomicBool::new(false),
             left: AtomicU32::new(0),
-            ahead: super::ahead::Ahead::new(depth, window)?,
+            ahead: super::ahead::Ahead::new(depth, window, pages as u64 * proto::PAGE)?,
         })
     }
 
@@ -388,7 +389,7 @@ mod tests {
     #[test]
     fn a_window_is_answered_into_itself_and_holds_no_job() {
         const W: usize = 64 << 10;
-        let s = Shared::new(64, 8, 2, W).unwrap();
+        let s = Shared::new(1024, 8, 2, W).unwrap();
         let mut posted = Vec::new();
         // A stream of loads: the second continues the first, so windows are posted.
         for off in [0u64, W as u64] {
@@ -396,7 +397,6 @@ mod tests {
                 off,
                 W,
                 None,
-                1 << 30,
                 |_, _| true,
                 |a, o, l, w| {
                     let ok = s.post_window(w, a, o, l);

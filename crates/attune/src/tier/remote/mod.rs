@@ -37,8 +37,6 @@ pub struct RemoteTier {
     secret: Vec<u8>,
     /// The parent held pages here at the fork (the child's own I/O thread must start).
     had_data: AtomicBool,
-    /// The tier's offset space (no window is fetched past it).
-    space: u64,
 }
 
 /// How long a forked child waits for its I/O thread to begin.
@@ -93,7 +91,6 @@ impl RemoteTier {
             cfg: cfg.clone(),
             secret,
             had_data: AtomicBool::new(false),
-            space,
         })
     }
 }
@@ -108,7 +105,6 @@ impl RemoteTier {
             off,
             len,
             served,
-            self.space,
             |s, l| sh.held(s, l),
             |addr, s, l, w| sh.post_window(w, addr, s, l),
         );
