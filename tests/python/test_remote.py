@@ -185,21 +185,23 @@ def test_integrity_at_three_times_the_budget_over_servers(workdir, hosts, n):
         assert stored_mib(log) > 0, log.read_text()
 
 
-@pytest.mark.parametrize("mode", ["signal", "thread"])
-def test_windows_fetched_ahead_made_stale_by_stores_are_dropped(workdir, hosts, mode):
+@pytest.mark.parametrize("mode,user", [("signal", None), ("thread", None), ("signal", "nobody")])
+def test_windows_fetched_ahead_made_stale_by_stores_are_dropped(workdir, hosts, mode, user):
     """tests/c/ahead.c through one server at an 8 MiB budget, in each fault delivery: a
     stream's windows fetched ahead (`ahead`, docs/design/remote.md "Windows fetched
     ahead") are overlapped by stores of pages the program wrote inside them. Every word
     reads back as last written; the tier says at exit that it placed pages from windows,
     dropped stale ones, and found none stale by the content hashes alone (the I/O
     thread's marking, not the hash check, keeps old pages out). With `ahead = 0` nothing
-    is fetched ahead and every word still verifies."""
+    is fetched ahead and every word still verifies. As root and, server and program, as
+    nobody (user-mode userfaultfd)."""
     h = hosts(1)
-    s = secret(workdir)
-    h.serve(0, workdir, s, "--size", "256M")
-    cfg = config(workdir, h, 1, s, name=f"ahead-{mode}")
+    s, scratch = secret_and_scratch(workdir, user)
+    h.serve(0, workdir, s, "--size", "256M", user=user)
+    cfg = config(workdir, h, 1, s, name=f"ahead-{mode}-{user}", file_dir=scratch)
+    who = ["runuser", "-u", user, "--"] if user else []
     for depth in (2, 0):
-        p = subprocess.run(h.on_client([build(workdir, "ahead"), "32"]), capture_output=True, text=True,
+        p = subprocess.run(h.on_client([*who, build(workdir, "ahead"), "32"]), capture_output=True, text=True,
                            timeout=300, env={**os.environ, "ATTUNE_CONFIG": str(cfg), "ATTUNE_DRAM": "8M",
                                              "TEST_BUDGET": str(8 * MIB), "ATTUNE_LOG": "info",
                                              "ATTUNE_FAULT_MODE": mode, "ATTUNE_TIER_REMOTE_AHEAD": str(depth)})
