@@ -81,7 +81,7 @@ def main():
     finally:
         h.close()
         subprocess.run(["rm", "-rf", d])
-    print(f"| build | delivery | pattern | MiB | DRAM | median s | runs | first run's exit line |")
+    print("| build | delivery | pattern | MiB | DRAM | median s | runs | first run's exit line |")
     print("|---|---|---|---|---|---|---|---|")
     for (b, mode, pattern, mib, dram), v in secs.items():
         print(f"| {b} | {mode} | {pattern} | {mib} | {dram} | {statistics.median(v):.3f} | "
