@@ -39,9 +39,11 @@ def test_slowdown_rises_with_level():
     # this shared VM the generator's vCPU can be held off by the host for a whole sweep (a
     # CI run on 2026-11-26 read 1.00/1.00/1.01/0.99 at levels 0/20/50/100, where other runs
     # read 0.68-0.84 at 100; one on 2026-11-27 read traffic of 27.9% at level 20, 20.6% at 50).
+    # So is one in which the full level read slower than the low one beyond the margin below
+    # (2026-12-06: 0.72 at 20, 0.79 at 100, in a run whose other sweeps held the order).
     for _ in range(3):
         perf, gen = sweep()
-        if perf[100] < 0.97 and gen[20] < gen[50] < gen[100]:
+        if perf[100] < 0.97 and perf[100] <= perf[20] + 0.05 and gen[20] < gen[50] < gen[100]:
             break
     assert gen[0] == 0 and gen[20] < gen[50] < gen[100]
     assert perf[0] == 1.0
