@@ -92,11 +92,11 @@ def test_a_budget_above_the_limit_is_lowered_and_the_program_finishes(c_matrix, 
         assert g.peak() >= LIMIT - MIB
     finally:
         g.remove()
-    # `follow_limit` off: this test is the cap at start. Followed, the budget also drops
-    # below it while the buffered file tier's dirty pages count as held outside
-    # (docs/reliability.md "Dirty pages of a buffered file tier";
-    # test_the_budget_follows_what_the_program_holds_outside tests the following).
-    p, r, tiers = attune_run_under_limit(work, "budget2", "1G", c_matrix, ATTUNE_FOLLOW_LIMIT="false")
+    # `follow_limit` on, as users run: the buffered file tier's stores are dirty page cache
+    # charged to the cgroup, and before their write-back was started at each store the
+    # budget followed them down to 1 MiB (docs/reliability.md, "Dirty pages of a buffered
+    # file tier"); the budget at exit is the cap.
+    p, r, tiers = attune_run_under_limit(work, "budget2", "1G", c_matrix)
     assert f"lowered to {CAP} bytes" in p.stderr and str(LIMIT) in p.stderr, p.stderr
     # The budget fills the limit's share: the memory tier has no room and is left out;
     # the file tier holds the rest.

@@ -644,6 +644,26 @@ fn pread_inner(fd: &OwnedFd, dst: usize, len: usize, off: u64, eof_zero: bool) -
     Ok(())
 }
 
+/// Starts the write-back of the dirty page cache of `[off, off+len)` without waiting for
+/// it (`sync_file_range(SYNC_FILE_RANGE_WRITE)`). Signal-safe. Metadata is not written:
+/// this bounds how long written pages stay dirty, it makes nothing durable.
+pub fn start_writeback(fd: &OwnedFd, off: u64, len: u64) -> SysResult<()> {
+    // SAFETY: sync_file_range on an owned fd; it reads no memory of ours.
+    let r = unsafe {
+        libc::sync_file_range(
+            fd.as_raw_fd(),
+            off as i64,
+            len as i64,
+            libc::SYNC_FILE_RANGE_WRITE,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(Errno::last())
+    }
+}
+
 /// Frees the file blocks of `[off, off+len)` (sparse hole). Errors are ignored by callers
 /// that only want to give space back.
 pub fn punch_hole(fd: &OwnedFd, off: u64, len: u64) -> SysResult<()> {

@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicI32, Ordering::AcqRel};
 
 pub struct FileTier {
     fd: OwnedFd,
+    /// Buffered (not `O_DIRECT`): each store's write-back is started at once (`store`).
+    buffered: bool,
     /// The file prepared for a child during a fork (-1: none).
     child_file: AtomicI32,
 }
@@ -94,6 +96,7 @@ impl FileTier {
         }
         Ok(FileTier {
             fd,
+            buffered: !direct,
             child_file: AtomicI32::new(-1),
         })
     }
@@ -128,6 +131,15 @@ impl super::Medium for FileTier {
             for &(p, n) in pieces.as_slice() {
                 let at = p * super::HASH_PAGE;
                 mem::pwrite_raw(&self.fd, st + at, n * super::HASH_PAGE, off + at as u64)?;
+            }
+            // A buffered store's pages are dirty page cache charged to the job's memory
+            // cgroup, which the kernel may leave unwritten for 30 s (the host's
+            // dirty_expire): they cannot be reclaimed meanwhile, and `follow_limit` counts
+            // them as held outside Attune and lowers the budget (docs/reliability.md,
+            // "Dirty pages of a buffered file tier"). Their write-back is started now;
+            // it is a hint, so its failure fails no store.
+            if self.buffered && !pieces.as_slice().is_empty() {
+                let _ = mem::start_writeback(&self.fd, off, len as u64);
             }
             Ok(())
         })
