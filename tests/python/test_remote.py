@@ -192,19 +192,22 @@ def test_windows_fetched_ahead_made_stale_by_stores_are_dropped(workdir, hosts, 
     ahead") are overlapped by stores of pages the program wrote inside them. Every word
     reads back as last written; the tier says at exit that it placed pages from windows,
     dropped stale ones, and found none stale by the content hashes alone (the I/O
-    thread's marking, not the hash check, keeps old pages out). With `ahead = 0` nothing
-    is fetched ahead and every word still verifies. As root and, server and program, as
-    nobody (user-mode userfaultfd)."""
+    thread's marking, not the hash check, keeps old pages out). With that marking
+    broken (`ATTUNE_INJECT=window-unmarked`), the hashes find the stale windows and
+    their runs are loaded again from the server: every word still verifies. With
+    `ahead = 0` nothing is fetched ahead and every word still verifies. As root and,
+    server and program, as nobody (user-mode userfaultfd)."""
     h = hosts(1)
     s, scratch = secret_and_scratch(workdir, user)
     h.serve(0, workdir, s, "--size", "256M", user=user)
     cfg = config(workdir, h, 1, s, name=f"ahead-{mode}-{user}", file_dir=scratch)
     who = ["runuser", "-u", user, "--"] if user else []
-    for depth in (2, 0):
+    for depth, inject in ((2, None), (2, "window-unmarked"), (0, None)):
         p = subprocess.run(h.on_client([*who, build(workdir, "ahead"), "32"]), capture_output=True, text=True,
                            timeout=300, env={**os.environ, "ATTUNE_CONFIG": str(cfg), "ATTUNE_DRAM": "8M",
                                              "TEST_BUDGET": str(8 * MIB), "ATTUNE_LOG": "info",
-                                             "ATTUNE_FAULT_MODE": mode, "ATTUNE_TIER_REMOTE_AHEAD": str(depth)})
+                                             "ATTUNE_FAULT_MODE": mode, "ATTUNE_TIER_REMOTE_AHEAD": str(depth),
+                                             **({"ATTUNE_INJECT": inject} if inject else {})})
         assert p.returncode == 0 and "FAIL" not in p.stdout + p.stderr, p.stdout + p.stderr[-3000:]
         assert unexpected_warnings(p.stderr) == [], p.stderr[-3000:]
         m = re.search(r"(\d+) KiB fetched ahead, (\d+) KiB of it placed, (\d+) window\(s\) dropped as stale, "
@@ -213,8 +216,12 @@ def test_windows_fetched_ahead_made_stale_by_stores_are_dropped(workdir, hosts, 
         fetched, placed, stale, mismatched = map(int, m.groups())
         if depth == 0:
             assert fetched == 0 and placed == 0, m.group(0)
-            continue
-        assert placed >= 32 << 10 and stale >= 1 and mismatched == 0, m.group(0)
+        elif inject:
+            # Nothing is marked: the hashes alone keep the old pages out (without the
+            # fallback that loads their runs again, words would read old values: FAIL).
+            assert placed >= 32 << 10 and mismatched >= 1, m.group(0)
+        else:
+            assert placed >= 32 << 10 and stale >= 1 and mismatched == 0, m.group(0)
 
 
 @pytest.mark.parametrize("concurrency,user", [(1, None), (64, None), (64, "nobody")])

@@ -3,7 +3,9 @@
 //! one named point, so the tests can show on the real build what a bug or a failing
 //! medium there does to the program. The panic points show that it stops at once with a
 //! message and no faulting thread waits for ever; `load-fail-half` makes one load place
-//! the first half of its run and then fail, as a medium that breaks mid-run would.
+//! the first half of its run and then fail, as a medium that breaks mid-run would;
+//! `window-unmarked` breaks the rule that keeps the remote tier's windows fetched ahead
+//! current, so that the content hashes, its second check, are what catches a stale one.
 //!
 //! Compiled in, not behind a feature: the tests run the build users get (a second build
 //! of the runtime would double CI's compile time). Read once, at engine start; ignored in
@@ -25,13 +27,17 @@ pub enum Point {
     /// A load from a far tier of a run of two chunks or more: its first half is placed,
     /// then it fails with EIO (not a panic: `hit`).
     LoadHalf = 4,
+    /// The remote tier's I/O thread, as it takes a store or discard: from the n-th on, it
+    /// no longer marks the windows fetched ahead that the job overlaps stale (`from`).
+    WindowUnmarked = 5,
 }
 
-const POINTS: [(&str, Point); 4] = [
+const POINTS: [(&str, Point); 5] = [
     ("handler-panic", Point::Handler),
     ("signal-panic", Point::Signal),
     ("evictor-panic", Point::Evictor),
     ("load-fail-half", Point::LoadHalf),
+    ("window-unmarked", Point::WindowUnmarked),
 ];
 
 static ARMED: AtomicU32 = AtomicU32::new(0);
@@ -94,6 +100,20 @@ pub fn hit(p: Point) -> bool {
     ARMED.load(Relaxed) == p as u32 && last_pass()
 }
 
+/// Passes through `p`, a point that stays armed: true at its armed pass and every pass
+/// after it. Signal-safe (atomics only).
+#[inline]
+pub fn from(p: Point) -> bool {
+    ARMED.load(Relaxed) == p as u32 && counted_from(&LEFT)
+}
+
+/// Counts a pass of a point that stays armed: true from its n-th on (the count stops at 1).
+#[cold]
+fn counted_from(left: &AtomicU64) -> bool {
+    left.fetch_update(Relaxed, Relaxed, |l| (l > 1).then(|| l - 1))
+        .is_err()
+}
+
 /// Counts a pass of the armed point: true at its n-th, which disarms it.
 #[cold]
 fn last_pass() -> bool {
@@ -113,8 +133,8 @@ fn fire(p: Point) {
             Point::Handler => panic!("injected failure (ATTUNE_INJECT=handler-panic)"),
             Point::Signal => panic!("injected failure (ATTUNE_INJECT=signal-panic)"),
             Point::Evictor => panic!("injected failure (ATTUNE_INJECT=evictor-panic)"),
-            // Not a panic point: the fault path asks `hit`.
-            Point::LoadHalf => {}
+            // Not panic points: their callers ask `hit` or `from`.
+            Point::LoadHalf | Point::WindowUnmarked => {}
         }
     }
 }
@@ -124,11 +144,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_point_that_stays_armed_fires_from_its_pass_on() {
+        for n in [1u64, 3] {
+            let left = AtomicU64::new(n);
+            let fired: Vec<bool> = (0..5).map(|_| counted_from(&left)).collect();
+            let want: Vec<bool> = (1..=5).map(|pass| pass >= n).collect();
+            assert_eq!(fired, want, "armed at pass {n}");
+        }
+    }
+
+    #[test]
     fn values_parse_or_are_refused_with_the_points_named() {
         assert_eq!(parse("handler-panic"), Ok((Point::Handler, 1)));
         assert_eq!(parse("evictor-panic:30"), Ok((Point::Evictor, 30)));
         assert_eq!(parse("signal-panic:2"), Ok((Point::Signal, 2)));
         assert_eq!(parse("load-fail-half:3"), Ok((Point::LoadHalf, 3)));
+        assert_eq!(parse("window-unmarked"), Ok((Point::WindowUnmarked, 1)));
         for bad in ["handler-panic:0", "handler-panic:x", "evictor-panic:"] {
             assert!(parse(bad).unwrap_err().contains("pass number"), "{bad}");
         }

@@ -1083,7 +1083,9 @@ impl Client {
             } else {
                 // Windows fetched ahead that this store or discard overlaps no longer hold
                 // the servers' content (docs/design/remote.md, "Windows fetched ahead").
-                sh.ahead.overlaps(off, len as u64);
+                if !crate::inject::from(crate::inject::Point::WindowUnmarked) {
+                    sh.ahead.overlaps(off, len as u64);
+                }
                 self.write_requests(sh, At { job: k, addr, off }, op, len, &mut reqs);
             }
         }
