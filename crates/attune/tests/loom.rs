@@ -1,6 +1,7 @@
 //! A model check (loom) of the runtime's lock-free protocols, on their own sources: the
 //! fork gate (`src/sync/gate.rs`), the small allocator's flag gate (`src/sync/flag_gate.rs`,
-//! its symmetric case) and the chunk state machine (`src/region.rs`). loom runs every
+//! its symmetric case), the chunk state machine (`src/region.rs`) and the remote tier's
+//! windows fetched ahead (`src/tier/remote/ahead.rs`). loom runs every
 //! interleaving of the threads below, and every result the C11 memory model lets a load
 //! return, up to a bound of preemptions; a `loom::cell::UnsafeCell` stands for what the
 //! protocol protects, so an access that is not ordered after the previous one fails.
@@ -14,8 +15,13 @@
 #[allow(dead_code)]
 mod shim {
     pub use loom::sync::atomic::{
-        fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+        fence, AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
     };
+    /// A futex wait: loom runs another thread, and the caller's loop loads the word again.
+    pub fn wait_while(_: &AtomicU32, _: u32) {
+        loom::thread::yield_now()
+    }
+    pub fn wake_all(_: &AtomicU32) {}
     /// A compiler fence orders nothing between threads in the C11 model; the real one
     /// stands in for a fence only in the asymmetric case, which loom cannot run.
     pub fn compiler_fence(_: Ordering) {}
@@ -47,6 +53,10 @@ mod sync {
 #[allow(dead_code)]
 #[path = "../src/region.rs"]
 mod region;
+
+#[allow(dead_code)]
+#[path = "../src/tier/remote/ahead.rs"]
+mod ahead;
 
 use flag_gate::FlagGate;
 use gate::Gate;
@@ -265,5 +275,150 @@ fn a_pinned_chunk_ends_resident_and_is_never_evicted() {
         let s = r.state(0);
         assert!(s.place() == Where::Resident && s.pinned(), "{s:?}");
         assert!(r.unpin(0));
+    });
+}
+
+/// A window's buffer as the model sees it: written by the I/O thread (the fabric's
+/// receive) and read by the load that places from it.
+struct Buffer(UnsafeCell<u64>);
+unsafe impl Sync for Buffer {}
+unsafe impl Send for Buffer {}
+
+const W: u64 = 64 << 10;
+
+/// A tier's windows at depth 1 (four windows of `W`), window 0 posted for the cell at
+/// `2 W` by a stream's second load.
+fn one_window_posted() -> Arc<ahead::Ahead> {
+    let a = Arc::new(ahead::Ahead::new(1, W as usize, 16 * W).unwrap());
+    // The first load starts no stream; the second continues it and posts one window.
+    let mut posted = Vec::new();
+    a.after_load(0, W as usize, None, |_, _| true, |_, _, _, _| false);
+    a.after_load(
+        W,
+        W as usize,
+        None,
+        |_, _| true,
+        |addr, o, l, i| {
+            posted.push((addr, o, l, i));
+            true
+        },
+    );
+    assert_eq!(posted.len(), 1, "a stream posts one window at depth 1");
+    let (_, o, l, i) = posted[0];
+    assert_eq!((o, l as u64, i), (2 * W, W, 0));
+    a
+}
+
+/// A load that a posted window holds waits for its pages and reads what the I/O thread
+/// received into the buffer (the answer's Release, the wait's Acquire), and gives the
+/// window back free when it placed its end.
+#[test]
+fn a_window_is_read_only_after_its_pages_arrived() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(2);
+    b.check(|| {
+        let a = one_window_posted();
+        let buf = Arc::new(Buffer(UnsafeCell::new(0)));
+        let io = {
+            let (a, buf) = (a.clone(), buf.clone());
+            thread::spawn(move || {
+                buf.0.with_mut(|p| unsafe { *p = 7 });
+                a.arrive(0, 0);
+            })
+        };
+        let t = a.take(2 * W, W as usize).expect("held, and it arrives");
+        assert_eq!(buf.0.with(|p| unsafe { *p }), 7);
+        a.give_back(t, true, W as usize);
+        io.join().unwrap();
+        assert_eq!(a.counts.used.load(loom::sync::atomic::Ordering::Relaxed), W);
+    });
+}
+
+/// A store taken before the window's answer marks it stale: the load that comes for it
+/// is told to go to the servers, and the window is counted stale and freed. A store
+/// taken after may or may not be seen by a load already placing; nothing else may
+/// differ.
+#[test]
+fn a_window_a_store_overlapped_before_its_answer_is_dropped() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(2);
+    b.check(|| {
+        let a = one_window_posted();
+        let io = {
+            let a = a.clone();
+            thread::spawn(move || {
+                a.overlaps(2 * W + 4096, 4096);
+                a.arrive(0, 0);
+            })
+        };
+        assert!(
+            a.take(2 * W, 4096).is_none(),
+            "a stale window was placed from"
+        );
+        io.join().unwrap();
+        assert_eq!(
+            a.counts.stale.load(loom::sync::atomic::Ordering::Relaxed),
+            1
+        );
+    });
+}
+
+/// A window freed by the load that placed its end is reused by another stream's load
+/// only after that placing is over: the I/O thread's receive into the reused buffer
+/// never overlaps the first load's read of it.
+#[test]
+fn a_window_is_reused_only_after_the_load_placing_from_it_gave_it_back() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(2);
+    b.max_branches = 100_000;
+    b.check(|| {
+        let a = one_window_posted();
+        // The other three windows are held by streams of their own, so that the second
+        // stream below can only have window 0, once it is free.
+        for s in 0..3u64 {
+            let base = (4 + 3 * s) * W;
+            a.after_load(base, W as usize, None, |_, _| true, |_, _, _, _| false);
+            a.after_load(base + W, W as usize, None, |_, _| true, |_, _, _, _| true);
+        }
+        let buf = Arc::new(Buffer(UnsafeCell::new(0)));
+        buf.0.with_mut(|p| unsafe { *p = 1 });
+        a.arrive(0, 0);
+        // Which window a post claimed, for the I/O thread (main, after the join).
+        let claimed = Arc::new(loom::sync::atomic::AtomicUsize::new(usize::MAX));
+        let first = {
+            let (a, buf) = (a.clone(), buf.clone());
+            thread::spawn(move || {
+                if let Some(t) = a.take(2 * W, W as usize) {
+                    assert_eq!(buf.0.with(|p| unsafe { *p }), 1);
+                    a.give_back(t, true, W as usize);
+                }
+            })
+        };
+        let second = {
+            let (a, claimed) = (a.clone(), claimed.clone());
+            thread::spawn(move || {
+                // A stream at 14 W: its next cell is free, and it wants a window.
+                a.after_load(13 * W, W as usize, None, |_, _| true, |_, _, _, _| false);
+                a.after_load(
+                    14 * W,
+                    W as usize,
+                    None,
+                    |_, _| true,
+                    |_, _, _, i| {
+                        claimed.store(i, loom::sync::atomic::Ordering::Release);
+                        true
+                    },
+                );
+            })
+        };
+        second.join().unwrap();
+        let i = claimed.load(loom::sync::atomic::Ordering::Acquire);
+        if i != usize::MAX {
+            assert_eq!(i, 0, "only window 0 can be free");
+            // The I/O thread receives the new window's pages into its buffer.
+            buf.0.with_mut(|p| unsafe { *p = 2 });
+            a.arrive(0, 0);
+        }
+        first.join().unwrap();
     });
 }

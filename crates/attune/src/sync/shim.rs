@@ -3,7 +3,8 @@
 //! same sources against its own (`tests/loom/shim.rs`).
 
 pub use std::sync::atomic::{
-    compiler_fence, fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+    compiler_fence, fence, AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
+    Ordering,
 };
 
 /// Gives the CPU away (a waiter that spun long enough). Signal-safe.
@@ -22,4 +23,17 @@ pub fn spin_loop() {
 #[inline]
 pub fn now_ns() -> u64 {
     attune_sys::os::now_ns()
+}
+
+/// Sleeps while `word` holds `val` (a futex wait without timeout; it may return early,
+/// so callers wait in a loop). Signal-safe.
+#[inline]
+pub fn wait_while(word: &AtomicU32, val: u32) {
+    attune_sys::os::futex_wait(word, val, 0)
+}
+
+/// Wakes every thread in `wait_while` on `word`. Signal-safe.
+#[inline]
+pub fn wake_all(word: &AtomicU32) {
+    attune_sys::os::futex_wake(word, i32::MAX)
 }

@@ -16,8 +16,10 @@
 //! when taken, and the fault path's content hashes check whatever is placed from a
 //! window as they check any load (a mismatch loads the run again, from the servers).
 
-use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize,
+// Atomics and waits from the shim: the loom model (crates/attune/tests/loom.rs) checks
+// this protocol on its own source.
+use crate::sync::shim::{
+    self, AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize,
     Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
 
@@ -156,7 +158,7 @@ impl Ahead {
                 continue;
             }
             while w.arrived.load(Acquire) == 0 {
-                attune_sys::os::futex_wait(&w.arrived, 0, 0);
+                shim::wait_while(&w.arrived, 0);
             }
             if w.result.load(Relaxed) != 0 || w.stale.load(Acquire) {
                 self.counts.stale.fetch_add(1, Relaxed);
@@ -269,7 +271,7 @@ impl Ahead {
         let w = &self.windows[i];
         w.result.store(code, Relaxed);
         w.arrived.store(1, Release);
-        attune_sys::os::futex_wake(&w.arrived, i32::MAX);
+        shim::wake_all(&w.arrived);
     }
 
     /// A store or discard of `[off, off+len)` is about to be served: the windows it
@@ -300,7 +302,7 @@ impl Ahead {
                 continue;
             }
             while w.arrived.load(Acquire) == 0 {
-                attune_sys::os::futex_wait(&w.arrived, 0, 0);
+                shim::wait_while(&w.arrived, 0);
             }
             self.windows[i].state.store(FREE, Release);
         }
