@@ -11,12 +11,15 @@ random fault latency (fault-attune, 64 MiB budget), a sequential pass over twice
 a memory-backed device at the same budget (rand-kswap-memory) as the baseline of the
 random updates. Prints medians and the ratios the issue names.
 
+`--cap RATE` caps each host's link with tbf (`8gbit`): the link is then the limit, as a
+cluster's fabric is, instead of the two vCPUs that copy every byte through TCP here.
+
 `--perf-server FILE` records server 0 with `perf record -e cpu-clock -g -o FILE` while
 the first build's scenarios of the first repetition run, and prints the CPU seconds it
 used over the seconds recorded (`perf report -i FILE --no-children --sort sym` reads it).
 
 Usage: python3 bench/remote.py [--reps 3] [--servers 1] [--only fault,seq,rand]
-       [--builds A/bin/attune,B/bin/attune] [--perf-server FILE]
+       [--builds A/bin/attune,B/bin/attune] [--perf-server FILE] [--cap RATE]
 (root; make build first; fi_pingpong from Debian's libfabric-bin). `--builds` runs the
 remote-tier scenarios with each build in turn within every repetition (two checkouts
 side by side: `git worktree add /tmp/old <commit> && make -C /tmp/old build`), the servers
@@ -102,6 +105,8 @@ def main():
     ap.add_argument("--only", default="fault,seq,rand", help="scenario kinds: fault, seq, rand")
     ap.add_argument("--builds", default=str(ATTUNE), help="attune binaries to compare, comma-separated")
     ap.add_argument("--perf-server", metavar="FILE", help="perf record server 0 during the first scenarios")
+    ap.add_argument("--cap", metavar="RATE", help="cap every host's link at RATE with tbf (e.g. 8gbit): a link, "
+                                                  "not the CPU, is then the limit fi_pingpong measures")
     a = ap.parse_args()
     kinds = [k for k in ("fault", "seq", "rand") if k in a.only.split(",")]
     if not kinds or len(kinds) != len(set(a.only.split(","))):
@@ -114,6 +119,11 @@ def main():
     os.chmod(d, 0o755)
     h = Hosts(a.servers)
     try:
+        if a.cap:
+            for ns, link in h.links.items():
+                # The burst holds a few 64 KiB segments; the queue 10 ms of traffic.
+                subprocess.run(["tc", "-n", ns, "qdisc", "replace", "dev", link, "root", "tbf", "rate", a.cap,
+                                "burst", "256kb", "latency", "10ms"], check=True)
         secret = d / "secret"
         subprocess.run([ATTUNE, "memserver", "--new-secret", secret], check=True, capture_output=True)
         cfg = d / "remote.toml"

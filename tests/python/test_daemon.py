@@ -325,6 +325,45 @@ def test_a_late_welcome_is_waited_for_on_the_same_connection(workdir, daemon, us
     assert d.status()["workflows"] == [], "both gone with their processes"
 
 
+@pytest.mark.parametrize("user", [None, "nobody"])
+def test_a_registration_unanswered_past_its_wait_registers_again(workdir, daemon, user):
+    """A daemon silent past the start's 2 s and `daemon_wait` more (here 1 s, so the test
+    takes seconds, not the default 30): with `daemon = auto` the program has run on its
+    local budget all along, is told so once, and registers again every 0.5 s, so that it
+    joins when the daemon answers; with `daemon = require` the start fails with the
+    wait it gave. Here the daemon is stopped for 4.5 s."""
+    if user and os.geteuid() != 0:
+        pytest.skip("needs root to run a client as nobody")
+    d = daemon("--dram", "128M")
+
+    def start(*args, **env):
+        return subprocess.Popen([str(workdir / "client"), *map(str, args)],
+                                env=d.env(ATTUNE_DAEMON_WAIT="1", **env),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=as_nobody if user else None)
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.time()
+        auto = start("workflow", "CAP", 8, 6)
+        req = start("workflow", "CAP", 8, 1, ATTUNE_DAEMON="require", ATTUNE_DRAM="32M")
+        rc, out = finish(req)
+        failed_after = time.time() - t0
+        assert rc != 0 and "workflow: OK" not in out, out
+        assert "did not take this process: no answer to the registration in 3 s" in out, out
+        assert 2.5 < failed_after < 4.4, f"require gave up after {failed_after:.1f} s"
+        time.sleep(max(0.0, 4.5 - (time.time() - t0)))
+        assert auto.poll() is None, "the program did not run on its local budget"
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    rc, out = finish(auto)
+    assert rc == 0 and "workflow: OK" in out, out
+    # Registered again once the daemon answered: connected at the end.
+    assert "connected=1" in out, out
+    assert out.count("no answer to the registration in 3 s; running alone on the local budget") == 1, out
+    time.sleep(0.5)
+    assert d.status()["workflows"] == [], "gone with its process"
+
+
 # --- shared regions ----------------------------------------------------------------
 
 def wait_line(p, text, timeout=20):

@@ -31,12 +31,6 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a process's start waits for the daemon's welcome: a daemon that has not
 /// answered by then must not hold the program up.
 const WELCOME_AT_START: Duration = Duration::from_secs(2);
-/// How long a registration the daemon has not answered in time is still waited for, by
-/// the connection thread, before it is dropped. A daemon busy with a cold start of many
-/// instances at once (50 Charliecloud containers on 2 vCPUs: bench/staging.py --image)
-/// answers late; dropping the connection and registering again would give it the same
-/// work twice, where it already has too much.
-const WELCOME_LATE: Duration = Duration::from_secs(30);
 
 /// Why a registration did not end in a welcome.
 enum NotWelcomed {
@@ -57,6 +51,12 @@ struct Held {
 pub struct Client {
     pid: u32,
     socket: std::path::PathBuf,
+    /// How long a registration the daemon has not answered in time is still waited for
+    /// before it is dropped (`daemon_wait`). A daemon busy with a cold start of many
+    /// instances at once (50 Charliecloud containers on 2 vCPUs: bench/staging.py
+    /// --image) answers late; dropping the connection and registering again would give
+    /// it the same work twice, where it already has too much.
+    late: Duration,
     workflow: String,
     /// Flags from the launcher (`ATTUNE_FLAGS`/`TM_FLAGS`); empty: the regions' union.
     launch_flags: Flags,
@@ -152,6 +152,7 @@ pub fn start(cfg: &Config, engine: Option<&'static Pager>) -> Result<(), String>
     let c = Arc::new(Client {
         pid: std::process::id(),
         socket: cfg.socket.clone(),
+        late: Duration::from_secs(cfg.daemon_wait_s),
         workflow: workflow_name(cfg),
         launch_flags: flags,
         engine,
@@ -218,7 +219,7 @@ impl Client {
         attune_sys::os::spawn_runtime_thread("attune-tmm", move || {
             let session = session.or_else(|| {
                 let (sock, rd) = pending?;
-                c.welcome(sock, rd, WELCOME_LATE)
+                c.welcome(sock, rd, c.late)
                     .map_err(|why| crate::warn!("{why}; running alone on the local budget"))
                     .ok()
             });
@@ -314,11 +315,11 @@ impl Client {
         self.await_welcome(sock, FrameReader::default())
     }
 
-    /// [`Client::hello`], then up to [`WELCOME_LATE`] more for a late answer.
+    /// [`Client::hello`], then up to `late` more for a late answer.
     fn hello_waiting(&self, sock: UnixStream) -> Result<Session, String> {
         match self.hello(sock) {
             Ok(s) => Ok(s),
-            Err(NotWelcomed::Late(sock, rd)) => self.welcome(sock, rd, WELCOME_LATE),
+            Err(NotWelcomed::Late(sock, rd)) => self.welcome(sock, rd, self.late),
             Err(NotWelcomed::Failed(why)) => Err(why),
         }
     }
