@@ -5,6 +5,7 @@
 # Root (ch-run's SquashFUSE needs /dev/fuse), after `make build`; ch-run, mksquashfs and
 # busybox from scripts/setup.sh.
 # Usage: bench/registration_burst.sh [COUNTS...]   (default: 25 50 100 150)
+# ATTUNED=PATH runs another build's daemon (an A/B pair: the runtimes stay this build's).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 A=$ROOT/build/bin/attune
@@ -25,14 +26,17 @@ trap cleanup EXIT
 python3 -c "import sys, os; sys.path.insert(0, '$ROOT/tests/python')
 from test_stage import squashfs_image; squashfs_image('$W', os.urandom(16 << 20))"
 export USER=root ATTUNE_SOCKET=$W/d.sock ATTUNE_LOG=info
-"$ROOT/build/bin/attuned" --socket "$W/d.sock" --dram 4G --shared-max 1G --metrics off > "$W/d.log" 2>&1 &
+"${ATTUNED:-$ROOT/build/bin/attuned}" --socket "$W/d.sock" --dram 4G --shared-max 1G --metrics off > "$W/d.log" 2>&1 &
 D=$!
 for _ in $(seq 100); do [ -S "$W/d.sock" ] && break; sleep 0.05; done
 "$A" stage img "$W/image.sqfs" > /dev/null
-echo "| instances | makespan (s) | verified | welcomes | late (> 2 s) | warnings |"
-echo "|---|---|---|---|---|---|"
+# The daemon's work over a burst: rebalances and the grants they pushed.
+work() { "$A" status --json | python3 -c 'import json, sys; s = json.load(sys.stdin); print(s["rebalances"], s.get("grants_pushed", 0))'; }
+echo "| instances | makespan (s) | verified | welcomes | late (> 2 s) | warnings | rebalances | grants pushed |"
+echo "|---|---|---|---|---|---|---|---|"
 for m in "${counts[@]}"; do
   rm -f "$W"/out.*
+  read -r r0 g0 < <(work)
   t0=$(date +%s.%N)
   pids=()
   for i in $(seq "$m"); do
@@ -46,5 +50,7 @@ for m in "${counts[@]}"; do
   joined=$(cat "$W"/out.* | grep -c 'joined attuned' || true)
   late=$(cat "$W"/out.* | grep -c 'has not answered the registration' || true)
   warn=$(cat "$W"/out.* | grep -c 'warning' || true)
-  printf '| %d | %.2f | %d/%d | %d | %d | %d |\n' "$m" "$(echo "$t1 - $t0" | bc)" "$ok" "$m" "$joined" "$late" "$warn"
+  read -r r1 g1 < <(work)
+  printf '| %d | %.2f | %d/%d | %d | %d | %d | %d | %d |\n' "$m" "$(echo "$t1 - $t0" | bc)" "$ok" "$m" "$joined" "$late" "$warn" \
+    $((r1 - r0)) $((g1 - g0))
 done

@@ -286,6 +286,9 @@ pub struct Status {
     pub requests: u64,
     pub rejected: u64,
     pub rebalances: u64,
+    /// Grants sent to runtimes by rebalances (each wakes the runtime's connection thread).
+    #[serde(default)]
+    pub grants_pushed: u64,
     /// Time from the last shrinking rebalance to every shrunk client's acknowledgement.
     pub last_reclaim_ms: Option<f64>,
     /// Kernel features this node's kernel lacks or refuses, whose fallbacks the runtimes

@@ -35,6 +35,20 @@ pub fn yield_now() {
     unsafe { libc::sched_yield() };
 }
 
+/// Raises the calling thread's scheduling priority by `steps` nice levels above the
+/// default (nice `-steps`); threads it starts afterwards inherit it. Err: EACCES or EPERM
+/// without CAP_SYS_NICE.
+pub fn raise_priority(steps: u32) -> Result<(), Errno> {
+    let nice = -(steps.min(20) as i32);
+    // SAFETY: setpriority of the calling thread (PRIO_PROCESS, 0); no pointers.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(Errno::last())
+    }
+}
+
 /// The calling thread's thread pointer, read without a TLS lookup: on x86-64 the TCB's
 /// self pointer at `%fs:0`, on aarch64 `tpidr_el0`. Distinct among live threads; 0 on
 /// other architectures (callers then take their TLS path). Signal-safe.

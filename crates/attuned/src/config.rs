@@ -33,6 +33,8 @@ pub struct DaemonConfig {
     pub idle_timeout_ms: u64,
     /// How long a pipe being staged may bring nothing before the staging fails.
     pub stage_idle_ms: u64,
+    /// Nice levels the daemon's threads run above the default (0: none).
+    pub raise_priority: u64,
 }
 
 /// The daemon's options: one row each; the TOML keys, the command-line flags
@@ -52,6 +54,7 @@ pub const DAEMON_OPTIONS: &[Opt] = &[
     Opt { key: "max_clients_per_user", kind: Kind::Int { min: 1, max: 1_000_000 }, default: Unset::Value("1024"), suggested: "1024; at least the processes of the largest job on a node", doc: "Connections of one user (other than root) beyond this are refused at once, so one user's idle connections cannot lock the others out" },
     Opt { key: "idle_timeout_ms", kind: Kind::Int { min: 100, max: 3_600_000 }, default: Unset::Value("10000"), suggested: "10000", doc: "A connection that sends no request for this long before it registers is closed (a registered runtime's is kept, and one holding a shared region)" },
     Opt { key: "stage_idle_ms", kind: Kind::Int { min: 100, max: 3_600_000 }, default: Unset::Value("60000"), suggested: "60000; longer where inputs are downloads piped in from slow sources", doc: "A pipe being staged that brings nothing for this long fails the staging, and its reservation goes" },
+    Opt { key: "raise_priority", kind: Kind::Int { min: 0, max: 20 }, default: Unset::Value("10"), suggested: "10; 0 to run at the jobs' priority", doc: "Nice levels the daemon's threads run above the default (nice -10 at 10), set at start when the daemon may (root or CAP_SYS_NICE; otherwise one log line): among hundreds of starting processes a thread of the daemon preempted while it held the state answered registrations seconds late (docs/design/daemon.md, \"The daemon runs above the jobs\")" },
 ];
 
 /// The command-line flag of a row.
@@ -165,6 +168,7 @@ pub fn load(
     let max_clients_per_user = bytes(value("max_clients_per_user", 0)?).unwrap_or(1024) as usize;
     let idle_timeout_ms = bytes(value("idle_timeout_ms", 0)?).unwrap_or(10_000);
     let stage_idle_ms = bytes(value("stage_idle_ms", 0)?).unwrap_or(60_000);
+    let raise_priority = bytes(value("raise_priority", 0)?).unwrap_or(10);
     Ok(DaemonConfig {
         dram,
         min_grant,
@@ -178,6 +182,7 @@ pub fn load(
         max_clients_per_user,
         idle_timeout_ms,
         stage_idle_ms,
+        raise_priority,
     })
 }
 
@@ -215,6 +220,7 @@ mod tests {
                 "max_clients_per_user" => Value::U64(c.max_clients_per_user as u64),
                 "idle_timeout_ms" => Value::U64(c.idle_timeout_ms),
                 "stage_idle_ms" => Value::U64(c.stage_idle_ms),
+                "raise_priority" => Value::U64(c.raise_priority),
                 k => panic!("no default check for {k}"),
             };
             assert_eq!(got, want, "{}", o.key);

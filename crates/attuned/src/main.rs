@@ -70,6 +70,16 @@ fn main() {
             std::process::exit(2);
         }
     };
+    // Before any thread starts: they all inherit it (docs/design/daemon.md, "The daemon
+    // runs above the jobs").
+    if cfg.raise_priority > 0 {
+        if let Err(e) = attune_sys::os::raise_priority(cfg.raise_priority as u32) {
+            log(&format!(
+                "running at the jobs' priority: raise_priority {} needs root or CAP_SYS_NICE ({e})",
+                cfg.raise_priority
+            ));
+        }
+    }
     let listener = match bind(&cfg.socket) {
         Ok(l) => l,
         Err(e) => {
@@ -118,9 +128,7 @@ fn main() {
             .name("attuned-jobs".into())
             .spawn(move || loop {
                 std::thread::sleep(std::time::Duration::from_secs(1));
-                st.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .unstage_ended_jobs(|p| !p.is_dir());
+                attuned::state::lock(&st).unstage_ended_jobs(|p| !p.is_dir());
             })
         {
             eprintln!("attuned: cannot start the job watcher thread: {e}");

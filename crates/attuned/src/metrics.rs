@@ -92,6 +92,12 @@ pub fn render(s: &Status) -> String {
     );
     node(
         &mut reg,
+        "grants_pushed",
+        "Grants sent to runtimes by rebalances since start",
+        s.grants_pushed as f64,
+    );
+    node(
+        &mut reg,
         "workflows",
         "Registered workflows",
         s.workflows.len() as f64,

@@ -1,7 +1,7 @@
 //! The socket side: one thread per connection reads frames, checks them and applies them
 //! to the shared state. Identity comes from `SO_PEERCRED`, never from a message.
 
-use crate::state::{push, valid_name, State, Writer};
+use crate::state::{lock, push, valid_name, State, Writer};
 use attune_policy::Flags;
 use attune_proto::{FrameReader, ReadError, Reply, Request};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -10,10 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub type Shared = Arc<Mutex<State>>;
-
-fn lock(s: &Shared) -> std::sync::MutexGuard<'_, State> {
-    s.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 pub fn serve(listener: UnixListener, state: Shared) {
     for conn in listener.incoming() {

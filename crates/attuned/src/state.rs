@@ -1,7 +1,12 @@
 //! The daemon's state: connected clients, the workflows they form, budgets, shared
-//! regions. One mutex guards it; every handler holds it for a short, non-blocking step
-//! (pushes to clients use a write timeout, so a client that stops reading cannot stall
-//! the daemon).
+//! regions. One mutex guards it; every handler holds it for a short step that makes no
+//! system call on a client's socket: the grants a rebalance computes wait in `outbox`
+//! and are sent once the lock is released ([`lock`]). Sent under the lock, each grant
+//! woke a runtime that preempted the daemon's thread, so a registration held the lock
+//! 36 ms at the median (83 ms at most) through a cold start of 150 instances, and the
+//! others waited for it: seconds for a welcome (docs/design/daemon.md, "No socket write
+//! under the state lock"). Pushes use a write timeout, so a client that stops reading
+//! cannot stall the daemon.
 
 use crate::config::DaemonConfig;
 use attune_policy::{share, Flags};
@@ -14,6 +19,41 @@ use std::time::Instant;
 
 /// The write side of one connection (frames from several threads must not interleave).
 pub type Writer = Arc<Mutex<UnixStream>>;
+
+/// The state, locked ([`lock`]): the grants its rebalances queued are sent when it is
+/// dropped, after the lock is released. Grants sent out of order are harmless: a runtime
+/// ignores one older than the last it applied (their `seq`).
+pub struct Locked<'a>(Option<std::sync::MutexGuard<'a, State>>);
+
+/// Locks the state (a poisoned lock is taken over: the state is kept consistent step by
+/// step).
+pub fn lock(s: &Mutex<State>) -> Locked<'_> {
+    Locked(Some(s.lock().unwrap_or_else(|p| p.into_inner())))
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        self.0.as_ref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.0.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let Some(mut g) = self.0.take() else { return };
+        let out = std::mem::take(&mut g.outbox);
+        drop(g);
+        for (w, msg) in out {
+            push(&w, &msg);
+        }
+    }
+}
 
 /// Where a client's process runs, as the kernel and slurmd say (not the client).
 #[derive(Clone, Debug, PartialEq)]
@@ -189,6 +229,10 @@ pub struct State {
     pub requests: u64,
     pub rejected: u64,
     pub rebalances: u64,
+    /// Grants pushed by rebalances (`Status::grants_pushed`).
+    pub grants_pushed: u64,
+    /// Grants to send once the lock is released ([`Locked`]).
+    outbox: Vec<(Writer, Reply)>,
     reclaim: Option<Reclaim>,
     pub last_reclaim_ms: Option<f64>,
     pub tiers: Vec<attune_proto::TierStatus>,
@@ -207,6 +251,8 @@ impl State {
             requests: 0,
             rejected: 0,
             rebalances: 0,
+            grants_pushed: 0,
+            outbox: Vec::new(),
             reclaim: None,
             last_reclaim_ms: None,
             kernel_fallbacks: Vec::new(),
@@ -392,16 +438,17 @@ impl State {
             let c = &self.clients[&id];
             let r = c.reg.as_ref().unwrap();
             if r.welcomed {
-                push(
-                    &c.writer,
-                    &Reply::Grant {
+                self.grants_pushed += 1;
+                self.outbox.push((
+                    c.writer.clone(),
+                    Reply::Grant {
                         grant: r.grant,
                         seq: r.seq,
                         move_limit: r.move_limit,
                         far_grant: r.far_grant,
                         pool: r.pool.as_ref().map(|p| p.target),
                     },
-                );
+                ));
             }
         }
         if !shrunk.is_empty() {
@@ -606,6 +653,7 @@ impl State {
             requests: self.requests,
             rejected: self.rejected,
             rebalances: self.rebalances,
+            grants_pushed: self.grants_pushed,
             last_reclaim_ms: self.last_reclaim_ms,
             kernel_fallbacks: self.kernel_fallbacks.clone(),
             others: None,
@@ -654,7 +702,7 @@ pub fn rebalancer(state: Arc<Mutex<State>>) {
         }
         std::thread::sleep(COALESCE);
         *DIRTY.0.lock().unwrap_or_else(|p| p.into_inner()) = false;
-        state.lock().unwrap_or_else(|p| p.into_inner()).rebalance();
+        lock(&state).rebalance();
     }
 }
 
