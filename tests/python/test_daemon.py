@@ -101,9 +101,11 @@ def daemon(workdir):
         d.stop()
 
 
-def client(workdir, d, *args, **env):
+def client(workdir, d, *args, user=None, **env):
+    """tests/daemon/client.c with `args`, on daemon `d` (as `user` when given)."""
     return subprocess.Popen([str(workdir / "client"), *map(str, args)], env=d.env(**env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_nobody if user else None)
 
 
 def finish(p, timeout=60):
@@ -301,9 +303,7 @@ def test_a_late_welcome_is_waited_for_on_the_same_connection(workdir, daemon, us
     d = daemon("--dram", "128M")
 
     def start(*args, **env):
-        return subprocess.Popen([str(workdir / "client"), *map(str, args)], env=d.env(**env),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=as_nobody if user else None)
+        return client(workdir, d, *args, user=user, **env)
     os.kill(d.proc.pid, signal.SIGSTOP)
     try:
         t0 = time.time()
@@ -337,10 +337,7 @@ def test_a_registration_unanswered_past_its_wait_registers_again(workdir, daemon
     d = daemon("--dram", "128M")
 
     def start(*args, **env):
-        return subprocess.Popen([str(workdir / "client"), *map(str, args)],
-                                env=d.env(ATTUNE_DAEMON_WAIT="1", **env),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=as_nobody if user else None)
+        return client(workdir, d, *args, user=user, ATTUNE_DAEMON_WAIT="1", **env)
     os.kill(d.proc.pid, signal.SIGSTOP)
     try:
         t0 = time.time()

@@ -314,9 +314,7 @@ fn one_window_posted() -> Arc<ahead::Ahead> {
 /// window back free when it placed its end.
 #[test]
 fn a_window_is_read_only_after_its_pages_arrived() {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(2);
-    b.check(|| {
+    model(|| {
         let a = one_window_posted();
         let buf = Arc::new(Buffer(UnsafeCell::new(0)));
         let io = {
@@ -340,9 +338,7 @@ fn a_window_is_read_only_after_its_pages_arrived() {
 /// differ.
 #[test]
 fn a_window_a_store_overlapped_before_its_answer_is_dropped() {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(2);
-    b.check(|| {
+    model(|| {
         let a = one_window_posted();
         let io = {
             let a = a.clone();
