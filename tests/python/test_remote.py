@@ -224,6 +224,25 @@ def test_windows_fetched_ahead_made_stale_by_stores_are_dropped(workdir, hosts, 
             assert placed >= 32 << 10 and stale >= 1 and mismatched == 0, m.group(0)
 
 
+@pytest.mark.parametrize("mode", ["signal", "thread"])
+def test_a_freed_regions_offsets_given_to_the_next_keep_its_contents(workdir, hosts, mode):
+    """tests/c/reuse.c through one server at a 4 MiB budget: 40 regions of 16 MiB, each
+    filled, read back and freed, the next one given the freed offsets at once. The
+    tier discards a freed region without waiting, so the next region's stores follow
+    that discard to the same offsets; the server must apply them in that order
+    (`Shared::in_order`), or it drops the new pages while the tier takes them for held
+    and reads zeros back. Every word verifies."""
+    h = hosts(1)
+    s = secret(workdir)
+    h.serve(0, workdir, s, "--size", "256M")
+    cfg = config(workdir, h, 1, s, name=f"reuse-{mode}")
+    p = subprocess.run(h.on_client([build(workdir, "reuse"), "16", "40"]), capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "ATTUNE_CONFIG": str(cfg), "ATTUNE_DRAM": "4M",
+                                         "ATTUNE_FAULT_MODE": mode})
+    assert p.returncode == 0 and "reuse: 40 rounds" in p.stdout, p.stdout + p.stderr[-3000:]
+    assert unexpected_warnings(p.stderr) == [], p.stderr[-3000:]
+
+
 @pytest.mark.parametrize("concurrency,user", [(1, None), (64, None), (64, "nobody")])
 def test_many_faulting_threads_at_the_tiers_concurrency(workdir, hosts, concurrency, user):
     """48 threads reading and writing random words of 32 MiB through 16 MiB of DRAM, one

@@ -142,6 +142,25 @@ fn is_transient(e: Errno) -> bool {
     )
 }
 
+/// The requests of an exchange sent again (`Client::resend`): to each server, every
+/// request from the first one that must be sent again on, in their order, answered or
+/// not. A server applies a session's requests in the order they arrive, and the
+/// exchange's are in posting order (`Shared::in_order`): one sent again alone after a
+/// later one was applied would undo it (a discard sent again after the store that
+/// followed it to the same range). Every request may be sent twice (a load reads, a store
+/// writes the same bytes at the same place, a discard drops).
+fn resent(servers: &[usize], retry: &[bool], n: usize) -> Vec<usize> {
+    let mut first = vec![usize::MAX; n];
+    for (i, (&s, &r)) in servers.iter().zip(retry).enumerate() {
+        if r && first[s] == usize::MAX {
+            first[s] = i;
+        }
+    }
+    (0..servers.len())
+        .filter(|&i| i >= first[servers[i]])
+        .collect()
+}
+
 /// Server `name` (HOST:PORT) in `ep`'s address vector: its address there, or an error
 /// naming it.
 fn resolve(ep: &mut Endpoint, name: &str) -> Result<u64, String> {
@@ -288,7 +307,8 @@ impl Client {
     ///
     /// A request whose connection broke under it (`is_transient`), or unanswered for
     /// RECONNECT_NS (half the timeout at most), is sent again from a new endpoint
-    /// (`reconnect`), with a new number (at most `RESENDS` times): the server, which
+    /// (`reconnect`), with the later requests to its server (`resent`), with a new
+    /// number (at most `RESENDS` times): the server, which
     /// keeps the session, hands it to the new endpoint with a new token, so that what
     /// the old one sent and is still on its way is refused (a late store of a page's
     /// older contents; memserver's `Store::attach`). Every request may be sent twice (a load reads, a store writes the same bytes at the same place, a
@@ -312,11 +332,16 @@ impl Client {
         for _ in 0..RESENDS {
             let late =
                 |r: &Result<Header, Failure>| matches!(r, Err((e, _)) if e.0 == libc::ETIMEDOUT);
-            let again: Vec<usize> = (0..reqs.len())
-                .filter(|&i| match &out[i] {
-                    Err((e, _)) => is_transient(*e) || (late(&out[i]) && !self.no_reconnect),
+            let retry: Vec<bool> = out
+                .iter()
+                .map(|r| match r {
+                    Err((e, _)) => is_transient(*e) || (late(r) && !self.no_reconnect),
                     Ok(_) => false,
                 })
+                .collect();
+            let servers: Vec<usize> = reqs.iter().map(|q| q.server).collect();
+            let again: Vec<usize> = resent(&servers, &retry, self.servers.len())
+                .into_iter()
                 .filter(|&i| !self.down[reqs[i].server])
                 .collect();
             if again.is_empty() || attune_sys::os::now_ns() >= deadline {
@@ -456,14 +481,24 @@ impl Client {
         }
         while !unsent.is_empty() {
             let late = attune_sys::os::now_ns() >= deadline;
+            // A server's requests leave in their order: after one the provider could not
+            // take, the later ones to that server wait for the next pass too.
+            let mut held_back = vec![false; self.servers.len()];
             unsent.retain(|&i| {
-                let fi = self.servers[reqs[i].server].fi;
+                let s = reqs[i].server;
+                if held_back[s] && !late {
+                    return true;
+                }
+                let fi = self.servers[s].fi;
                 match self.ep.sendv(&iovs[i], fi, None, &mut send_ctx[i]) {
                     Ok(()) => {
                         posted[i] += 1;
                         false
                     }
-                    Err(Errno(libc::EAGAIN)) if !late => true,
+                    Err(Errno(libc::EAGAIN)) if !late => {
+                        held_back[s] = true;
+                        true
+                    }
                     Err(Errno(libc::EAGAIN)) => {
                         // The provider could not connect within the timeout.
                         let name = &self.servers[reqs[i].server].name;
@@ -1069,8 +1104,9 @@ impl Client {
             Op::Load => "a load",
             _ => "a discard",
         };
-        for (k, op) in ops.iter().enumerate() {
-            let Some(op) = *op else { continue };
+        // In posting order (`Shared::in_order`): the requests go out in it.
+        for k in sh.in_order(ops) {
+            let Some(op) = ops[k] else { continue };
             let (addr, off, len) = sh.job(k);
             if op == Op::Load {
                 let at = At { job: k, addr, off };
@@ -1290,6 +1326,28 @@ impl Client {
                 None => 0,
             });
             sh.answer(&ops, &codes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resent;
+
+    #[test]
+    fn a_server_gets_again_every_request_from_its_first_failed_one() {
+        // (server of each request, whether it must be sent again) -> what is sent again.
+        let t: &[(&[usize], &[bool], &[usize])] = &[
+            (&[0, 0, 0], &[false, false, false], &[]),
+            // A discard that failed before a store that was applied: both again, in order.
+            (&[0, 0], &[true, false], &[0, 1]),
+            (&[0, 0, 0], &[false, true, false], &[1, 2]),
+            // Per server: server 1's failure does not resend server 0's requests.
+            (&[0, 1, 0, 0, 1], &[false, true, true, false, false], &[1, 2, 3, 4]),
+            (&[0, 1, 0, 1], &[false, false, false, true], &[3]),
+        ];
+        for &(servers, retry, want) in t {
+            assert_eq!(resent(servers, retry, 2), want, "{servers:?} {retry:?}");
         }
     }
 }

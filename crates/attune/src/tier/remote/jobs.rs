@@ -44,6 +44,8 @@ pub(super) struct Job {
     /// A window fetched ahead (its index + 1; 0: none): answered into the window, freed
     /// by the I/O thread, and quiet when it fails (no fault asked for it).
     pub(super) window: AtomicUsize,
+    /// When it was posted, among the tier's jobs (`Shared::in_order`).
+    pub(super) ticket: AtomicU64,
 }
 
 pub(super) struct Shared {
@@ -54,6 +56,8 @@ pub(super) struct Shared {
     pub(super) doorbell: AtomicU32,
     /// Bumped when a job is freed; callers waiting for a job sleep on it.
     freed: AtomicU32,
+    /// The next job's ticket.
+    tickets: AtomicU64,
     /// Per page of the offset space: bit r set when copy r (on the server `Client::place`
     /// gives it for the owner of the page's unit) holds the page's current content. Per page, not per
     /// unit: the pages of one unit are stored, discarded and refused apart, and a unit's
@@ -103,6 +107,7 @@ impl Shared {
             limit,
             doorbell: AtomicU32::new(0),
             freed: AtomicU32::new(0),
+            tickets: AtomicU64::new(0),
             valid: attune_sys::mem::AtomicTable::new(pages)
                 .map_err(|e| format!("its copy table: {e}"))?,
             park: AtomicU32::new(0),
@@ -260,6 +265,8 @@ impl Shared {
         job.off.store(off, Relaxed);
         job.len.store(len, Relaxed);
         job.detached.store(detached, Relaxed);
+        job.ticket
+            .store(self.tickets.fetch_add(1, Relaxed), Relaxed);
         job.state.store(POSTED, Release);
         self.doorbell.fetch_add(1, Release);
         attune_sys::os::futex_wake(&self.doorbell, 1);
@@ -344,6 +351,18 @@ impl Shared {
         ops
     }
 
+    /// The jobs of `ops` in the order they were posted. Their requests go out in that
+    /// order, and a server applies a session's requests in the order they arrive: a
+    /// detached discard of an offset range and a store posted after it to the same range
+    /// (the range freed and given to a new region, or a chunk discarded and written
+    /// again) must not reach the server the other way round, which would drop the
+    /// store's pages while their copy bits say they are held.
+    pub(super) fn in_order(&self, ops: &Ops) -> Vec<usize> {
+        let mut ks: Vec<usize> = (0..MAX_JOBS).filter(|&k| ops[k].is_some()).collect();
+        ks.sort_by_key(|&k| self.jobs[k].ticket.load(Relaxed));
+        ks
+    }
+
     /// Answers each job of `ops` with its code (0 or an errno): a waiting caller is
     /// woken, a detached job is freed.
     pub(super) fn answer(&self, ops: &Ops, codes: &Codes) {
@@ -384,6 +403,22 @@ mod tests {
             assert!(s.finish(held[0]).is_ok());
             assert!(s.try_claim().is_some() && s.try_claim().is_none());
         }
+    }
+
+    #[test]
+    fn jobs_are_served_in_the_order_they_were_posted() {
+        let s = Shared::new(16, 8, 0, 0).unwrap();
+        // Jobs 0-2 claimed; job 2 posted first (a detached discard), then job 0 (a store
+        // of the same range), then job 1: the table's order is not the posting order.
+        let held: Vec<&Job> = (0..3).map(|_| s.try_claim().unwrap()).collect();
+        s.start(held[2], Op::Discard, 0, 0, 8192, true);
+        s.start(held[0], Op::Store, 0x1000, 0, 4096, false);
+        s.start(held[1], Op::Load, 0x2000, 4096, 4096, false);
+        assert_eq!(s.in_order(&s.posted()), [2, 0, 1]);
+        // Only the jobs asked about.
+        let mut some = s.posted();
+        some[2] = None;
+        assert_eq!(s.in_order(&some), [0, 1]);
     }
 
     #[test]
