@@ -1343,7 +1343,11 @@ mod tests {
             (&[0, 0], &[true, false], &[0, 1]),
             (&[0, 0, 0], &[false, true, false], &[1, 2]),
             // Per server: server 1's failure does not resend server 0's requests.
-            (&[0, 1, 0, 0, 1], &[false, true, true, false, false], &[1, 2, 3, 4]),
+            (
+                &[0, 1, 0, 0, 1],
+                &[false, true, true, false, false],
+                &[1, 2, 3, 4],
+            ),
             (&[0, 1, 0, 1], &[false, false, false, true], &[3]),
         ];
         for &(servers, retry, want) in t {
