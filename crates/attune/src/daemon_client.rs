@@ -152,7 +152,7 @@ pub fn start(cfg: &Config, engine: Option<&'static Pager>) -> Result<(), String>
     let c = Arc::new(Client {
         pid: std::process::id(),
         socket: cfg.socket.clone(),
-        late: Duration::from_secs(cfg.daemon_wait_s),
+        late: Duration::from_secs(cfg.daemon_wait),
         workflow: workflow_name(cfg),
         launch_flags: flags,
         engine,

@@ -181,7 +181,7 @@ pub struct Config {
     pub daemon: DaemonMode,
     /// Seconds a registration the daemon took is still waited for after the start's 2 s
     /// (`daemon_wait`).
-    pub daemon_wait_s: u64,
+    pub daemon_wait: u64,
     /// Kinds of the default far tiers (`far`), used when the file lists no tiers.
     pub far: String,
     /// Why these far tiers: the configuration's, or what `far = "auto"` found
@@ -850,7 +850,7 @@ pub fn load_text(
         predict_window_ms: g.u64("predict_window_ms"),
         mode: g.choice("mode")?,
         daemon: g.choice("daemon")?,
-        daemon_wait_s: g.u64("daemon_wait"),
+        daemon_wait: g.u64("daemon_wait"),
         far: g.text("far").to_string(),
         far_reason,
         far_warning,
