@@ -1332,7 +1332,7 @@ impl Client {
 
 #[cfg(test)]
 mod tests {
-    use super::resent;
+    use crate::tier::remote::client::resent;
 
     #[test]
     fn a_server_gets_again_every_request_from_its_first_failed_one() {
