@@ -224,8 +224,8 @@ def test_windows_fetched_ahead_made_stale_by_stores_are_dropped(workdir, hosts, 
             assert placed >= 32 << 10 and stale >= 1 and mismatched == 0, m.group(0)
 
 
-@pytest.mark.parametrize("mode", ["signal", "thread"])
-def test_a_freed_regions_offsets_given_to_the_next_keep_its_contents(workdir, hosts, mode):
+@pytest.mark.parametrize("mode,user", [("signal", None), ("thread", None), ("signal", "nobody")])
+def test_a_freed_regions_offsets_given_to_the_next_keep_its_contents(workdir, hosts, mode, user):
     """tests/c/reuse.c through one server at a 4 MiB budget: 40 regions of 16 MiB, each
     filled, read back and freed, the next one given the freed offsets at once. The
     tier discards a freed region without waiting, so the next region's stores follow
@@ -233,10 +233,11 @@ def test_a_freed_regions_offsets_given_to_the_next_keep_its_contents(workdir, ho
     (`Shared::in_order`), or it drops the new pages while the tier takes them for held
     and reads zeros back. Every word verifies."""
     h = hosts(1)
-    s = secret(workdir)
-    h.serve(0, workdir, s, "--size", "256M")
-    cfg = config(workdir, h, 1, s, name=f"reuse-{mode}")
-    p = subprocess.run(h.on_client([build(workdir, "reuse"), "16", "40"]), capture_output=True, text=True,
+    s, scratch = secret_and_scratch(workdir, user)
+    h.serve(0, workdir, s, "--size", "256M", user=user)
+    cfg = config(workdir, h, 1, s, name=f"reuse-{mode}-{user}", file_dir=scratch)
+    who = ["runuser", "-u", user, "--"] if user else []
+    p = subprocess.run(h.on_client([*who, build(workdir, "reuse"), "16", "40"]), capture_output=True, text=True,
                        timeout=300, env={**os.environ, "ATTUNE_CONFIG": str(cfg), "ATTUNE_DRAM": "4M",
                                          "ATTUNE_FAULT_MODE": mode})
     assert p.returncode == 0 and "reuse: 40 rounds" in p.stdout, p.stdout + p.stderr[-3000:]
