@@ -1,6 +1,8 @@
 /* Offsets of a freed region given to the next one at once (issue 25, docs/design/remote.md
  * "Requests in posting order"). argv[1] = MiB of each region (default 16), argv[2] = rounds
- * (default 40); ATTUNE_DRAM small. Each round allocates a region, fills it with the
+ * (default 40), argv[3] = ms to pause after each free (default 0: the next region is
+ * allocated before the evictor returns the freed offsets, and so takes others; with a
+ * pause it takes the freed ones); ATTUNE_DRAM small. Each round allocates a region, fills it with the
  * round's words (its first pages are stored to the far tier as the fill goes on), frees
  * it and allocates the next: the tier discards the freed region's offsets without
  * waiting and gives them to the next region, whose stores follow that discard. Every
@@ -9,11 +11,13 @@
 #define _GNU_SOURCE
 #include <attune.h>
 #include <string.h>
+#include <unistd.h>
 #include "check.h"
 
 int main(int argc, char **argv) {
     size_t mib = argc > 1 ? strtoull(argv[1], 0, 0) : 16;
     int rounds = argc > 2 ? atoi(argv[2]) : 40;
+    int pause_ms = argc > 3 ? atoi(argv[3]) : 0;
     size_t n = mib << 20, words = n / 8;
     uint64_t bad = 0;
     for (int r = 0; r < rounds; r++) {
@@ -23,6 +27,7 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < words; i++) a[i] = mix64(i ^ ((uint64_t)r << 40));
         for (size_t i = 0; i < words; i++) bad += a[i] != mix64(i ^ ((uint64_t)r << 40));
         free_TM(a);
+        if (pause_ms > 0) usleep(pause_ms * 1000);
     }
     CHECK(bad == 0, "%lu words wrong", (unsigned long)bad);
     printf("reuse: %d rounds of %zu MiB\n", rounds, mib);

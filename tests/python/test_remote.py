@@ -244,6 +244,34 @@ def test_a_freed_regions_offsets_given_to_the_next_keep_its_contents(workdir, ho
     assert unexpected_warnings(p.stderr) == [], p.stderr[-3000:]
 
 
+@pytest.mark.parametrize("mode,user", [("signal", None), ("thread", "nobody")])
+def test_a_discard_sent_again_keeps_the_store_that_followed_it(workdir, hosts, mode, user):
+    """The resend's order, end to end: tests/c/reuse.c as above, pausing 60 ms after each
+    free so that the evictor returns the freed offsets and the next region takes them,
+    under `ATTUNE_INJECT=discard-reply-lost`: the I/O thread holds each discard until a
+    store to its offsets is posted, sends both in one exchange, and takes the discard's
+    answered reply for a broken connection. The tier moves to a new endpoint and sends the
+    discard again with every later request to that server (`resent`), so the store is
+    applied after it once more. Every word verifies, and the injection fired in most
+    rounds (39 of 40 when written). With the discard sent again alone (by hand, in
+    `resent`), the next region's first read got SIGBUS: its page did not match its
+    checksum."""
+    h = hosts(1)
+    s, scratch = secret_and_scratch(workdir, user)
+    h.serve(0, workdir, s, "--size", "256M", user=user)
+    cfg = config(workdir, h, 1, s, name=f"reuse-lost-{mode}-{user}", file_dir=scratch)
+    who = ["runuser", "-u", user, "--"] if user else []
+    p = subprocess.run(h.on_client([*who, build(workdir, "reuse"), "16", "40", "60"]), capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "ATTUNE_CONFIG": str(cfg), "ATTUNE_DRAM": "4M",
+                                                    "ATTUNE_FAULT_MODE": mode, "ATTUNE_LOG": "info",
+                                                    "ATTUNE_INJECT": "discard-reply-lost"})
+    assert p.returncode == 0 and "reuse: 40 rounds" in p.stdout, p.stdout + p.stderr[-3000:]
+    assert unexpected_warnings(p.stderr) == [], p.stderr[-3000:]
+    fired = p.stderr.count("a discard's reply taken for a broken connection")
+    moved = p.stderr.count("moved to a new endpoint (1 session(s) taken over)")
+    assert fired >= 20 and moved >= fired, (fired, moved, p.stderr[-3000:])
+
+
 @pytest.mark.parametrize("concurrency,user", [(1, None), (64, None), (64, "nobody")])
 def test_many_faulting_threads_at_the_tiers_concurrency(workdir, hosts, concurrency, user):
     """48 threads reading and writing random words of 32 MiB through 16 MiB of DRAM, one

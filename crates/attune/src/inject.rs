@@ -5,7 +5,10 @@
 //! message and no faulting thread waits for ever; `load-fail-half` makes one load place
 //! the first half of its run and then fail, as a medium that breaks mid-run would;
 //! `window-unmarked` breaks the rule that keeps the remote tier's windows fetched ahead
-//! current, so that the content hashes, its second check, are what catches a stale one.
+//! current, so that the content hashes, its second check, are what catches a stale one;
+//! `discard-reply-lost` takes the reply of a discard the server applied for a broken
+//! connection, so that the discard is sent again after a store that followed it, as a
+//! connection that breaks mid-exchange does (the resend must keep their order).
 //!
 //! Compiled in, not behind a feature: the tests run the build users get (a second build
 //! of the runtime would double CI's compile time). Read once, at engine start; ignored in
@@ -30,14 +33,21 @@ pub enum Point {
     /// The remote tier's I/O thread, as it takes a store or discard: from the n-th on, it
     /// no longer marks the windows fetched ahead that the job overlaps stale (`from`).
     WindowUnmarked = 5,
+    /// The remote tier, as an exchange's first replies come in: from the n-th discard on
+    /// that a store to the same server and offsets follows in the same exchange, the
+    /// discard's reply is taken for a broken connection (ECONNRESET), though the server
+    /// applied it (`from`). While it is armed, the I/O thread holds a batch with a
+    /// discard back 20 ms, so that the jobs posted after it join it.
+    DiscardReplyLost = 6,
 }
 
-const POINTS: [(&str, Point); 5] = [
+const POINTS: [(&str, Point); 6] = [
     ("handler-panic", Point::Handler),
     ("signal-panic", Point::Signal),
     ("evictor-panic", Point::Evictor),
     ("load-fail-half", Point::LoadHalf),
     ("window-unmarked", Point::WindowUnmarked),
+    ("discard-reply-lost", Point::DiscardReplyLost),
 ];
 
 static ARMED: AtomicU32 = AtomicU32::new(0);
@@ -83,6 +93,13 @@ pub fn arm_from_env() {
         }
         Err(m) => crate::log::emit(crate::log::Level::Warn, &m),
     }
+}
+
+/// Whether `p` is the armed point: a caller whose check of the point's condition costs
+/// more than a load asks this first.
+#[inline]
+pub fn armed(p: Point) -> bool {
+    ARMED.load(Relaxed) == p as u32
 }
 
 /// Passes through `p`: panics there when it is armed and its pass has come.
@@ -134,7 +151,7 @@ fn fire(p: Point) {
             Point::Signal => panic!("injected failure (ATTUNE_INJECT=signal-panic)"),
             Point::Evictor => panic!("injected failure (ATTUNE_INJECT=evictor-panic)"),
             // Not panic points: their callers ask `hit` or `from`.
-            Point::LoadHalf | Point::WindowUnmarked => {}
+            Point::LoadHalf | Point::WindowUnmarked | Point::DiscardReplyLost => {}
         }
     }
 }
@@ -160,6 +177,10 @@ mod tests {
         assert_eq!(parse("signal-panic:2"), Ok((Point::Signal, 2)));
         assert_eq!(parse("load-fail-half:3"), Ok((Point::LoadHalf, 3)));
         assert_eq!(parse("window-unmarked"), Ok((Point::WindowUnmarked, 1)));
+        assert_eq!(
+            parse("discard-reply-lost:2"),
+            Ok((Point::DiscardReplyLost, 2))
+        );
         for bad in ["handler-panic:0", "handler-panic:x", "evictor-panic:"] {
             assert!(parse(bad).unwrap_err().contains("pass number"), "{bad}");
         }

@@ -161,6 +161,39 @@ fn resent(servers: &[usize], retry: &[bool], n: usize) -> Vec<usize> {
         .collect()
 }
 
+/// The first discard of an exchange that its server answered and that a store to the
+/// same server and overlapping offsets follows: where `ATTUNE_INJECT=discard-reply-lost`
+/// takes the reply for lost, the case `resent` exists for.
+fn discard_then_store(reqs: &[Req], out: &[Result<Header, Failure>]) -> Option<usize> {
+    let overlap =
+        |a: &Header, b: &Header| a.off < b.off + b.len as u64 && b.off < a.off + a.len as u64;
+    (0..reqs.len()).find(|&i| {
+        reqs[i].head.op == Op::Discard as u16
+            && out[i].is_ok()
+            && reqs[i + 1..].iter().any(|q| {
+                q.server == reqs[i].server
+                    && q.head.op == Op::Store as u16
+                    && overlap(&q.head, &reqs[i].head)
+            })
+    })
+}
+
+/// Whether a store among the posted jobs `ops` overlaps a posted discard's offsets.
+fn store_over_discard(sh: &Shared, ops: &Ops) -> bool {
+    let range = |k: usize| {
+        let (_, off, len) = sh.job(k);
+        (off, off + len as u64)
+    };
+    let of = |op: Op| (0..ops.len()).filter(move |&k| ops[k] == Some(op));
+    of(Op::Discard).any(|d| {
+        let (a, b) = range(d);
+        of(Op::Store).any(|st| {
+            let (c, e) = range(st);
+            a < e && c < b
+        })
+    })
+}
+
 /// Server `name` (HOST:PORT) in `ep`'s address vector: its address there, or an error
 /// naming it.
 fn resolve(ep: &mut Endpoint, name: &str) -> Result<u64, String> {
@@ -329,6 +362,18 @@ impl Client {
             start + (wait_ns / 2).min(RECONNECT_NS)
         };
         let mut out = self.exchange_once(reqs, silent);
+        if crate::inject::armed(crate::inject::Point::DiscardReplyLost) {
+            let i = discard_then_store(reqs, &out);
+            if let Some(i) =
+                i.filter(|_| crate::inject::from(crate::inject::Point::DiscardReplyLost))
+            {
+                crate::info!("remote tier: a discard's reply taken for a broken connection (ATTUNE_INJECT=discard-reply-lost)");
+                out[i] = Err((
+                    Errno(libc::ECONNRESET),
+                    "injected (discard-reply-lost)".into(),
+                ));
+            }
+        }
         for _ in 0..RESENDS {
             let late =
                 |r: &Result<Header, Failure>| matches!(r, Err((e, _)) if e.0 == libc::ETIMEDOUT);
@@ -1202,7 +1247,19 @@ impl Client {
         loop {
             self.settle(&shared);
             let bell = shared.doorbell.load(Acquire);
-            let ops = shared.posted();
+            let mut ops = shared.posted();
+            if crate::inject::armed(crate::inject::Point::DiscardReplyLost)
+                && ops.contains(&Some(Op::Discard))
+            {
+                // Injection only: a batch with a discard waits (200 ms at most) for a
+                // store to the same offsets to be posted (a freed region's offsets given
+                // to the next), so both go in one exchange: the race a test cannot time.
+                let until = attune_sys::os::now_ns() + 200_000_000;
+                while !store_over_discard(&shared, &ops) && attune_sys::os::now_ns() < until {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                    ops = shared.posted();
+                }
+            }
             self.peak_jobs = self.peak_jobs.max(ops.iter().flatten().count());
             // Every live server is pinged at a quarter of the lease, busy or not (a
             // server whose units are not in use would lose the session otherwise).
@@ -1332,7 +1389,76 @@ impl Client {
 
 #[cfg(test)]
 mod tests {
-    use crate::tier::remote::client::resent;
+    use crate::tier::remote::client::{discard_then_store, resent, Req};
+    use attune_proto::remote::{Header, Op};
+    use attune_sys::Errno;
+
+    #[test]
+    fn the_injected_lost_reply_is_a_discard_a_store_to_its_offsets_follows() {
+        let q = |server: usize, op: Op, off: u64, len: u32| Req {
+            job: 0,
+            server,
+            head: Header {
+                op: op as u16,
+                off,
+                len,
+                ..Default::default()
+            },
+            addr: 0,
+            len: 0,
+            incoming: false,
+            replica: 0,
+        };
+        let (d, st, l) = (Op::Discard, Op::Store, Op::Load);
+        // (requests, which failed) -> the discard whose reply the injection takes.
+        let t: Vec<(Vec<Req>, Vec<bool>, Option<usize>)> = vec![
+            (
+                vec![q(0, d, 0, 8192), q(0, st, 4096, 4096)],
+                vec![false; 2],
+                Some(0),
+            ),
+            // The store before the discard, to another server, elsewhere, or a load: none.
+            (
+                vec![q(0, st, 0, 4096), q(0, d, 0, 4096)],
+                vec![false; 2],
+                None,
+            ),
+            (
+                vec![q(0, d, 0, 4096), q(1, st, 0, 4096)],
+                vec![false; 2],
+                None,
+            ),
+            (
+                vec![q(0, d, 0, 4096), q(0, st, 4096, 4096)],
+                vec![false; 2],
+                None,
+            ),
+            (
+                vec![q(0, d, 0, 4096), q(0, l, 0, 4096)],
+                vec![false; 2],
+                None,
+            ),
+            // A discard already failed is sent again anyway: the next one is taken.
+            (
+                vec![q(0, d, 0, 4096), q(0, d, 8192, 4096), q(0, st, 0, 12288)],
+                vec![true, false, false],
+                Some(1),
+            ),
+        ];
+        for (reqs, failed, want) in t {
+            let out: Vec<_> = failed
+                .iter()
+                .map(|&f| {
+                    if f {
+                        Err((Errno(libc::ECONNRESET), String::new()))
+                    } else {
+                        Ok(Header::default())
+                    }
+                })
+                .collect();
+            assert_eq!(discard_then_store(&reqs, &out), want, "{failed:?}");
+        }
+    }
 
     #[test]
     fn a_server_gets_again_every_request_from_its_first_failed_one() {
