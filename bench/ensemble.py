@@ -18,8 +18,13 @@ daemon), outside the jobs' cgroups. Reported: the makespan (first submission to 
 task's end), tasks completed and verified (each workflow's RESULT line says OK), and each
 class's mean task time (GNU time's wall clock). Needs root.
 
-Usage: python3 bench/ensemble.py [--nodes 1,2] [--per-class 4] [--share 0.5]
+With several shares (`--share 0.3,0.5,0.7`), CBE, TME and IMME run at each and a second
+table gives each class's mean task time over its IE time by share: IMME's Figure 8 at this
+machine's scale (`--plot PATH` draws it).
+
+Usage: python3 bench/ensemble.py [--nodes 1,2] [--per-class 4] [--share 0.5[,0.7...]]
                                  [--envs IE,CBE,TME,IMME] [--quick] [--plugin-budget]
+                                 [--plot PATH]
 """
 import argparse
 import atexit
@@ -93,17 +98,100 @@ def queued(s, jobs):
     return len(out)
 
 
+def at_share(measured, share):
+    """Each class's limit, Attune's budget and whether it has room, at `share` of its peak."""
+    work = {}
+    for name, (prog, flags, foot, managed, held) in measured.items():
+        limit = int(foot * share)
+        room = imme.room_at(held, foot, limit)
+        work[name] = {"prog": prog, "peak": foot, "flags": flags, "limit": limit,
+                      "budget": imme.attune_budget("pool", limit, foot - managed, room),
+                      "no_room": imme.no_room("pool", limit, held)}
+        print(f"{name} at {share:g} of its peak: limit {limit / MIB:.0f} MiB, Attune's budget "
+              f"{work[name]['budget'] / MIB:.0f} MiB{' (no room)' if work[name]['no_room'] else ''}",
+              file=sys.stderr)
+    return work
+
+
+def parse_shares(text):
+    """`--share`: one share of the peak or several, comma-separated, each in (0, 1.5]."""
+    try:
+        shares = [float(x) for x in text.split(",")]
+    except ValueError:
+        shares = []
+    if not shares or any(not 0 < x <= 1.5 for x in shares) or len(set(shares)) != len(shares):
+        raise argparse.ArgumentTypeError(
+            f"shares of the peak in (0, 1.5], comma-separated, each once: {text!r}")
+    return sorted(shares)
+
+
+def cell(per, n, total):
+    """A class's mean task time, and how many of its tasks were verified when not all."""
+    walls = per[n]
+    if not walls:
+        return "-"
+    return f"{statistics.mean(walls):.2f}" + ("" if len(walls) == total else f" ({len(walls)}/{total})")
+
+
+def figure8(rows, shares, per_class):
+    """Each class's mean task time over its IE time (same node count), by share: rows of
+    (nodes, class, env, {share: ratio or None})."""
+    ie = {(nodes, n): statistics.mean(per[n]) for nodes, _, env, _, _, _, per in rows
+          if env == "IE" for n in CLASSES if per[n]}
+    out = []
+    for nodes in sorted({r[0] for r in rows}):
+        for n in CLASSES:
+            for env in [e for e in ("CBE", "TME", "IMME") if any(r[2] == e for r in rows)]:
+                ratios = {}
+                for rn, share, renv, _, _, _, per in rows:
+                    if (rn, renv) == (nodes, env) and (nodes, n) in ie:
+                        # A ratio only where every task of the class was verified.
+                        ok = per[n] and len(per[n]) == per_class
+                        ratios[share] = statistics.mean(per[n]) / ie[(nodes, n)] if ok else None
+                out.append((nodes, n, env, ratios))
+    return out
+
+
+def plot(fig8, shares, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot", file=sys.stderr)
+        return
+    nodes = sorted({r[0] for r in fig8})[0]
+    fig, axes = plt.subplots(1, len(CLASSES), figsize=(3.2 * len(CLASSES), 3))
+    for ax, n in zip(axes, CLASSES):
+        for _, cls, env, ratios in [r for r in fig8 if r[0] == nodes and r[1] == n]:
+            xs = [sh for sh in shares if ratios.get(sh) is not None]
+            if xs:
+                ax.plot([100 * x for x in xs], [ratios[x] for x in xs], marker="o", label=env)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_title(n.upper())
+        ax.set_xlabel("DRAM, % of peak")
+    axes[0].set_ylabel("mean task time / IE")
+    axes[-1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}", file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", default="1,2")
     ap.add_argument("--per-class", type=int, default=4)
-    ap.add_argument("--share", type=float, default=0.5)
+    ap.add_argument("--share", type=parse_shares, default=[0.5],
+                    help="DRAM (--mem) of CBE, TME and IMME as a share of each workflow's peak; "
+                    "several, comma-separated, sweep it (Figure 8)")
     ap.add_argument("--envs", default="IE,CBE,TME,IMME")
     ap.add_argument("--node-mib", type=int, default=3072)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--plugin-budget", action="store_true",
                     help="TME and IMME on the plugin's default budget (no --tm-dram)")
+    ap.add_argument("--plot", help="draw the Figure 8 table (first node count) into this PNG")
     a = ap.parse_args()
+    shares = a.share
     why = available()
     if why:
         print(f"ensemble.py: skipped: {why}", file=sys.stderr)
@@ -113,23 +201,23 @@ def main():
     atexit.register(shutil.rmtree, tmp, True)
     os.chmod(tmp, 0o755)
     exes = imme.build(str(tmp))
-    work = {}
+    measured = {}
     for name, title, kind, src, sizes, flags in imme.WORKLOADS:
         if name not in CLASSES:
             continue
         prog = exes[name] + [str(sizes[1] if a.quick else sizes[0])]
         foot, managed, wall, held = imme.footprint(prog, Bar(), name, True)
-        limit = int(foot * a.share)
-        room = imme.room_at(held, foot, limit)
-        work[name] = {"prog": prog, "peak": foot, "flags": flags, "limit": limit,
-                      "budget": imme.attune_budget("pool", limit, foot - managed, room),
-                      "no_room": imme.no_room("pool", limit, held)}
-        print(f"{name}: peak {foot / MIB:.0f} MiB, {held / MIB:.0f} MiB outside Attune, {wall:.2f} s alone; "
-              f"limit {limit / MIB:.0f} MiB, Attune's budget {work[name]['budget'] / MIB:.0f} MiB"
-              f"{' (no room)' if work[name]['no_room'] else ''}", file=sys.stderr)
+        measured[name] = (prog, flags, foot, managed, held)
+        print(f"{name}: peak {foot / MIB:.0f} MiB, {held / MIB:.0f} MiB outside Attune, {wall:.2f} s alone",
+              file=sys.stderr)
+    work = {share: at_share(measured, share) for share in shares}
     tme_conf = tmp / "tme.toml"
     tme_conf.write_text('mode = "temperature"\n')
     os.chmod(tme_conf, 0o644)
+    # IE does not depend on the share (its --mem is 1.5x the peak): it runs once per node
+    # count. The others run share by share, environments alternated within each share.
+    runs = [("IE", None)] if "IE" in envs else []
+    runs += [(e, sh) for sh in shares for e in envs if e != "IE"]
     rows = []
     for nodes in [int(x) for x in a.nodes.split(",")]:
         s = Slurm(nodes=nodes, mem_mib=a.node_mib)
@@ -137,9 +225,10 @@ def main():
                    sock=str(s.dir / "attuned.sock"))
         s.write_plugstack([f"socket={d.sock}"])
         try:
-            for env in envs:
+            for env, share in runs:
+                w = work[share if share is not None else shares[0]]
                 t0 = time.monotonic()
-                jobs = {n: submit(s, env, n, work[n], a.per_class, tme_conf, a.plugin_budget) for n in CLASSES}
+                jobs = {n: submit(s, env, n, w[n], a.per_class, tme_conf, a.plugin_budget) for n in CLASSES}
                 while queued(s, [j for j in jobs.values() if j]):
                     time.sleep(0.5)
                 makespan = time.monotonic() - t0
@@ -149,41 +238,58 @@ def main():
                 for n in CLASSES:
                     walls = []
                     if not jobs[n]:
-                        why[n] = "no room: " + work[n]["no_room"]
-                        per[n] = None
+                        why[n] = "no room: " + w[n]["no_room"]
+                        per[n] = []
                         continue
                     for i in range(a.per_class):
                         f = s.jobs / f"{env}-{n}-{i}.out"
                         text = f.read_text() if f.exists() else ""
                         good = re.search(r"^RESULT \S+ OK ", text, re.M)
-                        w = re.search(r"^WALL ([\d.]+)", text, re.M)
-                        if good and w:
+                        wall = re.search(r"^WALL ([\d.]+)", text, re.M)
+                        if good and wall:
                             ok += 1
-                            walls.append(float(w.group(1)))
+                            walls.append(float(wall.group(1)))
                         elif n not in why:
                             why[n] = (text.strip().splitlines() or ["no output"])[-1][:200]
-                    per[n] = statistics.mean(walls) if walls else None
+                        # The next run of the same array name writes the same files.
+                        if f.exists():
+                            f.unlink()
+                    per[n] = walls
                 total = a.per_class * len(CLASSES)
-                rows.append((nodes, env, total, ok, makespan, per))
-                print(f"{nodes} node(s) {env:4s}: {ok}/{total} verified, makespan {makespan:.1f} s, "
-                      + ", ".join(f"{n} {v:.2f} s" if v else f"{n} -" for n, v in per.items()), file=sys.stderr)
-                for n, w in why.items():
-                    print(f"    {n}: a task failed: {w}", file=sys.stderr)
+                rows.append((nodes, share, env, total, ok, makespan, per))
+                print(f"{nodes} node(s) {env:4s} {'' if share is None else f'at {share:g} '}: {ok}/{total} "
+                      f"verified, makespan {makespan:.1f} s, "
+                      + ", ".join(f"{n} {statistics.mean(v):.2f} s" if v else f"{n} -" for n, v in per.items()),
+                      file=sys.stderr)
+                for n, why_n in why.items():
+                    print(f"    {n}: a task failed: {why_n}", file=sys.stderr)
         finally:
             d.stop()
             s.stop()
-    ie = {nodes: m for nodes, e, _, _, m, _ in rows if e == "IE"}
-    print(f"\nEnsembles of {a.per_class} tasks per class ({'quick' if a.quick else 'full'} sizes), "
-          f"DRAM --share {a.share} of each workflow's peak (IE: 1.5x); emulated nodes of 2 CPUs and "
-          f"{a.node_mib} MiB sharing this machine's 2 vCPUs.\n")
-    print("| nodes | env | verified | makespan (s) | vs IE | " + " | ".join(f"{n.upper()} mean (s)" for n in CLASSES)
-          + " |")
-    print("|---|---|---|---|---|" + "---|" * len(CLASSES))
-    for nodes, env, total, ok, m, per in rows:
+    ie = {nodes: m for nodes, _, e, _, _, m, _ in rows if e == "IE"}
+    print(f"\nEnsembles of {a.per_class} tasks per class ({'quick' if a.quick else 'full'} sizes); "
+          f"--mem of each workflow: the share of its peak shown (IE: 1.5x its peak); emulated nodes of "
+          f"2 CPUs and {a.node_mib} MiB sharing this machine's 2 vCPUs.\n")
+    print("| nodes | share | env | verified | makespan (s) | vs IE | "
+          + " | ".join(f"{n.upper()} mean (s)" for n in CLASSES) + " |")
+    print("|---|---|---|---|---|---|" + "---|" * len(CLASSES))
+    for nodes, share, env, total, ok, m, per in rows:
         # A time only where every task was verified: an ensemble that lost tasks ended early.
         ratio = f"{m / ie[nodes]:.2f}x" if nodes in ie and ok == total else "-"
-        cells = " | ".join(f"{per[n]:.2f}" if per[n] else "-" for n in CLASSES)
-        print(f"| {nodes} | {env} | {ok}/{total} | {m:.1f} | {ratio} | {cells} |")
+        cells = " | ".join(cell(per, n, a.per_class) for n in CLASSES)
+        sh = "-" if share is None else f"{share:g}"
+        print(f"| {nodes} | {sh} | {env} | {ok}/{total} | {m:.1f} | {ratio} | {cells} |")
+    if "IE" in envs and len(shares) > 1:
+        fig8 = figure8(rows, shares, a.per_class)
+        print("\nFigure 8: each class's mean task time over its IE time, by DRAM share of its peak "
+              "(-: not every task verified, or no room under the limit)\n")
+        print("| nodes | class | env | " + " | ".join(f"{x:g}" for x in shares) + " |")
+        print("|---|---|---|" + "---|" * len(shares))
+        for nodes, n, env, ratios in fig8:
+            cells = " | ".join(f"{ratios[x]:.2f}" if ratios.get(x) is not None else "-" for x in shares)
+            print(f"| {nodes} | {n.upper()} | {env} | {cells} |")
+        if a.plot:
+            plot(fig8, shares, a.plot)
 
 
 if __name__ == "__main__":
