@@ -27,7 +27,14 @@ pub struct Reason {
 }
 
 /// Libraries (soname prefixes) whose use hands program memory to the kernel or a device.
+/// The first is not a file name: `attune_sys::elf` reports an object that carries Go's
+/// build-ID note under it.
 const LIBRARIES: &[(&str, &str)] = &[
+    (
+        GO_RUNTIME,
+        "its goroutines run on stacks in its heap, where the kernel writes signal frames \
+         and the signal resolver would run",
+    ),
     (
         "liburing.so",
         "io_uring: the kernel reads and writes buffers after the call returns",
@@ -113,6 +120,15 @@ const SYMBOLS: &[(&str, &str)] = &[
         "vmsplice: pages are read from a pipe after the call returns",
     ),
 ];
+
+/// The name the loader scan gives an object linked by Go's linker (its build-ID note):
+/// with cgo, the Go runtime maps its heap through libc, so `attune run` manages it, and
+/// goroutine stacks, signal stacks included, live there. Under signal delivery the
+/// kernel cannot write a signal frame to a page that is not resident (the thread gets
+/// SIGSEGV), and a resolver running on such a stack could evict the page under its own
+/// frame (a program that hung in `UFFDIO_MOVE`). The handler thread serves both
+/// (docs/design/run.md, "Programs whose stacks are in their heap").
+pub const GO_RUNTIME: &str = "the Go runtime";
 
 /// The reason a loaded library gives, from its name as the loader reports it (a path or a
 /// soname; only the file name counts).
@@ -267,6 +283,8 @@ mod tests {
             ("/opt/ucx/lib/libucp.so.0", Some("libucp.so")),
             ("/usr/lib/libfabric.so.1", Some("libfabric.so")),
             ("/usr/lib/libcuda.so.1", Some("libcuda.so")),
+            // The loader scan's name for an object Go's linker made.
+            ("the Go runtime", Some(GO_RUNTIME)),
             // Not a prefix match on the directory, nor on a look-alike name.
             ("/opt/liburing.so.2/libc.so.6", None),
             ("/usr/lib/libc.so.6", None),

@@ -81,6 +81,8 @@ pub fn check(at_start: bool) {
     let access = reason.map(|r| r.access).unwrap_or("");
     let text = if f.by_import {
         format!("{} imports {} ({access})", f.object, f.what)
+    } else if f.what == delivery::GO_RUNTIME {
+        format!("{} carries {} ({access})", f.object, f.what)
     } else {
         format!("{} is loaded ({access})", f.what)
     };

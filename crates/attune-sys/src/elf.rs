@@ -8,6 +8,10 @@
 //! (`DT_RELA`), which hold the imports of data and of functions whose address is taken.
 //! Only `Elf64_Rela` tables are read (x86-64 and AArch64 use no other).
 //!
+//! An object linked by Go's linker is told apart by its build-ID note (owner "Go"), which
+//! every Go program and shared library carries: its runtime runs goroutines on stacks in
+//! its own heap (`attune_policy::delivery::go_runtime`).
+//!
 //! Not signal-safe: it takes the loader's lock and allocates.
 
 use std::ffi::{c_int, c_void, CStr};
@@ -36,6 +40,13 @@ struct Sym {
 }
 
 const PT_DYNAMIC: u32 = 2;
+const PT_NOTE: u32 = 4;
+/// The note Go's linker puts in every program and shared library it links: owner "Go",
+/// type 4 (its build ID; `cmd/link`'s `ELF_NOTE_GOBUILDID_TAG`).
+const GO_NOTE_TYPE: u32 = 4;
+
+/// `Found::what` for an object that carries the Go runtime (its build-ID note).
+pub const GO_RUNTIME: &str = "the Go runtime";
 const DT_NULL: i64 = 0;
 const DT_PLTRELSZ: i64 = 2;
 const DT_STRTAB: i64 = 5;
@@ -105,8 +116,9 @@ struct Scan<'a> {
 }
 
 /// Scans the objects loaded since the last scan with `seen` (all, the first time) and
-/// returns the first whose own name satisfies `library` or which imports a symbol that
-/// satisfies `import`. Every object looked at is added to `seen`, also after a find.
+/// returns the first whose own name satisfies `library`, which carries the Go runtime
+/// where `library` accepts [`GO_RUNTIME`], or which imports a symbol that satisfies
+/// `import`. Every object looked at is added to `seen`, also after a find.
 pub fn scan_new(
     seen: &mut Seen,
     library: &dyn Fn(&str) -> bool,
@@ -147,6 +159,14 @@ pub fn scan_new(
                 return 0;
             }
             let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
+            if (s.library)(GO_RUNTIME) && has_go_note(base, phdrs) {
+                s.found = Some(Found {
+                    object: name,
+                    what: GO_RUNTIME.into(),
+                    by_import: false,
+                });
+                return 0;
+            }
             let Some(dynamic) = phdrs.iter().find(|p| p.p_type == PT_DYNAMIC) else {
                 return 0;
             };
@@ -178,6 +198,40 @@ pub fn scan_new(
 /// # Safety
 /// `dynamic` must be the dynamic section of an object the loader keeps mapped for the
 /// call (its lock held).
+/// Whether an object's note segments hold Go's build-ID note (owner "Go", type 4).
+///
+/// # Safety
+/// `phdrs` are a loaded object's program headers and `base` its load base: its note
+/// segments are mapped and readable.
+unsafe fn has_go_note(base: usize, phdrs: &[libc::Elf64_Phdr]) -> bool {
+    for ph in phdrs.iter().filter(|p| p.p_type == PT_NOTE) {
+        let (mut at, end) = (
+            base + ph.p_vaddr as usize,
+            base + (ph.p_vaddr + ph.p_memsz) as usize,
+        );
+        let align = if ph.p_align == 8 { 8 } else { 4 };
+        let up = |n: usize| (n + align - 1) & !(align - 1);
+        while at + 12 <= end {
+            // SAFETY: the header lies within the mapped note segment (checked above).
+            let (namesz, descsz, kind) = unsafe {
+                let w = at as *const u32;
+                (*w as usize, *w.add(1) as usize, *w.add(2))
+            };
+            let name = at + 12;
+            if name + up(namesz) + up(descsz) > end {
+                break;
+            }
+            // SAFETY: the name lies within the segment (checked above).
+            let owner = unsafe { std::slice::from_raw_parts(name as *const u8, namesz) };
+            if kind == GO_NOTE_TYPE && owner.split(|&b| b == 0).next() == Some(b"Go") {
+                return true;
+            }
+            at = name + up(namesz) + up(descsz);
+        }
+    }
+    false
+}
+
 unsafe fn find_import(base: usize, dynamic: usize, want: &dyn Fn(&str) -> bool) -> Option<String> {
     // glibc relocates the address entries of a writable dynamic section in place; the
     // vDSO's and a read-only one's stay offsets from the base.
@@ -336,6 +390,45 @@ mod tests {
             None,
             "all seen already"
         );
+    }
+
+    #[test]
+    fn a_go_build_id_note_is_found_and_others_are_not() {
+        // A note segment as the loader maps it: a GNU build ID, then Go's (namesz 4,
+        // descsz 5, type 4), each name and description padded to 4 bytes.
+        let mut seg: Vec<u8> = Vec::new();
+        let mut note = |name: &[u8], desc: &[u8], kind: u32| {
+            seg.extend((name.len() as u32).to_ne_bytes());
+            seg.extend((desc.len() as u32).to_ne_bytes());
+            seg.extend(kind.to_ne_bytes());
+            for part in [name, desc] {
+                seg.extend(part);
+                seg.resize(seg.len().next_multiple_of(4), 0);
+            }
+        };
+        note(b"GNU\0", &[1; 20], 3);
+        note(b"Go\0\0", b"abcde", GO_NOTE_TYPE);
+        let ph = |len: usize| {
+            // SAFETY: a zeroed program header is valid; the fields read are set.
+            let mut p: libc::Elf64_Phdr = unsafe { std::mem::zeroed() };
+            p.p_type = PT_NOTE;
+            p.p_memsz = len as u64;
+            p.p_align = 4;
+            p
+        };
+        let base = seg.as_ptr() as usize;
+        // SAFETY: the segment is `seg`, at offset 0 from `base`.
+        unsafe {
+            assert!(has_go_note(base, &[ph(seg.len())]));
+            // Cut before Go's note: only the GNU one is whole.
+            assert!(!has_go_note(base, &[ph(36)]));
+            // A truncated header or an empty segment is no note.
+            assert!(!has_go_note(base, &[ph(8)]));
+            assert!(!has_go_note(base, &[]));
+        }
+        // This Rust test binary and its libraries carry no Go note.
+        let mut seen = Seen::default();
+        assert_eq!(scan_new(&mut seen, &|n| n == GO_RUNTIME, &|_| false), None);
     }
 
     #[test]
