@@ -1,19 +1,31 @@
 #!/bin/bash
 # Programs nobody here wrote, under `attune run -q --dram ${DRAM:-16M}`: gcc on a generated
 # 6,000-function file (its GC heap is mmap'ed), perl, sqlite3, a sort pipeline, node,
-# pandas, git log, xz. One line each: exit status, seconds, and any error line. Outputs in
-# $W (a new directory under /tmp unless set). Run it as root and as
-# `runuser -u nobody -- env HOME=/tmp bench/run_battery.sh`. docs/benchmarks.md quotes
-# the gcc line (with `--fault-mode signal` and `auto` by hand).
-ATT=${ATT:-$(cd "$(dirname "$0")/.." && pwd)/build/bin/attune}
+# pandas, git log, xz, jq, Tcl, lz4 and bzip2, a Go program built with cgo (its heap, with
+# the goroutine stacks, tiered under the handler thread). Each runs first without Attune:
+# one line each with the exit status, seconds with and without, whether the output is the
+# same, and any error line. Outputs in $W (a new directory under /tmp unless set). Run it
+# as root and as `runuser -u nobody -- env HOME=/tmp bench/run_battery.sh`; ONLY="a b"
+# runs those alone. docs/benchmarks.md quotes the gcc line (with `--fault-mode signal` and
+# `auto` by hand) and the last run of the whole battery.
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ATT=${ATT:-$ROOT/build/bin/attune}
 W=${W:-$(mktemp -d /tmp/attune-battery.XXXXXX)}; chmod 755 "$W"
 cd "$W"
+u=$(id -u)
 run() { # name cmd...
   local name=$1; shift
+  [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]] && return
   local t0=$(date +%s.%N)
-  "$ATT" run -q --dram ${DRAM:-16M} -- "$@" > $W/$name.$(id -u).out 2> $W/$name.$(id -u).err
+  "$@" > $W/$name.$u.plain 2>/dev/null
+  local t1=$(date +%s.%N)
+  "$ATT" run -q --dram ${DRAM:-16M} -- "$@" > $W/$name.$u.out 2> $W/$name.$u.err
   local rc=$?
-  printf "%-10s rc=%-3s %5.1fs %s\n" "$name" "$rc" "$(echo "$(date +%s.%N) - $t0" | bc)" "$(grep -iE "error|fault|bad address|killed" $W/$name.$(id -u).err | head -2 | tr '\n' ' ' | cut -c1-200)"
+  local t2=$(date +%s.%N)
+  local same=same; cmp -s $W/$name.$u.plain $W/$name.$u.out || same=OUTPUT-DIFFERS
+  printf "%-10s rc=%-3s %5.1fs (alone %4.1fs) %-14s %s\n" "$name" "$rc" "$(echo "$t2 - $t1" | bc)" \
+    "$(echo "$t1 - $t0" | bc)" "$same" \
+    "$(grep -iE "error|fault|bad address|killed" $W/$name.$u.err | head -2 | tr '\n' ' ' | cut -c1-200)"
 }
 [ -f big.c ] || python3 -c "
 print('#include <stdio.h>')
@@ -31,5 +43,15 @@ df = pd.DataFrame({"k": [f"key{i%5000}" for i in range(n)], "v": np.arange(n, dt
 g = df.groupby("k")["v"].sum()
 names = os.listdir("/tmp"); st = [os.stat("/tmp") for _ in range(100)]
 print("pandas:", len(g), g.sum() == df["v"].sum())'
-run git git -C "$(cd "$(dirname "$0")/.." && pwd)" log --oneline -2000 --stat
+run git git -C "$ROOT" log --oneline -2000 --stat
 run xz sh -c "head -c 60000000 /dev/urandom | xz -T1 -1 | xz -d | wc -c"
+[ -f big.json ] || python3 -c 'import json; print(json.dumps([{"k": i, "v": "x" * 20 + str(i)} for i in range(300000)]))' > big.json
+run jq jq '([.[] | .k] | add), ([.[] | .v | length] | add)' big.json
+run tcl sh -c 'echo "set d [dict create]; for {set i 0} {\$i < 400000} {incr i} { dict set d k\$i [string repeat x 30]\$i }; set n 0; dict for {k v} \$d { incr n [string length \$v] }; puts \$n" | tclsh'
+run lz4bz2 sh -c "head -c 20000000 /dev/zero | tr '\\0' 'a' | lz4 -1 | lz4 -d | bzip2 -1 | bzip2 -d | md5sum"
+if [ -z "$ONLY" ] || [[ " $ONLY " == *" go "* ]]; then
+  GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+  [ -x "$GO" ] && [ ! -x go_cgo ] && HOME=$W GOCACHE=$W/gocache GOPATH=$W/gopath CGO_ENABLED=1 \
+    "$GO" build -o go_cgo "$ROOT/tests/run/go_cgo.go" 2>/dev/null
+  [ -x go_cgo ] && run go ./go_cgo 96
+fi
