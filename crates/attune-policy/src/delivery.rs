@@ -126,8 +126,9 @@ const SYMBOLS: &[(&str, &str)] = &[
 /// goroutine stacks, signal stacks included, live there. Under signal delivery the
 /// kernel cannot write a signal frame to a page that is not resident (the thread gets
 /// SIGSEGV), and a resolver running on such a stack could evict the page under its own
-/// frame (a program that hung in `UFFDIO_MOVE`). The handler thread serves both
-/// (docs/design/run.md, "Programs whose stacks are in their heap").
+/// frame (a program that hung in `UFFDIO_MOVE`). `attune run` leaves such a program's
+/// memory untiered for now (docs/design/run.md, "Programs whose stacks are in their
+/// heap").
 pub const GO_RUNTIME: &str = "the Go runtime";
 
 /// The reason a loaded library gives, from its name as the loader reports it (a path or a

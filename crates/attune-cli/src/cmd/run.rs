@@ -684,7 +684,7 @@ fn delivery_line(procs: &[Value]) -> String {
     }
     if kept_out > 0 {
         s += &format!(
-            "    {kept_out} process(es) left new allocations untiered: their userfaultfd sees user-mode faults only, which no delivery serves for the kernel's accesses\n"
+            "    {kept_out} process(es) left new allocations untiered: their userfaultfd sees user-mode faults only, which no delivery serves for the kernel's accesses, or they carry the Go runtime (docs/design/run.md)\n"
         );
     }
     if heap_kept > 0 {
