@@ -18,19 +18,34 @@ struct State {
     generation: (u64, u64),
     /// Why new regions get the handler thread, once known.
     reason: Option<String>,
+    /// Why new requests stay with the program's allocator, once they do.
+    kept_out: Option<String>,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
     seen: elf::Seen::new(),
     generation: (0, 0),
     reason: None,
+    kept_out: None,
 });
-/// True once new regions get the handler thread (no more looking).
+/// True once new regions get the handler thread.
 static DECIDED: AtomicBool = AtomicBool::new(false);
-/// True once new requests go to the program's allocator: the program hands memory to the
-/// kernel and this process's userfaultfd sees user-mode faults only, so no delivery
-/// serves those kernel accesses (`keep_out`).
+/// True once new requests go to the program's allocator (`keep_out`): the program carries
+/// the Go runtime, or it hands memory to the kernel and this process's userfaultfd sees
+/// user-mode faults only, so no delivery serves those kernel accesses. Nothing is looked
+/// at after that.
 static KEPT_OUT: AtomicBool = AtomicBool::new(false);
+
+// The loader scan names an object with Go's build-ID note by the policy's key.
+const _: () = {
+    let (a, b) = (elf::GO_RUNTIME.as_bytes(), delivery::GO_RUNTIME.as_bytes());
+    assert!(a.len() == b.len());
+    let mut i = 0;
+    while i < a.len() {
+        assert!(a[i] == b[i]);
+        i += 1;
+    }
+};
 /// Taken around every use of `STATE` and across fork.
 static GATE: AtomicBool = AtomicBool::new(false);
 
@@ -50,11 +65,13 @@ pub fn initial_mode() -> &'static str {
     }
 }
 
-/// Looks at the objects loaded since the last look (all of them the first time); on a
-/// find, new regions get the handler thread. `at_start`: the runtime is not running yet,
-/// so no region has been made under signal delivery.
+/// Looks at the objects loaded since the last look (all of them the first time), under
+/// every requested mode: an object that keeps the program's memory out
+/// (`delivery::keeps_out`, the Go runtime) does so whatever was asked; under `auto`, any
+/// other find gives new regions the handler thread. `at_start`: the runtime is not
+/// running yet, so no region has been made under signal delivery.
 pub fn check(at_start: bool) {
-    if requested() != Requested::Auto || DECIDED.load(Relaxed) {
+    if KEPT_OUT.load(Relaxed) {
         return;
     }
     let found = with(|st| {
@@ -75,36 +92,29 @@ pub fn check(at_start: bool) {
     } else {
         delivery::library_reason(&f.what)
     };
-    if delivery::choose(Requested::Auto, reason) != Chosen::Thread {
+    let access = reason.map(|r| r.access).unwrap_or("");
+    if delivery::keeps_out(reason) {
+        keep_out(format!(
+            "{} carries {} ({access}), whose heap is not tiered yet (docs/design/run.md, \
+             \"Programs whose stacks are in their heap\")",
+            f.object, f.what
+        ));
         return;
     }
-    let access = reason.map(|r| r.access).unwrap_or("");
+    if requested() != Requested::Auto
+        || DECIDED.load(Relaxed)
+        || delivery::choose(Requested::Auto, reason) != Chosen::Thread
+    {
+        return;
+    }
     let text = if f.by_import {
         format!("{} imports {} ({access})", f.object, f.what)
-    } else if f.what == delivery::GO_RUNTIME {
-        format!("{} carries {} ({access})", f.object, f.what)
     } else {
         format!("{} is loaded ({access})", f.what)
     };
     attune::paging::THREAD_FOR_NEW_REGIONS.store(true, Relaxed);
     DECIDED.store(true, Relaxed);
     with(|st| st.reason = Some(text.clone()));
-    if reason.is_some_and(|r| r.found == delivery::GO_RUNTIME) {
-        // Not tiered yet under any delivery: under the handler thread Go's collector
-        // found a pointer to a dead span in 2 of about 70 runs (both the first after a
-        // `go build`), which is not explained (docs/design/run.md, "Programs whose stacks
-        // are in their heap").
-        KEPT_OUT.store(true, Relaxed);
-        attune::log::emit(
-            attune::log::Level::Warn,
-            &format!(
-                "attune run: {text}: Go's heap is not tiered yet, so new allocations stay \
-                 with the program's allocator, untiered (docs/design/run.md, \"Programs \
-                 whose stacks are in their heap\")"
-            ),
-        );
-        return;
-    }
     let earlier = attune::runtime::engine_if_started()
         .map(|e| e.pager.counters.regions_signal.load(Relaxed))
         .unwrap_or(0);
@@ -146,18 +156,29 @@ pub fn keep_out_if_user_mode_only() {
     if !e.pager.user_mode_only() {
         return;
     }
+    keep_out(format!(
+        "{}; this process's userfaultfd sees user-mode faults only \
+         (vm.unprivileged_userfaultfd=0), so those kernel accesses would fail with EFAULT \
+         on non-resident pages. Kernel faults are served where /dev/userfaultfd is handed \
+         to the job (docs/design/run.md, \"Fault delivery\")",
+        with(|st| st.reason.clone()).unwrap_or_default(),
+    ));
+}
+
+/// From now on new requests stay with the program's allocator, untiered, for `why`
+/// (the warning, and the report's `kept_out_reason`). Regions made before stay managed.
+fn keep_out(why: String) {
     KEPT_OUT.store(true, Relaxed);
-    let earlier = e.pager.counters.regions_signal.load(Relaxed)
-        + e.pager.counters.regions_thread.load(Relaxed);
+    let earlier = attune::runtime::engine_if_started()
+        .map(|e| {
+            e.pager.counters.regions_signal.load(Relaxed)
+                + e.pager.counters.regions_thread.load(Relaxed)
+        })
+        .unwrap_or(0);
     attune::log::emit(
         attune::log::Level::Warn,
         &format!(
-            "attune run: {}; this process's userfaultfd sees user-mode faults only \
-             (vm.unprivileged_userfaultfd=0), so those kernel accesses would fail with \
-             EFAULT on non-resident pages: new allocations stay with the program's \
-             allocator, untiered{}. Kernel faults are served where /dev/userfaultfd is \
-             handed to the job (docs/design/run.md, \"Fault delivery\")",
-            with(|st| st.reason.clone()).unwrap_or_default(),
+            "attune run: {why}: new allocations stay with the program's allocator, untiered{}",
             if earlier > 0 {
                 format!(" ({earlier} region(s) made before stay managed)")
             } else {
@@ -165,6 +186,7 @@ pub fn keep_out_if_user_mode_only() {
             }
         ),
     );
+    with(|st| st.kept_out = Some(why));
 }
 
 /// Under `--small`, once the runtime runs: the small arenas take the delivery
@@ -261,10 +283,15 @@ pub fn kept_out() -> bool {
     KEPT_OUT.load(Relaxed)
 }
 
+/// Why new requests stay with the program's allocator, once they do (for the report).
+pub fn kept_out_reason() -> Option<String> {
+    with(|st| st.kept_out.clone())
+}
+
 /// Marks everything loaded now as looked at without judging it: the runtime's own
 /// libraries (libfabric for a remote tier) are not the program's.
 pub fn absorb_runtime_libraries() {
-    if requested() != Requested::Auto || DECIDED.load(Relaxed) {
+    if KEPT_OUT.load(Relaxed) {
         return;
     }
     with(|st| {

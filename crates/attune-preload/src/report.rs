@@ -130,6 +130,7 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
         "delivery": delivery.0,
         "delivery_reason": delivery.1,
         "kept_out": crate::delivery::kept_out(),
+        "kept_out_reason": crate::delivery::kept_out_reason(),
         "mappings_kept_out": crate::delivery::MAPPINGS_KEPT_OUT.load(Relaxed),
         "huge_bytes": huge_bytes,
         "uffd_user_mode_only": attune::runtime::engine_if_started().map(|e| e.pager.user_mode_only()),

@@ -683,9 +683,10 @@ fn delivery_line(procs: &[Value]) -> String {
         s += &format!("    handler thread because {r}\n");
     }
     if kept_out > 0 {
-        s += &format!(
-            "    {kept_out} process(es) left new allocations untiered: their userfaultfd sees user-mode faults only, which no delivery serves for the kernel's accesses, or they carry the Go runtime (docs/design/run.md)\n"
-        );
+        s += &format!("    {kept_out} process(es) left new allocations untiered\n");
+        for r in distinct(procs, "kept_out_reason").iter().take(3) {
+            s += &format!("      because {r}\n");
+        }
     }
     if heap_kept > 0 {
         s += &format!(
