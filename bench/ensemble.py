@@ -163,7 +163,7 @@ def plot(fig8, shares, path):
     nodes = sorted({r[0] for r in fig8})[0]
     fig, axes = plt.subplots(1, len(CLASSES), figsize=(3.2 * len(CLASSES), 3))
     for ax, n in zip(axes, CLASSES):
-        for _, cls, env, ratios in [r for r in fig8 if r[0] == nodes and r[1] == n]:
+        for _, _, env, ratios in [r for r in fig8 if r[0] == nodes and r[1] == n]:
             xs = [sh for sh in shares if ratios.get(sh) is not None]
             if xs:
                 ax.plot([100 * x for x in xs], [ratios[x] for x in xs], marker="o", label=env)

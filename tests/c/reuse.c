@@ -1,11 +1,12 @@
-/* Offsets of a freed region given to the next one at once (issue 25, docs/design/remote.md
+/* Offsets of a freed region given to a later one (issue 25, docs/design/remote.md
  * "Requests in posting order"). argv[1] = MiB of each region (default 16), argv[2] = rounds
- * (default 40), argv[3] = ms to pause after each free (default 0: the next region is
- * allocated before the evictor returns the freed offsets, and so takes others; with a
- * pause it takes the freed ones); ATTUNE_DRAM small. Each round allocates a region, fills it with the
- * round's words (its first pages are stored to the far tier as the fill goes on), frees
- * it and allocates the next: the tier discards the freed region's offsets without
- * waiting and gives them to the next region, whose stores follow that discard. Every
+ * (default 40), argv[3] = ms to pause after each free (default 0); ATTUNE_DRAM small. Each
+ * round allocates a region, fills it with the round's words (its first pages are stored
+ * to the far tier as the fill goes on), and frees it: the tier discards the freed
+ * region's offsets without waiting, and the evictor returns them to the free list on its
+ * next pass. Without a pause the next region is allocated before that and takes other
+ * offsets (the round after next gets these); with a pause longer than the evictor's tick
+ * it takes the freed ones, and its stores follow that discard. Every
  * word of each region must read back as written: a discard applied after a store that
  * followed it would drop the store's pages while the tier takes them for held. */
 #define _GNU_SOURCE

@@ -10,7 +10,7 @@
 //!
 //! An object linked by Go's linker is told apart by its build-ID note (owner "Go"), which
 //! every Go program and shared library carries: its runtime runs goroutines on stacks in
-//! its own heap (`attune_policy::delivery::go_runtime`).
+//! its own heap (`attune_policy::delivery::GO_RUNTIME`).
 //!
 //! Not signal-safe: it takes the loader's lock and allocates.
 
@@ -192,12 +192,6 @@ pub fn scan_new(
     scan.found
 }
 
-/// The first symbol the object at `base` with dynamic section `dynamic` imports that
-/// satisfies `want`.
-///
-/// # Safety
-/// `dynamic` must be the dynamic section of an object the loader keeps mapped for the
-/// call (its lock held).
 /// Whether an object's note segments hold Go's build-ID note (owner "Go", type 4).
 ///
 /// # Safety
@@ -232,6 +226,12 @@ unsafe fn has_go_note(base: usize, phdrs: &[libc::Elf64_Phdr]) -> bool {
     false
 }
 
+/// The first symbol the object at `base` with dynamic section `dynamic` imports that
+/// satisfies `want`.
+///
+/// # Safety
+/// `dynamic` must be the dynamic section of an object the loader keeps mapped for the
+/// call (its lock held).
 unsafe fn find_import(base: usize, dynamic: usize, want: &dyn Fn(&str) -> bool) -> Option<String> {
     // glibc relocates the address entries of a writable dynamic section in place; the
     // vDSO's and a read-only one's stay offsets from the base.

@@ -37,7 +37,8 @@ pub enum Point {
     /// that a store to the same server and offsets follows in the same exchange, the
     /// discard's reply is taken for a broken connection (ECONNRESET), though the server
     /// applied it (`from`). While it is armed, the I/O thread holds a batch with a
-    /// discard back 20 ms, so that the jobs posted after it join it.
+    /// discard back until a store to its offsets is posted (200 ms at most), so that both
+    /// go in one exchange.
     DiscardReplyLost = 6,
 }
 

@@ -1410,54 +1410,27 @@ mod tests {
             replica: 0,
         };
         let (d, st, l) = (Op::Discard, Op::Store, Op::Load);
-        // (requests, which failed) -> the discard whose reply the injection takes.
-        let t: Vec<(Vec<Req>, Vec<bool>, Option<usize>)> = vec![
-            (
-                vec![q(0, d, 0, 8192), q(0, st, 4096, 4096)],
-                vec![false; 2],
-                Some(0),
-            ),
+        // Every request answered: requests -> the discard whose reply the injection takes.
+        let answered: Vec<(Vec<Req>, Option<usize>)> = vec![
+            (vec![q(0, d, 0, 8192), q(0, st, 4096, 4096)], Some(0)),
             // The store before the discard, to another server, elsewhere, or a load: none.
-            (
-                vec![q(0, st, 0, 4096), q(0, d, 0, 4096)],
-                vec![false; 2],
-                None,
-            ),
-            (
-                vec![q(0, d, 0, 4096), q(1, st, 0, 4096)],
-                vec![false; 2],
-                None,
-            ),
-            (
-                vec![q(0, d, 0, 4096), q(0, st, 4096, 4096)],
-                vec![false; 2],
-                None,
-            ),
-            (
-                vec![q(0, d, 0, 4096), q(0, l, 0, 4096)],
-                vec![false; 2],
-                None,
-            ),
-            // A discard already failed is sent again anyway: the next one is taken.
-            (
-                vec![q(0, d, 0, 4096), q(0, d, 8192, 4096), q(0, st, 0, 12288)],
-                vec![true, false, false],
-                Some(1),
-            ),
+            (vec![q(0, st, 0, 4096), q(0, d, 0, 4096)], None),
+            (vec![q(0, d, 0, 4096), q(1, st, 0, 4096)], None),
+            (vec![q(0, d, 0, 4096), q(0, st, 4096, 4096)], None),
+            (vec![q(0, d, 0, 4096), q(0, l, 0, 4096)], None),
         ];
-        for (reqs, failed, want) in t {
-            let out: Vec<_> = failed
-                .iter()
-                .map(|&f| {
-                    if f {
-                        Err((Errno(libc::ECONNRESET), String::new()))
-                    } else {
-                        Ok(Header::default())
-                    }
-                })
-                .collect();
-            assert_eq!(discard_then_store(&reqs, &out), want, "{failed:?}");
+        for (reqs, want) in answered {
+            let out: Vec<_> = reqs.iter().map(|_| Ok(Header::default())).collect();
+            assert_eq!(discard_then_store(&reqs, &out), want);
         }
+        // A discard that failed is sent again anyway: the next one is taken.
+        let reqs = [q(0, d, 0, 4096), q(0, d, 8192, 4096), q(0, st, 0, 12288)];
+        let out = [
+            Err((Errno(libc::ECONNRESET), String::new())),
+            Ok(Header::default()),
+            Ok(Header::default()),
+        ];
+        assert_eq!(discard_then_store(&reqs, &out), Some(1));
     }
 
     #[test]
