@@ -1,11 +1,11 @@
 #!/bin/bash
 # Programs nobody here wrote, under `attune run -q --dram ${DRAM:-16M}`: gcc on a generated
 # 6,000-function file (its GC heap is mmap'ed), perl, sqlite3, a sort pipeline, node,
-# pandas, git log, xz, jq, Tcl, lz4 and bzip2, a Go program built with cgo (left untiered,
-# with a warning: docs/design/run.md). Each runs first without Attune:
-# one line each with the exit status, seconds with and without, whether the output is the
-# same, and any error line. Outputs in $W (a new directory under /tmp unless set). Run it
-# as root and as `runuser -u nobody -- env HOME=/tmp bench/run_battery.sh`; ONLY="a b"
+# pandas, git log, xz, jq, Tcl, lz4 and bzip2, a Go program built with cgo (tiered under the
+# handler thread; untiered, with a warning, for a user: docs/design/run.md). Each runs
+# first without Attune: one line each with the exit status, seconds with and without,
+# whether the output is the same, and any error line. Outputs in $W (a new directory
+# under /tmp unless set). Run it as root and as `runuser -u nobody -- env HOME=/tmp bench/run_battery.sh`; ONLY="a b"
 # runs those alone. docs/benchmarks.md quotes the gcc line (with `--fault-mode signal` and
 # `auto` by hand) and the last run of the whole battery.
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -47,6 +47,8 @@ def main():
                     help="some evicted chunks were kept as fill words and some placed back by filling")
     ap.add_argument("--regions-by", choices=["thread", "signal"],
                     help="every managed region took this fault delivery")
+    ap.add_argument("--min-evictions", type=int,
+                    help="at least this many chunks were evicted (the memory was tiered)")
     ap.add_argument("--evictor-share-max", type=float,
                     help="at most this part of the evicted bytes was evicted by the background evictor")
     ap.add_argument("--evictor-share-min", type=float,
@@ -117,6 +119,8 @@ def main():
     if a.filled and not (r["totals"]["filled_bytes"] > 0 and r["totals"]["fill_placed_bytes"] > 0):
         fail(f"filled {r['totals']['filled_bytes']} bytes, placed {r['totals']['fill_placed_bytes']} by filling: "
              "expected both")
+    if a.min_evictions is not None and r["totals"].get("evictions", 0) < a.min_evictions:
+        fail(f"{r['totals'].get('evictions', 0)} evictions, expected at least {a.min_evictions}")
     if a.regions_by:
         other = "thread" if a.regions_by == "signal" else "signal"
         t = r["totals"]

@@ -35,6 +35,9 @@ static DECIDED: AtomicBool = AtomicBool::new(false);
 /// user-mode faults only, so no delivery serves those kernel accesses. Nothing is looked
 /// at after that.
 static KEPT_OUT: AtomicBool = AtomicBool::new(false);
+/// True once the Go runtime was found under `--fault-mode thread`: its stacks then need the
+/// kernel's faults served, or new requests stay out (`keep_out_if_user_mode_only`).
+static STACKS_NEED_KERNEL_FAULTS: AtomicBool = AtomicBool::new(false);
 
 // The loader scan names an object with Go's build-ID note by the policy's key.
 const _: () = {
@@ -93,12 +96,33 @@ pub fn check(at_start: bool) {
         delivery::library_reason(&f.what)
     };
     let access = reason.map(|r| r.access).unwrap_or("");
-    if delivery::keeps_out(reason) {
+    // Before the runtime starts, kernel faults count as served; `keep_out_if_user_mode_only`
+    // looks again once it runs.
+    let kernel_faults = attune::runtime::engine_if_started()
+        .map(|e| !e.pager.user_mode_only())
+        .unwrap_or(true);
+    if delivery::keeps_out(requested(), reason, kernel_faults) {
         keep_out(format!(
-            "{} carries {} ({access}), whose heap is not tiered yet (docs/design/run.md, \
+            "{} carries {} ({access}), whose stacks no {} serves (docs/design/run.md, \
              \"Programs whose stacks are in their heap\")",
-            f.object, f.what
+            f.object,
+            f.what,
+            if kernel_faults {
+                "signal delivery"
+            } else {
+                "delivery of user-mode faults only"
+            }
         ));
+        return;
+    }
+    if reason.is_some_and(|r| r.found == delivery::GO_RUNTIME) && requested() == Requested::Thread {
+        // Asked for the handler thread: it serves the stacks if the kernel's faults reach
+        // it, which is known once the runtime runs.
+        STACKS_NEED_KERNEL_FAULTS.store(true, Relaxed);
+        with(|st| st.reason = Some(format!("{} carries {} ({access})", f.object, f.what)));
+        if !at_start {
+            keep_out_if_user_mode_only();
+        }
         return;
     }
     if requested() != Requested::Auto
@@ -147,7 +171,8 @@ pub fn check(at_start: bool) {
 /// correct, and the user is told how to get kernel faults served. Called after the runtime
 /// starts, and after a late find.
 pub fn keep_out_if_user_mode_only() {
-    if !DECIDED.load(Relaxed) || KEPT_OUT.load(Relaxed) {
+    let found = DECIDED.load(Relaxed) || STACKS_NEED_KERNEL_FAULTS.load(Relaxed);
+    if !found || KEPT_OUT.load(Relaxed) {
         return;
     }
     let Some(e) = attune::runtime::engine_if_started() else {

@@ -828,6 +828,26 @@ pub fn all_present(addr: usize, len: usize) -> bool {
     true
 }
 
+/// Whether any page of `[addr, addr+len)` is mapped (mincore(2), without touching any).
+/// Signal-safe, one system call per 2 MiB. An error counts as mapped (the caller then
+/// acts as if there were pages).
+pub fn any_present(addr: usize, len: usize) -> bool {
+    let ps = crate::page_size();
+    let mut v = [0u8; 512];
+    let mut at = addr & !(ps - 1);
+    let end = addr + len;
+    while at < end {
+        let n = (end - at).div_ceil(ps).min(v.len());
+        // SAFETY: n pages, n result bytes in the buffer on the stack.
+        let r = unsafe { libc::mincore(at as *mut libc::c_void, n * ps, v.as_mut_ptr()) };
+        if r != 0 || v[..n].iter().any(|b| b & 1 != 0) {
+            return true;
+        }
+        at += n * ps;
+    }
+    false
+}
+
 /// Reads the 8-byte word at `addr` as the application would (a volatile load, which may
 /// fault and be served). Contract: `addr` lies in memory the caller allocated and holds
 /// (the CLI's own checks of NUMA placement, acting as the application).

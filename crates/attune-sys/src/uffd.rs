@@ -94,6 +94,10 @@ pub mod feature {
     /// Write-protect faults on anonymous memory are reported (Linux 5.7).
     pub const PAGEFAULT_FLAG_WP: u64 = 1 << 0;
     pub const EVENT_REMAP: u64 = 1 << 2;
+    /// `madvise(MADV_DONTNEED, MADV_FREE, MADV_REMOVE)` of a registered range is reported
+    /// (`EVENT_REMOVE`) before the kernel drops the pages; the caller waits until the
+    /// message is read (Linux 4.11).
+    pub const EVENT_REMOVE: u64 = 1 << 3;
     pub const SIGBUS: u64 = 1 << 7;
     pub const THREAD_ID: u64 = 1 << 8;
     pub const EXACT_ADDRESS: u64 = 1 << 11;
@@ -118,6 +122,9 @@ const MOVE_MODE_ALLOW_SRC_HOLES: u64 = 2;
 pub const EVENT_PAGEFAULT: u8 = 0x12;
 /// `uffd_msg.event` for an mremap of a registered range (with `EVENT_REMAP`).
 pub const EVENT_REMAP: u8 = 0x14;
+/// `uffd_msg.event` for a discard of a registered range (with `feature::EVENT_REMOVE`):
+/// `arg[0]` its start, `arg[1]` its end.
+pub const EVENT_REMOVE: u8 = 0x15;
 /// Page-fault flag: the access was a write.
 pub const PAGEFAULT_FLAG_WRITE: u64 = 1;
 
@@ -129,7 +136,8 @@ pub struct Msg {
     _r1: u8,
     _r2: u16,
     _r3: u32,
-    /// For a page fault: flags, address, thread id. For remap: from, to, len.
+    /// For a page fault: flags, address, thread id. For remap: from, to, len. For remove:
+    /// start, end.
     pub arg: [u64; 3],
 }
 

@@ -22,7 +22,7 @@ use crate::region::{Claim, Region, State, Where, HASH_PAGE};
 use attune_policy::budget;
 use attune_policy::readahead::{self, STREAMS};
 use attune_policy::victim::{on_arrival, Arrival};
-use attune_sys::uffd::{Delivery, Msg, EVENT_PAGEFAULT};
+use attune_sys::uffd::{Delivery, Msg, EVENT_PAGEFAULT, EVENT_REMOVE};
 use attune_sys::{os, Errno};
 use std::sync::atomic::Ordering::*;
 
@@ -309,7 +309,13 @@ fn place_run(
         dst: r.chunk_addr(c),
         len,
     };
-    let result = retry_transient(TRANSIENT_RETRY_NS, || fetch_run(e, r, &run));
+    let result = retry_transient(TRANSIENT_RETRY_NS, || {
+        let res = fetch_run(e, r, &run);
+        if res == Err(Errno(libc::EAGAIN)) {
+            pump(e);
+        }
+        res
+    });
     publish_run(e, r, &run, fault_ns, result)
 }
 
@@ -348,6 +354,15 @@ fn fetch_run(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
         return Err(Errno(libc::EIO));
     }
     place_data(e, r, run)?;
+    if run.src == Where::Far && e.sees_removes() && e.removes.settled() {
+        // A discard report read and not acted on covers part of the run: the kernel may
+        // have dropped those pages before this placement, which then put their old content
+        // back. Dropped again (`super::removes`); still claimed, so a touch waits and then
+        // maps zeros.
+        e.removes.overlapping(run.dst, run.dst + run.len, |lo, hi| {
+            e.drop_pages(lo, hi - lo)
+        });
+    }
     if r.delivery == Delivery::Thread {
         let _ = e.uffd_for(r.delivery).wake(run.dst, run.len);
     }
@@ -594,54 +609,130 @@ fn check_hashes(r: &Region, c: usize, n: usize, tier: usize, data: usize) -> boo
 /// without sleeping; the first wait that outlasts the window puts it back to sleep until
 /// a fault again follows its predecessor within the window. A program that faults rarely
 /// pays at most one window of one core per burst.
+///
+/// It also reads the discard reports of both descriptors (`super::removes`) and acts on
+/// them in order with the faults around it: a fault raised after the program's `madvise`
+/// returned is read after its report, and served after the report is acted on.
 pub fn handler_loop(e: &'static Pager) {
     os::block_all_signals();
-    let mut msgs = [Msg::default(); 64];
-    let fd = e.uffd_thread.raw_fd();
+    HANDLER.with(|h| h.set(true));
+    let removes = e.sees_removes();
+    let fds = [e.uffd_thread.raw_fd(), e.uffd_signal.raw_fd()];
+    // The signal descriptor carries discard reports only (its faults raise SIGBUS).
+    let fds = if removes { &fds[..] } else { &fds[..1] };
     let spin_ns = e.cfg.handler_spin_us.saturating_mul(1000);
     let mut idle_since = 0u64;
     let mut spin = false;
+    let mut empty = 0u32;
     while !e.shutdown.load(Relaxed) {
-        let n = match e.uffd_thread.read_msgs(&mut msgs) {
-            Ok(n) if n > 0 => n,
-            _ => {
-                if spin && os::now_ns().saturating_sub(idle_since) < spin_ns {
-                    std::hint::spin_loop();
-                } else {
-                    spin = false;
-                    os::poll_readable(&[fd], 200);
-                }
-                continue;
+        // While spinning, the signal descriptor is read every 16th empty turn: a read
+        // each turn would slow the thread descriptor's own reads, and a program's
+        // `madvise` waits only until its report is read.
+        empty = empty.wrapping_add(1);
+        if read_queue(e, removes && (!spin || empty % 16 == 0)) == 0 {
+            if spin && os::now_ns().saturating_sub(idle_since) < spin_ns {
+                std::hint::spin_loop();
+            } else {
+                spin = false;
+                os::poll_readable(fds, 200);
             }
-        };
+            continue;
+        }
         spin = os::now_ns().saturating_sub(idle_since) < spin_ns;
-        for m in &msgs[..n] {
-            if m.event != EVENT_PAGEFAULT {
-                continue;
-            }
-            let addr = m.arg[1] as usize;
-            crate::inject::at(crate::inject::Point::Handler);
-            let _in = e.enter();
-            match e.find(addr) {
-                Some(r) => {
-                    // A failed fetch poisoned the range: the woken thread gets SIGBUS.
-                    // Without UFFDIO_POISON (before 6.6, or masked) it is sent the
-                    // signal, then woken: it takes the signal before it retries.
-                    if !resolve(e, &r, addr) && !e.poisons() {
-                        os::send_sigbus(m.thread_id());
-                        let ps = attune_sys::page_size();
-                        let _ = e.uffd_thread.wake(addr & !(ps - 1), ps);
-                    }
-                }
-                None => {
-                    // The region went away while the fault was queued (freed by another
-                    // thread): let the thread go; it will see SIGSEGV on the unmapped range.
-                    let ps = attune_sys::page_size();
-                    let _ = e.uffd_thread.wake(addr & !(ps - 1), ps);
-                }
-            }
+        while let Some((m, seq)) = QUEUE.with(|q| q.borrow_mut().pop_front()) {
+            act(e, &m, seq);
         }
         idle_since = os::now_ns();
+    }
+}
+
+thread_local! {
+    /// Set on the handler thread: the one reader of its descriptors.
+    static HANDLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Messages the handler thread read and has not acted on, in order, with each
+    /// report's sequence number (`super::removes`).
+    static QUEUE: std::cell::RefCell<std::collections::VecDeque<(Msg, u64)>> =
+        std::cell::RefCell::new(std::collections::VecDeque::new());
+}
+
+/// Reads the thread descriptor (and the signal one's reports, with `signal`) into the
+/// handler's queue; returns how many messages were read. Reports are recorded in
+/// `Pager::removes` as they are read. No more than the ring has room for.
+fn read_queue(e: &Pager, signal: bool) -> usize {
+    let mut msgs = [Msg::default(); 64];
+    let mut total = 0;
+    for (uffd, reports_only) in [(&e.uffd_thread, false), (&e.uffd_signal, true)] {
+        if reports_only && !signal {
+            break;
+        }
+        let room = super::removes::RING.saturating_sub(e.removes.waiting());
+        let want = room.min(msgs.len());
+        if want == 0 {
+            break;
+        }
+        if reports_only {
+            e.removes.begin_read();
+        }
+        let n = uffd.read_msgs(&mut msgs[..want]).unwrap_or(0);
+        QUEUE.with(|q| {
+            let mut q = q.borrow_mut();
+            for m in &msgs[..n] {
+                match m.event {
+                    EVENT_REMOVE => {
+                        let seq = e.removes.record(m.arg[0] as usize, m.arg[1] as usize);
+                        q.push_back((*m, seq));
+                    }
+                    EVENT_PAGEFAULT => q.push_back((*m, 0)),
+                    _ => {}
+                }
+            }
+        });
+        if reports_only {
+            e.removes.end_read();
+        }
+        total += n;
+    }
+    total
+}
+
+/// While a fault the handler thread serves meets EAGAIN: a report of a discard is waiting
+/// on one of its descriptors, and until it is read the kernel refuses to place pages
+/// there (`mmap_changing`). Only this thread reads them, so it reads them now, into its
+/// queue, to act on after this fault. No-op on any other thread.
+fn pump(e: &Pager) {
+    if e.sees_removes() && HANDLER.with(|h| h.get()) {
+        read_queue(e, true);
+    }
+}
+
+/// Acts on one message the handler thread read: a discard report or a fault.
+fn act(e: &Pager, m: &Msg, seq: u64) {
+    if m.event == EVENT_REMOVE {
+        let _in = e.enter();
+        e.removed(m.arg[0] as usize, m.arg[1] as usize);
+        e.removes.acted(seq);
+        return;
+    }
+    let addr = m.arg[1] as usize;
+    crate::inject::at(crate::inject::Point::Handler);
+    let _in = e.enter();
+    match e.find(addr) {
+        Some(r) => {
+            // A failed fetch poisoned the range: the woken thread gets SIGBUS.
+            // Without UFFDIO_POISON (before 6.6, or masked) it is sent the
+            // signal, then woken: it takes the signal before it retries.
+            if !resolve(e, &r, addr) && !e.poisons() {
+                os::send_sigbus(m.thread_id());
+                let ps = attune_sys::page_size();
+                let _ = e.uffd_thread.wake(addr & !(ps - 1), ps);
+            }
+        }
+        None => {
+            // The region went away while the fault was queued (freed by another
+            // thread): let the thread go; it will see SIGSEGV on the unmapped range.
+            let ps = attune_sys::page_size();
+            let _ = e.uffd_thread.wake(addr & !(ps - 1), ps);
+        }
     }
 }
 
@@ -653,6 +744,10 @@ pub fn on_sigbus(e: &Pager, addr: usize) -> bool {
         let _ = e.uffd_internal.zeropage(addr & !(ps - 1), ps);
         return true;
     }
+    // A read of discard reports under way: wait until they are in the ring, so that the
+    // placement below sees them (`fetch_run`). Outside the fork gate, which the handler
+    // enters to act on them.
+    let _ = e.removes.settled();
     let _in = e.enter();
     match e.find(addr) {
         Some(r) if r.delivery == Delivery::Signal || e.serving_inline.load(Acquire) => {

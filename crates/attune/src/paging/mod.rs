@@ -3,6 +3,7 @@
 //!
 //! * `pager.rs`: the state (userfaultfds, tiers, regions, DRAM accounting, budget).
 //! * `behind.rs`: the ring of chunks streams have passed (first victims).
+//! * `removes.rs`: the program's own discards the kernel reported, not acted on yet.
 //! * `sample.rs`: what the fault path records for access sampling.
 //! * `unshare.rs`: copies pages a fork left shared, so they can move again.
 //! * `fill.rs`: chunks of one repeated word, kept as that word (no tier holds them).
@@ -20,6 +21,7 @@ pub mod huge;
 mod limit;
 pub mod ops;
 pub mod pager;
+mod removes;
 pub mod sample;
 pub mod sampler;
 mod unshare;

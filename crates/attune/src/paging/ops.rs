@@ -13,6 +13,11 @@ use attune_sys::{mem, os, Errno};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
+/// How long acting on a discard report waits for the kernel to drop the pages it covers
+/// (the program's thread drops them as soon as it runs again after the report's read),
+/// for the whole report: a report of `MADV_FREE` pays it once.
+const REPORTED_DROP_NS: u64 = 200_000;
+
 /// The managed part of a range, placed in DRAM and pinned until dropped
 /// ([`Pager::hold_range`]).
 pub struct HeldRange<'a> {
@@ -426,6 +431,19 @@ impl Pager {
     /// fork waited its 5 s and its child lost its managed memory (found by the soak,
     /// tests/stress/soak.c).
     pub fn discard(&self, r: &Region, addr: usize, len: usize) -> Vec<(usize, usize)> {
+        self.discard_as(r, addr, len, None)
+    }
+
+    /// [`Pager::discard`]; `reported`: the kernel reported the program's own discard and
+    /// drops the mapped pages itself, right after the report was read: the time until
+    /// which that drop is waited for ([`Pager::let_go`]).
+    fn discard_as(
+        &self,
+        r: &Region,
+        addr: usize,
+        len: usize,
+        reported: Option<u64>,
+    ) -> Vec<(usize, usize)> {
         let end = addr + len;
         let lo = (addr - r.base).div_ceil(r.chunk);
         let hi = (end - r.base) / r.chunk;
@@ -444,7 +462,7 @@ impl Pager {
         }
         add(addr, r.chunk_addr(lo));
         for c in lo..hi {
-            if !self.discard_chunk(r, c) {
+            if !self.discard_chunk(r, c, reported) {
                 add(r.chunk_addr(c), r.chunk_addr(c) + r.chunk);
             }
         }
@@ -454,7 +472,7 @@ impl Pager {
 
     /// Drops chunk `c`'s content and space; false for a pinned resident chunk (the caller
     /// zeroes it in place).
-    fn discard_chunk(&self, r: &Region, c: usize) -> bool {
+    fn discard_chunk(&self, r: &Region, c: usize, reported: Option<u64>) -> bool {
         let mut spins = 0u32;
         loop {
             let s = r.state(c);
@@ -468,7 +486,7 @@ impl Pager {
                         continue;
                     }
                     if s.place() == Where::Resident {
-                        let _ = mem::advise(r.chunk_addr(c), r.chunk, mem::MADV_DONTNEED);
+                        self.let_go(r.chunk_addr(c), r.chunk, reported);
                         super::huge::split(self, r, c, 1);
                         let _ = self.resident.fetch_update(AcqRel, Acquire, |v| {
                             Some(v.saturating_sub(r.chunk as u64))
@@ -489,6 +507,94 @@ impl Pager {
                     return true;
                 }
             }
+        }
+    }
+
+    /// The kernel reported a discard of `[start, end)` (`EVENT_REMOVE`: the program's own
+    /// `MADV_DONTNEED` or `MADV_FREE`, without libc, which the interposer does not see).
+    /// The kernel drops the mapped pages once the report is read, but a chunk held in a far
+    /// tier is not mapped, and its old content would come back where Linux promises zeros:
+    /// Go's allocator then used such memory as zeroed and its collector found stale
+    /// pointers (docs/design/run.md, "Discards the interposer does not see"). So whole
+    /// chunks go back to Fresh, as a discard through the interposer does, and the
+    /// covered pages of a chunk at an edge are dropped now, a far one fetched first: none
+    /// may be evicted with its old content between this and the kernel's own drop.
+    /// Pinned chunks stay (no eviction moves them; the kernel's drop leaves zeros).
+    pub fn removed(&self, start: usize, end: usize) {
+        let ps = attune_sys::page_size();
+        let mut a = start & !(ps - 1);
+        while a < end {
+            let Some(r) = self.find(a) else {
+                return;
+            };
+            let b = end.min(r.base + r.len);
+            // What `discard` leaves: the parts of chunks at the edges, and pinned chunks.
+            let deadline = os::now_ns() + REPORTED_DROP_NS;
+            for (x, y) in self.discard_as(&r, a, b - a, Some(deadline)) {
+                let mut p = x;
+                while p < y {
+                    let c = r.chunk_of(p);
+                    let q = y.min(r.chunk_addr(c) + r.chunk);
+                    if q - p < r.chunk {
+                        self.drop_part(&r, c, p, q, deadline);
+                    }
+                    p = q;
+                }
+            }
+            a = b;
+        }
+    }
+
+    /// Drops the pages `[a, b)` of chunk `c` of `r` (part of it), which stays resident with
+    /// those pages missing (a touch maps zeros): a far chunk is fetched first.
+    fn drop_part(&self, r: &Region, c: usize, a: usize, b: usize, deadline: u64) {
+        let mut spins = 0u32;
+        let mut fetched = false;
+        loop {
+            let s = r.state(c);
+            match s.place() {
+                Where::Fresh => return,
+                Where::Fetching | Where::Evicting => crate::sync::gate::backoff(&mut spins),
+                Where::Far if fetched => return, // could not be read back: stays poisoned
+                Where::Far => {
+                    super::fault::fetch_chunk(self, r, c);
+                    fetched = true;
+                }
+                Where::Resident => {
+                    if !r.claim_hold(c, s) {
+                        continue;
+                    }
+                    // Fetched here: the kernel may have dropped the range before the
+                    // fetch placed it again, so it is dropped here if it stays.
+                    self.let_go(a, b - a, Some(deadline));
+                    if fetched && mem::any_present(a, b - a) {
+                        self.drop_pages(a, b - a);
+                    }
+                    super::huge::split(self, r, c, 1);
+                    r.counters.discarded.fetch_add(1, Relaxed);
+                    r.settle(c, Where::Resident, s.tier(), 0);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Makes the pages of `[addr, addr+len)` (of chunks the caller holds) go. Where the
+    /// kernel reported the program's discard, its own drop follows the report's read at
+    /// once: this waits for it until `reported` (ns), and moves nothing. On 6.18 a
+    /// `UFFDIO_MOVE` of a range while the program's `MADV_DONTNEED` was dropping it looped
+    /// in the kernel for good (tests/run/raw_madvise.c, 7 runs in 100); and a report of
+    /// `MADV_FREE`, which keeps the pages until reclaim, reads the same: pages still there
+    /// at the deadline stay (either content is right after `MADV_FREE`). Otherwise
+    /// [`Pager::drop_pages`].
+    fn let_go(&self, addr: usize, len: usize, reported: Option<u64>) {
+        let Some(deadline) = reported else {
+            self.drop_pages(addr, len);
+            return;
+        };
+        let mut spins = 0u32;
+        while mem::any_present(addr, len) && os::now_ns() < deadline {
+            crate::sync::gate::backoff(&mut spins);
         }
     }
 

@@ -232,6 +232,8 @@ pub struct Pager {
     pub forks: AtomicU64,
     /// Chunks marked SHARED since the evictor's last un-share pass.
     pub(crate) unshare_pending: AtomicU64,
+    /// Discard reports read and not acted on yet (`super::removes`).
+    pub(crate) removes: super::removes::Removes,
 }
 
 /// Set once kernel accesses to some managed memory may fail with EFAULT (see
@@ -255,8 +257,8 @@ impl Pager {
     /// virtual size of the small-object arenas, which reserve tier offsets like regions.
     /// Its threads are started by the composition root (`crate::engine`).
     pub fn new(cfg: Config, arena_space: u64) -> Result<Pager, InitError> {
-        let open = |d: Delivery| {
-            Uffd::open(d, 0).map_err(|e| {
+        let open = |d: Delivery, wanted: u64| {
+            Uffd::open(d, wanted).map_err(|e| {
                 InitError(format!(
                     "userfaultfd is not available ({}{}). Attune needs it to move pages between tiers. \
                      Enable it with `sysctl vm.unprivileged_userfaultfd=1`, or grant access to /dev/userfaultfd, \
@@ -267,9 +269,20 @@ impl Pager {
                 ))
             })
         };
-        let uffd_thread = open(Delivery::Thread)?;
-        let uffd_signal = open(Delivery::Signal)?;
-        let uffd_internal = open(Delivery::Signal)?;
+        let uffd_internal = open(Delivery::Signal, 0)?;
+        // The regions' descriptors report discards (`EVENT_REMOVE`) where pages leave by
+        // `UFFDIO_MOVE`: the kernel's `MADV_DONTNEED` cannot reach a page held in a far
+        // tier, and a program that calls it without libc (Go's scavenger) would read the
+        // old content back where the kernel promises zeros (`Pager::removed`). Without
+        // the move, an eviction drops its copied pages with `MADV_DONTNEED` while it
+        // holds their chunk, and would wait for its own message: no reports there.
+        let removes = if uffd_internal.has(feature::MOVE) {
+            feature::EVENT_REMOVE
+        } else {
+            0
+        };
+        let uffd_thread = open(Delivery::Thread, removes)?;
+        let uffd_signal = open(Delivery::Signal, removes)?;
         // Without UFFDIO_MOVE (before 6.8, or masked) a page leaves a region by copy under
         // write protection (`crate::tier::take_out`): anonymous write-protect (5.7) is the
         // one thing that fallback cannot do without (docs/design/kernels.md).
@@ -377,6 +390,7 @@ impl Pager {
             threads_started: AtomicU32::new(0),
             forks: AtomicU64::new(0),
             unshare_pending: AtomicU64::new(0),
+            removes: super::removes::Removes::default(),
         })
     }
 
@@ -403,6 +417,45 @@ impl Pager {
         use attune_sys::{kernel, probe};
         let in_use = probe::offered_from(self.uffd_thread.features()) & !kernel::mask();
         kernel::fallbacks(in_use)
+    }
+
+    /// Whether the regions' descriptors report discards (`feature::EVENT_REMOVE`).
+    pub fn sees_removes(&self) -> bool {
+        self.uffd_thread.has(feature::EVENT_REMOVE)
+    }
+
+    /// Drops the pages of `[addr, addr+len)` (a region's, page-aligned, its chunks held by
+    /// the caller): they are missing afterwards, and a touch finds them resident and
+    /// maps zeros (`super::fault`). Moved out through a staging buffer where pages move,
+    /// which reports nothing: a `MADV_DONTNEED` of the region would report a discard and
+    /// wait for the handler thread to read it, while the handler may be waiting for the
+    /// chunk this caller holds. Signal-safe.
+    pub(crate) fn drop_pages(&self, addr: usize, len: usize) {
+        if !self.sees_removes() {
+            let _ = attune_sys::mem::advise(addr, len, attune_sys::mem::MADV_DONTNEED);
+            return;
+        }
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(MAX_RUN);
+            // Every buffer busy for long (`claim` gives up after a bounded wait): again,
+            // never the kernel's advice (above). Buffers are held for one move and write.
+            let Some(slot) = self.staging.claim(n) else {
+                os::yield_now();
+                continue;
+            };
+            // Nothing mapped (the usual case: the kernel dropped the pages already), no
+            // move: on 6.18 a move over such a range after the program's `MADV_DONTNEED`
+            // looped in the kernel for good (tests/run/raw_madvise.c, 1 run in 17).
+            if attune_sys::mem::any_present(addr + done, n) {
+                let st = slot.fresh(n);
+                let _ = self
+                    .uffd_internal
+                    .move_pages(st, addr + done, n, true, false);
+                slot.keep(n);
+            }
+            done += n;
+        }
     }
 
     /// Whether an unreadable page is poisoned (else its thread gets SIGBUS sent).

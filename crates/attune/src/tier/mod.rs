@@ -559,9 +559,10 @@ fn move_noting_holes(
 /// into a staging slot (`take_out`), hands the slot's address to `write`, and leaves the
 /// written pages for the slot to drop in a batch (`pool::KEEP_BATCH`). All or nothing: when a page cannot move, or `write` fails, the pages go back to
 /// the region and the error is returned (ENOTRECOVERABLE if even that failed: a lost write).
-/// `write(staged, whole)`: `whole`, the staged run has no hole ([`take_out`]). A write that
-/// fails with EFAULT met a hole (a page the program discarded): the holes are filled with
-/// zeros, as the program would read them, and it is called again. Signal-safe.
+/// `write(staged, whole)`: the staged run has no hole (`whole` is always true: holes, pages
+/// the program discarded, are mapped as zeros before the call; [`take_out`] says whether
+/// there were any). A write that fails with EFAULT all the same is given the holes filled
+/// again and called once more. Signal-safe.
 pub(crate) fn store_staged(
     io: &IoContext,
     region_uffd: &Uffd,
@@ -583,7 +584,16 @@ pub(crate) fn store_staged(
             libc::ENOTRECOVERABLE
         }));
     }
-    let mut r = write(st, whole);
+    if !whole {
+        // Holes (pages the program dropped behind the interposer's back, `madvise` without
+        // libc) are mapped as zeros, which they read as, before anything reads the run:
+        // the content hashes and the fill test read it directly, and inside a SIGBUS
+        // resolver a fault on a hole of the staging buffer is a second SIGBUS, which the
+        // kernel delivers by killing the program (tests/run/raw_madvise.c, signal
+        // delivery: killed in 6 runs of 8 before).
+        file::fill_holes(io.internal, st, len);
+    }
+    let mut r = write(st, true);
     if matches!(r, Err(Errno(libc::EFAULT))) {
         file::fill_holes(io.internal, st, len);
         r = write(st, true);

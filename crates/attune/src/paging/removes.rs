@@ -1,0 +1,138 @@
+//! Discards the kernel reported (`UFFD_EVENT_REMOVE`) and that are not acted on yet.
+//!
+//! A program's own `madvise(MADV_DONTNEED)` (made without libc, which the interposer does
+//! not see: Go's scavenger) is reported on the region's userfaultfd; the program goes on
+//! as soon as the report is read, and the kernel then drops the mapped pages. A chunk in
+//! a far tier is not mapped, so the handler thread acts on each report
+//! (`Pager::removed`). Between the read and that act, a fault's placement may still load
+//! such a chunk's old content, after the kernel's drop: [`Removes`] lets the placement
+//! see the reports read but not acted on, and drop what it placed over them
+//! (`super::fault::fetch_run`).
+//!
+//! Each report read gets the next sequence number (`read`); the handler acts on them in
+//! that order and advances `done`. Signal-safe for the placements' side (atomics only).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+
+/// Reports the ring holds: read and not acted on. A reader that finds it full reads no
+/// more until the handler catches up (`waiting`).
+pub const RING: usize = 256;
+
+pub struct Removes {
+    /// Reports read so far (the last one's sequence number).
+    read: AtomicU64,
+    /// Reports acted on (every one up to this number).
+    done: AtomicU64,
+    /// A read is under way: its reports may not be in the ring yet.
+    reading: AtomicBool,
+    start: Box<[AtomicUsize]>,
+    end: Box<[AtomicUsize]>,
+}
+
+impl Default for Removes {
+    fn default() -> Removes {
+        Removes {
+            read: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+            reading: AtomicBool::new(false),
+            start: (0..RING).map(|_| AtomicUsize::new(0)).collect(),
+            end: (0..RING).map(|_| AtomicUsize::new(0)).collect(),
+        }
+    }
+}
+
+impl Removes {
+    /// Before a read of a userfaultfd that may carry reports: from here until
+    /// [`Removes::end_read`], placements wait for the ring ([`Removes::settled`]).
+    pub fn begin_read(&self) {
+        self.reading.store(true, SeqCst);
+    }
+
+    pub fn end_read(&self) {
+        self.reading.store(false, Release);
+    }
+
+    /// Reports read and not acted on yet (a reader reads at most [`RING`] less this).
+    pub fn waiting(&self) -> usize {
+        (self.read.load(Acquire) - self.done.load(Acquire)) as usize
+    }
+
+    /// Records a report read (between `begin_read` and `end_read`, one reader at a time);
+    /// returns its sequence number.
+    pub fn record(&self, start: usize, end: usize) -> u64 {
+        let n = self.read.load(Relaxed) + 1;
+        let i = (n % RING as u64) as usize;
+        self.start[i].store(start, Relaxed);
+        self.end[i].store(end, Relaxed);
+        self.read.store(n, Release);
+        n
+    }
+
+    /// The handler acted on report `n` (and every one before it).
+    pub fn acted(&self, n: u64) {
+        self.done.fetch_max(n, Release);
+    }
+
+    /// Waits while a read is under way; then whether a report is waiting to be acted on.
+    /// Signal-safe.
+    pub fn settled(&self) -> bool {
+        let mut spins = 0u32;
+        while self.reading.load(Acquire) {
+            crate::sync::gate::backoff(&mut spins);
+        }
+        self.read.load(Acquire) != self.done.load(Acquire)
+    }
+
+    /// Calls `f(lo, hi)` for the part of `[a, b)` each report read and not acted on
+    /// covers (after [`Removes::settled`]). Signal-safe.
+    pub fn overlapping(&self, a: usize, b: usize, mut f: impl FnMut(usize, usize)) {
+        let read = self.read.load(Acquire);
+        let done = self.done.load(Acquire);
+        for n in done + 1..=read {
+            let i = (n % RING as u64) as usize;
+            let (s, t) = (self.start[i].load(Relaxed), self.end[i].load(Relaxed));
+            let (lo, hi) = (s.max(a), t.min(b));
+            if lo < hi {
+                f(lo, hi);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_placement_sees_the_reports_not_acted_on_that_cover_it() {
+        let r = Removes::default();
+        assert!(!r.settled());
+        let a = r.record(0x10000, 0x20000);
+        let b = r.record(0x30000, 0x31000);
+        assert!(r.settled());
+        let mut seen = Vec::new();
+        r.overlapping(0x18000, 0x38000, |lo, hi| seen.push((lo, hi)));
+        assert_eq!(seen, [(0x18000, 0x20000), (0x30000, 0x31000)]);
+        r.acted(a);
+        seen.clear();
+        r.overlapping(0, usize::MAX, |lo, hi| seen.push((lo, hi)));
+        assert_eq!(seen, [(0x30000, 0x31000)]);
+        r.acted(b);
+        assert!(!r.settled());
+        seen.clear();
+        r.overlapping(0, usize::MAX, |lo, hi| seen.push((lo, hi)));
+        assert!(seen.is_empty());
+    }
+
+    #[test]
+    fn the_reports_waiting_are_counted_until_acted_on() {
+        let r = Removes::default();
+        for k in 0..RING {
+            assert_eq!(r.waiting(), k);
+            r.record(k << 12, (k + 1) << 12);
+        }
+        assert_eq!(r.waiting(), RING);
+        r.acted(1);
+        assert_eq!(r.waiting(), RING - 1);
+    }
+}
