@@ -588,7 +588,7 @@ GO=$(command -v go || echo /usr/local/go/bin/go)
 if [ -x "$GO" ] && HOME="$RT" GOCACHE="$RT/gocache" GOPATH="$RT/gopath" GOFLAGS=-mod=mod CGO_ENABLED=1 \
     "$GO" build -o "$RT/go_cgo" tests/run/go_cgo.go >"$OUT/build-go-cgo.log" 2>&1; then
   for m in auto thread; do
-    expect "run-go-cgo-$m" 0 "go_cgo: OK.*check_report: OK" sh -c "'$ATT' run -q --fault-mode $m --dram 16M --report '$RT/go-$m.json' -- '$RT/go_cgo' 96 && $CHECK '$RT/go-$m.json' --exit 0 --min-procs 1 --regions-by thread --min-evictions 1000"
+    expect "run-go-cgo-$m" 0 "go_cgo: OK.*check_report: OK" sh -c "('$ATT' run -q --fault-mode $m --dram 16M --report '$RT/go-$m.json' -- '$RT/go_cgo' 96 && $CHECK '$RT/go-$m.json' --exit 0 --min-procs 1 --regions-by thread --min-evictions 1000) 2>&1 | tr '\n' ' '"
   done
   expect run-go-cgo-signal 0 "carries the Go runtime.*whose stacks no signal delivery serves.*go_cgo: OK.*left new allocations untiered.*check_report: OK" sh -c "'$ATT' run --fault-mode signal --dram 16M --report '$RT/go-signal.json' -- '$RT/go_cgo' 96 2>&1 | tr '\n' ' ' && $CHECK '$RT/go-signal.json' --exit 0 --min-procs 1"
 else

@@ -202,6 +202,9 @@ fn take_over(e: &'static Engine) -> Result<(), String> {
         }
     }
     p.reset_event_counters();
+    // Messages and discard reports the parent's handler read are the parent's.
+    p.handler_queue.clear();
+    p.removes.clear();
     p.forks.fetch_add(1, Release);
     Ok(())
 }

@@ -360,7 +360,8 @@ fn fetch_run(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
         // back. Dropped again (`super::removes`); still claimed, so a touch waits and then
         // maps zeros.
         e.removes.overlapping(run.dst, run.dst + run.len, |lo, hi| {
-            e.drop_pages(lo, hi - lo)
+            // Pages this placement made: its own, never shared, so they move.
+            let _ = e.drop_pages(lo, hi - lo);
         });
     }
     if r.delivery == Delivery::Thread {
@@ -639,20 +640,20 @@ pub fn handler_loop(e: &'static Pager) {
             continue;
         }
         spin = os::now_ns().saturating_sub(idle_since) < spin_ns;
-        while let Some((m, seq)) = QUEUE.with(|q| q.borrow_mut().pop_front()) {
-            act(e, &m, seq);
+        while let Some((event, arg, seq)) = e.handler_queue.pop() {
+            act(e, event, arg, seq);
         }
         idle_since = os::now_ns();
     }
 }
 
 thread_local! {
-    /// Set on the handler thread: the one reader of its descriptors.
+    /// Set on the handler thread: the one reader of its descriptors. Constant-initialised
+    /// and without a destructor: registering one takes the loader's lock, which a `dlopen`
+    /// holds while its constructor's faults wait for this thread (`run-dlopen-ctor-auto`
+    /// hung when the handler's queue was a thread-local; docs/design/run.md, "The runtime
+    /// never waits for the loader").
     static HANDLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// Messages the handler thread read and has not acted on, in order, with each
-    /// report's sequence number (`super::removes`).
-    static QUEUE: std::cell::RefCell<std::collections::VecDeque<(Msg, u64)>> =
-        std::cell::RefCell::new(std::collections::VecDeque::new());
 }
 
 /// Reads the thread descriptor (and the signal one's reports, with `signal`) into the
@@ -666,7 +667,7 @@ fn read_queue(e: &Pager, signal: bool) -> usize {
             break;
         }
         let room = super::removes::RING.saturating_sub(e.removes.waiting());
-        let want = room.min(msgs.len());
+        let want = room.min(e.handler_queue.room()).min(msgs.len());
         if want == 0 {
             break;
         }
@@ -674,19 +675,19 @@ fn read_queue(e: &Pager, signal: bool) -> usize {
             e.removes.begin_read();
         }
         let n = uffd.read_msgs(&mut msgs[..want]).unwrap_or(0);
-        QUEUE.with(|q| {
-            let mut q = q.borrow_mut();
-            for m in &msgs[..n] {
-                match m.event {
-                    EVENT_REMOVE => {
-                        let seq = e.removes.record(m.arg[0] as usize, m.arg[1] as usize);
-                        q.push_back((*m, seq));
-                    }
-                    EVENT_PAGEFAULT => q.push_back((*m, 0)),
-                    _ => {}
+        for m in &msgs[..n] {
+            // Room was made for `n` above: no push fails.
+            match m.event {
+                EVENT_REMOVE => {
+                    let seq = e.removes.record(m.arg[0] as usize, m.arg[1] as usize);
+                    e.handler_queue.push(m.event, m.arg, seq);
                 }
+                EVENT_PAGEFAULT => {
+                    e.handler_queue.push(m.event, m.arg, 0);
+                }
+                _ => {}
             }
-        });
+        }
         if reports_only {
             e.removes.end_read();
         }
@@ -705,15 +706,16 @@ fn pump(e: &Pager) {
     }
 }
 
-/// Acts on one message the handler thread read: a discard report or a fault.
-fn act(e: &Pager, m: &Msg, seq: u64) {
-    if m.event == EVENT_REMOVE {
+/// Acts on one message the handler thread read: a discard report or a fault (`arg`: the
+/// message's arguments, `seq` a report's number).
+fn act(e: &Pager, event: u8, arg: [u64; 3], seq: u64) {
+    if event == EVENT_REMOVE {
         let _in = e.enter();
-        e.removed(m.arg[0] as usize, m.arg[1] as usize);
+        e.removed(arg[0] as usize, arg[1] as usize);
         e.removes.acted(seq);
         return;
     }
-    let addr = m.arg[1] as usize;
+    let addr = arg[1] as usize;
     crate::inject::at(crate::inject::Point::Handler);
     let _in = e.enter();
     match e.find(addr) {
@@ -722,7 +724,7 @@ fn act(e: &Pager, m: &Msg, seq: u64) {
             // Without UFFDIO_POISON (before 6.6, or masked) it is sent the
             // signal, then woken: it takes the signal before it retries.
             if !resolve(e, &r, addr) && !e.poisons() {
-                os::send_sigbus(m.thread_id());
+                os::send_sigbus(arg[2] as u32 as i32);
                 let ps = attune_sys::page_size();
                 let _ = e.uffd_thread.wake(addr & !(ps - 1), ps);
             }

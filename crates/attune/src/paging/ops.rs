@@ -486,7 +486,13 @@ impl Pager {
                         continue;
                     }
                     if s.place() == Where::Resident {
-                        self.let_go(r.chunk_addr(c), r.chunk, reported);
+                        if !self.let_go(r.chunk_addr(c), r.chunk, reported) {
+                            // A page a fork left shared cannot move: the chunk stays
+                            // resident and the caller writes zeros over it, as over a
+                            // pinned one (`tests/stress/soak.c` found such pages not zero).
+                            r.settle(c, Where::Resident, s.tier(), 0);
+                            return false;
+                        }
                         super::huge::split(self, r, c, 1);
                         let _ = self.resident.fetch_update(AcqRel, Acquire, |v| {
                             Some(v.saturating_sub(r.chunk as u64))
@@ -568,7 +574,8 @@ impl Pager {
                     // fetch placed it again, so it is dropped here if it stays.
                     self.let_go(a, b - a, Some(deadline));
                     if fetched && mem::any_present(a, b - a) {
-                        self.drop_pages(a, b - a);
+                        // Pages this fetch placed: its own, never shared, so they move.
+                        let _ = self.drop_pages(a, b - a);
                     }
                     super::huge::split(self, r, c, 1);
                     r.counters.discarded.fetch_add(1, Relaxed);
@@ -586,16 +593,16 @@ impl Pager {
     /// in the kernel for good (tests/run/raw_madvise.c, 7 runs in 100); and a report of
     /// `MADV_FREE`, which keeps the pages until reclaim, reads the same: pages still there
     /// at the deadline stay (either content is right after `MADV_FREE`). Otherwise
-    /// [`Pager::drop_pages`].
-    fn let_go(&self, addr: usize, len: usize, reported: Option<u64>) {
+    /// [`Pager::drop_pages`], and whether every page went.
+    fn let_go(&self, addr: usize, len: usize, reported: Option<u64>) -> bool {
         let Some(deadline) = reported else {
-            self.drop_pages(addr, len);
-            return;
+            return self.drop_pages(addr, len);
         };
         let mut spins = 0u32;
         while mem::any_present(addr, len) && os::now_ns() < deadline {
             crate::sync::gate::backoff(&mut spins);
         }
+        true
     }
 
     /// Brings `[addr, addr+len)` into DRAM now (as if faulted), within the budget.

@@ -234,6 +234,8 @@ pub struct Pager {
     pub(crate) unshare_pending: AtomicU64,
     /// Discard reports read and not acted on yet (`super::removes`).
     pub(crate) removes: super::removes::Removes,
+    /// Messages the handler thread read and has not acted on (`super::fault::handler_loop`).
+    pub(crate) handler_queue: super::removes::Queue,
 }
 
 /// Set once kernel accesses to some managed memory may fail with EFAULT (see
@@ -391,6 +393,7 @@ impl Pager {
             forks: AtomicU64::new(0),
             unshare_pending: AtomicU64::new(0),
             removes: super::removes::Removes::default(),
+            handler_queue: super::removes::Queue::default(),
         })
     }
 
@@ -429,11 +432,11 @@ impl Pager {
     /// maps zeros (`super::fault`). Moved out through a staging buffer where pages move,
     /// which reports nothing: a `MADV_DONTNEED` of the region would report a discard and
     /// wait for the handler thread to read it, while the handler may be waiting for the
-    /// chunk this caller holds. Signal-safe.
-    pub(crate) fn drop_pages(&self, addr: usize, len: usize) {
+    /// chunk this caller holds. Whether every page went: a page a fork left shared cannot
+    /// move (EBUSY), and stays. Signal-safe.
+    pub(crate) fn drop_pages(&self, addr: usize, len: usize) -> bool {
         if !self.sees_removes() {
-            let _ = attune_sys::mem::advise(addr, len, attune_sys::mem::MADV_DONTNEED);
-            return;
+            return attune_sys::mem::advise(addr, len, attune_sys::mem::MADV_DONTNEED).is_ok();
         }
         let mut done = 0;
         while done < len {
@@ -444,9 +447,6 @@ impl Pager {
                 os::yield_now();
                 continue;
             };
-            // Nothing mapped (the usual case: the kernel dropped the pages already), no
-            // move: on 6.18 a move over such a range after the program's `MADV_DONTNEED`
-            // looped in the kernel for good (tests/run/raw_madvise.c, 1 run in 17).
             if attune_sys::mem::any_present(addr + done, n) {
                 let st = slot.fresh(n);
                 let _ = self
@@ -456,6 +456,7 @@ impl Pager {
             }
             done += n;
         }
+        !attune_sys::mem::any_present(addr, len)
     }
 
     /// Whether an unreadable page is poisoned (else its thread gets SIGBUS sent).

@@ -99,6 +99,77 @@ impl Removes {
     }
 }
 
+/// Messages the handler thread read and has not acted on, in order: its faults, and its
+/// reports with their sequence numbers. One thread pushes and pops (the handler; `pump`
+/// runs on it too), so plain atomics in a ring suffice: no lock a fork could copy held,
+/// and no thread-local, whose destructor's registration takes the loader's lock.
+pub struct Queue {
+    head: AtomicUsize,
+    tail: AtomicUsize,
+    slots: Box<[[AtomicU64; 5]]>,
+}
+
+/// Messages the queue holds.
+pub const QUEUE: usize = 1024;
+
+impl Default for Queue {
+    fn default() -> Queue {
+        Queue {
+            head: AtomicUsize::new(0),
+            tail: AtomicUsize::new(0),
+            slots: (0..QUEUE)
+                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
+                .collect(),
+        }
+    }
+}
+
+impl Queue {
+    /// Room for this many more messages.
+    pub fn room(&self) -> usize {
+        QUEUE - (self.tail.load(Relaxed) - self.head.load(Relaxed))
+    }
+
+    /// Appends a message (`event`, its three arguments, a report's number); false when full.
+    pub fn push(&self, event: u8, arg: [u64; 3], seq: u64) -> bool {
+        let t = self.tail.load(Relaxed);
+        if t - self.head.load(Relaxed) >= QUEUE {
+            return false;
+        }
+        let s = &self.slots[t % QUEUE];
+        for (w, v) in s.iter().zip([event as u64, arg[0], arg[1], arg[2], seq]) {
+            w.store(v, Relaxed);
+        }
+        self.tail.store(t + 1, Release);
+        true
+    }
+
+    /// The oldest message: (event, arguments, report number).
+    pub fn pop(&self) -> Option<(u8, [u64; 3], u64)> {
+        let h = self.head.load(Relaxed);
+        if h == self.tail.load(Acquire) {
+            return None;
+        }
+        let s = &self.slots[h % QUEUE];
+        let v: [u64; 5] = std::array::from_fn(|i| s[i].load(Relaxed));
+        self.head.store(h + 1, Release);
+        Some((v[0] as u8, [v[1], v[2], v[3]], v[4]))
+    }
+
+    /// Empties it (a forked child: the messages were its parent's).
+    pub fn clear(&self) {
+        self.head.store(self.tail.load(Acquire), Release);
+    }
+}
+
+impl Removes {
+    /// Forgets every report (a forked child: they were its parent's).
+    pub fn clear(&self) {
+        self.done.store(self.read.load(Acquire), Release);
+        self.reading.store(false, Release);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,6 +193,24 @@ mod tests {
         seen.clear();
         r.overlapping(0, usize::MAX, |lo, hi| seen.push((lo, hi)));
         assert!(seen.is_empty());
+    }
+
+    #[test]
+    fn the_queue_gives_messages_back_in_order_and_refuses_when_full() {
+        let q = Queue::default();
+        assert_eq!(q.pop(), None);
+        for k in 0..QUEUE as u64 {
+            assert!(q.push(0x12, [k, k + 1, k + 2], k), "{k}");
+        }
+        assert!(!q.push(0x15, [0; 3], 0));
+        assert_eq!(q.room(), 0);
+        for k in 0..QUEUE as u64 {
+            assert_eq!(q.pop(), Some((0x12, [k, k + 1, k + 2], k)));
+        }
+        assert_eq!(q.pop(), None);
+        q.push(0x15, [1, 2, 0], 7);
+        q.clear();
+        assert_eq!((q.pop(), q.room()), (None, QUEUE));
     }
 
     #[test]
