@@ -55,11 +55,18 @@ int main(void) {
      * acted on, so it reads as zero, as Linux promises; its old content came back before
      * (docs/design/run.md, "Discards the interposer does not see"). The page's neighbours
      * keep theirs. */
+    /* Without UFFDIO_MOVE (the kernel-feature fallback rows: -move, -all) the runtime asks
+     * for no reports, and the old content comes back, as docs/tuning.md says. */
+    const char *kf = getenv("ATTUNE_KERNEL_FEATURES");
+    int reports = !(kf && (strstr(kf, "-move") || strstr(kf, "-all")));
     size_t k0 = 5 * ps / 8;            /* a page near the start: evicted first */
     if (resident_bytes(&a[k0], ps) == 0) {
         CHECK(madvise(&a[k0], ps, MADV_DONTNEED) == 0, "madvise: %s", strerror(errno));
-        CHECK(a[k0] == 0, "a far page read after MADV_DONTNEED is zero (got %#llx)",
-              (unsigned long long)a[k0]);
+        if (reports)
+            CHECK(a[k0] == 0, "a far page read after MADV_DONTNEED is zero (got %#llx)",
+                  (unsigned long long)a[k0]);
+        else
+            CHECK(a[k0] == mix64(k0), "without reports a far page keeps its content");
         CHECK(a[k0 + ps / 8] == mix64(k0 + ps / 8), "the next page keeps its content");
         a[k0] = mix64(k0);             /* as before, for the checks below */
     }
