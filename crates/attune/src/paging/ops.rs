@@ -590,7 +590,7 @@ impl Pager {
     /// kernel reported the program's discard, its own drop follows the report's read at
     /// once: this waits for it until `reported` (ns), and moves nothing. On 6.18 a
     /// `UFFDIO_MOVE` of a range while the program's `MADV_DONTNEED` was dropping it looped
-    /// in the kernel for good (tests/run/raw_madvise.c, 7 runs in 100); and a report of
+    /// in the kernel for good (tests/run/raw_madvise.c, 6 runs in 60); and a report of
     /// `MADV_FREE`, which keeps the pages until reclaim, reads the same: pages still there
     /// at the deadline stay (either content is right after `MADV_FREE`). Otherwise
     /// [`Pager::drop_pages`], and whether every page went.
