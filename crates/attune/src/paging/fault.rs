@@ -746,10 +746,6 @@ pub fn on_sigbus(e: &Pager, addr: usize) -> bool {
         let _ = e.uffd_internal.zeropage(addr & !(ps - 1), ps);
         return true;
     }
-    // A read of discard reports under way: wait until they are in the ring, so that the
-    // placement below sees them (`fetch_run`). Outside the fork gate, which the handler
-    // enters to act on them.
-    let _ = e.removes.settled();
     let _in = e.enter();
     match e.find(addr) {
         Some(r) if r.delivery == Delivery::Signal || e.serving_inline.load(Acquire) => {

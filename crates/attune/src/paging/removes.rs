@@ -68,6 +68,12 @@ impl Removes {
         n
     }
 
+    /// Forgets every report (a forked child: they were its parent's).
+    pub fn clear(&self) {
+        self.done.store(self.read.load(Acquire), Release);
+        self.reading.store(false, Release);
+    }
+
     /// The handler acted on report `n` (and every one before it).
     pub fn acted(&self, n: u64) {
         self.done.fetch_max(n, Release);
@@ -159,14 +165,6 @@ impl Queue {
     /// Empties it (a forked child: the messages were its parent's).
     pub fn clear(&self) {
         self.head.store(self.tail.load(Acquire), Release);
-    }
-}
-
-impl Removes {
-    /// Forgets every report (a forked child: they were its parent's).
-    pub fn clear(&self) {
-        self.done.store(self.read.load(Acquire), Release);
-        self.reading.store(false, Release);
     }
 }
 
