@@ -68,6 +68,8 @@ fuzz_target!(|data: &[u8]| {
                 Placement {
                     job: format!("{who}"),
                     mem_limit: 64 << 20,
+                    // Two groups, so the peers' sums are told (`State::tell_peers`).
+                    mem_group: format!("/sys/fs/cgroup/memory/fuzz{}", who % 2),
                 },
                 Arc::new(Mutex::new(a)),
             );

@@ -95,6 +95,10 @@ pub fn cgroup_margin(limit: u64, rate: u64) -> u64 {
         .max((rate / 10).min(limit / 4))
 }
 
+/// The shortest span (ns) over which a runtime with peers measures its own growth
+/// (`cgroup_rate` of its resident set less its managed pages).
+pub const OWN_RATE_WINDOW_NS: u64 = 20_000_000;
+
 /// The recent growth rate of what a group holds outside the runtime's pages (bytes/s):
 /// the rate since the last reading, or the previous one halved every 500 ms if higher, so
 /// a program that grows in steps keeps its margin through the pauses between them.
@@ -142,15 +146,20 @@ pub struct CgroupReading {
     pub reserved: u64,
     /// How fast `outside` grew lately, bytes/s (`cgroup_rate`; 0 at the first reading).
     pub rate: u64,
+    /// Resident managed pages of the other runtimes in the same group, as the node's
+    /// daemon last told (0: none, or no daemon). Not outside: each of those runtimes
+    /// follows the limit too, so an excess is divided among them (`cgroup_cap`).
+    pub peers: u64,
 }
 
 impl CgroupReading {
-    /// What the group holds that is neither this process's managed pages nor cache: the
-    /// program's own heap, an interpreter, other processes of the job.
+    /// What the group holds that is neither managed pages (this process's and its peers')
+    /// nor cache: the program's own heap, an interpreter, other processes of the job.
     pub fn outside(&self) -> u64 {
         self.usage
             .saturating_sub(self.reclaimable)
             .saturating_sub(self.ours)
+            .saturating_sub(self.peers)
     }
 }
 
@@ -162,16 +171,28 @@ impl CgroupReading {
 /// the gap per reading, so several runtimes in one group, each seeing the others' pages as
 /// outside, settle instead of rising and falling together. Changes under a 16th of the
 /// margin are noise in the kernel's per-CPU charge batches and are left alone.
+///
+/// Runtimes that know their peers' pages (`peers`, from the daemon) divide an excess over
+/// the limit in proportion to what each holds, instead of each giving back all of it:
+/// four runtimes in one job's group cut the group four times over before, and a LAT
+/// workflow's budget fell to a quarter of its grant (docs/design/paging.md, "Several
+/// runtimes in one group"). Room below the limit is not divided: the daemon's grants do.
 pub fn cgroup_cap(r: &CgroupReading, now: u64) -> u64 {
     if r.limit == u64::MAX {
         return u64::MAX;
     }
     let margin = cgroup_margin(r.limit, r.rate);
-    let target = r
-        .limit
-        .saturating_sub(margin)
-        .saturating_sub(r.outside())
-        .saturating_sub(r.reserved);
+    let room = r.limit.saturating_sub(margin).saturating_sub(r.reserved);
+    let held = r.outside() as u128 + r.ours as u128 + r.peers as u128;
+    let target = if held > room as u128 && r.peers > 0 {
+        // The excess, this runtime's part of it by its share of the managed pages.
+        let excess = held - room as u128;
+        let managed = r.ours as u128 + r.peers as u128;
+        let mine = (excess * r.ours as u128).div_ceil(managed);
+        (r.ours as u128).saturating_sub(mine) as u64
+    } else {
+        room.saturating_sub(r.outside()).saturating_sub(r.peers)
+    };
     if now == u64::MAX {
         return target;
     }
@@ -270,6 +291,7 @@ mod tests {
             ours,
             reserved,
             rate: 0,
+            peers: 0,
         };
         // (reading, cap now) -> cap
         for (rd, now, want, why) in [
@@ -372,6 +394,7 @@ mod tests {
                 ours: a,
                 reserved: 0,
                 rate: 0,
+                peers: 0,
             };
             let rb = CgroupReading { ours: b, ..ra };
             (ca, cb) = (cgroup_cap(&ra, ca), cgroup_cap(&rb, cb));
@@ -387,6 +410,74 @@ mod tests {
     }
 
     #[test]
+    fn runtimes_that_know_their_peers_give_an_excess_back_once() {
+        let r = |usage, ours, peers| CgroupReading {
+            limit: 1000 * M,
+            usage,
+            reclaimable: 0,
+            ours,
+            reserved: 0,
+            rate: 0,
+            peers,
+        };
+        let room = 1000 * M - cgroup_margin(1000 * M, 0);
+        // Four runtimes hold 1000 MiB, 100 MiB is the programs' own: 100 MiB plus the
+        // margin over. This one (300 of the 1000) gives back 30% of the excess, not all.
+        let excess = 1100 * M - room;
+        let cap = cgroup_cap(&r(1100 * M, 300 * M, 700 * M), u64::MAX);
+        assert_eq!(cap, 300 * M - (excess * 3).div_ceil(10));
+        // Unknown peers: the excess is all this runtime's (the rule before the daemon told).
+        assert_eq!(
+            cgroup_cap(&r(1100 * M, 300 * M, 0), u64::MAX),
+            300 * M - excess
+        );
+        // Below the limit the room is not divided: the daemon's grants do that.
+        assert_eq!(
+            cgroup_cap(&r(800 * M, 300 * M, 400 * M), u64::MAX),
+            room - 500 * M
+        );
+        // Peers over-reported (they evicted since the daemon heard): outside reads 0 and
+        // the excess is counted from the larger figure, never from less than the usage.
+        assert!(cgroup_cap(&r(900 * M, 300 * M, 700 * M), u64::MAX) <= room - 600 * M);
+        // The programs' own memory alone over the limit: nothing left for anyone.
+        assert_eq!(cgroup_cap(&r(1400 * M, 100 * M, 100 * M), u64::MAX), 0);
+    }
+
+    #[test]
+    fn two_runtimes_that_know_each_other_settle_in_one_reading() {
+        let (limit, other) = (200 * M, 20 * M);
+        let (mut a, mut b) = (150 * M, 150 * M);
+        let (mut ca, mut cb) = (u64::MAX, u64::MAX);
+        for round in 0..10 {
+            let ra = CgroupReading {
+                limit,
+                usage: a + b + other,
+                reclaimable: 0,
+                ours: a,
+                reserved: 0,
+                rate: 0,
+                peers: b,
+            };
+            let rb = CgroupReading {
+                ours: b,
+                peers: a,
+                ..ra
+            };
+            (ca, cb) = (cgroup_cap(&ra, ca), cgroup_cap(&rb, cb));
+            (a, b) = (ca.min(a), cb.min(b));
+            // From the first reading on: under the limit, within rounding of it, and
+            // shared evenly (each gave back half the excess, not all of it).
+            let held = a + b + other;
+            assert!(held <= limit - cgroup_margin(limit, 0), "{round}: {held}");
+            assert!(
+                held + 4096 >= limit - cgroup_margin(limit, 0),
+                "{round}: {held}"
+            );
+            assert!(a.abs_diff(b) <= 4096, "{round}: {a} {b}");
+        }
+    }
+
+    #[test]
     fn the_cgroup_is_read_more_often_near_its_limit() {
         let r = |usage| CgroupReading {
             limit: 128 * M,
@@ -395,6 +486,7 @@ mod tests {
             ours: 0,
             reserved: 0,
             rate: 0,
+            peers: 0,
         };
         assert_eq!(cgroup_check_ms(&r(64 * M)), 50);
         assert_eq!(cgroup_check_ms(&r(120 * M)), 5);

@@ -216,6 +216,13 @@ pub enum Reply {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pool: Option<u64>,
     },
+    /// Resident managed bytes of the other runtimes in this process's memory cgroup (the
+    /// one whose limit binds it), pushed when that sum moves by more than the group's
+    /// step (docs/design/daemon.md). The runtime's `follow_limit` divides an excess over
+    /// the limit among them instead of giving all of it back itself.
+    Peers {
+        resident: u64,
+    },
     /// A shared region: its memory file is attached (`fds` = 1).
     Shared {
         id: u64,

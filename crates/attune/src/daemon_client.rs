@@ -363,6 +363,11 @@ impl Client {
                     },
                     _,
                 )) => self.apply(grant, seq, move_limit, far_grant, pool),
+                Ok((Reply::Peers { resident }, _)) => {
+                    if let Some(e) = self.engine {
+                        e.cgroup.peers.store(resident, Relaxed);
+                    }
+                }
                 Ok((
                     Reply::Welcome {
                         grant,
@@ -533,6 +538,11 @@ impl Client {
         loop {
             if let Some((sock, rd)) = session.take() {
                 self.serve(sock, rd);
+                // Without the daemon nothing says what the peers hold: the limit's whole
+                // excess is this runtime's again.
+                if let Some(e) = self.engine {
+                    e.cgroup.peers.store(0, Relaxed);
+                }
                 self.connected.store(false, Release);
                 self.generation.fetch_add(1, AcqRel);
                 *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -558,6 +568,7 @@ impl Client {
         let _ = sock.set_read_timeout(Some(WATCH_EVERY));
         let mut last = Instant::now() - REPORT_EVERY;
         let mut last_want = 0u64;
+        let mut last_resident = 0u64;
         loop {
             // Report every 200 ms, and at once when the footprint moved by a MiB or more
             // (a big allocation should not run 200 ms on a budget sized for less).
@@ -565,12 +576,25 @@ impl Client {
             // A shrunk grant is acknowledged as soon as it is met: the daemon times how long
             // neighbours take to give DRAM back to a newcomer.
             let ack_due = self.seq.load(Relaxed) > self.acked.load(Relaxed) && self.within_grant();
-            if ack_due || last.elapsed() >= REPORT_EVERY || want.abs_diff(last_want) >= 1 << 20 {
+            // Under a memory limit, resident pages that moved by a 64th of it are reported
+            // within the 20 ms watch: the group's other runtimes learn of them from the
+            // daemon (`Reply::Peers`) instead of reading them as their programs' growth.
+            let resident = self.engine.map_or(0, |e| e.resident.load(Relaxed));
+            let moved = self.engine.is_some_and(|e| {
+                let limit = e.cgroup.limit.load(Relaxed);
+                limit > 0 && resident.abs_diff(last_resident) >= (limit / 64).max(4 << 20)
+            });
+            if ack_due
+                || moved
+                || last.elapsed() >= REPORT_EVERY
+                || want.abs_diff(last_want) >= 1 << 20
+            {
                 if !self.usage(&sock) {
                     return;
                 }
                 last = Instant::now();
                 last_want = want;
+                last_resident = resident;
             }
             match rd.read(&sock, Reply::fds) {
                 Ok((
@@ -583,6 +607,11 @@ impl Client {
                     },
                     _,
                 )) => self.apply(grant, seq, move_limit, far_grant, pool),
+                Ok((Reply::Peers { resident }, _)) => {
+                    if let Some(e) = self.engine {
+                        e.cgroup.peers.store(resident, Relaxed);
+                    }
+                }
                 Ok((r, fds)) => {
                     let id = match &r {
                         Reply::Shared { id, .. }

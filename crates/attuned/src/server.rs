@@ -64,6 +64,9 @@ fn connection(sock: UnixStream, state: Shared) {
     let placement = crate::state::Placement {
         job: slurm_job(&cgroup),
         mem_limit: memory_limit(&cgroup, &|p| std::fs::read_to_string(p).ok()),
+        mem_group: attune::topology::limiting_cgroup(&cgroup, &|p| std::fs::read_to_string(p).ok())
+            .map(|(_, g)| g.dir)
+            .unwrap_or_default(),
     };
     let id = lock(&state).add_client(cred.pid, cred.uid, placement, writer.clone());
     let mut rd = FrameReader::default();
@@ -343,6 +346,7 @@ pub fn handle(
                 far_grant: None,
                 welcomed: false,
                 pool: segment,
+                peers_told: None,
             });
             st.rebalance();
             let r = st.clients.get_mut(&id).unwrap().reg.as_mut().unwrap();

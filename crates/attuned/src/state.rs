@@ -63,6 +63,11 @@ pub struct Placement {
     /// The tightest memory limit of its cgroup and their ancestors (u64::MAX: none). A
     /// process cannot keep more DRAM resident than this, so it may not claim more.
     pub mem_limit: u64,
+    /// The directory of the cgroup whose limit that is (empty: none): runtimes in one such
+    /// group share its limit, and are told what the others hold (`State::tell_peers`).
+    /// Read once, at connection: a process moved to another group later is counted in
+    /// the first.
+    pub mem_group: String,
 }
 
 impl Default for Placement {
@@ -70,6 +75,7 @@ impl Default for Placement {
         Placement {
             job: String::new(),
             mem_limit: u64::MAX,
+            mem_group: String::new(),
         }
     }
 }
@@ -102,6 +108,8 @@ pub struct Registration {
     pub welcomed: bool,
     /// Its segment of the node's far pool, if it has a `pool` tier and the node a pool.
     pub pool: Option<PoolSegment>,
+    /// What it was last told its group's other runtimes hold (`Reply::Peers`).
+    pub peers_told: Option<u64>,
 }
 
 /// One runtime's segment of the node's far pool (docs/design/pool.md): a memory file
@@ -297,6 +305,45 @@ impl State {
             }
             if c.reg.is_some() {
                 request_rebalance();
+                self.tell_peers(&c.placement);
+            }
+        }
+    }
+
+    /// Tells each welcomed runtime of `group`'s memory cgroup what the other runtimes
+    /// there hold resident, when that moved by a step (a 64th of the limit, 4-64 MiB)
+    /// since it was last told: the runtimes' `follow_limit` then divides an excess over
+    /// the limit among them (`attune_policy::budget::cgroup_cap`) instead of each giving
+    /// back all of it. Only the sum is told, which the group's usage shows anyway.
+    pub fn tell_peers(&mut self, group: &Placement) {
+        if group.mem_group.is_empty() || group.mem_limit == u64::MAX {
+            return;
+        }
+        let step = (group.mem_limit / 64).clamp(4 << 20, 64 << 20);
+        let member = |c: &Client| c.placement.mem_group == group.mem_group;
+        let total: u64 = self
+            .clients
+            .values()
+            .filter(|c| member(c))
+            .filter_map(|c| c.reg.as_ref())
+            .map(|r| r.usage.resident)
+            .sum();
+        for c in self.clients.values_mut() {
+            if !member(c) {
+                continue;
+            }
+            let Some(r) = c.reg.as_mut().filter(|r| r.welcomed) else {
+                continue;
+            };
+            let peers = total - r.usage.resident;
+            let due = match r.peers_told {
+                None => peers > 0,
+                Some(t) => t.abs_diff(peers) >= step || (peers == 0 && t != 0),
+            };
+            if due {
+                r.peers_told = Some(peers);
+                self.outbox
+                    .push((c.writer.clone(), Reply::Peers { resident: peers }));
             }
         }
     }
@@ -559,6 +606,10 @@ impl State {
         }
         if want_changed || freed {
             request_rebalance();
+        }
+        if let Some(c) = self.clients.get(&id) {
+            let group = c.placement.clone();
+            self.tell_peers(&group);
         }
     }
 

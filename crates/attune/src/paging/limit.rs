@@ -17,6 +17,13 @@ fn read(p: &str) -> Option<String> {
     std::fs::read_to_string(p).ok()
 }
 
+/// This process's resident set (bytes), from `/proc/self/statm`.
+fn own_rss() -> Option<u64> {
+    let s = read("/proc/self/statm")?;
+    let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * attune_sys::page_size() as u64)
+}
+
 /// The evictor's view of the group: where it is, what was held
 /// outside at the last reading, and the limit its wake-up thresholds were set for.
 pub(crate) struct LimitWatch {
@@ -26,8 +33,13 @@ pub(crate) struct LimitWatch {
     /// new one's limit within a second.
     path: String,
     path_read: u64,
-    /// The last reading: when (ns), outside and ours; and the growth rate outside.
-    last: Option<(u64, u64, u64)>,
+    /// The last reading: when (ns), outside, ours and what the rate follows; and the
+    /// growth rate outside.
+    last: Option<(u64, u64, u64, u64)>,
+    /// The last rate's basis was this process's own memory (it had peers), and the
+    /// start of the window its growth is measured over (ns, bytes).
+    own_basis: bool,
+    window: (u64, u64),
     rate: u64,
     thresholds_for: u64,
     near: bool,
@@ -43,6 +55,8 @@ impl LimitWatch {
             path: String::new(),
             path_read: 0,
             last: None,
+            own_basis: false,
+            window: (0, 0),
             rate: 0,
             thresholds_for: 0,
             near: false,
@@ -171,15 +185,43 @@ impl LimitWatch {
             ours,
             reserved,
             rate: 0,
+            peers: e.cgroup.peers.load(Relaxed),
         };
         let now = attune_sys::os::now_ns();
-        if let Some((t, outside, prev_ours)) = self.last {
+        // The growth the margin must outrun. Alone in its group: the group's outside.
+        // With peers: this process's own memory beyond its managed pages (its resident
+        // set less `ours`). The group's outside then also moves with every peer's faults
+        // and evictions between the daemon's reports: read 5 ms apart, that jitter was
+        // taken for 2-16 GB/s of growth and held the margin at a quarter of the limit in
+        // `bench/fig7.py --policies pool` (docs/design/paging.md, "Several runtimes in
+        // one group"). The level stays the group's: the excess is counted from its usage.
+        let grows = if r.peers > 0 {
+            own_rss().map_or(r.outside(), |rss| rss.saturating_sub(ours))
+        } else {
+            r.outside()
+        };
+        if let Some((t, outside, prev_ours, prev_grows)) = self.last {
             r.ours += budget::cgroup_lag(outside, r.outside(), prev_ours, ours);
-            self.rate =
-                budget::cgroup_rate(self.rate, r.outside().saturating_sub(outside), now - t);
+            if (r.peers > 0) != self.own_basis {
+                // A change of basis (peers came or went) is not growth.
+                self.window = (now, grows);
+            } else if r.peers == 0 {
+                self.rate =
+                    budget::cgroup_rate(self.rate, grows.saturating_sub(prev_grows), now - t);
+            } else if now - self.window.0 >= budget::OWN_RATE_WINDOW_NS {
+                // The process's own growth over at least 20 ms: its resident set and
+                // `ours` are read microseconds apart, so one fault batch between them
+                // read over a millisecond looked like GB/s (docs/design/paging.md).
+                let (t0, g0) = self.window;
+                self.rate = budget::cgroup_rate(self.rate, grows.saturating_sub(g0), now - t0);
+                self.window = (now, grows);
+            }
             r.rate = self.rate;
+        } else {
+            self.window = (now, grows);
         }
-        self.last = Some((now, r.outside(), ours));
+        self.last = Some((now, r.outside(), ours, grows));
+        self.own_basis = r.peers > 0;
         self.set_thresholds(e, &g, s.limit);
         let st = &e.cgroup;
         st.limit

@@ -153,6 +153,9 @@ pub struct CgroupStats {
     pub lowered: AtomicU64,
     pub lowest_budget: AtomicU64,
     pub outside_peak: AtomicU64,
+    /// Resident managed bytes of the other runtimes in the group, as attuned last said
+    /// (0: alone, or no daemon): not outside (`attune_policy::budget::CgroupReading`).
+    pub peers: AtomicU64,
 }
 
 /// Clock hand over all regions.
