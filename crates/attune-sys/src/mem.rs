@@ -808,22 +808,10 @@ pub fn with_words_mut<R>(addr: usize, len: usize, f: impl FnOnce(&mut [u64]) -> 
     f(unsafe { std::slice::from_raw_parts_mut(addr as *mut u64, len / 8) })
 }
 
-/// Whether every page of `[addr, addr+len)` is mapped (mincore(2), without touching any):
-/// a staged run that may be read where a fault on a hole could not be served (inside the
-/// SIGBUS handler, where the signal is blocked). Signal-safe, one system call per 2 MiB.
-pub fn all_present(addr: usize, len: usize) -> bool {
-    !some_page(addr, len, false)
-}
-
 /// Whether any page of `[addr, addr+len)` is mapped (mincore(2), without touching any).
 /// Signal-safe, one system call per 2 MiB. An error counts as mapped (the caller then
 /// acts as if there were pages).
 pub fn any_present(addr: usize, len: usize) -> bool {
-    some_page(addr, len, true)
-}
-
-/// Whether some page of `[addr, addr+len)` is `mapped` (true also when mincore(2) fails).
-fn some_page(addr: usize, len: usize, mapped: bool) -> bool {
     let ps = crate::page_size();
     let mut v = [0u8; 512];
     let mut at = addr & !(ps - 1);
@@ -832,7 +820,7 @@ fn some_page(addr: usize, len: usize, mapped: bool) -> bool {
         let n = (end - at).div_ceil(ps).min(v.len());
         // SAFETY: n pages, n result bytes in the buffer on the stack.
         let r = unsafe { libc::mincore(at as *mut libc::c_void, n * ps, v.as_mut_ptr()) };
-        if r != 0 || v[..n].iter().any(|b| (b & 1 != 0) == mapped) {
+        if r != 0 || v[..n].iter().any(|b| b & 1 != 0) {
             return true;
         }
         at += n * ps;

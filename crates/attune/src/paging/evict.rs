@@ -322,23 +322,14 @@ fn flush_run(e: &Pager, r: &Region, c: usize, n: usize) -> Option<u64> {
 }
 
 /// Whether the staged run of `n` chunks of `r` at `staged` is fills, chunk by chunk, each
-/// word in the dictionary: then their indices are in `out`. A run with a hole (a page
-/// the program dropped behind the interposer's back) is not looked at: inside the SIGBUS
-/// handler a fault on it could not be served. `read_anyway`: the run is known whole (the
-/// move that staged it met no hole, `tier::take_out`), or the medium reads the whole
-/// staged run itself (the content hashes of a tier that keeps copies; the remote tier
-/// fills holes first), so the look adds no risk and skips the `mincore` that vouches for
-/// the run: that call made random updates 1.13x slower over the file tier and 1.09x
-/// through the pool (docs/benchmarks.md, "filled chunks"). Signal-safe.
-fn staged_fills(
-    e: &Pager,
-    r: &Region,
-    staged: usize,
-    n: usize,
-    read_anyway: bool,
-    out: &mut [u32],
-) -> bool {
-    if n > out.len() || !(read_anyway || attune_sys::mem::all_present(staged, n * r.chunk)) {
+/// word in the dictionary: then their indices are in `out`. The run has no hole (a page
+/// the program dropped behind the interposer's back): `tier::store_staged` maps them as
+/// zeros first, since inside the SIGBUS handler a fault on one could not be served. So no
+/// `mincore` vouches for the run (that call made random updates 1.13x slower over the
+/// file tier and 1.09x through the pool: docs/benchmarks.md, "filled chunks").
+/// Signal-safe.
+fn staged_fills(e: &Pager, r: &Region, staged: usize, n: usize, out: &mut [u32]) -> bool {
+    if n > out.len() {
         return false;
     }
     for (i, slot) in out.iter_mut().enumerate().take(n) {
@@ -406,8 +397,8 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> Option<
             written = p.pages();
             p
         };
-        let mut dirty = |staged: usize, all: bool, whole: bool| -> Staged {
-            if e.cfg.fills && staged_fills(e, r, staged, n, keeps || whole, &mut fills) {
+        let mut dirty = |staged: usize, all: bool| -> Staged {
+            if e.cfg.fills && staged_fills(e, r, staged, n, &mut fills) {
                 filled = true;
                 return Staged::Filled;
             }

@@ -89,9 +89,9 @@ impl Fills {
 
 /// The word every 8 bytes of `[addr, addr+len)` hold, if they all hold the same one.
 /// Stops at the first block of words that differs (data that is not a fill costs a cache
-/// line or two). `addr`: a runtime-owned staged run (`attune_sys::mem::with_words`);
-/// callers inside the SIGBUS handler first check that it has no hole
-/// (`attune_sys::mem::all_present`), since there a fault on one cannot be served.
+/// line or two). `addr`: a runtime-owned staged run (`attune_sys::mem::with_words`) with
+/// no hole (`tier::store_staged` fills them first): inside the SIGBUS handler a fault on
+/// one could not be served.
 pub fn fill_word(addr: usize, len: usize) -> Option<u64> {
     attune_sys::mem::with_words(addr, len, |words| {
         let first = *words.first()?;

@@ -37,7 +37,7 @@ impl Medium for Arc<Fake> {
         _: usize,
         _: u64,
         _: usize,
-        _: &mut dyn FnMut(usize, bool, bool) -> super::Staged,
+        _: &mut dyn FnMut(usize, bool) -> super::Staged,
     ) -> SysResult<()> {
         self.stores.fetch_add(1, Relaxed);
         self.next()

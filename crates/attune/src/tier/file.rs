@@ -121,11 +121,11 @@ impl super::Medium for FileTier {
         src: usize,
         off: u64,
         len: usize,
-        dirty: &mut dyn FnMut(usize, bool, bool) -> super::Staged,
+        dirty: &mut dyn FnMut(usize, bool) -> super::Staged,
     ) -> SysResult<()> {
         // Clean content the file holds already is not written again, nor a fill.
-        super::store_staged(io, region_uffd, src, len, &mut |st, whole| {
-            let super::Staged::Write(pieces) = dirty(st, false, whole) else {
+        super::store_staged(io, region_uffd, src, len, &mut |st| {
+            let super::Staged::Write(pieces) = dirty(st, false) else {
                 return Ok(());
             };
             for &(p, n) in pieces.as_slice() {

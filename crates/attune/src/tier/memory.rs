@@ -196,7 +196,7 @@ impl super::Medium for MemoryTier {
         src: usize,
         off: u64,
         len: usize,
-        _dirty: &mut dyn FnMut(usize, bool, bool) -> super::Staged,
+        _dirty: &mut dyn FnMut(usize, bool) -> super::Staged,
     ) -> SysResult<()> {
         debug_assert!(off as usize + len <= self.len);
         // The slot may still hold what a fetch copied out: it must be empty, or the move

@@ -60,11 +60,11 @@ pub enum Staged {
 pub trait Medium: Send + Sync {
     /// Moves `len` bytes of region memory at `src` into slot `off`; on error nothing was
     /// taken from the region. A medium that stages the run (file, pool, remote) asks
-    /// `dirty(staged, all, whole)` what to write ([`Staged`]); `all`: the medium writes the
+    /// `dirty(staged, all)` what to write ([`Staged`]); `all`: the medium writes the
     /// whole run whatever changed (its copy is not whole), so that the engine counts what
-    /// was written; `whole`: every page of the staged run is there (no hole the program
-    /// discarded: [`take_out`] saw none), so the engine may read it anywhere. The memory tier moves pages without staging and never asks: it holds
-    /// fills as pages.
+    /// was written. The staged run has no hole ([`store_staged`] fills them first), so the
+    /// engine may read it anywhere. The memory tier moves pages without staging and never
+    /// asks: it holds fills as pages.
     fn store(
         &self,
         io: &IoContext,
@@ -72,7 +72,7 @@ pub trait Medium: Send + Sync {
         src: usize,
         off: u64,
         len: usize,
-        dirty: &mut dyn FnMut(usize, bool, bool) -> Staged,
+        dirty: &mut dyn FnMut(usize, bool) -> Staged,
     ) -> SysResult<()>;
     /// Places slot `off` into the missing region range at `dst` through the region's
     /// userfaultfd, waking no one: the fault path wakes the run once it is all placed
@@ -368,7 +368,7 @@ impl FarTier {
         src: usize,
         off: u64,
         len: usize,
-        dirty: &mut dyn FnMut(usize, bool, bool) -> Staged,
+        dirty: &mut dyn FnMut(usize, bool) -> Staged,
     ) -> SysResult<()> {
         if !self.accepts(len as u64) {
             return Err(Errno(libc::ENOSPC));
@@ -376,8 +376,8 @@ impl FarTier {
         let mut filled = false;
         let r = self
             .medium
-            .store(io, region_uffd, src, off, len, &mut |st, all, whole| {
-                let d = dirty(st, all, whole);
+            .store(io, region_uffd, src, off, len, &mut |st, all| {
+                let d = dirty(st, all);
                 filled = d == Staged::Filled;
                 d
             });
@@ -559,16 +559,16 @@ fn move_noting_holes(
 /// into a staging slot (`take_out`), hands the slot's address to `write`, and leaves the
 /// written pages for the slot to drop in a batch (`pool::KEEP_BATCH`). All or nothing: when a page cannot move, or `write` fails, the pages go back to
 /// the region and the error is returned (ENOTRECOVERABLE if even that failed: a lost write).
-/// `write(staged, whole)`: the staged run has no hole (`whole` is always true: holes, pages
-/// the program discarded, are mapped as zeros before the call; [`take_out`] says whether
-/// there were any). A write that fails with EFAULT all the same is given the holes filled
-/// again and called once more. Signal-safe.
+/// `write(staged)`: the staged run has no hole (pages the program discarded are mapped as
+/// zeros before the call; [`take_out`] says whether there were any). A write that fails
+/// with EFAULT all the same is given the holes filled again and called once more.
+/// Signal-safe.
 pub(crate) fn store_staged(
     io: &IoContext,
     region_uffd: &Uffd,
     src: usize,
     len: usize,
-    write: &mut dyn FnMut(usize, bool) -> SysResult<()>,
+    write: &mut dyn FnMut(usize) -> SysResult<()>,
 ) -> SysResult<()> {
     let slot = io.staging.claim(len).ok_or(Errno(libc::EAGAIN))?;
     let st = slot.fresh(len);
@@ -593,10 +593,10 @@ pub(crate) fn store_staged(
         // delivery: killed in 6 runs of 8 before).
         file::fill_holes(io.internal, st, len);
     }
-    let mut r = write(st, true);
+    let mut r = write(st);
     if matches!(r, Err(Errno(libc::EFAULT))) {
         file::fill_holes(io.internal, st, len);
-        r = write(st, true);
+        r = write(st);
     }
     if let Err(e) = r {
         // Full disk or I/O error: the pages go back to the region. Nothing is lost.
@@ -756,7 +756,7 @@ mod tests {
             staging: &io.staging,
             bounce: &io.bounce,
         };
-        t.store(&ctx, &io.uffd, 0, 0, len, &mut |_, _, _| {
+        t.store(&ctx, &io.uffd, 0, 0, len, &mut |_, _| {
             Staged::Write(Pieces::whole(len / HASH_PAGE))
         })
     }

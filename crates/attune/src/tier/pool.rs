@@ -298,7 +298,7 @@ impl super::Medium for PoolTier {
         src: usize,
         off: u64,
         len: usize,
-        dirty: &mut dyn FnMut(usize, bool, bool) -> super::Staged,
+        dirty: &mut dyn FnMut(usize, bool) -> super::Staged,
     ) -> SysResult<()> {
         let base = self.base.load(Acquire);
         let Some(fd) = self.fd.get() else {
@@ -312,9 +312,9 @@ impl super::Medium for PoolTier {
         // Pool pages first: with no room, nothing leaves the region.
         self.claim(first, pages)?;
         let mut filled = false;
-        let r = super::store_staged(io, region_uffd, src, len, &mut |st, whole| {
+        let r = super::store_staged(io, region_uffd, src, len, &mut |st| {
             // A fill is not copied into the pool: its pages go back to it.
-            if dirty(st, true, whole) == super::Staged::Filled {
+            if dirty(st, true) == super::Staged::Filled {
                 filled = true;
                 return Ok(());
             }

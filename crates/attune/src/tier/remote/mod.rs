@@ -119,17 +119,17 @@ impl super::Medium for RemoteTier {
         src: usize,
         off: u64,
         len: usize,
-        dirty: &mut dyn FnMut(usize, bool, bool) -> super::Staged,
+        dirty: &mut dyn FnMut(usize, bool) -> super::Staged,
     ) -> SysResult<()> {
-        super::store_staged(io, region_uffd, src, len, &mut |st, whole| {
-            // The provider's send reads the staged pages in the kernel: a page the
-            // program had discarded is absent there and would fail the whole connection
-            // (EFAULT inside the provider), so holes are filled with zeros first.
-            super::file::fill_holes(io.internal, st, len);
+        // The provider's send reads the staged pages in the kernel, where a page the
+        // program had discarded would fail the whole connection (EFAULT inside the
+        // provider): `store_staged` maps such holes as zeros before this is called
+        // (before 2026-12-06 this filled them again, an ioctl per page of every store).
+        super::store_staged(io, region_uffd, src, len, &mut |st| {
             // Clean content the servers hold already is not sent again, unless the
             // copies were on servers since lost: then all of it goes.
             let all = !self.shared.held(off, len);
-            let super::Staged::Write(pieces) = dirty(st, all, whole) else {
+            let super::Staged::Write(pieces) = dirty(st, all) else {
                 // A fill: nothing goes to the servers (what they held stays, unread).
                 return Ok(());
             };
