@@ -91,8 +91,9 @@ def pool_policy_dram(sel, node):
     return node - imme.room_at(held, sum(w["footprint"] for w in sel), node)
 
 
-def policy_run(policy, sel, tmp, node, pool, bw_dram_share, move_limit):
-    """One co-located run of the selected workflows under `policy`."""
+def policy_run(policy, sel, tmp, node, pool, bw_dram_share, move_limit, report_dir=None):
+    """One co-located run of the selected workflows under `policy`; with `report_dir`,
+    each `attune run` writes its run report there (POLICY-WORKFLOW-NS.json)."""
     cmds, envs = [], []
     far_pool = sum(w["footprint"] for w in sel) if policy == "pool" else None
     if policy == "pool":
@@ -120,6 +121,8 @@ def policy_run(policy, sel, tmp, node, pool, bw_dram_share, move_limit):
                     env["ATTUNE_CONFIG"] = imme.pool_config(tmp)
                     env["ATTUNE_LIMIT_ROOM"] = imme.mb(node - pool)
                 cmd = [imme.ATT, "run", "-q", "--dram", imme.mb(dram)]
+                if report_dir:
+                    cmd += ["--report", os.path.join(report_dir, f"{policy}-{w['name']}-{time.time_ns()}.json")]
                 if policy != "pool":
                     cmd += ["--far", imme.EMULATED]   # the pool policy's file names its tiers
                 if policy in ("attuned", "pool"):
@@ -248,6 +251,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small sizes (tests)")
     ap.add_argument("--out", default=os.path.join(imme.ROOT, "results"))
     ap.add_argument("--update-docs", action="store_true")
+    ap.add_argument("--report-dir", help="each attune run writes its run report here (budget lowerings, "
+                    "what each runtime saw outside: docs/run-report.md)")
     # The far memory modelled is CXL: the QEMU guest's HMAT figures, 100 GB/s of DRAM
     # beside 30 GB/s of CXL, give DRAM 77% of the node's bandwidth (attuned's
     # --bw-dram-share: a BW workflow claims that part of its want in DRAM).
@@ -255,6 +260,8 @@ def main():
     # attuned's pacing of non-LAT/SHL workflows' page movement while a LAT/SHL one runs.
     ap.add_argument("--move-limit", default="1G")
     a = ap.parse_args()
+    if a.report_dir:
+        os.makedirs(a.report_dir, exist_ok=True)
     if not 1 <= a.bw_dram_share <= 100:
         sys.exit("--bw-dram-share is a percentage from 1 to 100")
     if not 0 < a.outside < 1:
@@ -305,7 +312,8 @@ def main():
             for k in range(len(pols)):
                 p = pols[(k + rnd) % len(pols)]
                 bar.set_description(f"round {rnd + 1} {p}")
-                runs[p].append(policy_run(p, sel, tmp, node, pool, a.bw_dram_share, a.move_limit))
+                runs[p].append(policy_run(p, sel, tmp, node, pool, a.bw_dram_share, a.move_limit,
+                                           a.report_dir))
                 bar.update()
     finally:
         bar.close()

@@ -413,7 +413,8 @@ def test_a_claim_is_bounded_by_the_claimants_memory_cgroup(workdir, daemon):
 
 
 @needs_cgroup
-def test_runtimes_in_one_cgroup_do_not_count_each_other_as_outside(workdir, daemon):
+@pytest.mark.parametrize("user", [None, "nobody"])
+def test_runtimes_in_one_cgroup_do_not_count_each_other_as_outside(workdir, daemon, user):
     """Three `attune run` programs in one job's cgroup of 256 MiB, on a daemon whose DRAM
     (512 MiB) is wider than the group, so the runtimes' `follow_limit` must keep the
     group under its limit. The daemon tells each what the others hold resident
@@ -421,14 +422,22 @@ def test_runtimes_in_one_cgroup_do_not_count_each_other_as_outside(workdir, daem
     two's pages as its program's own growth, 150-200 MiB here, and gave back the whole
     excess itself; in `bench/fig7.py --policies pool` a LAT workflow's budget fell to a
     fifth of its grant). Every program verifies, no process is killed, the group stays
-    under its limit, and what each saw outside is its own program's memory."""
+    under its limit, and what each saw outside is about its own program's memory. Also as nobody
+    (the cgroup joined as root, then `runuser`)."""
     d = daemon("--dram", "512M", "--far-pool", "1G", "--move-limit", "off")
-    cfg = pool_config(workdir)
     prog = build_plain(workdir, "rand_update")
-    g = Cgroup("shared", 256 * MIB)
-    reps = [workdir / f"peers-{i}.json" for i in range(3)]
+    g = Cgroup(f"shared-{user}", 256 * MIB)
+    # Reports and the file tier (which takes what the pool segments do not yet) in a
+    # directory the user may write.
+    out = workdir / f"peers-{user}"
+    out.mkdir(exist_ok=True)
+    os.chmod(out, 0o777)
+    cfg = pool_config(out)
+    os.chmod(cfg, 0o644)
+    reps = [out / f"{i}.json" for i in range(3)]
+    who = ["runuser", "-u", user, "--"] if user else []
     try:
-        jobs = [subprocess.Popen(g.wrap([ATTUNE, "run", "--dram", "512M", "--config", cfg, "--report", rep,
+        jobs = [subprocess.Popen(g.wrap([*who, ATTUNE, "run", "--dram", "512M", "--config", cfg, "--report", rep,
                                          "--", prog, "120", "400000"]),
                                  env=d.env(ATTUNE_WORKFLOW=f"peers{i}"), stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
@@ -443,9 +452,11 @@ def test_runtimes_in_one_cgroup_do_not_count_each_other_as_outside(workdir, daem
     procs = [json.loads(r.read_text())["per_process"][0] for r in reps]
     for p in procs:
         assert p["cgroup_limit_bytes"] == 256 * MIB, p
-        # The program's own memory beyond its managed pages: its text, libc, the
-        # runtime's tables; a few MiB. The other two runtimes' pages would be 100+ MiB.
-        assert p["cgroup_outside_peak_bytes"] < 48 * MIB, p
+        # The program's own memory beyond its managed pages (its text, libc, the
+        # runtime's tables: a few MiB), and what the other two faulted in since the
+        # daemon last told (a report within 20 ms of 4 MiB moved; 15-48 MiB seen). The
+        # other two runtimes' pages counted whole read 131-224 MiB on the build before.
+        assert p["cgroup_outside_peak_bytes"] < 96 * MIB, p
     # The group's DRAM went to the three (each verified above), not to a margin nobody
     # uses: what they held at their peaks adds up to most of the limit.
     assert sum(p["peak_resident_bytes"] for p in procs) > 160 * MIB, procs

@@ -356,20 +356,22 @@ def test_filled_chunks_are_not_sent_to_the_servers(workdir, hosts):
     assert received["false"] - received["true"] >= 48, received
 
 
-@pytest.mark.parametrize("mode", ["signal", "thread"])
-def test_pages_the_program_discarded_itself_go_to_the_servers_as_zeros(workdir, hosts, mode):
+@pytest.mark.parametrize("mode,user", [("signal", None), ("thread", None), ("signal", "nobody")])
+def test_pages_the_program_discarded_itself_go_to_the_servers_as_zeros(workdir, hosts, mode, user):
     """tests/run/raw_madvise.c (`madvise(MADV_DONTNEED)` made without libc, ranges that end
     inside 64 KiB chunks) through one server: a chunk whose edge pages the kernel dropped is
     staged with holes, which `tier::store_staged` maps as zeros before the provider's send
     reads the run (a hole there failed the whole connection with EFAULT). Every word reads
-    zero where discarded and the round's pattern elsewhere."""
-    h = hosts(2)
-    s = secret(workdir)
-    h.serve(1, workdir, s, "--size", "256M", "--lease", "2")
-    cfg = config(workdir, h, 1, s, name=f"raw-madvise-{mode}", first=1)
+    zero where discarded and the round's pattern elsewhere; also as nobody, server and
+    program (user-mode userfaultfd)."""
+    h = hosts(1)
+    s, scratch = secret_and_scratch(workdir, user)
+    h.serve(0, workdir, s, "--size", "256M", user=user)
+    cfg = config(workdir, h, 1, s, name=f"raw-madvise-{mode}-{user}", file_dir=scratch)
     prog = build_plain(workdir, "raw_madvise")
+    who = ["runuser", "-u", user, "--"] if user else []
     for args in (["64", "1", "3"], ["64", "1", "2", "free"]):
-        p = subprocess.run(h.on_client([ATTUNE, "run", "-q", "--chunk", "64K", "--fault-mode", mode,
+        p = subprocess.run(h.on_client([*who, ATTUNE, "run", "-q", "--chunk", "64K", "--fault-mode", mode,
                                         "--dram", "16M", "--config", cfg, "--", prog, *args]),
                            capture_output=True, text=True, timeout=300)
         assert p.returncode == 0 and "raw_madvise: OK 1 threads" in p.stdout, p.stdout + p.stderr

@@ -380,13 +380,16 @@ mod tests {
         }
     }
 
-    #[test]
-    fn two_runtimes_in_one_group_settle_under_the_limit() {
-        // Each sees the other's pages as outside; both read before either evicts.
+    /// Two runtimes of 150 MiB each and 20 MiB of other memory in a 200 MiB group, both
+    /// reading before either evicts, each holding its cap after each reading (evicting down
+    /// to it, or growing to it: both want all they can): what each holds, reading by reading. `know`: the daemon tells each the other's
+    /// pages (`peers`).
+    fn two_in_one_group(know: bool, rounds: usize) -> Vec<(u64, u64)> {
         let (limit, other) = (200 * M, 20 * M);
         let (mut a, mut b) = (150 * M, 150 * M);
         let (mut ca, mut cb) = (u64::MAX, u64::MAX);
-        for _ in 0..40 {
+        let mut held = Vec::new();
+        for _ in 0..rounds {
             let ra = CgroupReading {
                 limit,
                 usage: a + b + other,
@@ -394,13 +397,25 @@ mod tests {
                 ours: a,
                 reserved: 0,
                 rate: 0,
-                peers: 0,
+                peers: if know { b } else { 0 },
             };
-            let rb = CgroupReading { ours: b, ..ra };
+            let rb = CgroupReading {
+                ours: b,
+                peers: if know { a } else { 0 },
+                ..ra
+            };
             (ca, cb) = (cgroup_cap(&ra, ca), cgroup_cap(&rb, cb));
-            // Each evicts down to its cap; neither grows past it (both want all they can).
             (a, b) = (ca, cb);
+            held.push((a, b));
         }
+        held
+    }
+
+    #[test]
+    fn two_runtimes_in_one_group_settle_under_the_limit() {
+        // Each sees the other's pages as outside.
+        let (limit, other) = (200 * M, 20 * M);
+        let (a, b) = *two_in_one_group(false, 40).last().unwrap();
         let held = a + b + other;
         assert!(held <= limit - cgroup_margin(limit, 0), "{held}");
         assert!(
@@ -446,25 +461,7 @@ mod tests {
     #[test]
     fn two_runtimes_that_know_each_other_settle_in_one_reading() {
         let (limit, other) = (200 * M, 20 * M);
-        let (mut a, mut b) = (150 * M, 150 * M);
-        let (mut ca, mut cb) = (u64::MAX, u64::MAX);
-        for round in 0..10 {
-            let ra = CgroupReading {
-                limit,
-                usage: a + b + other,
-                reclaimable: 0,
-                ours: a,
-                reserved: 0,
-                rate: 0,
-                peers: b,
-            };
-            let rb = CgroupReading {
-                ours: b,
-                peers: a,
-                ..ra
-            };
-            (ca, cb) = (cgroup_cap(&ra, ca), cgroup_cap(&rb, cb));
-            (a, b) = (ca.min(a), cb.min(b));
+        for (round, (a, b)) in two_in_one_group(true, 10).into_iter().enumerate() {
             // From the first reading on: under the limit, within rounding of it, and
             // shared evenly (each gave back half the excess, not all of it).
             let held = a + b + other;

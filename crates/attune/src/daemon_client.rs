@@ -363,11 +363,7 @@ impl Client {
                     },
                     _,
                 )) => self.apply(grant, seq, move_limit, far_grant, pool),
-                Ok((Reply::Peers { resident }, _)) => {
-                    if let Some(e) = self.engine {
-                        e.cgroup.peers.store(resident, Relaxed);
-                    }
-                }
+                Ok((Reply::Peers { resident }, _)) => self.set_peers(resident),
                 Ok((
                     Reply::Welcome {
                         grant,
@@ -482,6 +478,14 @@ impl Client {
         }
     }
 
+    /// What the other runtimes in this process's memory cgroup hold resident, as the
+    /// daemon says (`paging::limit`).
+    fn set_peers(&self, resident: u64) {
+        if let Some(e) = self.engine {
+            e.cgroup.peers.store(resident, Relaxed);
+        }
+    }
+
     /// Resident memory is within the grant (or at the pinned floor nothing goes below).
     fn within_grant(&self) -> bool {
         match self.engine {
@@ -540,9 +544,7 @@ impl Client {
                 self.serve(sock, rd);
                 // Without the daemon nothing says what the peers hold: the limit's whole
                 // excess is this runtime's again.
-                if let Some(e) = self.engine {
-                    e.cgroup.peers.store(0, Relaxed);
-                }
+                self.set_peers(0);
                 self.connected.store(false, Release);
                 self.generation.fetch_add(1, AcqRel);
                 *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -607,11 +609,7 @@ impl Client {
                     },
                     _,
                 )) => self.apply(grant, seq, move_limit, far_grant, pool),
-                Ok((Reply::Peers { resident }, _)) => {
-                    if let Some(e) = self.engine {
-                        e.cgroup.peers.store(resident, Relaxed);
-                    }
-                }
+                Ok((Reply::Peers { resident }, _)) => self.set_peers(resident),
                 Ok((r, fds)) => {
                     let id = match &r {
                         Reply::Shared { id, .. }

@@ -794,3 +794,117 @@ pub fn push(w: &Writer, msg: &Reply) {
         let _ = s.shutdown(std::net::Shutdown::Both);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    const M: u64 = 1 << 20;
+
+    /// A registered, welcomed client in memory cgroup `group` (limit 256 MiB), with the
+    /// other end of its socket kept open.
+    fn member(st: &mut State, group: &str, keep: &mut Vec<UnixStream>) -> u64 {
+        let (a, b) = UnixStream::pair().unwrap();
+        keep.push(b);
+        let placement = Placement {
+            job: String::new(),
+            mem_limit: 256 * M,
+            mem_group: group.to_string(),
+        };
+        let id = st.add_client(1, 1000, placement, Arc::new(Mutex::new(a)));
+        st.clients.get_mut(&id).unwrap().reg = Some(Registration {
+            workflow: format!("w{id}"),
+            flags: Flags::NONE,
+            want: 64 * M,
+            protected: 0,
+            usage: Usage::default(),
+            grant: 64 * M,
+            seq: 1,
+            move_limit: 0,
+            far_want: 0,
+            far_grant: None,
+            welcomed: true,
+            pool: None,
+            peers_told: None,
+        });
+        id
+    }
+
+    fn report(st: &mut State, id: u64, resident: u64) -> Vec<(u64, u64)> {
+        st.usage(
+            id,
+            Usage {
+                resident,
+                want: 64 * M,
+                ..Usage::default()
+            },
+        );
+        told(st)
+    }
+
+    /// The `Peers` pushes queued, by client: (client, resident told).
+    fn told(st: &mut State) -> Vec<(u64, u64)> {
+        let out = std::mem::take(&mut st.outbox);
+        let mut v: Vec<(u64, u64)> = out
+            .into_iter()
+            .filter_map(|(w, m)| {
+                let Reply::Peers { resident } = m else {
+                    return None;
+                };
+                let id = st
+                    .clients
+                    .iter()
+                    .find(|(_, c)| Arc::ptr_eq(&c.writer, &w))
+                    .map(|(&id, _)| id)?;
+                Some((id, resident))
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn each_runtime_is_told_what_the_others_in_its_group_hold() {
+        let cfg = crate::config::load(None, &[("dram", "1G".into())], 4 << 30, None).unwrap();
+        let mut st = State::new(cfg, Vec::new());
+        let mut keep = Vec::new();
+        let (a, b) = (
+            member(&mut st, "/g1", &mut keep),
+            member(&mut st, "/g1", &mut keep),
+        );
+        let other = member(&mut st, "/g2", &mut keep);
+        // a's pages are told to b only: `other` is in another group, a is not told its own.
+        assert_eq!(report(&mut st, a, 100 * M), [(b, 100 * M)]);
+        assert_eq!(report(&mut st, b, 60 * M), [(a, 60 * M)]);
+        assert_eq!(report(&mut st, other, 80 * M), []);
+        // A move under the step (a 64th of 256 MiB: 4 MiB) is not told; a larger one is.
+        assert_eq!(report(&mut st, a, 103 * M), []);
+        assert_eq!(report(&mut st, a, 110 * M), [(b, 110 * M)]);
+        // A runtime that goes takes its pages with it: the other is told 0.
+        st.remove_client(a);
+        assert_eq!(told(&mut st), [(b, 0)]);
+        // Not welcomed yet: told nothing (its welcome is not out; `Peers` would pass it).
+        let late = member(&mut st, "/g1", &mut keep);
+        st.clients
+            .get_mut(&late)
+            .unwrap()
+            .reg
+            .as_mut()
+            .unwrap()
+            .welcomed = false;
+        assert_eq!(report(&mut st, b, 90 * M), []);
+    }
+
+    #[test]
+    fn runtimes_without_a_limited_group_are_told_nothing() {
+        let cfg = crate::config::load(None, &[("dram", "1G".into())], 4 << 30, None).unwrap();
+        let mut st = State::new(cfg, Vec::new());
+        let mut keep = Vec::new();
+        let (a, _b) = (
+            member(&mut st, "", &mut keep),
+            member(&mut st, "", &mut keep),
+        );
+        assert_eq!(report(&mut st, a, 100 * M), []);
+    }
+}

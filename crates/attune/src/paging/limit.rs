@@ -33,9 +33,8 @@ pub(crate) struct LimitWatch {
     /// new one's limit within a second.
     path: String,
     path_read: u64,
-    /// The last reading: when (ns), outside, ours and what the rate follows; and the
-    /// growth rate outside.
-    last: Option<(u64, u64, u64, u64)>,
+    /// The last reading: when (ns), outside and ours; and the growth rate outside.
+    last: Option<(u64, u64, u64)>,
     /// The last rate's basis was this process's own memory (it had peers), and the
     /// start of the window its growth is measured over (ns, bytes).
     own_basis: bool,
@@ -195,19 +194,19 @@ impl LimitWatch {
         // taken for 2-16 GB/s of growth and held the margin at a quarter of the limit in
         // `bench/fig7.py --policies pool` (docs/design/paging.md, "Several runtimes in
         // one group"). The level stays the group's: the excess is counted from its usage.
-        let grows = if r.peers > 0 {
+        let own = r.peers > 0;
+        let grows = if own {
             own_rss().map_or(r.outside(), |rss| rss.saturating_sub(ours))
         } else {
             r.outside()
         };
-        if let Some((t, outside, prev_ours, prev_grows)) = self.last {
+        if let Some((t, outside, prev_ours)) = self.last {
             r.ours += budget::cgroup_lag(outside, r.outside(), prev_ours, ours);
-            if (r.peers > 0) != self.own_basis {
+            if own != self.own_basis {
                 // A change of basis (peers came or went) is not growth.
                 self.window = (now, grows);
-            } else if r.peers == 0 {
-                self.rate =
-                    budget::cgroup_rate(self.rate, grows.saturating_sub(prev_grows), now - t);
+            } else if !own {
+                self.rate = budget::cgroup_rate(self.rate, grows.saturating_sub(outside), now - t);
             } else if now - self.window.0 >= budget::OWN_RATE_WINDOW_NS {
                 // The process's own growth over at least 20 ms: its resident set and
                 // `ours` are read microseconds apart, so one fault batch between them
@@ -220,8 +219,8 @@ impl LimitWatch {
         } else {
             self.window = (now, grows);
         }
-        self.last = Some((now, r.outside(), ours, grows));
-        self.own_basis = r.peers > 0;
+        self.last = Some((now, r.outside(), ours));
+        self.own_basis = own;
         self.set_thresholds(e, &g, s.limit);
         let st = &e.cgroup;
         st.limit
