@@ -83,6 +83,48 @@ pub fn daemon_want(committed: u64, resident: u64, headroom: u64, dram: u64) -> u
         .min(dram)
 }
 
+/// How long a fault that found no far tier with room waits for the node daemon to grow
+/// one (`waits_for_room`) before it places its chunk over the budget. A report leaves
+/// within the runtime's 20 ms watch; the daemon allocates a segment's growth and the
+/// runtime maps it before either uses it (about 0.4 s a GiB here: a wait for 420 MiB
+/// took 220 ms). A second past that, no room is coming.
+pub const ROOM_WAIT_NS: u64 = 1_000_000_000;
+
+/// Whether a fault that found every far tier without room waits for room rather than
+/// placing its chunk over the DRAM budget. It waits when a tier the node daemon sizes is
+/// below its configured capacity (`growable`: the daemon is connected and the tier's
+/// grant is under its capacity), so the daemon's next grant can make room; and not again
+/// at the grant a wait gave up at (`gave_up_at`: the tiers' granted bytes then), so a
+/// pool with no room left costs one wait per grant, not one per fault. Placing over the
+/// budget is what runs a job into its memory cgroup's limit: a program filling 512 MiB
+/// in a 128 MiB group was killed 70 ms after start while its 4 MiB far grant waited for
+/// the daemon's first answer (tests/python/test_pool.py,
+/// `test_a_fast_fill_waits_for_its_segment_to_grow`).
+pub fn waits_for_room(growable: bool, granted: u64, gave_up_at: Option<u64>) -> bool {
+    growable && gave_up_at.is_none_or(|g| granted > g)
+}
+
+/// How far ahead a process's far want reaches: what its far pages grow by over this
+/// span at their recent rate. A report and the daemon's grant go round in 20-60 ms.
+pub const FAR_AHEAD_NS: u64 = 250_000_000;
+
+/// Far memory a process asks the node daemon for: what does not fit its DRAM budget
+/// (`outside`), or what its far tiers hold if more (`used`; the small-object arenas are
+/// not in `outside`), plus what its far pages grow by in `FAR_AHEAD_NS` at their recent
+/// `rate` (bytes/s, `cgroup_rate` of `used`), at most half of `used` (a fill of a few
+/// MiB at 2 GB/s asked for 500 MiB, which the daemon allocated), at least 4 MiB; within
+/// the tiers' capacity `cap`. With 4 MiB ahead alone, a Python program filling 870 MiB of lists
+/// under `--small` grew its grant 4 MiB a round trip: 364 faults waited for room, 2.1 s
+/// of its 6.6 s (tests/python/test_pool.py, `test_a_fast_fill_waits_for_its_segment_to_grow`).
+pub fn far_want(outside: u64, used: u64, rate: u64, cap: u64) -> u64 {
+    if cap == 0 {
+        return 0;
+    }
+    let ahead = (rate as u128 * FAR_AHEAD_NS as u128 / 1_000_000_000) as u64;
+    let ahead = ahead.min(used / 2).max(4 << 20);
+    outside.max(used).saturating_add(ahead).min(cap)
+}
+
 /// Room a budget that follows its memory cgroup keeps below the limit: what the program
 /// may grow by before the runtime reads again and its evictor catches up, since the kernel
 /// reclaims cache and then kills at the limit. A 32nd of the limit, 4 to 64 MiB; at least
@@ -229,6 +271,49 @@ pub use crate::victim::active_target;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_far_want_reaches_ahead_by_the_growth_rate() {
+        let m = 1u64 << 20;
+        let g = 1u64 << 30;
+        // (outside, used, rate, cap) -> want
+        let table = [
+            (0, 0, 0, 0, 0),                   // no daemon-sized tier
+            (100 * m, 0, 0, g, 104 * m),       // the budget's overflow, 4 MiB ahead
+            (0, 100 * m, 0, g, 104 * m),       // arenas: what the tiers hold
+            (0, 100 * m, 400 * m, g, 150 * m), // 400 MB/s: 100 MiB, cut to half of 100
+            (0, 400 * m, 400 * m, g, 500 * m), // 400 MB/s: 100 MiB ahead
+            (0, 100 * m, 8 * m, g, 104 * m),   // slow growth: the 4 MiB floor
+            (1022 * m, 0, 400 * m, g, g),      // within the capacity
+        ];
+        for (outside, used, rate, cap, want) in table {
+            assert_eq!(
+                far_want(outside, used, rate, cap),
+                want,
+                "{outside} {used} {rate}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_fault_waits_for_room_only_where_a_grant_can_bring_it() {
+        let m = 1u64 << 20;
+        // (growable, granted, gave up at) -> waits
+        let table = [
+            (true, 4 * m, None, true),
+            (false, 4 * m, None, false), // no daemon, or every tier at its capacity
+            (true, 4 * m, Some(4 * m), false), // gave up at this grant already
+            (true, 8 * m, Some(4 * m), true), // the grant grew since
+            (true, 2 * m, Some(4 * m), false), // and shrank: no room coming
+        ];
+        for (growable, granted, gave_up, want) in table {
+            assert_eq!(
+                waits_for_room(growable, granted, gave_up),
+                want,
+                "{growable} {granted} {gave_up:?}"
+            );
+        }
+    }
 
     const M: u64 = 1 << 20;
 

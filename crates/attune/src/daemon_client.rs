@@ -40,6 +40,38 @@ enum NotWelcomed {
 }
 
 /// A shared region this process maps.
+/// How fast the far tiers' pages grew between reports (`attune_policy::budget::far_want`
+/// reaches ahead by it).
+struct FarRate {
+    at: Instant,
+    used: u64,
+    rate: u64,
+}
+
+impl Default for FarRate {
+    fn default() -> Self {
+        FarRate {
+            at: Instant::now(),
+            used: 0,
+            rate: 0,
+        }
+    }
+}
+
+impl FarRate {
+    /// Takes the far bytes in use now; the rate is measured over at least 20 ms.
+    fn update(&mut self, used: u64) {
+        let dt = self.at.elapsed().as_nanos() as u64;
+        if dt < attune_policy::budget::OWN_RATE_WINDOW_NS {
+            return;
+        }
+        let rise = used.saturating_sub(self.used);
+        self.rate = attune_policy::budget::cgroup_rate(self.rate, rise, dt);
+        self.at = Instant::now();
+        self.used = used;
+    }
+}
+
 struct Held {
     file: OwnedFd,
     addr: usize,
@@ -382,6 +414,9 @@ impl Client {
                     CONN_FD.store(sock.as_raw_fd(), Relaxed);
                     *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = sock.try_clone().ok();
                     self.connected.store(true, Release);
+                    if let Some(e) = self.engine {
+                        e.far_growth.set_daemon(true);
+                    }
                     crate::info!(
                         "joined attuned on {} as workflow '{}': {} MiB granted",
                         self.socket.display(),
@@ -461,9 +496,15 @@ impl Client {
         if seq < self.seq.load(Relaxed) {
             return;
         }
+        // The segment's growth is mapped before the grant is applied, as it always was:
+        // applying the budget before the mapping (150 ms for 512 MiB) got three runtimes
+        // filling one 256 MiB cgroup killed by its limit in 7 runs of 10 (docs/design/pool.md,
+        // "When the segment is full").
         if let (Some(size), Some(p)) = (pool, self.engine.and_then(|e| e.pool_tier())) {
             p.set_size(size);
+            p.map_more(usize::MAX);
         }
+
         self.grant.store(grant, Relaxed);
         self.seq.store(seq, Relaxed);
         if let Some(e) = self.engine {
@@ -495,7 +536,7 @@ impl Client {
     }
 
     /// Sends a usage report; returns false when the connection is gone.
-    fn usage(&self, sock: &UnixStream) -> bool {
+    fn usage(&self, sock: &UnixStream, far: &mut FarRate) -> bool {
         let mut u = Usage {
             flags: self.flags_now().to_string(),
             want: self.want_now(),
@@ -513,7 +554,8 @@ impl Client {
             u.sample_parks = c.sample_parks.load(Relaxed);
             u.sample_hits = c.sample_hits.load(Relaxed);
             u.paced_ns = c.paced_ns.load(Relaxed);
-            (u.far_used, u.far_want) = e.far_memory();
+            (u.far_used, u.far_want) = e.far_memory(far.rate);
+            far.update(u.far_used);
             u.tiers = e
                 .tiers
                 .iter()
@@ -545,6 +587,10 @@ impl Client {
                 // Without the daemon nothing says what the peers hold: the limit's whole
                 // excess is this runtime's again.
                 self.set_peers(0);
+                // Nothing grows the far grant now: a fault with no room does not wait.
+                if let Some(e) = self.engine {
+                    e.far_growth.set_daemon(false);
+                }
                 self.connected.store(false, Release);
                 self.generation.fetch_add(1, AcqRel);
                 *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -571,6 +617,8 @@ impl Client {
         let mut last = Instant::now() - REPORT_EVERY;
         let mut last_want = 0u64;
         let mut last_resident = 0u64;
+        let mut last_asks = 0u64;
+        let mut far = FarRate::default();
         loop {
             // Report every 200 ms, and at once when the footprint moved by a MiB or more
             // (a big allocation should not run 200 ms on a budget sized for less).
@@ -586,17 +634,21 @@ impl Client {
                 let limit = e.cgroup.limit.load(Relaxed);
                 limit > 0 && resident.abs_diff(last_resident) >= (limit / 64).max(4 << 20)
             });
+            // A fault waits for the far grant to grow (`paging::room`): report at once.
+            let asks = self.engine.map_or(0, |e| e.far_growth.asks());
             if ack_due
                 || moved
+                || asks != last_asks
                 || last.elapsed() >= REPORT_EVERY
                 || want.abs_diff(last_want) >= 1 << 20
             {
-                if !self.usage(&sock) {
+                if !self.usage(&sock, &mut far) {
                     return;
                 }
                 last = Instant::now();
                 last_want = want;
                 last_resident = resident;
+                last_asks = asks;
             }
             match rd.read(&sock, Reply::fds) {
                 Ok((

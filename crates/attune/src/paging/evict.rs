@@ -38,6 +38,13 @@ fn room(e: &Pager) -> u64 {
     e.tiers.iter().map(|t| t.room()).max().unwrap_or(0)
 }
 
+/// Whether the far tiers can take `bytes` more now (at least one chunk of the
+/// configured size): when they cannot, a fault that still needs them may wait for the
+/// daemon to grow one (`super::room`).
+pub(super) fn has_room_for(e: &Pager, bytes: u64) -> bool {
+    room(e) >= bytes.max(e.cfg.chunk_size as u64)
+}
+
 /// `max_run(e, r)` cut to what `room` can take now (0: not one chunk of `r`).
 fn fitting_run(e: &Pager, r: &Region) -> usize {
     max_run(e, r).min((room(e) / r.chunk as u64) as usize)

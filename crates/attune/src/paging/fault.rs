@@ -220,7 +220,10 @@ fn reserve_dram(e: &Pager, bytes: u64, inline: bool) {
     let want = budget::overrun(now, e.budget());
     if want > 0 {
         e.counters.direct_reclaims.fetch_add(1, Relaxed);
-        let freed = super::evict::reclaim(e, want);
+        let mut freed = super::evict::reclaim(e, want);
+        if freed < want && !super::evict::has_room_for(e, want - freed) {
+            freed += super::room::wait_for_room(e, want - freed);
+        }
         if freed < want {
             e.counters.budget_overruns.fetch_add(1, Relaxed);
         }

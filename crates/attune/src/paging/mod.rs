@@ -9,6 +9,7 @@
 //! * `fill.rs`: chunks of one repeated word, kept as that word (no tier holds them).
 //! * `evict.rs`: the CLOCK and the background evictor (decisions: `attune_policy::victim`).
 //! * `limit.rs`: the budget capped by the memory cgroup's usage, read on the evictor's tick.
+//! * `room.rs`: a fault waiting for the node daemon to grow a full far tier.
 //! * `fault.rs`: the fault path (claim, read-ahead, place) and both deliveries.
 //! * `ops.rs`: allocate, free, pin, hold, discard, prefetch.
 //! * `sampler.rs`: the sampler thread and the online flag prediction.
@@ -22,6 +23,7 @@ mod limit;
 pub mod ops;
 pub mod pager;
 mod removes;
+pub mod room;
 pub mod sample;
 pub mod sampler;
 mod unshare;

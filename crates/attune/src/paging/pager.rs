@@ -105,13 +105,17 @@ pub struct Counters {
     /// faults placed from such words: no tier wrote or read them.
     pub filled_bytes: AtomicU64,
     pub fill_placed_bytes: AtomicU64,
+    /// Faults that found every far tier full and waited for the node daemon to grow one
+    /// (`super::room`), and the time they waited (ns).
+    pub room_waits: AtomicU64,
+    pub room_wait_ns: AtomicU64,
 }
 
 impl Counters {
     /// The counters the statistics report, by their names there (`attune_stats_json`'s
     /// `engine` object, each process snapshot of the `attune run` report and its totals):
     /// one list, so they cannot drift apart. Page movement, then the online prediction.
-    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 26] {
+    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 28] {
         [
             ("faults", &self.faults),
             ("fault_ns", &self.fault_ns),
@@ -119,6 +123,8 @@ impl Counters {
             ("fetched_bytes", &self.fetched_bytes),
             ("evicted_bytes", &self.evicted_bytes),
             ("budget_overruns", &self.budget_overruns),
+            ("room_waits", &self.room_waits),
+            ("room_wait_ns", &self.room_wait_ns),
             ("direct_reclaims", &self.direct_reclaims),
             ("evictor_evicted_bytes", &self.evictor_evicted_bytes),
             ("dropped_behind_bytes", &self.dropped_behind_bytes),
@@ -239,6 +245,41 @@ pub struct Pager {
     pub(crate) removes: super::removes::Removes,
     /// Messages the handler thread read and has not acted on (`super::fault::handler_loop`).
     pub(crate) handler_queue: super::removes::Queue,
+    /// Faults waiting for the node daemon to grow a full far tier (`super::room`).
+    pub far_growth: FarGrowth,
+}
+
+/// A fault waiting for the node daemon to grow a full far tier (`super::room`), between
+/// the fault path and the daemon client.
+pub struct FarGrowth {
+    /// The daemon is connected: its grants can grow the tiers it sizes.
+    pub(super) daemon: AtomicBool,
+    /// Waits begun; the daemon client reports at once when this moved.
+    pub(super) asks: AtomicU64,
+    /// The tiers' granted bytes when the last wait gave up (u64::MAX: none did).
+    pub(super) gave_up_at: AtomicU64,
+}
+
+impl Default for FarGrowth {
+    fn default() -> Self {
+        FarGrowth {
+            daemon: AtomicBool::new(false),
+            asks: AtomicU64::new(0),
+            gave_up_at: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl FarGrowth {
+    /// The daemon client's session began (true) or ended (false).
+    pub fn set_daemon(&self, connected: bool) {
+        self.daemon.store(connected, Release);
+    }
+
+    /// Waits begun so far (the daemon client reports when it moved).
+    pub fn asks(&self) -> u64 {
+        self.asks.load(Acquire)
+    }
 }
 
 /// Set once kernel accesses to some managed memory may fail with EFAULT (see
@@ -397,6 +438,7 @@ impl Pager {
             unshare_pending: AtomicU64::new(0),
             removes: super::removes::Removes::default(),
             handler_queue: super::removes::Queue::default(),
+            far_growth: FarGrowth::default(),
         })
     }
 
@@ -604,19 +646,14 @@ impl Pager {
         self.tiers.iter().find_map(|t| t.as_pool())
     }
 
-    /// Bytes in the `memory` tiers now, and what this process wants there: the managed
-    /// bytes that do not fit its DRAM budget, within the tiers' configured capacity.
-    pub fn far_memory(&self) -> (u64, u64) {
+    /// Bytes in the `memory` tiers now, and what this process wants there
+    /// (`attune_policy::budget::far_want`; `rate`: how fast `used` grew lately, bytes/s).
+    pub fn far_memory(&self, rate: u64) -> (u64, u64) {
         let mem = || self.tiers.iter().filter(|t| t.is_memory());
         let used: u64 = mem().map(|t| t.used()).sum();
         let cap: u64 = mem().map(|t| t.cfg.capacity).sum();
         let outside = self.committed.load(Relaxed).saturating_sub(self.budget());
-        let want = if cap == 0 {
-            0
-        } else {
-            outside.max(used).saturating_add(4 << 20).min(cap)
-        };
-        (used, want)
+        (used, budget::far_want(outside, used, rate, cap))
     }
 
     /// Bytes the active class may hold now (`attune_policy::victim`).
@@ -721,6 +758,8 @@ impl Pager {
             &c.readahead_used_bytes,
             &c.evictor_evicted_bytes,
             &c.budget_overruns,
+            &c.room_waits,
+            &c.room_wait_ns,
             &c.protected_skips,
             &c.unplaced_runs,
             &c.load_errors,

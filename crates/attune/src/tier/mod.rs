@@ -278,7 +278,14 @@ impl FarTier {
         if !self.is_pageable() || (until != 0 && (self.now)() < until) {
             return 0;
         }
-        self.free_bytes()
+        // A pool tier holds no more than its segment, which the daemon sizes to the far
+        // grant rounded down to its unit, and shrinks no lower than the pages in use:
+        // room by the grant alone was up to a unit more than a store could take, so a
+        // fault with no real room placed its chunk over the budget instead of waiting.
+        match self.as_pool() {
+            Some(p) => self.free_bytes().min(p.free_bytes()),
+            None => self.free_bytes(),
+        }
     }
 
     /// Bytes free on the tier by its capacity now.
