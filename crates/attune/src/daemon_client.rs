@@ -498,8 +498,8 @@ impl Client {
         }
         // The segment's growth is mapped before the grant is applied, as it always was:
         // applying the budget before the mapping (150 ms for 512 MiB) got three runtimes
-        // filling one 256 MiB cgroup killed by its limit in 7 runs of 10 (docs/design/pool.md,
-        // "When the segment is full").
+        // filling one 256 MiB cgroup killed by its limit in 6-7 runs of 10: each took all
+        // the free room at once (docs/design/pool.md, "When the segment is full").
         if let (Some(size), Some(p)) = (pool, self.engine.and_then(|e| e.pool_tier())) {
             p.set_size(size);
             p.map_more(usize::MAX);
