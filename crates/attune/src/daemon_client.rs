@@ -39,7 +39,6 @@ enum NotWelcomed {
     Failed(String),
 }
 
-/// A shared region this process maps.
 /// How fast the far tiers' pages grew between reports (`attune_policy::budget::far_want`
 /// reaches ahead by it).
 struct FarRate {
@@ -72,6 +71,7 @@ impl FarRate {
     }
 }
 
+/// A shared region this process maps.
 struct Held {
     file: OwnedFd,
     addr: usize,
@@ -502,9 +502,7 @@ impl Client {
         // the free room at once (docs/design/pool.md, "When the segment is full").
         if let (Some(size), Some(p)) = (pool, self.engine.and_then(|e| e.pool_tier())) {
             p.set_size(size);
-            p.map_more(usize::MAX);
         }
-
         self.grant.store(grant, Relaxed);
         self.seq.store(seq, Relaxed);
         if let Some(e) = self.engine {

@@ -864,10 +864,15 @@ mod tests {
         v
     }
 
+    /// A daemon of 1 GiB of DRAM, no client yet.
+    fn state() -> State {
+        let cfg = crate::config::load(None, &[("dram", "1G".into())], 4 << 30, None).unwrap();
+        State::new(cfg, Vec::new())
+    }
+
     #[test]
     fn each_runtime_is_told_what_the_others_in_its_group_hold() {
-        let cfg = crate::config::load(None, &[("dram", "1G".into())], 4 << 30, None).unwrap();
-        let mut st = State::new(cfg, Vec::new());
+        let mut st = state();
         let mut keep = Vec::new();
         let (a, b) = (
             member(&mut st, "/g1", &mut keep),
@@ -898,8 +903,7 @@ mod tests {
 
     #[test]
     fn runtimes_without_a_limited_group_are_told_nothing() {
-        let cfg = crate::config::load(None, &[("dram", "1G".into())], 4 << 30, None).unwrap();
-        let mut st = State::new(cfg, Vec::new());
+        let mut st = state();
         let mut keep = Vec::new();
         let (a, _b) = (
             member(&mut st, "", &mut keep),

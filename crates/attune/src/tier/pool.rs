@@ -39,13 +39,8 @@ pub struct PoolTier {
     /// The segment's memory file, set once (in a forked child the number is kept but
     /// names an empty file: the parent's segment is not the child's).
     fd: OnceLock<OwnedFd>,
-    /// Pool pages below this may be taken: the part of the segment mapped so far, within
-    /// its size. Every page below it is mapped, so a load's copy never faults on its
-    /// source.
+    /// Pool pages below this may be taken (the daemon's segment size, within `reach`).
     limit: AtomicUsize,
-    /// The segment's size the daemon told, in pages within `reach`: the limit rises to it
-    /// as `map_more` maps the growth, and falls to it at once.
-    size: AtomicUsize,
     /// Per page of offset space: the pool page holding it, plus one (0: none).
     map: AtomicTable,
     /// Pool pages in use, a bit each.
@@ -79,7 +74,6 @@ impl PoolTier {
             base: AtomicUsize::new(0),
             fd: OnceLock::new(),
             limit: AtomicUsize::new(0),
-            size: AtomicUsize::new(0),
             map: table((space as usize).div_ceil(page()))?,
             used: table((reach / page()).div_ceil(64))?,
             hint: AtomicUsize::new(0),
@@ -107,41 +101,24 @@ impl PoolTier {
         }
         self.base.store(addr, Release);
         self.set_size(size);
-        self.map_more(usize::MAX);
         Ok(())
     }
 
-    /// The segment's size now (a grant). A shrink takes effect at once; stores use a
-    /// growth as [`PoolTier::map_more`] maps it.
+    /// The segment's size now (a grant): stores may use pages below it. A growth is
+    /// mapped first (the daemon allocated it before telling), off the fault path, so a
+    /// load's copy never faults on its source; the connection thread applies the grant
+    /// after it (docs/design/pool.md, "When the segment is full").
     pub fn set_size(&self, size: u64) {
         if self.detached.load(Relaxed) {
             return;
         }
         let pages = (size.min(self.reach as u64) as usize) / page();
-        self.size.store(pages, Release);
-        self.limit.fetch_min(pages, AcqRel);
-    }
-
-    /// Maps up to `most` pages more of the segment's growth (the daemon allocated them
-    /// before telling its size) and lets stores use them; returns whether more are left.
-    /// Only the connection thread calls it and `set_size`, so the limit it raises is not
-    /// lowered in between.
-    pub fn map_more(&self, most: usize) -> bool {
-        if self.detached.load(Relaxed) {
-            return false;
-        }
+        let before = self.limit.load(Acquire);
         let base = self.base.load(Acquire);
-        let from = self.limit.load(Acquire);
-        let size = self.size.load(Acquire);
-        let to = size.min(from.saturating_add(most));
-        if to <= from {
-            return false;
+        if base != 0 && pages > before {
+            let _ = mem::populate_read(base + before * page(), (pages - before) * page());
         }
-        if base != 0 {
-            let _ = mem::populate_read(base + from * page(), (to - from) * page());
-        }
-        self.limit.store(to, Release);
-        to < size
+        self.limit.store(pages, Release);
     }
 
     /// The segment's file, to hand back to a restarted daemon.
@@ -180,7 +157,7 @@ impl PoolTier {
     /// shrinks it no lower.
     pub fn top(&self) -> u64 {
         let unit = attune_proto::POOL_UNIT as usize;
-        let top = self.used_top().max(self.size.load(Acquire) * page());
+        let top = self.used_top().max(self.limit.load(Acquire) * page());
         (top.div_ceil(unit) * unit) as u64
     }
 
@@ -469,7 +446,6 @@ impl super::Medium for PoolTier {
         let base = self.base.load(Acquire);
         self.detached.store(true, Relaxed);
         self.limit.store(0, Release);
-        self.size.store(0, Release);
         if let Some(f) = self.fd.get() {
             let blank = attune_sys::unix::pool_memfd("attune-pool-detached")
                 .map_err(|e| format!("tier '{}': {e}", self.name))?;
@@ -531,12 +507,6 @@ mod tests {
         PoolTier::new(&cfg, space).unwrap()
     }
 
-    /// The segment at `size`, mapped (no segment here: nothing to map).
-    fn sized(t: &PoolTier, size: u64) {
-        t.set_size(size);
-        while t.map_more(usize::MAX) {}
-    }
-
     fn runs(t: &PoolTier, first: usize, pages: usize) -> Vec<(usize, Option<usize>, usize)> {
         t.runs(first, pages).collect()
     }
@@ -549,7 +519,7 @@ mod tests {
             Err(Errno(libc::ENOSPC)),
             "no segment: no page"
         );
-        sized(&t, 8 * 4096);
+        t.set_size(8 * 4096);
         t.claim(100, 4).unwrap();
         assert_eq!(runs(&t, 100, 4), vec![(0, Some(0), 4)]);
         t.claim(7, 1).unwrap();
@@ -571,7 +541,7 @@ mod tests {
             "pages in use and the limit, in whole units"
         );
         // A shrunk grant: no page above it, pages in use still count in `top`.
-        sized(&t, 4 * 4096);
+        t.set_size(4 * 4096);
         t.unclaim(300, 4);
         t.claim(400, 1).unwrap();
         assert_eq!(runs(&t, 400, 1), vec![(0, Some(1), 1)], "below the limit");
@@ -591,7 +561,7 @@ mod tests {
     fn scattered_small_chunks_pack_the_pool_densely() {
         // Every 16th page of the offset space stored: 64 KiB units had needed a unit each.
         let t = tier(1 << 20, 1 << 30);
-        sized(&t, 1 << 20);
+        t.set_size(1 << 20);
         for i in 0..256 {
             t.claim(i * 16, 1).unwrap();
         }
@@ -606,7 +576,7 @@ mod tests {
     #[test]
     fn pages_discarded_while_far_are_holes_in_the_runs() {
         let t = tier(1 << 20, 1 << 30);
-        sized(&t, 1 << 20);
+        t.set_size(1 << 20);
         t.claim(10, 8).unwrap();
         t.unclaim(12, 3);
         assert_eq!(
@@ -618,7 +588,7 @@ mod tests {
     #[test]
     fn a_chunk_longer_than_a_word_takes_several_runs() {
         let t = tier(4 << 20, 1 << 30);
-        sized(&t, 4 << 20);
+        t.set_size(4 << 20);
         t.claim(0, 512).unwrap(); // 2 MiB
         let r = runs(&t, 0, 512);
         assert_eq!(r, vec![(0, Some(0), 512)], "consecutive runs coalesce");
@@ -629,7 +599,7 @@ mod tests {
     #[test]
     fn concurrent_claims_never_share_a_page() {
         let t = std::sync::Arc::new(tier(4 << 20, 1 << 30));
-        sized(&t, 4 << 20);
+        t.set_size(4 << 20);
         let hs: Vec<_> = (0..8)
             .map(|i| {
                 let t = t.clone();
