@@ -192,6 +192,9 @@ pub struct CgroupReading {
     /// daemon last told (0: none, or no daemon). Not outside: each of those runtimes
     /// follows the limit too, so an excess is divided among them (`cgroup_cap`).
     pub peers: u64,
+    /// How many those runtimes are, as the daemon last told (0: none, no daemon, or one
+    /// that does not say): the free room below the limit is divided by their number.
+    pub peer_runtimes: u64,
 }
 
 impl CgroupReading {
@@ -217,8 +220,13 @@ impl CgroupReading {
 /// Runtimes that know their peers' pages (`peers`, from the daemon) divide an excess over
 /// the limit in proportion to what each holds, instead of each giving back all of it:
 /// four runtimes in one job's group cut the group four times over before, and a LAT
-/// workflow's budget fell to a quarter of its grant (docs/design/paging.md, "Several
-/// runtimes in one group"). Room below the limit is not divided: the daemon's grants do.
+/// workflow's budget fell to a quarter of its grant. Those that know their peers' number
+/// (`peer_runtimes`) divide the free room below the limit by it, instead of each taking
+/// all of it: six programs filling one group at once overshot its limit between two
+/// readings and were killed (docs/design/paging.md, "Several runtimes in one group").
+/// Their cap then rises to its share at once: shares of one reading add up to the free
+/// room, so no halving is needed to settle, and a runtime alone in its growth takes the
+/// room in a few readings while its idle peers leave theirs.
 pub fn cgroup_cap(r: &CgroupReading, now: u64) -> u64 {
     if r.limit == u64::MAX {
         return u64::MAX;
@@ -226,14 +234,21 @@ pub fn cgroup_cap(r: &CgroupReading, now: u64) -> u64 {
     let margin = cgroup_margin(r.limit, r.rate);
     let room = r.limit.saturating_sub(margin).saturating_sub(r.reserved);
     let held = r.outside() as u128 + r.ours as u128 + r.peers as u128;
-    let target = if held > room as u128 && r.peers > 0 {
-        // The excess, this runtime's part of it by its share of the managed pages.
-        let excess = held - room as u128;
-        let managed = r.ours as u128 + r.peers as u128;
-        let mine = (excess * r.ours as u128).div_ceil(managed);
-        (r.ours as u128).saturating_sub(mine) as u64
+    let target = if held > room as u128 {
+        if r.peers > 0 {
+            // The excess, this runtime's part of it by its share of the managed pages.
+            let excess = held - room as u128;
+            let managed = r.ours as u128 + r.peers as u128;
+            let mine = (excess * r.ours as u128).div_ceil(managed);
+            (r.ours as u128).saturating_sub(mine) as u64
+        } else {
+            room.saturating_sub(r.outside())
+        }
     } else {
-        room.saturating_sub(r.outside()).saturating_sub(r.peers)
+        // Below the limit (`held` counts `ours` whole, so `ours` + the free room is what
+        // the limit leaves this runtime): its share of the free room.
+        let free = room as u128 - held;
+        (r.ours as u128 + free / (r.peer_runtimes as u128 + 1)) as u64
     };
     if now == u64::MAX {
         return target;
@@ -241,8 +256,10 @@ pub fn cgroup_cap(r: &CgroupReading, now: u64) -> u64 {
     let step = cgroup_margin(r.limit, 0) / 16;
     if target + step < now {
         target
-    } else if target > now + step {
+    } else if target > now + step && r.peer_runtimes == 0 {
         now + (target - now) / 2
+    } else if target > now + step {
+        target
     } else {
         now
     }
@@ -377,6 +394,7 @@ mod tests {
             reserved,
             rate: 0,
             peers: 0,
+            peer_runtimes: 0,
         };
         // (reading, cap now) -> cap
         for (rd, now, want, why) in [
@@ -483,6 +501,7 @@ mod tests {
                 reserved: 0,
                 rate: 0,
                 peers: if know { b } else { 0 },
+                peer_runtimes: know as u64,
             };
             let rb = CgroupReading {
                 ours: b,
@@ -519,6 +538,7 @@ mod tests {
             reserved: 0,
             rate: 0,
             peers,
+            peer_runtimes: (peers > 0) as u64,
         };
         let room = 1000 * M - cgroup_margin(1000 * M, 0);
         // Four runtimes hold 1000 MiB, 100 MiB is the programs' own: 100 MiB plus the
@@ -531,11 +551,17 @@ mod tests {
             cgroup_cap(&r(1100 * M, 300 * M, 0), u64::MAX),
             300 * M - excess
         );
-        // Below the limit the room is not divided: the daemon's grants do that.
+        // Below the limit the free room is divided by the runtimes' number: two here.
         assert_eq!(
             cgroup_cap(&r(800 * M, 300 * M, 400 * M), u64::MAX),
-            room - 500 * M
+            300 * M + (room - 800 * M) / 2
         );
+        // A daemon that does not tell the number: this runtime may take all of it.
+        let untold = CgroupReading {
+            peer_runtimes: 0,
+            ..r(800 * M, 300 * M, 400 * M)
+        };
+        assert_eq!(cgroup_cap(&untold, u64::MAX), room - 500 * M);
         // Peers over-reported (they evicted since the daemon heard): outside reads 0 and
         // the excess is counted from the larger figure, never from less than the usage.
         assert!(cgroup_cap(&r(900 * M, 300 * M, 700 * M), u64::MAX) <= room - 600 * M);
@@ -559,6 +585,74 @@ mod tests {
         }
     }
 
+    /// `n` runtimes in a 256 MiB group, each with 4 MiB of its program's own and the
+    /// grants of `wants` (MiB), all reading the group at once and then growing to their
+    /// caps (or to their wants) before the next reading: the group's peak, and what each
+    /// holds after `rounds`. `told`: the daemon tells each the others' number.
+    fn fill_together(wants: &[u64], told: bool, rounds: usize) -> (u64, Vec<u64>) {
+        let (limit, own) = (256 * M, 4 * M);
+        let n = wants.len() as u64;
+        let mut held = vec![0u64; wants.len()];
+        let mut caps = vec![u64::MAX; wants.len()];
+        let mut peak = 0;
+        for _ in 0..rounds {
+            let usage = held.iter().sum::<u64>() + n * own;
+            for (i, cap) in caps.iter_mut().enumerate() {
+                let rd = CgroupReading {
+                    limit,
+                    usage,
+                    reclaimable: 0,
+                    ours: held[i],
+                    reserved: 0,
+                    rate: 0,
+                    peers: usage - n * own - held[i],
+                    peer_runtimes: if told { n - 1 } else { 0 },
+                };
+                *cap = cgroup_cap(&rd, *cap);
+            }
+            for (i, h) in held.iter_mut().enumerate() {
+                *h = caps[i].min(wants[i] * M);
+            }
+            peak = peak.max(held.iter().sum::<u64>() + n * own);
+        }
+        (peak, held)
+    }
+
+    #[test]
+    fn runtimes_filling_one_group_at_once_divide_its_free_room() {
+        let limit = 256 * M;
+        let room = limit - cgroup_margin(limit, 0);
+        // Six programs of 80 MiB (grants of 85 MiB each: 510 MiB in all) start together.
+        // Each taking all the free room, the group is over its limit at the first reading
+        // (the kernel kills); sharing it, never over the room, and the room is used.
+        let (peak, _) = fill_together(&[80; 6], false, 1);
+        assert!(peak > limit, "untold: {peak}");
+        let (peak, held) = fill_together(&[80; 6], true, 20);
+        assert!(peak <= room, "told: {peak}");
+        assert!(peak + 6 * 4096 >= room - 6 * M, "told, room used: {peak}");
+        assert!(
+            held.iter().all(|&h| h.abs_diff(held[0]) <= 4096),
+            "{held:?}"
+        );
+    }
+
+    #[test]
+    fn a_runtime_growing_alone_takes_the_room_its_idle_peers_leave() {
+        // One program of 300 MiB beside five idle ones of 4 MiB: within a few readings it
+        // holds nearly all the room they leave (a margin's 16th is noise).
+        let limit = 256 * M;
+        let room = limit - cgroup_margin(limit, 0);
+        let (_, held) = fill_together(&[300, 4, 4, 4, 4, 4], true, 40);
+        let left = room - held.iter().sum::<u64>() - 6 * 4 * M;
+        assert!(
+            left <= cgroup_margin(limit, 0) / 16 * 6,
+            "{} MiB left: {held:?}",
+            left >> 20
+        );
+        let (_, in_10) = fill_together(&[300, 4, 4, 4, 4, 4], true, 10);
+        assert!(in_10[0] > held[0] * 3 / 4, "{in_10:?}");
+    }
+
     #[test]
     fn the_cgroup_is_read_more_often_near_its_limit() {
         let r = |usage| CgroupReading {
@@ -569,6 +663,7 @@ mod tests {
             reserved: 0,
             rate: 0,
             peers: 0,
+            peer_runtimes: 0,
         };
         assert_eq!(cgroup_check_ms(&r(64 * M)), 50);
         assert_eq!(cgroup_check_ms(&r(120 * M)), 5);

@@ -217,11 +217,15 @@ pub enum Reply {
         pool: Option<u64>,
     },
     /// Resident managed bytes of the other runtimes in this process's memory cgroup (the
-    /// one whose limit binds it), pushed when that sum moves by more than the group's
-    /// step (docs/design/daemon.md). The runtime's `follow_limit` divides an excess over
-    /// the limit among them instead of giving all of it back itself.
+    /// one whose limit binds it) and how many they are, pushed when that sum moves by more
+    /// than the group's step or their number by an eighth (docs/design/daemon.md). The
+    /// runtime's `follow_limit` divides an excess over the limit among them by what each
+    /// holds, and the free room below it by their number.
     Peers {
         resident: u64,
+        /// 0 from a daemon before this field: the room is then not divided.
+        #[serde(default)]
+        runtimes: u32,
     },
     /// A shared region: its memory file is attached (`fds` = 1).
     Shared {

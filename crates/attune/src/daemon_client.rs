@@ -395,7 +395,7 @@ impl Client {
                     },
                     _,
                 )) => self.apply(grant, seq, move_limit, far_grant, pool),
-                Ok((Reply::Peers { resident }, _)) => self.set_peers(resident),
+                Ok((Reply::Peers { resident, runtimes }, _)) => self.set_peers(resident, runtimes),
                 Ok((
                     Reply::Welcome {
                         grant,
@@ -517,11 +517,12 @@ impl Client {
         }
     }
 
-    /// What the other runtimes in this process's memory cgroup hold resident, as the
-    /// daemon says (`paging::limit`).
-    fn set_peers(&self, resident: u64) {
+    /// What the other runtimes in this process's memory cgroup hold resident, and how
+    /// many they are, as the daemon says (`paging::limit`).
+    fn set_peers(&self, resident: u64, runtimes: u32) {
         if let Some(e) = self.engine {
             e.cgroup.peers.store(resident, Relaxed);
+            e.cgroup.peer_runtimes.store(runtimes as u64, Relaxed);
         }
     }
 
@@ -584,7 +585,7 @@ impl Client {
                 self.serve(sock, rd);
                 // Without the daemon nothing says what the peers hold: the limit's whole
                 // excess is this runtime's again.
-                self.set_peers(0);
+                self.set_peers(0, 0);
                 // Nothing grows the far grant now: a fault with no room does not wait.
                 if let Some(e) = self.engine {
                     e.far_growth.set_daemon(false);
@@ -659,7 +660,7 @@ impl Client {
                     },
                     _,
                 )) => self.apply(grant, seq, move_limit, far_grant, pool),
-                Ok((Reply::Peers { resident }, _)) => self.set_peers(resident),
+                Ok((Reply::Peers { resident, runtimes }, _)) => self.set_peers(resident, runtimes),
                 Ok((r, fds)) => {
                     let id = match &r {
                         Reply::Shared { id, .. }

@@ -82,6 +82,7 @@ impl Engine {
     /// Starts the background threads and the SIGBUS resolver.
     pub fn start(self: &'static Self) -> Result<(), InitError> {
         crate::inject::arm_from_env();
+        crate::paging::limit::read_first(&self.pager);
         self.start_threads()?;
         attune_sys::signal::install(on_sigbus)
             .map_err(|e| InitError(format!("cannot install the SIGBUS handler: {e}")))?;

@@ -349,8 +349,19 @@ pub fn handle(
                 peers_told: None,
             });
             st.rebalance();
+            st.clients
+                .get_mut(&id)
+                .unwrap()
+                .reg
+                .as_mut()
+                .unwrap()
+                .welcomed = true;
+            // The group's runtimes hear of the newcomer, and it of them, at once: they
+            // divide the free room below its limit by their number. (The client takes a
+            // `Peers` sent before its welcome too.)
+            let group = st.clients[&id].placement.clone();
+            st.tell_peers(&group);
             let r = st.clients.get_mut(&id).unwrap().reg.as_mut().unwrap();
-            r.welcomed = true;
             let size = r.pool.as_ref().map(|p| p.target);
             // A new segment's file goes with the welcome (the client maps it).
             let fd = match r.pool.as_ref().filter(|_| new_segment) {

@@ -108,8 +108,9 @@ pub struct Registration {
     pub welcomed: bool,
     /// Its segment of the node's far pool, if it has a `pool` tier and the node a pool.
     pub pool: Option<PoolSegment>,
-    /// What it was last told its group's other runtimes hold (`Reply::Peers`).
-    pub peers_told: Option<u64>,
+    /// What it was last told its group's other runtimes hold, and their number
+    /// (`Reply::Peers`).
+    pub peers_told: Option<(u64, u32)>,
 }
 
 /// One runtime's segment of the node's far pool (docs/design/pool.md): a memory file
@@ -312,22 +313,26 @@ impl State {
 
     /// Tells each welcomed runtime of `group`'s memory cgroup what the other runtimes
     /// there hold resident, when that moved by a step (a 64th of the limit, 4-64 MiB)
-    /// since it was last told: the runtimes' `follow_limit` then divides an excess over
-    /// the limit among them (`attune_policy::budget::cgroup_cap`) instead of each giving
-    /// back all of it. Only the sum is told, which the group's usage shows anyway.
+    /// since it was last told, and how many they are, when that moved by an eighth (at
+    /// least one): the runtimes' `follow_limit` then divides an excess over the limit
+    /// among them and the free room below it (`attune_policy::budget::cgroup_cap`)
+    /// instead of each giving back or taking all of it. The eighth bounds the pushes of a
+    /// cold start of n runtimes in one group to O(n log n), not n²; a count told 12% low
+    /// over-commits a twelfth of the free room at most, which the next readings give back
+    /// as an excess. Only the sum and the count are told: the group's usage and its
+    /// `cgroup.procs` show them anyway.
     pub fn tell_peers(&mut self, group: &Placement) {
         if group.mem_group.is_empty() || group.mem_limit == u64::MAX {
             return;
         }
         let step = (group.mem_limit / 64).clamp(4 << 20, 64 << 20);
         let member = |c: &Client| c.placement.mem_group == group.mem_group;
-        let total: u64 = self
+        let (total, count) = self
             .clients
             .values()
             .filter(|c| member(c))
             .filter_map(|c| c.reg.as_ref())
-            .map(|r| r.usage.resident)
-            .sum();
+            .fold((0u64, 0u32), |(t, n), r| (t + r.usage.resident, n + 1));
         for c in self.clients.values_mut() {
             if !member(c) {
                 continue;
@@ -335,15 +340,25 @@ impl State {
             let Some(r) = c.reg.as_mut().filter(|r| r.welcomed) else {
                 continue;
             };
-            let peers = total - r.usage.resident;
+            let peers = (total - r.usage.resident, count - 1);
             let due = match r.peers_told {
-                None => peers > 0,
-                Some(t) => t.abs_diff(peers) >= step || (peers == 0 && t != 0),
+                None => peers != (0, 0),
+                Some((t, n)) => {
+                    t.abs_diff(peers.0) >= step
+                        || (peers.0 == 0 && t != 0)
+                        || n.abs_diff(peers.1) >= (n / 8).max(1)
+                        || (peers.1 == 0 && n != 0)
+                }
             };
             if due {
                 r.peers_told = Some(peers);
-                self.outbox
-                    .push((c.writer.clone(), Reply::Peers { resident: peers }));
+                self.outbox.push((
+                    c.writer.clone(),
+                    Reply::Peers {
+                        resident: peers.0,
+                        runtimes: peers.1,
+                    },
+                ));
             }
         }
     }
@@ -831,7 +846,7 @@ mod tests {
         id
     }
 
-    fn report(st: &mut State, id: u64, resident: u64) -> Vec<(u64, u64)> {
+    fn report(st: &mut State, id: u64, resident: u64) -> Vec<(u64, u64, u32)> {
         st.usage(
             id,
             Usage {
@@ -843,13 +858,13 @@ mod tests {
         told(st)
     }
 
-    /// The `Peers` pushes queued, by client: (client, resident told).
-    fn told(st: &mut State) -> Vec<(u64, u64)> {
+    /// The `Peers` pushes queued, by client: (client, resident told, runtimes told).
+    fn told(st: &mut State) -> Vec<(u64, u64, u32)> {
         let out = std::mem::take(&mut st.outbox);
-        let mut v: Vec<(u64, u64)> = out
+        let mut v: Vec<_> = out
             .into_iter()
             .filter_map(|(w, m)| {
-                let Reply::Peers { resident } = m else {
+                let Reply::Peers { resident, runtimes } = m else {
                     return None;
                 };
                 let id = st
@@ -857,7 +872,7 @@ mod tests {
                     .iter()
                     .find(|(_, c)| Arc::ptr_eq(&c.writer, &w))
                     .map(|(&id, _)| id)?;
-                Some((id, resident))
+                Some((id, resident, runtimes))
             })
             .collect();
         v.sort();
@@ -879,17 +894,19 @@ mod tests {
             member(&mut st, "/g1", &mut keep),
         );
         let other = member(&mut st, "/g2", &mut keep);
-        // a's pages are told to b only: `other` is in another group, a is not told its own.
-        assert_eq!(report(&mut st, a, 100 * M), [(b, 100 * M)]);
-        assert_eq!(report(&mut st, b, 60 * M), [(a, 60 * M)]);
+        // a's pages are told to b only: `other` is in another group, a is not told its own
+        // (but that it has one peer).
+        assert_eq!(report(&mut st, a, 100 * M), [(a, 0, 1), (b, 100 * M, 1)]);
+        assert_eq!(report(&mut st, b, 60 * M), [(a, 60 * M, 1)]);
         assert_eq!(report(&mut st, other, 80 * M), []);
         // A move under the step (a 64th of 256 MiB: 4 MiB) is not told; a larger one is.
         assert_eq!(report(&mut st, a, 103 * M), []);
-        assert_eq!(report(&mut st, a, 110 * M), [(b, 110 * M)]);
-        // A runtime that goes takes its pages with it: the other is told 0.
+        assert_eq!(report(&mut st, a, 110 * M), [(b, 110 * M, 1)]);
+        // A runtime that goes takes its pages with it: the other is told 0, and alone.
         st.remove_client(a);
-        assert_eq!(told(&mut st), [(b, 0)]);
-        // Not welcomed yet: told nothing (its welcome is not out; `Peers` would pass it).
+        assert_eq!(told(&mut st), [(b, 0, 0)]);
+        // Not welcomed yet: told nothing (its welcome is not out; `Peers` would pass it),
+        // but counted for the others.
         let late = member(&mut st, "/g1", &mut keep);
         st.clients
             .get_mut(&late)
@@ -898,7 +915,52 @@ mod tests {
             .as_mut()
             .unwrap()
             .welcomed = false;
-        assert_eq!(report(&mut st, b, 90 * M), []);
+        assert_eq!(report(&mut st, b, 90 * M), [(b, 0, 1)]);
+    }
+
+    #[test]
+    fn a_cold_start_tells_each_runtime_its_peers_number_within_an_eighth() {
+        let mut st = state();
+        let mut keep = Vec::new();
+        let mut ids = Vec::new();
+        let mut pushes = 0;
+        for n in 1..=200u32 {
+            let id = member(&mut st, "/g1", &mut keep);
+            ids.push(id);
+            let group = st.clients[&id].placement.clone();
+            st.tell_peers(&group);
+            pushes += told(&mut st).len();
+            // Every runtime's count is within an eighth of its n - 1 peers (at least 1).
+            for &c in &ids {
+                let (_, told) = st.clients[&c]
+                    .reg
+                    .as_ref()
+                    .unwrap()
+                    .peers_told
+                    .unwrap_or_default();
+                let off = told.abs_diff(n - 1);
+                assert!(off < (told / 8).max(1), "{n} runtimes: one told {told}");
+            }
+        }
+        // O(n log n), not the n²/2 = 20000 of a push per arrival.
+        assert!(pushes < 2500, "{pushes} pushes");
+        // Departures are told the same way, and the last one left is told it is alone.
+        for (k, id) in ids.iter().enumerate().take(199) {
+            st.remove_client(*id);
+            let _ = told(&mut st);
+            let left = 199 - k as u32 - 1;
+            let (_, n) = st.clients[&ids[199]]
+                .reg
+                .as_ref()
+                .unwrap()
+                .peers_told
+                .unwrap();
+            assert!(n.abs_diff(left) < (n / 8).max(1), "{left} left: told {n}");
+        }
+        assert_eq!(
+            st.clients[&ids[199]].reg.as_ref().unwrap().peers_told,
+            Some((0, 0))
+        );
     }
 
     #[test]

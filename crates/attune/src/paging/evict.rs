@@ -571,8 +571,7 @@ pub fn evictor_loop(e: &'static Pager) {
     let mut full = FullWarning::default();
     let mut huge_due = 0u64;
     let mut huge_left = 0usize;
-    let mut limit = super::limit::LimitWatch::new(e);
-    let mut wait_ms = 50;
+    let (mut limit, mut wait_ms) = super::limit::LimitWatch::take_or_read(e);
     while !e.shutdown.load(Relaxed) {
         let notified = e.wake_evictor.wait(wait_ms);
         wait_ms = limit.tick(e);

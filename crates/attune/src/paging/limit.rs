@@ -45,7 +45,34 @@ pub(crate) struct LimitWatch {
     warned: bool,
 }
 
+/// The watch of the engine's start, read once before the program goes on (`read_first`),
+/// for the evictor to take over.
+static FIRST: std::sync::Mutex<Option<(LimitWatch, i32)>> = std::sync::Mutex::new(None);
+
+/// Reads the group once, in the thread that starts the engine, before any page is
+/// placed: the cap holds from the first fault. The evictor's first reading came 50 ms
+/// later (its first wait), and programs starting together in one group filled their
+/// grants before it: 1-5 of six or eight were killed by its limit in every run
+/// (docs/design/paging.md, "Several runtimes in one group").
+pub(crate) fn read_first(e: &Pager) {
+    let mut w = LimitWatch::new(e);
+    let wait = w.tick(e);
+    *FIRST.lock().unwrap_or_else(|p| p.into_inner()) = Some((w, wait));
+}
+
 impl LimitWatch {
+    /// The watch [`read_first`] left, and how long it may wait; else a new one read now
+    /// (a forked child's evictor). `try_lock`: a fork while the parent's evictor held the
+    /// lock leaves it held in the child for ever.
+    pub(crate) fn take_or_read(e: &Pager) -> (LimitWatch, i32) {
+        if let Some(first) = FIRST.try_lock().ok().and_then(|mut f| f.take()) {
+            return first;
+        }
+        let mut w = LimitWatch::new(e);
+        let wait = w.tick(e);
+        (w, wait)
+    }
+
     /// The group whose limit is the tightest on this process's path; none without a limit
     /// or with `follow_limit` off.
     pub(crate) fn new(e: &Pager) -> LimitWatch {
@@ -185,6 +212,7 @@ impl LimitWatch {
             reserved,
             rate: 0,
             peers: e.cgroup.peers.load(Relaxed),
+            peer_runtimes: e.cgroup.peer_runtimes.load(Relaxed),
         };
         let now = attune_sys::os::now_ns();
         // The growth the margin must outrun. Alone in its group: the group's outside.

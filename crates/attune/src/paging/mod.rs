@@ -19,7 +19,7 @@ pub mod evict;
 pub mod fault;
 pub mod fill;
 pub mod huge;
-mod limit;
+pub(crate) mod limit;
 pub mod ops;
 pub mod pager;
 mod removes;

@@ -162,6 +162,9 @@ pub struct CgroupStats {
     /// Resident managed bytes of the other runtimes in the group, as attuned last said
     /// (0: alone, or no daemon): not outside (`attune_policy::budget::CgroupReading`).
     pub peers: AtomicU64,
+    /// How many they are, as attuned last said (0: alone, no daemon, or one before
+    /// this figure): the free room below the limit is divided by it.
+    pub peer_runtimes: AtomicU64,
 }
 
 /// Clock hand over all regions.
