@@ -544,25 +544,69 @@ def test_a_fast_fill_waits_for_its_segment_to_grow(workdir, daemon, user):
             assert proc["room_waits"] < 50, proc
 
 
+def pool_only_run(workdir, user, tag, prog, *args):
+    """`attune run --dram 32M` of tests/run's `prog` with the pool tier alone, as `user`
+    (None: root), its report in a directory the user may write: (command, report)."""
+    if user and os.geteuid() != 0:
+        pytest.skip("needs root to run a program as another user")
+    out = workdir / f"{tag}-{user}"
+    out.mkdir(exist_ok=True)
+    os.chmod(out, 0o777)
+    rep = out / f"{tag}.json"
+    who = ["runuser", "-u", user, "--"] if user else []
+    return [*who, ATTUNE, "run", "--dram", "32M", "--config", pool_only_config(out), "--report", rep,
+            "--", build_plain(workdir, prog), *args], rep
+
+
 @pytest.mark.parametrize("user", [None, "nobody"])
 def test_a_full_pool_costs_one_wait_then_goes_over_the_budget(workdir, daemon, user):
     """The node's pool (32 MiB) is smaller than what leaves DRAM (a program of 256 MiB
     on 32 MiB): no grant can make room, so a fault waits once (at most a second) and then
     places its pages over the budget with a warning, as before; it does not wait again
     at every fault. The program verifies. Also as nobody."""
-    if user and os.geteuid() != 0:
-        pytest.skip("needs root to run a program as another user")
     d = daemon("--dram", "256M", "--far-pool", "32M", "--move-limit", "off")
-    out = workdir / f"full-{user}"
-    out.mkdir(exist_ok=True)
-    os.chmod(out, 0o777)
-    rep = out / "full-pool.json"
-    who = ["runuser", "-u", user, "--"] if user else []
-    p = subprocess.run([*who, ATTUNE, "run", "--dram", "32M", "--config", pool_only_config(out), "--report", rep,
-                        "--", build_plain(workdir, "rand_update"), "256", "100000"],
-                       env=d.env(), capture_output=True, text=True, timeout=300)
+    cmd, rep = pool_only_run(workdir, user, "full", "rand_update", "256", "100000")
+    p = subprocess.run(cmd, env=d.env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "rand_update: OK" in p.stdout, p.stdout + p.stderr
     proc = json.loads(rep.read_text())["per_process"][0]
     assert 1 <= proc["room_waits"] <= 3 and proc["room_wait_ns"] <= 3.5e9, proc
     assert proc["budget_overruns"] > 0, proc
     assert "the far tiers take no more" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("user", [None, "nobody"])
+def test_a_daemon_that_dies_during_a_room_wait_ends_it(workdir, daemon, user):
+    """A fault waiting for the pool to grow (`paging::room`) while the daemon cannot grant
+    (stopped, then killed 400 ms into the wait) ends its wait when the connection does,
+    not at its one-second limit, and the program goes on over its budget and verifies:
+    the segment's pages stay mapped while the daemon is away (docs/design/pool.md). The
+    program is welcomed and allocates first; the daemon is stopped before the fill
+    starts. Also as nobody."""
+    d = daemon("--dram", "256M", "--far-pool", "2G", "--move-limit", "off")
+    cmd, rep = pool_only_run(workdir, user, "dies", "fill_on_cue", "256")
+    p = subprocess.Popen(cmd, env=d.env(ATTUNE_WORKFLOW="dies"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().startswith("fill_on_cue: ready")
+        for _ in range(100):
+            if any(w["name"] == "dies" for w in d.status()["workflows"]):
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("the program never joined the daemon")
+        d.proc.send_signal(signal.SIGSTOP)
+        p.stdin.write("\n")
+        p.stdin.flush()
+        time.sleep(0.4)
+        d.kill()
+        o, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0 and "fill_on_cue: OK" in o, o + err
+    proc = json.loads(rep.read_text())["per_process"][0]
+    # One wait: it began with the fill, in the stopped daemon's 400 ms, and ended with it.
+    assert proc["room_waits"] == 1, proc
+    assert 0.2e9 < proc["room_wait_ns"] < 0.9e9, proc
+    assert proc["budget_overruns"] > 0, proc
+    print(f"as {user or 'root'}: one wait of {proc['room_wait_ns'] / 1e6:.0f} ms")
