@@ -525,7 +525,8 @@ impl State {
     /// ones first (down to what their runtime still uses), then growing ones within what
     /// is left of `far_pool`, so the segments never hold more than the pool however
     /// slowly a runtime gives units back. A segment whose size changes gets a new grant
-    /// (`changed`) even if nothing else did.
+    /// (`changed`) even if nothing else did. A segment grows by `POOL_GROW_STEP` a pass at
+    /// most.
     fn resize_pool_segments(&mut self, changed: &mut Vec<u64>) {
         let Some(far_pool) = self.cfg.far_pool else {
             return;
@@ -550,10 +551,15 @@ impl State {
             let seq = if fresh { r.seq } else { r.seq + 1 };
             let p = r.pool.as_mut().unwrap();
             let others = total - p.size;
-            let want = r
+            let mut want = r
                 .far_grant
                 .unwrap_or(0)
                 .min(far_pool.saturating_sub(others));
+            if want > p.size + POOL_GROW_STEP {
+                // A step now, the rest at the next passes (5 ms apart).
+                want = p.size + POOL_GROW_STEP;
+                request_rebalance();
+            }
             let before = p.target;
             // The segment grows before the runtime hears of it.
             let told = p.resize(want, seq, &who);
@@ -756,6 +762,13 @@ pub fn request_rebalance() {
     *DIRTY.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
     DIRTY.1.notify_one();
 }
+
+/// The most a pool segment grows by in one rebalance: the growth is allocated under the
+/// state lock before its grant goes out, and a fault of that runtime may be waiting for
+/// room (`paging::room`). Grown from 16 MiB to 637 MiB in one pass, a fill's segment
+/// came 221 ms after its fault began to wait, and the lock was held for the allocation;
+/// in steps the wait is 37-53 ms (docs/design/pool.md, "When the segment is full").
+const POOL_GROW_STEP: u64 = 64 << 20;
 
 /// The rebalancer thread's loop.
 pub fn rebalancer(state: Arc<Mutex<State>>) {
@@ -961,6 +974,40 @@ mod tests {
             st.clients[&ids[199]].reg.as_ref().unwrap().peers_told,
             Some((0, 0))
         );
+    }
+
+    #[test]
+    fn a_pool_segment_grows_a_step_a_pass() {
+        let cfg = crate::config::load(
+            None,
+            &[("dram", "1G".into()), ("far_pool", "2G".into())],
+            8 << 30,
+            None,
+        )
+        .unwrap();
+        let mut st = State::new(cfg, Vec::new());
+        let mut keep = Vec::new();
+        let id = member(&mut st, "", &mut keep);
+        let file = attune_sys::unix::memfd_growable("seg").unwrap();
+        attune_sys::unix::resize_allocated(&file, 0, 16 * M).unwrap();
+        let r = st.clients.get_mut(&id).unwrap().reg.as_mut().unwrap();
+        r.far_grant = Some(200 * M);
+        r.pool = Some(PoolSegment {
+            file,
+            size: 16 * M,
+            target: 16 * M,
+            target_seq: 0,
+            top: 0,
+        });
+        // 16 -> 80 -> 144 -> 200 MiB, a grant each (the runtime hears of each step).
+        let mut sizes = Vec::new();
+        for _ in 0..4 {
+            let mut changed = Vec::new();
+            st.resize_pool_segments(&mut changed);
+            let r = st.clients[&id].reg.as_ref().unwrap();
+            sizes.push((r.pool.as_ref().unwrap().target / M, changed == [id]));
+        }
+        assert_eq!(sizes, [(80, true), (144, true), (200, true), (200, false)]);
     }
 
     #[test]
