@@ -256,10 +256,12 @@ pub fn cgroup_cap(r: &CgroupReading, now: u64) -> u64 {
     let step = cgroup_margin(r.limit, 0) / 16;
     if target + step < now {
         target
-    } else if target > now + step && r.peer_runtimes == 0 {
-        now + (target - now) / 2
     } else if target > now + step {
-        target
+        if r.peer_runtimes == 0 {
+            now + (target - now) / 2
+        } else {
+            target
+        }
     } else {
         now
     }

@@ -656,6 +656,25 @@ mod tests {
     }
 
     #[test]
+    fn peers_from_a_daemon_before_their_number_read_as_none() {
+        // A daemon before `runtimes` sends the sum alone: the runtime then divides no room.
+        let old: Reply = serde_json::from_str(r#"{"op":"peers","resident":7}"#).unwrap();
+        assert_eq!(
+            old,
+            Reply::Peers {
+                resident: 7,
+                runtimes: 0
+            }
+        );
+        let new = serde_json::to_string(&Reply::Peers {
+            resident: 7,
+            runtimes: 3,
+        })
+        .unwrap();
+        assert_eq!(new, r#"{"op":"peers","resident":7,"runtimes":3}"#);
+    }
+
+    #[test]
     fn unannounced_descriptors_are_refused() {
         let (a, b) = UnixStream::pair().unwrap();
         let m = attune_sys::unix::memfd_sized("x", 4096).unwrap();

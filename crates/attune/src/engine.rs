@@ -82,8 +82,8 @@ impl Engine {
     /// Starts the background threads and the SIGBUS resolver.
     pub fn start(self: &'static Self) -> Result<(), InitError> {
         crate::inject::arm_from_env();
-        crate::paging::limit::read_first(&self.pager);
-        self.start_threads()?;
+        let first = crate::paging::limit::LimitWatch::read(&self.pager);
+        self.start_threads(Some(first))?;
         attune_sys::signal::install(on_sigbus)
             .map_err(|e| InitError(format!("cannot install the SIGBUS handler: {e}")))?;
         Ok(())
@@ -91,8 +91,12 @@ impl Engine {
 
     /// Starts the background threads (evictor, fault handler, NUMA heat scanner, sampler):
     /// at start, and in a forked child, which has none of its parent's threads. Returns
-    /// how many; each counts itself in `threads_started` when its body begins.
-    pub(crate) fn start_threads(self: &'static Self) -> Result<u32, InitError> {
+    /// how many; each counts itself in `threads_started` when its body begins. `limit`:
+    /// the memory cgroup's first reading, for the evictor (None: it reads it itself).
+    pub(crate) fn start_threads(
+        self: &'static Self,
+        limit: Option<(crate::paging::limit::LimitWatch, i32)>,
+    ) -> Result<u32, InitError> {
         let pager = &self.pager;
         let cfg = &pager.cfg;
         let spawned = std::cell::Cell::new(0u32);
@@ -108,7 +112,7 @@ impl Engine {
         spawn(
             "attune-evict",
             "evictor",
-            Box::new(move || crate::paging::evict::evictor_loop(pager)),
+            Box::new(move || crate::paging::evict::evictor_loop(pager, limit)),
         )?;
         spawn(
             "attune-fault",

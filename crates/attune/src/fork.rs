@@ -236,7 +236,7 @@ fn start_serving(e: &'static Engine) -> Result<(), String> {
     // there until the threads have begun.
     let _held = p.hold_range(CTYPE_DATA.load(Acquire), CTYPE_DATA_BYTES);
     let before = p.threads_started.load(Acquire);
-    let started = e.start_threads().map_err(|x| x.0)?;
+    let started = e.start_threads(None).map_err(|x| x.0)?;
     let t0 = attune_sys::os::now_ns();
     while p.threads_started.load(Acquire).wrapping_sub(before) < started {
         if attune_sys::os::now_ns() - t0 > START_TIMEOUT_NS {

@@ -563,7 +563,8 @@ const HUGE_SLICE_NS: u64 = 10_000_000;
 
 /// The background evictor: keeps `headroom` free below the budget, and tests active
 /// chunks while activations are denied (paced to `ACTIVE_TESTS_PER_S`).
-pub fn evictor_loop(e: &'static Pager) {
+/// `first`: the watch of the memory cgroup `Engine::start` read (None in a forked child).
+pub(crate) fn evictor_loop(e: &'static Pager, first: Option<(super::limit::LimitWatch, i32)>) {
     os::block_all_signals();
     let mut denied_seen = 0u64;
     let mut test_credit = 0f64;
@@ -571,7 +572,7 @@ pub fn evictor_loop(e: &'static Pager) {
     let mut full = FullWarning::default();
     let mut huge_due = 0u64;
     let mut huge_left = 0usize;
-    let (mut limit, mut wait_ms) = super::limit::LimitWatch::take_or_read(e);
+    let (mut limit, mut wait_ms) = first.unwrap_or_else(|| super::limit::LimitWatch::read(e));
     while !e.shutdown.load(Relaxed) {
         let notified = e.wake_evictor.wait(wait_ms);
         wait_ms = limit.tick(e);

@@ -45,29 +45,15 @@ pub(crate) struct LimitWatch {
     warned: bool,
 }
 
-/// The watch of the engine's start, read once before the program goes on (`read_first`),
-/// for the evictor to take over.
-static FIRST: std::sync::Mutex<Option<(LimitWatch, i32)>> = std::sync::Mutex::new(None);
-
-/// Reads the group once, in the thread that starts the engine, before any page is
-/// placed: the cap holds from the first fault. The evictor's first reading came 50 ms
-/// later (its first wait), and programs starting together in one group filled their
-/// grants before it: 1-5 of six or eight were killed by its limit in every run
-/// (docs/design/paging.md, "Several runtimes in one group").
-pub(crate) fn read_first(e: &Pager) {
-    let mut w = LimitWatch::new(e);
-    let wait = w.tick(e);
-    *FIRST.lock().unwrap_or_else(|p| p.into_inner()) = Some((w, wait));
-}
-
 impl LimitWatch {
-    /// The watch [`read_first`] left, and how long it may wait; else a new one read now
-    /// (a forked child's evictor). `try_lock`: a fork while the parent's evictor held the
-    /// lock leaves it held in the child for ever.
-    pub(crate) fn take_or_read(e: &Pager) -> (LimitWatch, i32) {
-        if let Some(first) = FIRST.try_lock().ok().and_then(|mut f| f.take()) {
-            return first;
-        }
+    /// A watch with its first reading done, and how long it may wait before the next.
+    /// `Engine::start` reads before any page is placed and hands the watch to the
+    /// evictor (`evictor_loop`), so the cap holds from the first fault: the evictor's
+    /// first reading came 50 ms later (its first wait), and programs starting together
+    /// in one group filled their grants before it: 1-5 of six or eight were killed by
+    /// its limit in every run (docs/design/paging.md, "Several runtimes in one group").
+    /// A forked child's evictor reads at once.
+    pub(crate) fn read(e: &Pager) -> (LimitWatch, i32) {
         let mut w = LimitWatch::new(e);
         let wait = w.tick(e);
         (w, wait)
