@@ -137,17 +137,30 @@ pub fn cgroup_margin(limit: u64, rate: u64) -> u64 {
         .max((rate / 10).min(limit / 4))
 }
 
-/// The shortest span (ns) over which a runtime with peers measures its own growth
-/// (`cgroup_rate` of its resident set less its managed pages).
+/// The shortest span (ns) over which the runtime measures growth (`cgroup_rate_over`), at
+/// every reading of its group over the last 20 ms or more. Read 5 ms apart, what a group
+/// holds outside the runtime's pages moves by 0.5-2 MiB either way with nothing growing
+/// (the kernel's per-CPU charge batches, page tables, a file tier's pages between dirty
+/// and clean), which read as 100-500 MB/s and held the margin at a quarter of the limit:
+/// `test_a_budget_above_the_limit_is_lowered_and_the_program_finishes` ended 13-20 MiB
+/// under its cap. A process's resident set and its managed pages, read microseconds
+/// apart, looked like GB/s over a millisecond the same way.
 pub const OWN_RATE_WINDOW_NS: u64 = 20_000_000;
 
 /// The recent growth rate of what a group holds outside the runtime's pages (bytes/s):
 /// the rate since the last reading, or the previous one halved every 500 ms if higher, so
 /// a program that grows in steps keeps its margin through the pauses between them.
 pub fn cgroup_rate(prev_rate: u64, rise: u64, dt_ns: u64) -> u64 {
-    let dt = dt_ns.max(1_000_000) as f64 / 1e9;
-    let now = rise as f64 / dt;
-    let kept = prev_rate as f64 * 0.5f64.powf(dt / 0.5);
+    cgroup_rate_over(prev_rate, rise, dt_ns, dt_ns)
+}
+
+/// [`cgroup_rate`] of a `rise` over `span_ns`, the previous rate decayed over the
+/// `elapsed_ns` since it was taken: readings 5 ms apart each measure the last 20 ms
+/// (`OWN_RATE_WINDOW_NS`), and the decay still halves the rate every 500 ms of time.
+pub fn cgroup_rate_over(prev_rate: u64, rise: u64, span_ns: u64, elapsed_ns: u64) -> u64 {
+    let span = span_ns.max(1_000_000) as f64 / 1e9;
+    let now = rise as f64 / span;
+    let kept = prev_rate as f64 * 0.5f64.powf(elapsed_ns as f64 / 1e9 / 0.5);
     now.max(kept) as u64
 }
 
@@ -275,14 +288,33 @@ pub fn cgroup_near(r: &CgroupReading) -> bool {
     r.limit != u64::MAX && held.saturating_add(2 * cgroup_margin(r.limit, r.rate)) >= r.limit
 }
 
-/// How long the runtime may wait before it reads its memory cgroup again: 5 ms near the
-/// limit, else 50 ms (the evictor's tick).
-pub fn cgroup_check_ms(r: &CgroupReading) -> u32 {
-    if cgroup_near(r) {
-        5
-    } else {
-        50
+/// The growth the cgroup's reading interval is sized for (bytes/s): one thread writing
+/// fresh 4 KiB pages, 1.9 µs a first-touch fault on this kind of machine
+/// (../shared/notes/machine-limits.md). A Python interpreter filling a list grows by
+/// 400-700 MB/s.
+pub const CGROUP_FAST_GROWTH: u64 = 2 << 30;
+
+/// How long the runtime may wait before it reads its memory cgroup again (ms): 5 near the
+/// limit, 50 (the evictor's tick) far from it, and in between the time growth at
+/// `CGROUP_FAST_GROWTH` takes to bring the group within two margins of its limit. The
+/// group is counted as if this process's managed pages filled `budget` and its in-process
+/// tiers (`reserved`): they may, without another reading. Fixed 50 ms below the two
+/// margins let a Python heap grow by 35 MiB unread from 38 MiB below a 160 MiB limit, and
+/// CI once saw the kernel kill it (docs/design/paging.md, "Budgets under a memory
+/// cgroup"). A reading costs 33 µs here.
+pub fn cgroup_check_ms(r: &CgroupReading, budget: u64) -> u32 {
+    if r.limit == u64::MAX {
+        return 50;
     }
+    let held = r.usage.saturating_sub(r.reclaimable);
+    let filled = held
+        .saturating_sub(r.ours)
+        .saturating_add(budget)
+        .saturating_add(r.reserved)
+        .max(held);
+    let near = r.limit.saturating_sub(2 * cgroup_margin(r.limit, r.rate));
+    let ms = near.saturating_sub(filled) as u128 * 1000 / CGROUP_FAST_GROWTH as u128;
+    ms.clamp(5, 50) as u32
 }
 
 pub use crate::victim::active_target;
@@ -667,8 +699,32 @@ mod tests {
             peers: 0,
             peer_runtimes: 0,
         };
-        assert_eq!(cgroup_check_ms(&r(64 * M)), 50);
-        assert_eq!(cgroup_check_ms(&r(120 * M)), 5);
+        // 5 ms within two margins (8 MiB) of the limit, 50 ms when growth at 2 GiB/s
+        // takes that long to get there, in between the time it takes.
+        let at = |usage, budget| cgroup_check_ms(&r(usage), budget);
+        assert_eq!(at(120 * M, 0), 5);
+        assert_eq!(at(64 * M, 0), 27); // 56 MiB at 2 GiB/s
+        assert_eq!(at(20 * M, 0), 48);
+        let big = CgroupReading {
+            limit: 8 << 30,
+            ..r(64 * M)
+        };
+        assert_eq!(cgroup_check_ms(&big, 0), 50);
+        let none = CgroupReading {
+            limit: u64::MAX,
+            ..r(64 * M)
+        };
+        assert_eq!(cgroup_check_ms(&none, 0), 50);
+        // The budget this process may still fill counts as held: 64 MiB of outside
+        // memory beside a budget of 48 MiB leaves 8 MiB to the two margins.
+        assert_eq!(at(64 * M, 48 * M), 5);
+        assert_eq!(at(64 * M, 24 * M), 15);
+        // Managed pages already resident are not counted twice.
+        let ours = CgroupReading {
+            ours: 24 * M,
+            ..r(64 * M)
+        };
+        assert_eq!(cgroup_check_ms(&ours, 24 * M), 27);
         assert_eq!(cgroup_margin(128 * M, 0), 4 * M);
         assert_eq!(cgroup_margin(8 << 30, 0), 64 * M);
         // Fast growth widens the margin, to a quarter of the limit at most.
@@ -678,6 +734,18 @@ mod tests {
             cgroup_thresholds(128 * M),
             [96 * M, 112 * M, 120 * M, 124 * M, 126 * M]
         );
+    }
+
+    #[test]
+    fn growth_is_measured_over_the_window_and_decays_by_time() {
+        // 2 MiB over the last 20 ms is 100 MiB/s, whether the last reading was 5 ms ago.
+        assert_eq!(cgroup_rate_over(0, 2 * M, 20_000_000, 5_000_000), 100 * M);
+        // A rate kept decays by the time since it was taken, not by the window: readings
+        // 5 ms apart keep nearly all of it.
+        let kept = cgroup_rate_over(500 * M, 0, 20_000_000, 5_000_000);
+        assert!(kept > 495 * M && kept < 500 * M, "{kept}");
+        // The same rise read over 5 ms alone: four times the rate (the noise it removes).
+        assert_eq!(cgroup_rate(0, 2 * M, 5_000_000), 400 * M);
     }
 
     #[test]

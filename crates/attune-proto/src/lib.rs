@@ -63,6 +63,9 @@ pub enum Request {
         /// attached after the shared regions' files.
         #[serde(default, skip_serializing_if = "is_false")]
         pool_held: bool,
+        /// It reads its memory cgroup's board ([`BOARD_WORDS`]) and asks for a slot.
+        #[serde(default, skip_serializing_if = "is_false")]
+        board: bool,
         #[serde(default)]
         fds: usize,
     },
@@ -182,6 +185,16 @@ pub struct Usage {
     pub ack: u64,
 }
 
+/// The board of a memory cgroup's runtimes: a sealed memory file of this many 64-bit
+/// words the daemon shares with every runtime it welcomed in that group. Word 0 is how
+/// many they are (the daemon writes it); word `slot` is what the runtime given that slot
+/// holds resident, in bytes (it writes it, the daemon zeroes it when the runtime goes).
+/// Each runtime sums the others' words when it reads its group: what its peers hold,
+/// without the report-and-push round trip of `Peers`, which lagged 50-140 MiB behind
+/// three programs filling a group at once (docs/design/paging.md, "Several runtimes in
+/// one group"). 4095 slots; a runtime beyond them gets none and `Peers` alone.
+pub const BOARD_WORDS: usize = 4096;
+
 /// Daemon to client.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
@@ -200,6 +213,11 @@ pub enum Reply {
         /// segment's memory file is attached (`fds` = 1).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pool: Option<u64>,
+        /// Its slot on the board of its memory cgroup's runtimes (None: no board; the
+        /// group has no limit, or its board is full). The board's memory file is
+        /// attached after the segment's (`fds` counts both). Layout: [`BOARD_WORDS`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        board: Option<u32>,
         #[serde(default, skip_serializing_if = "is_zero_usize")]
         fds: usize,
     },

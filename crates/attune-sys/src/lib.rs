@@ -25,7 +25,7 @@
 //! off; [`probe`] asks the kernel which it has), [`uffd`] (userfaultfd ioctls), [`mem`] (mmap/madvise/files, raw mmap for the
 //! interposer), [`numa`] (memory policy, page migration, mlock), [`pagemap`] (written-page tracking), [`libc_alloc`] (the program's allocator behind the interposer, and glibc's heap for the runtime's own data),
 //! [`signal`] (SIGBUS hook), [`small_heap`] (mimalloc heaps in managed memory), [`os`] (small helpers: eventfd, time, thread ids, /proc), `raw` (the runtime's own read/write/pread/pwrite/sendmsg/recvmsg as system calls),
-//! [`perf`] (software perf counters: page faults), [`global`] (the process-wide published runtime), [`elf`] (the loaded objects and what they import), [`caller`] (exported entry points that pass on their caller's address), [`unix`] (peer credentials, descriptor passing, memory files for shared regions and the far pool).
+//! [`perf`] (software perf counters: page faults), [`global`] (the process-wide published runtime), [`elf`] (the loaded objects and what they import), [`caller`] (exported entry points that pass on their caller's address), [`unix`] (peer credentials, descriptor passing, memory files for shared regions, the far pool and the boards of a memory cgroup's runtimes).
 
 pub mod caller;
 pub mod elf;

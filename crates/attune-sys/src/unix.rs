@@ -407,6 +407,28 @@ mod tests {
     }
 
     #[test]
+    fn shared_words_are_seen_by_every_mapping_and_refuse_unsealed_files() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let a = SharedWords::create("words-test", 512).unwrap();
+        let b = SharedWords::attach(dup(a.fd()).unwrap(), 512).unwrap();
+        a.words()[7].store(0xfeed, Relaxed);
+        assert_eq!(b.words()[7].load(Relaxed), 0xfeed);
+        assert_eq!(b.words().len(), 512);
+        // Fewer words than asked, a file that could shrink, no words: refused.
+        assert_eq!(
+            SharedWords::attach(dup(a.fd()).unwrap(), 513).err(),
+            Some(Errno(libc::EINVAL))
+        );
+        let g = memfd_growable("words-unsealed").unwrap();
+        resize_allocated(&g, 0, 4096).unwrap();
+        assert_eq!(SharedWords::attach(g, 8).err(), Some(Errno(libc::EINVAL)));
+        assert_eq!(
+            SharedWords::attach(dup(a.fd()).unwrap(), 0).err(),
+            Some(Errno(libc::EINVAL))
+        );
+    }
+
+    #[test]
     fn read_only_seal_refuses_writes_and_writable_maps() {
         use std::io::Write;
         let fd = memfd_growable("stage-test").unwrap();
@@ -432,5 +454,63 @@ mod tests {
         assert!(is_sealed_memfd(&m));
         let f = std::fs::File::open("/proc/self/exe").unwrap();
         assert!(!is_sealed_memfd(&f));
+    }
+}
+
+/// Words of memory several processes share through a sealed memory file ([`memfd_sized`]),
+/// read and written only as atomics: what the node daemon's board of a memory cgroup's
+/// runtimes is made of (each runtime's resident bytes in its slot). Any bit pattern is a
+/// valid `AtomicU64`, so words another process writes (a confused or hostile one) are
+/// figures to doubt, never unsoundness; the seals keep the file from shrinking under the
+/// mapping (a truncation would turn every read into SIGBUS).
+pub struct SharedWords {
+    addr: usize,
+    len: usize,
+    fd: OwnedFd,
+}
+
+// SAFETY: the mapping is only reached as `&[AtomicU64]`; it lives until drop.
+unsafe impl Send for SharedWords {}
+// SAFETY: as above: shared access is atomic.
+unsafe impl Sync for SharedWords {}
+
+impl SharedWords {
+    /// A new memory file of `n` zeroed words, mapped.
+    pub fn create(name: &str, n: usize) -> SysResult<SharedWords> {
+        let fd = memfd_sized(name, (n * 8) as u64)?;
+        Self::attach(fd, n)
+    }
+
+    /// Maps `n` words of a memory file someone passed: refused (EINVAL) unless it is a
+    /// memory file sealed against shrinking and holding at least `n` words.
+    pub fn attach(fd: OwnedFd, n: usize) -> SysResult<SharedWords> {
+        let len = n
+            .checked_mul(8)
+            .filter(|&l| l > 0)
+            .ok_or(Errno(libc::EINVAL))?;
+        if !is_sealed_memfd(&fd) || fd_size(&fd)? < len as u64 {
+            return Err(Errno(libc::EINVAL));
+        }
+        let addr = map_shared(&fd, len, true)?;
+        Ok(SharedWords { addr, len: n, fd })
+    }
+
+    pub fn words(&self) -> &[std::sync::atomic::AtomicU64] {
+        // SAFETY: `addr` is a live, page-aligned shared mapping of `len` words that cannot
+        // shrink (sealed); atomics accept every bit pattern other processes may store.
+        unsafe {
+            std::slice::from_raw_parts(self.addr as *const std::sync::atomic::AtomicU64, self.len)
+        }
+    }
+
+    /// The memory file, to pass to another process.
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+}
+
+impl Drop for SharedWords {
+    fn drop(&mut self) {
+        let _ = crate::mem::unmap(self.addr, self.len * 8);
     }
 }

@@ -340,6 +340,7 @@ impl Client {
             shared: held,
             pool: pool.is_some(),
             pool_held: pool_held.is_some(),
+            board: self.engine.is_some(),
         };
         attune_proto::write_frame(&sock, &req, &fds).map_err(|e| {
             NotWelcomed::Failed(format!("the registration could not be sent ({e})"))
@@ -403,10 +404,14 @@ impl Client {
                         move_limit,
                         far_grant,
                         pool: segment,
+                        board,
                         ..
                     },
                     mut got,
                 )) => {
+                    // The board's file comes last, after the segment's.
+                    let board_fd = board.and_then(|_| got.pop());
+                    self.take_board(board, board_fd);
                     if let Some(p) = pool {
                         self.take_segment(p, segment, got.pop());
                     }
@@ -519,6 +524,33 @@ impl Client {
 
     /// What the other runtimes in this process's memory cgroup hold resident, and how
     /// many they are, as the daemon says (`paging::limit`).
+    /// The board of this process's memory cgroup's runtimes and its slot there
+    /// (`attune_proto::BOARD_WORDS`): the evictor publishes its resident pages there and
+    /// reads the others' at each reading of the group. None: the peers' figures come
+    /// from `Peers` alone.
+    fn take_board(&self, slot: Option<u32>, fd: Option<OwnedFd>) {
+        let Some(e) = self.engine else { return };
+        let board = match (slot, fd) {
+            (Some(slot), Some(fd)) if (1..attune_proto::BOARD_WORDS).contains(&(slot as usize)) => {
+                match attune_sys::unix::SharedWords::attach(fd, attune_proto::BOARD_WORDS) {
+                    Ok(words) => Some(crate::paging::Board {
+                        words,
+                        slot: slot as usize,
+                    }),
+                    Err(err) => {
+                        crate::info!("the board of this memory cgroup cannot be mapped ({err:?}): peers from attuned's reports");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        if let Some(b) = &board {
+            b.publish(e.resident.load(Relaxed));
+        }
+        e.cgroup.set_board(board);
+    }
+
     fn set_peers(&self, resident: u64, runtimes: u32) {
         if let Some(e) = self.engine {
             e.cgroup.peers.store(resident, Relaxed);
@@ -586,6 +618,9 @@ impl Client {
                 // Without the daemon nothing says what the peers hold: the limit's whole
                 // excess is this runtime's again.
                 self.set_peers(0, 0);
+                if let Some(e) = self.engine {
+                    e.cgroup.set_board(None);
+                }
                 // Nothing grows the far grant now: a fault with no room does not wait.
                 if let Some(e) = self.engine {
                     e.far_growth.set_daemon(false);

@@ -228,6 +228,9 @@ const CTYPE_DATA_BYTES: usize = 1024;
 /// between the two registrations.
 fn start_serving(e: &'static Engine) -> Result<(), String> {
     let p = &e.pager;
+    // The parent's slot on its group's board is the parent's: the child's evictor would
+    // publish the child's pages there. The child gets its own when it joins the daemon.
+    p.cgroup.set_board(None);
     // glibc starts a thread with every signal blocked and reads the global locale's
     // LC_CTYPE data (`__ctype_init`) before it restores the mask. Under `--small` that
     // data is in a managed arena, and a fault there cannot be delivered: the kernel kills

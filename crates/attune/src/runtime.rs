@@ -163,8 +163,14 @@ fn start(path: Option<&std::path::Path>) -> Result<Runtime, String> {
         Ok(e) => {
             let e: &'static Engine = Box::leak(Box::new(e));
             crate::engine::publish(Some(e));
-            e.start().map_err(|x| x.0)?;
+            // Registered before the engine starts: the daemon tells what the memory
+            // cgroup's other runtimes hold before its welcome (`Reply::Peers`), and the
+            // engine's first reading of the group needs it. Read first, those runtimes'
+            // pages were this program's "outside" until the next reading, and the
+            // growth rate taken from them widened the margin to a quarter of the limit
+            // (docs/design/paging.md, "Several runtimes in one group").
             crate::daemon_client::start(&e.pager.cfg, Some(&e.pager))?;
+            e.start().map_err(|x| x.0)?;
             if let Some(f) = ON_START.get() {
                 f();
             }

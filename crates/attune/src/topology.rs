@@ -284,6 +284,9 @@ pub struct CgroupSample {
     /// Page cache the kernel reclaims before it kills: file pages neither mapped by a
     /// process (programs' text and data: reclaiming them thrashes) nor dirty.
     pub reclaimable: u64,
+    /// File pages dirty or under write-back: not reclaimable until written, and gone
+    /// again once they are (a buffered file tier's stores come and go by MiBs).
+    pub dirty: u64,
 }
 
 impl CgroupMemory {
@@ -307,11 +310,12 @@ impl CgroupMemory {
         let limit = f(Self::limit_file(self.v1))
             .and_then(|v| parse_limit(&v))
             .unwrap_or(u64::MAX);
-        let reclaimable = f("memory.stat").map_or(0, |s| reclaimable(&s, self.v1));
+        let (reclaimable, dirty) = f("memory.stat").map_or((0, 0), |s| file_pages(&s, self.v1));
         Some(CgroupSample {
             limit,
             usage,
             reclaimable,
+            dirty,
         })
     }
 }
@@ -319,6 +323,11 @@ impl CgroupMemory {
 /// Reclaimable page cache from a `memory.stat`: active and inactive file pages less the
 /// mapped, dirty and writeback ones (v1's hierarchical `total_*` rows; v2's rows are hierarchical already).
 pub fn reclaimable(stat: &str, v1: bool) -> u64 {
+    file_pages(stat, v1).0
+}
+
+/// [`reclaimable`], and the dirty and writeback file pages.
+pub fn file_pages(stat: &str, v1: bool) -> (u64, u64) {
     let row = |key: &str| -> u64 {
         let key = if v1 {
             format!("total_{key}")
@@ -334,12 +343,16 @@ pub fn reclaimable(stat: &str, v1: bool) -> u64 {
     };
     // Dirty and writeback pages wait for the disk before the kernel can take them (a
     // buffered file tier's stores are such pages).
-    let held = if v1 {
-        row("mapped_file") + row("dirty") + row("writeback")
+    let (mapped, dirty) = if v1 {
+        (row("mapped_file"), row("dirty") + row("writeback"))
     } else {
-        row("file_mapped") + row("file_dirty") + row("file_writeback")
+        (
+            row("file_mapped"),
+            row("file_dirty") + row("file_writeback"),
+        )
     };
-    (row("active_file") + row("inactive_file")).saturating_sub(held)
+    let file = row("active_file") + row("inactive_file");
+    (file.saturating_sub(mapped + dirty), dirty.min(file))
 }
 
 #[cfg(test)]
@@ -399,6 +412,7 @@ mod tests {
     fn reclaimable_cache_is_unmapped_file_pages_in_both_versions() {
         let v2 = "anon 100\nfile 9\nactive_file 4096\ninactive_file 8192\nfile_mapped 1024\nfile_dirty 512\nfile_writeback 256\nshmem 77\n";
         assert_eq!(reclaimable(v2, false), 10496);
+        assert_eq!(file_pages(v2, false), (10496, 768));
         // Mapped shared memory can count more mapped than file pages: never below zero.
         assert_eq!(
             reclaimable("total_active_file 1\ntotal_mapped_file 5\n", true),

@@ -140,14 +140,14 @@ fn connection(sock: UnixStream, state: Shared) {
     lock(&state).remove_client(id);
 }
 
-fn err(id: u64, errno: i32, message: impl Into<String>) -> Option<(Reply, Option<OwnedFd>)> {
+fn err(id: u64, errno: i32, message: impl Into<String>) -> Option<(Reply, Vec<OwnedFd>)> {
     Some((
         Reply::Error {
             id,
             errno,
             message: message.into(),
         },
-        None,
+        Vec::new(),
     ))
 }
 
@@ -267,15 +267,15 @@ pub fn handle(
     uid: u32,
     req: Request,
     fds: Vec<OwnedFd>,
-) -> Option<(Reply, Option<OwnedFd>)> {
+) -> Option<(Reply, Vec<OwnedFd>)> {
     match req {
-        Request::Ping { id: rid } => Some((Reply::Pong { id: rid }, None)),
+        Request::Ping { id: rid } => Some((Reply::Pong { id: rid }, Vec::new())),
         Request::Status { id: rid, from } => Some((
             Reply::Status {
                 id: rid,
                 status: Box::new(status_for(st, uid, from)),
             },
-            None,
+            Vec::new(),
         )),
         Request::Hello {
             version,
@@ -286,6 +286,7 @@ pub fn handle(
             shared,
             pool,
             pool_held,
+            board,
             fds: _,
         } => {
             let refuse = |st: &mut State, m: String| {
@@ -347,6 +348,7 @@ pub fn handle(
                 welcomed: false,
                 pool: segment,
                 peers_told: None,
+                board_slot: None,
             });
             st.rebalance();
             st.clients
@@ -376,17 +378,25 @@ pub fn handle(
                 None => None,
             };
             let size = size.filter(|_| r.pool.is_some());
+            let (grant, seq, move_limit, far_grant) = (r.grant, r.seq, r.move_limit, r.far_grant);
+            // The group's board goes after the segment (the client takes the last first).
+            let (slot, board_fd) = match board.then(|| st.join_board(id)).flatten() {
+                Some((slot, f)) => (Some(slot), Some(f)),
+                None => (None, None),
+            };
+            let fds: Vec<OwnedFd> = fd.into_iter().chain(board_fd).collect();
             Some((
                 Reply::Welcome {
                     client: id,
-                    grant: r.grant,
-                    seq: r.seq,
-                    move_limit: r.move_limit,
-                    far_grant: r.far_grant,
+                    grant,
+                    seq,
+                    move_limit,
+                    far_grant,
                     pool: size,
-                    fds: fd.is_some() as usize,
+                    board: slot,
+                    fds: fds.len(),
                 },
-                fd,
+                fds,
             ))
         }
         Request::Usage(u) => {
@@ -409,7 +419,7 @@ pub fn handle(
                     }
                     st.release_if_unused(&name);
                     crate::state::request_rebalance();
-                    Some((Reply::Ok { id: rid }, None))
+                    Some((Reply::Ok { id: rid }, Vec::new()))
                 }
                 None => err(
                     rid,
@@ -420,10 +430,10 @@ pub fn handle(
         }
         req @ Request::Stage { .. } => Some((
             crate::stage::run(&mut |step| step(st), id, uid, req, fds, None),
-            None,
+            Vec::new(),
         )),
         Request::Unstage { id: rid, name } => {
-            Some((crate::stage::unstage(st, uid, rid, &name), None))
+            Some((crate::stage::unstage(st, uid, rid, &name), Vec::new()))
         }
         Request::Rejoin {
             id: rid,
@@ -442,7 +452,7 @@ pub fn handle(
                 readopt(st, id, uid, h, fd);
             }
             crate::state::request_rebalance();
-            Some((Reply::Ok { id: rid }, None))
+            Some((Reply::Ok { id: rid }, Vec::new()))
         }
         Request::SharedGrant {
             id: rid,
@@ -466,7 +476,7 @@ pub fn handle(
                         uid,
                         &format!("shared region '{name}': uid {uid} granted uid {to}"),
                     );
-                    Some((Reply::Ok { id: rid }, None))
+                    Some((Reply::Ok { id: rid }, Vec::new()))
                 }
             }
         }
@@ -481,7 +491,7 @@ fn shared_open(
     name: String,
     size: u64,
     flags: String,
-) -> Option<(Reply, Option<OwnedFd>)> {
+) -> Option<(Reply, Vec<OwnedFd>)> {
     if !valid_name(&name) {
         return err(
             rid,
@@ -596,7 +606,7 @@ fn shared_open(
             read_only,
             fds: 1,
         },
-        Some(fd),
+        vec![fd],
     ))
 }
 

@@ -111,6 +111,20 @@ pub struct Registration {
     /// What it was last told its group's other runtimes hold, and their number
     /// (`Reply::Peers`).
     pub peers_told: Option<(u64, u32)>,
+    /// Its slot on its group's board (`State::join_board`).
+    pub board_slot: Option<u32>,
+}
+
+/// The board of one memory cgroup's runtimes (`attune_proto::BOARD_WORDS`): the memory
+/// file every runtime welcomed in the group maps, each writing its resident bytes in its
+/// slot. Word 0 is their number. Only runtimes whose limiting cgroup is this one (read
+/// from the kernel at connection) get it: the figures are no secret to them (the group's
+/// usage shows their sum), and a runtime that writes false ones can only mislead its own
+/// job's runtimes, which share its limit anyway.
+pub struct Board {
+    words: attune_sys::unix::SharedWords,
+    used: Vec<bool>,
+    members: u64,
 }
 
 /// One runtime's segment of the node's far pool (docs/design/pool.md): a memory file
@@ -247,6 +261,8 @@ pub struct State {
     pub tiers: Vec<attune_proto::TierStatus>,
     /// What `attune_sys::probe` found this node's kernel lacks or refuses (set at start).
     pub kernel_fallbacks: Vec<String>,
+    /// The boards of memory cgroups with runtimes, by group directory.
+    boards: HashMap<String, Board>,
 }
 
 impl State {
@@ -266,6 +282,71 @@ impl State {
             last_reclaim_ms: None,
             kernel_fallbacks: Vec::new(),
             tiers,
+            boards: HashMap::new(),
+        }
+    }
+
+    /// Gives the registered client `id` a slot on its memory cgroup's board, creating the
+    /// board for the group's first runtime: the slot and the board's file to pass. None
+    /// without a limited group, with all 4095 slots taken, or when the file cannot be
+    /// made (then `Peers` alone tells it of the others).
+    pub fn join_board(&mut self, id: u64) -> Option<(u32, OwnedFd)> {
+        let c = self.clients.get(&id)?;
+        let group = &c.placement;
+        if group.mem_group.is_empty() || group.mem_limit == u64::MAX {
+            return None;
+        }
+        if !self.boards.contains_key(&group.mem_group) {
+            let words = match attune_sys::unix::SharedWords::create(
+                "attune-board",
+                attune_proto::BOARD_WORDS,
+            ) {
+                Ok(w) => w,
+                Err(e) => {
+                    crate::log(&format!(
+                        "no board for memory cgroup {}: {e:?}",
+                        group.mem_group
+                    ));
+                    return None;
+                }
+            };
+            let board = Board {
+                words,
+                used: vec![false; attune_proto::BOARD_WORDS],
+                members: 0,
+            };
+            self.boards.insert(group.mem_group.clone(), board);
+        }
+        let key = group.mem_group.clone();
+        let b = self.boards.get_mut(&key)?;
+        let slot = (1..attune_proto::BOARD_WORDS).find(|&i| !b.used[i])?;
+        let fd = attune_sys::unix::dup(b.words.fd()).ok()?;
+        b.used[slot] = true;
+        b.members += 1;
+        b.words.words()[slot].store(0, std::sync::atomic::Ordering::Relaxed);
+        b.words.words()[0].store(b.members, std::sync::atomic::Ordering::Relaxed);
+        if let Some(r) = self.clients.get_mut(&id).and_then(|c| c.reg.as_mut()) {
+            r.board_slot = Some(slot as u32);
+        }
+        Some((slot as u32, fd))
+    }
+
+    /// A runtime left its group's board: its slot reads 0 and is free again; the board
+    /// goes with the group's last runtime.
+    fn leave_board(&mut self, group: &str, slot: u32) {
+        let Some(b) = self.boards.get_mut(group) else {
+            return;
+        };
+        let slot = slot as usize;
+        if slot == 0 || slot >= b.used.len() || !b.used[slot] {
+            return;
+        }
+        b.used[slot] = false;
+        b.members -= 1;
+        b.words.words()[slot].store(0, std::sync::atomic::Ordering::Relaxed);
+        b.words.words()[0].store(b.members, std::sync::atomic::Ordering::Relaxed);
+        if b.members == 0 {
+            self.boards.remove(group);
         }
     }
 
@@ -303,6 +384,9 @@ impl State {
             }
             for (name, _) in c.shared_refs {
                 self.release_if_unused(&name);
+            }
+            if let Some(slot) = c.reg.as_ref().and_then(|r| r.board_slot) {
+                self.leave_board(&c.placement.mem_group, slot);
             }
             if c.reg.is_some() {
                 request_rebalance();
@@ -855,6 +939,7 @@ mod tests {
             welcomed: true,
             pool: None,
             peers_told: None,
+            board_slot: None,
         });
         id
     }
@@ -929,6 +1014,51 @@ mod tests {
             .unwrap()
             .welcomed = false;
         assert_eq!(report(&mut st, b, 90 * M), [(b, 0, 1)]);
+    }
+
+    #[test]
+    fn runtimes_of_one_group_share_a_board_and_see_each_other_on_it() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut st = state();
+        let mut keep = Vec::new();
+        let (a, b, other) = (
+            member(&mut st, "/g1", &mut keep),
+            member(&mut st, "/g1", &mut keep),
+            member(&mut st, "/g2", &mut keep),
+        );
+        let (sa, fa) = st.join_board(a).unwrap();
+        let (sb, fb) = st.join_board(b).unwrap();
+        let (so, fo) = st.join_board(other).unwrap();
+        assert!(sa != sb && sa >= 1 && sb >= 1, "{sa} {sb}");
+        let map =
+            |fd| attune_sys::unix::SharedWords::attach(fd, attune_proto::BOARD_WORDS).unwrap();
+        let (wa, wb, wo) = (map(fa), map(fb), map(fo));
+        // One file for the group: what a writes, b reads; two runtimes counted.
+        wa.words()[sa as usize].store(40 * M, Relaxed);
+        assert_eq!(wb.words()[sa as usize].load(Relaxed), 40 * M);
+        assert_eq!(wb.words()[0].load(Relaxed), 2);
+        // Another group's board is another file.
+        assert_eq!(wo.words()[0].load(Relaxed), 1);
+        assert_eq!(wo.words()[sa as usize].load(Relaxed), 0);
+        let _ = so;
+        // A runtime that goes reads 0 at once and its slot is taken again.
+        st.remove_client(a);
+        assert_eq!(wb.words()[sa as usize].load(Relaxed), 0);
+        assert_eq!(wb.words()[0].load(Relaxed), 1);
+        let c = member(&mut st, "/g1", &mut keep);
+        assert_eq!(st.join_board(c).unwrap().0, sa);
+        // A process with no limited group gets no board.
+        let free = st.add_client(
+            1,
+            1000,
+            Placement::default(),
+            Arc::new(Mutex::new(UnixStream::pair().unwrap().0)),
+        );
+        assert!(st.join_board(free).is_none());
+        // The group's last runtime takes the board with it.
+        st.remove_client(b);
+        st.remove_client(c);
+        assert!(!st.boards.contains_key("/g1") && st.boards.contains_key("/g2"));
     }
 
     #[test]

@@ -67,6 +67,7 @@ fn client(
         shared: vec![],
         pool: false,
         pool_held: false,
+        board: false,
         fds: 0,
     };
     attune_proto::write_frame(&s, &hello, &[]).map_err(|e| e.to_string())?;

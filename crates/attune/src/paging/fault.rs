@@ -237,6 +237,10 @@ fn reserve_dram(e: &Pager, bytes: u64, inline: bool) {
     // still reclaiming (signal delivery: each faulting thread places its own chunks);
     // theirs count in their own peak, once their room is made. 4 threads of
     // `cpp_vectors` read 34.5 MiB over a 32 MiB budget with them counted here.
+    // The group's other runtimes see this growth now, not at the next reading.
+    if let Some(b) = e.cgroup.board() {
+        b.publish_moved(e.resident.load(Relaxed));
+    }
     let others = e.reserving.fetch_sub(bytes, AcqRel) - bytes;
     e.peak_resident
         .fetch_max(e.resident.load(Relaxed).saturating_sub(others), Relaxed);

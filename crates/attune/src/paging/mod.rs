@@ -29,6 +29,6 @@ pub mod sampler;
 mod unshare;
 
 pub use pager::{
-    AllocOptions, CgroupStats, ClockState, Counters, InitError, Pager, KERNEL_ACCESS_MAY_FAIL,
-    MAX_RUN, THREAD_FOR_NEW_REGIONS,
+    AllocOptions, Board, CgroupStats, ClockState, Counters, InitError, Pager,
+    KERNEL_ACCESS_MAY_FAIL, MAX_RUN, THREAD_FOR_NEW_REGIONS,
 };
