@@ -38,36 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 from test_cgroup_limit import GROW  # noqa: E402  the program the test runs
+from test_pool import CGROUP_ROOT as CGROUP, Cgroup as Group  # noqa: E402  the tests' groups
 
 MIB = 1 << 20
-CGROUP = Path("/sys/fs/cgroup/memory")
-
-
-class Group:
-    def __init__(self, name, limit):
-        self.path = CGROUP / f"attune-bench-{os.getpid()}-{name}"
-        self.path.mkdir()
-        (self.path / "memory.limit_in_bytes").write_text(str(limit))
-
-    def wrap(self, argv):
-        return ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "sh", *map(str, argv)]
-
-    def peak(self):
-        return int((self.path / "memory.max_usage_in_bytes").read_text())
-
-    def kills(self):
-        for line in (self.path / "memory.oom_control").read_text().splitlines():
-            if line.startswith("oom_kill "):
-                return int(line.split()[1])
-        return 0
-
-    def remove(self):
-        for _ in range(50):
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                time.sleep(0.1)
 
 
 def as_user(user, argv):
@@ -90,7 +63,7 @@ def heap_run(prefix, work, user, i):
                            env=clean_env(ATTUNE_DAEMON="off", ATTUNE_FAR="auto"),
                            capture_output=True, text=True, timeout=300)
         dt = time.perf_counter() - t
-        return g.peak(), g.kills(), dt, p.returncode == 0 and "grow: bad 0" in p.stdout, 0
+        return g.peak(), g.oom_kills(), dt, p.returncode == 0 and "grow: bad 0" in p.stdout, 0
     finally:
         g.remove()
 
@@ -135,7 +108,7 @@ def fill_run(prefix, work, user, i, n, mib):
                 outside = max(outside, json.loads(r.read_text())["per_process"][0]["cgroup_outside_peak_bytes"])
             except (OSError, ValueError, KeyError, IndexError):
                 pass
-        return g.peak(), g.kills(), dt, ok, outside
+        return g.peak(), g.oom_kills(), dt, ok, outside
     finally:
         g.remove()
         d.send_signal(signal.SIGTERM)

@@ -320,13 +320,9 @@ impl CgroupMemory {
     }
 }
 
-/// Reclaimable page cache from a `memory.stat`: active and inactive file pages less the
-/// mapped, dirty and writeback ones (v1's hierarchical `total_*` rows; v2's rows are hierarchical already).
-pub fn reclaimable(stat: &str, v1: bool) -> u64 {
-    file_pages(stat, v1).0
-}
-
-/// [`reclaimable`], and the dirty and writeback file pages.
+/// Reclaimable page cache from a `memory.stat` (active and inactive file pages less the
+/// mapped, dirty and writeback ones), and the dirty and writeback ones (v1's hierarchical
+/// `total_*` rows; v2's rows are hierarchical already).
 pub fn file_pages(stat: &str, v1: bool) -> (u64, u64) {
     let row = |key: &str| -> u64 {
         let key = if v1 {
@@ -411,15 +407,14 @@ mod tests {
     #[test]
     fn reclaimable_cache_is_unmapped_file_pages_in_both_versions() {
         let v2 = "anon 100\nfile 9\nactive_file 4096\ninactive_file 8192\nfile_mapped 1024\nfile_dirty 512\nfile_writeback 256\nshmem 77\n";
-        assert_eq!(reclaimable(v2, false), 10496);
         assert_eq!(file_pages(v2, false), (10496, 768));
         // Mapped shared memory can count more mapped than file pages: never below zero.
         assert_eq!(
-            reclaimable("total_active_file 1\ntotal_mapped_file 5\n", true),
+            file_pages("total_active_file 1\ntotal_mapped_file 5\n", true).0,
             0
         );
-        assert_eq!(reclaimable("garbage", true), 0);
+        assert_eq!(file_pages("garbage", true), (0, 0));
         // v1's own-group rows are not the hierarchy's.
-        assert_eq!(reclaimable("active_file 4096\n", true), 0);
+        assert_eq!(file_pages("active_file 4096\n", true).0, 0);
     }
 }
