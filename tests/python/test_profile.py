@@ -6,7 +6,6 @@ import os
 import subprocess
 
 import pytest
-from emulated import emulated_far  # noqa: F401  (autouse: far memory emulated)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ATT = os.path.join(ROOT, "build", "bin", "attune")
@@ -24,6 +23,19 @@ def profile(tmp_path, *prog, dram="1G"):
     r = subprocess.run([ATT, "profile", "--json", "--out", str(tmp_path), "--dram", dram, "--", *prog],
                        capture_output=True, text=True, timeout=300)
     return r
+
+
+def waited(p, stderr):
+    """Whether the program waited for CPUs enough that the profile says its curve is not to
+    be trusted (then it must say so, and record nothing). A uniform program read 0.3-0.5
+    at its top 10% with two CPU burners on this machine's two CPUs (docs/design/
+    prediction.md, "A program that waits for a CPU"): its bounds hold only otherwise."""
+    c = p["cpu"]
+    assert c["ran_seconds"] > 0 and 0 <= c["waited_share"] <= 1, c
+    if c["contended"]:
+        assert "waited for a CPU" in stderr and "recorded in" not in stderr, stderr
+        print("contended:", c)
+    return c["contended"]
 
 
 def test_skewed_curve_recovered(tmp_path, skewed):
@@ -74,6 +86,8 @@ def test_uniform_curve_is_near_the_diagonal(tmp_path, skewed):
     assert r.returncode == 0, r.stderr
     p = json.loads(r.stdout[r.stdout.index("{"):])
     print("top10", p["top10_share"], "top50", p["top50_share"])
+    if waited(p, r.stderr):
+        return
     # 0.12-0.14 at the top 10% on a quiet host (top 50%: about 0.5). On 2026-11-23 this
     # machine gave 0.12-0.36 (top 50%: 0.55-0.92) run to run, with this build and the one
     # before alike: a fault's delivery delay varies with how the two cores are scheduled,
@@ -91,9 +105,11 @@ def test_phases_get_their_own_curves(tmp_path, skewed):
     ph = {x["name"]: x for x in p["phases"]}
     print({k: (v["top10_share"], v["sampled_chunks"], v["seconds"]) for k, v in ph.items()})
     assert set(ph) == {"uniform", "skewed"}
+    assert 2.5 < ph["skewed"]["seconds"] < 4
+    if waited(p, r.stderr):
+        return
     assert ph["uniform"]["top10_share"] < 0.4   # see test_uniform_curve_is_near_the_diagonal
     assert ph["skewed"]["top10_share"] > 0.6   # 0.73-0.85 measured; uniform 0.12-0.14
-    assert 2.5 < ph["skewed"]["seconds"] < 4
 
 
 def test_phase_calls_without_sampling():
@@ -138,7 +154,8 @@ def test_a_program_on_the_c_api_is_profiled(tmp_path):
     assert regions[0]["sampled_chunks"] > 1000
     ph = {x["name"]: x for x in p["phases"]}
     assert set(ph) == {"uniform", "skewed"}
-    assert ph["skewed"]["top10_share"] > 0.6 > 0.3 > ph["uniform"]["top10_share"], ph
+    if not waited(p, r.stderr):
+        assert ph["skewed"]["top10_share"] > 0.6 > 0.3 > ph["uniform"]["top10_share"], ph
     # And under attune run: one runtime, its faults in the report.
     rep = tmp_path / "r.json"
     r = subprocess.run([ATT, "run", "--dram", "16M", "--report", str(rep), "--", str(exe), "32", "1"],
@@ -146,3 +163,32 @@ def test_a_program_on_the_c_api_is_profiled(tmp_path):
     assert r.returncode == 0 and "skewed: OK" in r.stdout, r.stderr
     t = json.loads(rep.read_text())["totals"]
     assert t["faults"] > 0 and t["managed_requests"] == 0, t   # through the API, not malloc
+
+
+def test_a_program_that_waits_for_a_cpu_is_flagged(tmp_path, skewed):
+    """The program and two busy loops on one CPU: it runs about a third of the time, so
+    its samples are timed across the slices it did not run. The profile says so (stderr
+    and summary), and teaches `attune run` nothing; alone, the same program is recorded."""
+    hist = tmp_path / "history.json"
+    env = dict(os.environ, ATTUNE_HISTORY=str(hist))
+    burners = [subprocess.Popen(["taskset", "-c", "0", "sh", "-c", "while :; do :; done"]) for _ in range(2)]
+    try:
+        r = subprocess.run(["taskset", "-c", "0", ATT, "profile", "--out", str(tmp_path / "busy"), "--dram", "1G",
+                            "--", skewed, "32", "2"], capture_output=True, text=True, timeout=300, env=env)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    assert r.returncode == 0 and "skewed: OK" in r.stdout, r.stderr
+    p = json.loads((tmp_path / "busy" / "profile.json").read_text())
+    assert p["cpu"]["contended"] and p["cpu"]["waited_share"] > 0.3, p["cpu"]
+    assert p["cpu"]["waited_seconds"] > 0.5
+    assert "warning: the program waited for a CPU" in r.stderr
+    assert "waited for a CPU" in (tmp_path / "busy" / "summary.txt").read_text()
+    assert "recorded in" not in r.stderr and not hist.exists()
+    r = subprocess.run([ATT, "profile", "--out", str(tmp_path / "alone"), "--dram", "1G", "--", skewed, "32", "1"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    p = json.loads((tmp_path / "alone" / "profile.json").read_text())
+    if not waited(p, r.stderr):
+        assert "recorded in" in r.stderr and hist.exists(), r.stderr

@@ -34,6 +34,27 @@ pub fn delay_floor_ns(hist_us: &[u64]) -> u64 {
         * 1000
 }
 
+/// The share of the profiled time a program may have waited for a CPU (on a run queue,
+/// or stolen by the hypervisor) before its curve is not to be trusted. Samples are timed
+/// in wall time, and a program that runs in slices has its parks split into those it
+/// touched at full speed and those it left untouched while off the CPU: a uniform
+/// program read with 0.3-0.5 of its touches in its hottest tenth with two CPU burners on
+/// its two CPUs (truth 0.1; waited share about a half), 0.13-0.16 alone (docs/design/
+/// prediction.md, "A program that waits for a CPU").
+pub const CONTENDED_SHARE: f64 = 0.10;
+
+/// The share of its time a program waited for a CPU: `waited` of `waited + ran` on run
+/// queues, plus the share of all CPUs' time the hypervisor stole meanwhile.
+pub fn waited_share(ran_ns: u64, waited_ns: u64, steal_share: f64) -> f64 {
+    let all = ran_ns.saturating_add(waited_ns);
+    let queued = if all == 0 {
+        0.0
+    } else {
+        waited_ns as f64 / all as f64
+    };
+    (queued + steal_share.max(0.0)).min(1.0)
+}
+
 /// The distribution of access rates over chunks, estimated from every sampled chunk at
 /// once: a nonparametric maximum-likelihood mixture (EM over a fixed log-spaced grid of
 /// rates, plus zero). A chunk with `h` touches over exposure `E` has likelihood
@@ -329,6 +350,28 @@ pub fn suggest(curve: &[CurvePoint], access_share: f64, byte_share: f64) -> Sugg
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waited_share_adds_queue_wait_and_steal() {
+        // (ran, waited, steal) -> share
+        let rows = [
+            (0, 0, 0.0, 0.0),
+            (900, 100, 0.0, 0.1),
+            (500, 500, 0.0, 0.5),
+            (1000, 0, 0.05, 0.05),
+            (500, 500, 0.7, 1.0),
+            (1000, 0, -0.2, 0.0),
+        ];
+        for (ran, waited, steal, want) in rows {
+            let got = waited_share(ran, waited, steal);
+            assert!(
+                (got - want).abs() < 1e-9,
+                "{ran} {waited} {steal}: {got} != {want}"
+            );
+        }
+        assert!(waited_share(900, 100, 0.0) >= CONTENDED_SHARE);
+        assert!(waited_share(950, 50, 0.0) < CONTENDED_SHARE);
+    }
 
     #[test]
     fn rate_is_hits_over_exposure() {

@@ -65,6 +65,10 @@ pub fn after_fork_in_child() {
     STARTED.store(false, Release);
     WRITING.store(false, Release);
     FINAL_WRITTEN.store(false, Release);
+    // The parent's threads are not this process's.
+    if let Ok(mut s) = CPU_SEEN.try_lock() {
+        s.clear();
+    }
 }
 
 /// Minor and major page faults of this process so far (/proc/self/stat fields 10 and 12).
@@ -152,6 +156,7 @@ pub fn snapshot(final_: bool) -> serde_json::Value {
     // Heaps committed in place (docs/design/run.md, "Heaps committed in place").
     v["fixed_adopted"] = json!(hooks::ADOPTED.load(Relaxed));
     v["fixed_released"] = json!(hooks::RELEASED.load(Relaxed));
+    v["cpu"] = program_cpu();
     // The engine's movement counters, 0 before the engine starts.
     let none = attune::paging::Counters::default();
     let counters = e.map_or(&none, |e| &e.pager.counters);
@@ -224,6 +229,50 @@ fn phases() -> serde_json::Value {
             })
         })
         .collect()
+}
+
+/// Per thread of the program: (tid, ns ran, ns waited) at its last reading.
+static CPU_SEEN: std::sync::Mutex<Vec<(u32, u64, u64)>> = std::sync::Mutex::new(Vec::new());
+
+/// Time the program's threads ran and waited on a run queue (/proc/self/task/*/schedstat;
+/// Attune's own `attune-*` threads left out): `attune profile` warns when a program that
+/// waited much was sampled (`attune_policy::heat::CONTENDED_SHARE`). A thread's last
+/// reading is kept after it ends; one that lived between two snapshots is missed.
+/// Not blocking: a fork while another thread held the list leaves the child's copy locked
+/// for good, and its reports then say null.
+fn program_cpu() -> serde_json::Value {
+    let mut seen = match CPU_SEEN.try_lock() {
+        Ok(s) => s,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return serde_json::Value::Null,
+    };
+    for t in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.starts_with("attune-") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+        let mut f = stat
+            .split_whitespace()
+            .map(|x| x.parse::<u64>().unwrap_or(0));
+        let (ran, waited) = (f.next().unwrap_or(0), f.next().unwrap_or(0));
+        match seen.iter_mut().find(|s| s.0 == tid) {
+            Some(s) => (s.1, s.2) = (ran.max(s.1), waited.max(s.2)),
+            None => seen.push((tid, ran, waited)),
+        }
+    }
+    json!({
+        "ran_ns": seen.iter().map(|s| s.1).sum::<u64>(),
+        "waited_ns": seen.iter().map(|s| s.2).sum::<u64>(),
+        "threads": seen.len(),
+    })
 }
 
 /// Per-chunk sample counts of each sampled region (compact arrays).

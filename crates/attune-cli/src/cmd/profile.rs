@@ -93,6 +93,7 @@ pub fn run(a: Args) -> i32 {
         .as_ref()
         .ok()
         .map(|(mi, ma)| (mi.read().unwrap_or(0), ma.read().unwrap_or(0)));
+    let steal0 = cpu_steal();
     let t0 = std::time::Instant::now();
     let status = match cmd.status() {
         Ok(s) => s,
@@ -109,6 +110,20 @@ pub fn run(a: Args) -> i32 {
         return if code == 0 { 2 } else { code };
     }
     let mut profile = analyze(&procs, wall, code, &a);
+    let steal_share = match (steal0, cpu_steal()) {
+        (Some((s0, t0)), Some((s1, t1))) if t1 > t0 => {
+            s1.saturating_sub(s0) as f64 / (t1 - t0) as f64
+        }
+        _ => 0.0,
+    };
+    profile["cpu"] = contention(&procs, steal_share);
+    let contended = profile["cpu"]["contended"] == json!(true);
+    if contended {
+        eprintln!(
+            "attune profile: warning: {}",
+            contention_warning(&profile["cpu"])
+        );
+    }
     match (&perf, own) {
         (Ok((mi, ma)), Some((m0, j0))) => {
             profile["faults"]["perf_minor"] = json!(mi.read().unwrap_or(0).saturating_sub(m0));
@@ -122,7 +137,9 @@ pub fn run(a: Args) -> i32 {
         }
         _ => {}
     }
-    if code == 0 {
+    // A curve read while the program waited for CPUs would teach `attune run` a hot part
+    // that is not there.
+    if code == 0 && !contended {
         remember(&profile, &a.command);
     }
     if let Err(e) = write_outputs(&a.out, &profile) {
@@ -137,6 +154,53 @@ pub fn run(a: Args) -> i32 {
         print!("{}", summary(&profile));
     }
     code
+}
+
+/// Steal and all time of the node's CPUs so far, in ticks (/proc/stat's first line).
+fn cpu_steal() -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string("/proc/stat").ok()?;
+    let f: Vec<u64> = s
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    Some((*f.get(7)?, f.iter().take(8).sum()))
+}
+
+/// How long the program's threads ran and waited for a CPU, and whether that was enough
+/// to distort the curve (`heat::CONTENDED_SHARE`).
+fn contention(procs: &[Value], steal_share: f64) -> Value {
+    let sum = |k: &str| {
+        procs
+            .iter()
+            .map(|p| p["cpu"][k].as_u64().unwrap_or(0))
+            .sum::<u64>()
+    };
+    let (ran, waited) = (sum("ran_ns"), sum("waited_ns"));
+    let share = heat::waited_share(ran, waited, steal_share);
+    json!({
+        "ran_seconds": ran as f64 / 1e9,
+        "waited_seconds": waited as f64 / 1e9,
+        "steal_share": steal_share,
+        "waited_share": share,
+        "contended": share >= heat::CONTENDED_SHARE,
+    })
+}
+
+fn contention_warning(cpu: &Value) -> String {
+    format!(
+        "the program waited for a CPU {} of the time (run queues {:.2} s against {:.2} s run, \
+         hypervisor steal {}): samples are timed in wall time, so the curve reads more \
+         concentrated than the program is, and is not recorded for `attune run`; profile on \
+         CPUs the program has to itself",
+        pct(&cpu["waited_share"]),
+        cpu["waited_seconds"].as_f64().unwrap_or(0.0),
+        cpu["ran_seconds"].as_f64().unwrap_or(0.0),
+        pct(&cpu["steal_share"]),
+    )
 }
 
 fn read_procs(dir: &Path) -> Vec<Value> {
@@ -491,6 +555,9 @@ fn summary(p: &Value) -> String {
             pct(&ph["top10_share"]),
             pct(&ph["top20_share"])
         );
+    }
+    if p["cpu"]["contended"] == json!(true) {
+        s += &format!("warning: {}\n", contention_warning(&p["cpu"]));
     }
     s += "sources: accesses from Attune's sampler; no hardware counters\n";
     s

@@ -325,7 +325,7 @@ fn sweep_region(e: &Pager, r: &Region, want: u64, last_resort: bool) -> (u64, us
 /// refusal `room` cannot foresee, a file on a disk fuller than its `capacity` before its
 /// first ENOSPC or a pool tier with no free page in its segment, costs one run a sweep).
 fn flush_run(e: &Pager, r: &Region, c: usize, n: usize) -> Option<u64> {
-    store_run(e, r, c, n, false)
+    store_run(e, r, c, n, None)
 }
 
 /// Whether the staged run of `n` chunks of `r` at `staged` is fills, chunk by chunk, each
@@ -352,18 +352,33 @@ fn staged_fills(e: &Pager, r: &Region, staged: usize, n: usize, out: &mut [u32])
 }
 
 /// [`flush_run`] for the access sampler: the same move, counted as a sample, not an
-/// eviction.
-pub(crate) fn park_chunk(e: &Pager, r: &Region, c: usize) -> bool {
-    store_run(e, r, c, 1, true).is_some_and(|b| b > 0)
+/// eviction. Returns when the chunk left the program's mapping: a staging medium then
+/// still writes it (a 4 KiB file-tier park took tens of µs), and a touch meanwhile
+/// faults and is already a touch of the parked chunk.
+pub(crate) fn park_chunk(e: &Pager, r: &Region, c: usize) -> Option<u64> {
+    let mut left = 0;
+    match store_run(e, r, c, 1, Some(&mut left)) {
+        Some(b) if b > 0 => Some(if left == 0 { os::now_ns() } else { left }),
+        _ => None,
+    }
 }
 
-fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> Option<u64> {
+/// Stores the run in the first tier that takes it. `sample`: a park of the access
+/// sampler, not an eviction; it receives when a staging medium took the run out of the
+/// mapping (0: the medium moved it without staging).
+fn store_run(
+    e: &Pager,
+    r: &Region,
+    c: usize,
+    n: usize,
+    mut sample: Option<&mut u64>,
+) -> Option<u64> {
     let len = n * r.chunk;
     let src = r.chunk_addr(c);
     let home = r.home_tier.load(Relaxed);
     let order = std::iter::once(home).chain((0..e.tiers.len()).filter(move |&t| t != home));
     let uffd = e.uffd_for(r.delivery);
-    if !sample {
+    if sample.is_none() {
         e.pace(len as u64);
     }
     // Content hashes by page: a tier that keeps copies is written only the pages that
@@ -405,6 +420,9 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> Option<
             p
         };
         let mut dirty = |staged: usize, all: bool| -> Staged {
+            if let Some(left) = sample.as_deref_mut() {
+                *left = os::now_ns();
+            }
             if e.cfg.fills && staged_fills(e, r, staged, n, &mut fills) {
                 filled = true;
                 return Staged::Filled;
@@ -452,7 +470,7 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> Option<
                     .resident
                     .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(len as u64)));
                 super::huge::split(e, r, c, n);
-                if sample {
+                if sample.is_some() {
                     e.counters.sample_parks.fetch_add(n as u64, Relaxed);
                 } else {
                     e.counters.evictions.fetch_add(n as u64, Relaxed);
@@ -501,7 +519,7 @@ fn store_run(e: &Pager, r: &Region, c: usize, n: usize, sample: bool) -> Option<
     if !refused_for_room {
         return Some(0);
     }
-    if !sample {
+    if sample.is_none() {
         e.counters.unplaced_runs.fetch_add(1, Relaxed);
     }
     None

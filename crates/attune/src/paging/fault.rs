@@ -35,14 +35,16 @@ pub fn resolve(e: &Pager, r: &Region, addr: usize) -> bool {
     // Two vDSO clock reads (tens of ns) against a fault of microseconds: the job summary's
     // time in faults (docs/run-report.md).
     let t0 = os::now_ns();
-    let placed = resolve_chunk(e, r, addr);
+    let placed = resolve_chunk(e, r, addr, t0);
     e.counters
         .fault_ns
         .fetch_add(os::now_ns().saturating_sub(t0), Relaxed);
     placed
 }
 
-fn resolve_chunk(e: &Pager, r: &Region, addr: usize) -> bool {
+/// `arrival_ns`: when the fault reached Attune, before it waited on a chunk being moved;
+/// the access sampler times a parked chunk's touch by it (`sample::on_placed`).
+fn resolve_chunk(e: &Pager, r: &Region, addr: usize, arrival_ns: u64) -> bool {
     let c = r.chunk_of(addr);
     loop {
         match r.claim_fetch(c, true) {
@@ -51,16 +53,20 @@ fn resolve_chunk(e: &Pager, r: &Region, addr: usize) -> bool {
                 e.counters.demand_bytes.fetch_add(r.chunk as u64, Relaxed);
                 let ra = claim_readahead(e, r, c, src, tier);
                 let at = |k: usize| (c as i64 + k as i64 * ra.step) as usize;
+                let t = Touch {
+                    chunk: c,
+                    arrival_ns,
+                };
                 let placed = match ra.step {
                     // A contiguous run: one move.
-                    1 => place_run(e, r, c, 1 + ra.got, c, src, tier),
-                    -1 => place_run(e, r, c - ra.got, 1 + ra.got, c, src, tier),
+                    1 => place_run(e, r, c, 1 + ra.got, t, src, tier),
+                    -1 => place_run(e, r, c - ra.got, 1 + ra.got, t, src, tier),
                     // Along a stride: the touched chunk first (under thread delivery its
                     // thread goes on while the others are placed), then one move each.
                     _ => {
-                        let placed = place_run(e, r, c, 1, c, src, tier);
+                        let placed = place_run(e, r, c, 1, t, src, tier);
                         for k in 1..=ra.got {
-                            place_run(e, r, at(k), 1, NOT_TOUCHED, src, tier);
+                            place_run(e, r, at(k), 1, Touch::NONE, src, tier);
                         }
                         placed
                     }
@@ -118,8 +124,13 @@ fn mark_behind(e: &Pager, r: &Region, c: usize, n: usize) {
 pub fn fetch_chunk(e: &Pager, r: &Region, c: usize) {
     if let Some(Claim::Owned(src, tier)) = r.claim_fetch(c, true) {
         // A chunk that cannot be read back stays Far (and poisoned in thread delivery):
-        // the application's access reports it.
-        let _ = place_run(e, r, c, 1, c, src, tier);
+        // the application's access reports it. Heated as a touch, but no access: a
+        // parked chunk brought back here closes its sample untouched.
+        let t = Touch {
+            chunk: c,
+            arrival_ns: 0,
+        };
+        let _ = place_run(e, r, c, 1, t, src, tier);
     }
 }
 
@@ -142,8 +153,21 @@ struct ReadAhead {
     sequential: bool,
 }
 
-/// `place_run`'s `touched` for a run that no access asked for (read-ahead on a stride).
-const NOT_TOUCHED: usize = usize::MAX;
+/// The chunk of a run that was asked for, and when the access reached Attune (0: no
+/// access asked, as for a prefetch or a pin).
+#[derive(Clone, Copy)]
+struct Touch {
+    chunk: usize,
+    arrival_ns: u64,
+}
+
+impl Touch {
+    /// A run that no access asked for (read-ahead on a stride).
+    const NONE: Touch = Touch {
+        chunk: usize::MAX,
+        arrival_ns: 0,
+    };
+}
 
 /// Claims the chunks the read-ahead policy asks for beside `c` (same source only, up to
 /// the first chunk that is not), and records the fault in the region's stream slots.
@@ -288,7 +312,7 @@ fn retry_transient(
 }
 
 /// Places chunks `[c, c+n)` (all claimed by this thread, same source; the access was to
-/// chunk `touched`, the others came by read-ahead; [`NOT_TOUCHED`] for none) and
+/// `touch.chunk`, the others came by read-ahead; [`Touch::NONE`] for none) and
 /// publishes them. Returns false when
 /// their data could not be read back from the tier.
 fn place_run(
@@ -296,15 +320,20 @@ fn place_run(
     r: &Region,
     c: usize,
     n: usize,
-    touched: usize,
+    touch: Touch,
     src: Where,
     tier: usize,
 ) -> bool {
-    let fault_ns = if r.samples.enabled() {
-        attune_sys::os::now_ns()
+    let sample = if r.samples.enabled() {
+        super::sample::Closing {
+            touched: touch.chunk,
+            arrival_ns: touch.arrival_ns,
+            now_ns: attune_sys::os::now_ns(),
+        }
     } else {
-        0
+        super::sample::Closing::NONE
     };
+    let touched = touch.chunk;
     let len = n * r.chunk;
     reserve_dram(e, len as u64, r.delivery == Delivery::Signal);
     let run = Run {
@@ -323,7 +352,7 @@ fn place_run(
         }
         res
     });
-    publish_run(e, r, &run, fault_ns, result)
+    publish_run(e, r, &run, sample, result)
 }
 
 /// Chunks `[c, c+n)` of a region, claimed by this thread, all from `src` (in far tier
@@ -439,7 +468,13 @@ fn place_fills(e: &Pager, r: &Region, c: usize, dst: usize, len: usize) -> Resul
 
 /// Publishes the run's outcome: Resident with its replacement class, or (its data could
 /// not be read back) back to Far with the access failing loudly.
-fn publish_run(e: &Pager, r: &Region, run: &Run, fault_ns: u64, result: Result<(), Errno>) -> bool {
+fn publish_run(
+    e: &Pager,
+    r: &Region,
+    run: &Run,
+    sample: super::sample::Closing,
+    result: Result<(), Errno>,
+) -> bool {
     let Run {
         c,
         n,
@@ -453,7 +488,7 @@ fn publish_run(e: &Pager, r: &Region, run: &Run, fault_ns: u64, result: Result<(
     match result {
         Ok(()) => {
             if r.samples.enabled() {
-                super::sample::on_placed(e, r, c, n, touched, fault_ns);
+                super::sample::on_placed(e, r, c, n, sample);
             }
             let now = e.eviction_clock();
             let budget = e.budget();
@@ -500,7 +535,7 @@ fn publish_run(e: &Pager, r: &Region, run: &Run, fault_ns: u64, result: Result<(
                     len: whole * r.chunk,
                     ..*run
                 };
-                publish_run(e, r, &head, fault_ns, Ok(()));
+                publish_run(e, r, &head, sample, Ok(()));
                 if r.delivery == Delivery::Thread {
                     let _ = uffd.wake(dst, head.len);
                 }
@@ -512,7 +547,7 @@ fn publish_run(e: &Pager, r: &Region, run: &Run, fault_ns: u64, result: Result<(
                     ..*run
                 };
                 let touched_placed = (c..c + whole).contains(&touched);
-                return whole == n || publish_run(e, r, &tail, fault_ns, result) || touched_placed;
+                return whole == n || publish_run(e, r, &tail, sample, result) || touched_placed;
             }
             // The only copy cannot be read back. Never hand the application wrong data and
             // never replay the access forever: it fails loudly with SIGBUS, and we say why.

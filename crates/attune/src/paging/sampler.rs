@@ -132,11 +132,12 @@ fn park(e: &Pager, r: &Region, c: usize) -> Option<u64> {
     // follows always finds the note.
     let t = now_ns();
     r.samples.parked_at[c].store(t, Release);
-    if super::evict::park_chunk(e, r, c) {
+    if let Some(out) = super::evict::park_chunk(e, r, c) {
         r.samples.parks[c].fetch_add(1, Relaxed);
-        // The clock starts when the chunk is out, not while it was being moved (a touch
-        // meanwhile waited). If a touch already took the note, it keeps the early time.
-        let out = now_ns();
+        // The clock starts when the chunk left the mapping: a touch before could not
+        // fault, one after is a touch of the parked chunk even while a staging medium
+        // still writes it (it waits, and `sample::on_placed` times it by its arrival).
+        // If a touch already took the note, the sample is its.
         match r.samples.parked_at[c].compare_exchange(t, out, AcqRel, Relaxed) {
             Ok(_) => Some(out),
             Err(_) => None,
