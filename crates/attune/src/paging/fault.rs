@@ -18,6 +18,7 @@
 //!    (a refault soon after eviction makes a chunk active), and bump the heat of c.
 
 use super::pager::{Pager, MAX_RUN};
+use super::sample::Touch;
 use crate::region::{Claim, Region, State, Where, HASH_PAGE};
 use attune_policy::budget;
 use attune_policy::readahead::{self, STREAMS};
@@ -151,22 +152,6 @@ struct ReadAhead {
     step: i64,
     /// The fault continued a run of faults (`attune_policy::readahead`).
     sequential: bool,
-}
-
-/// The chunk of a run that was asked for, and when the access reached Attune (0: no
-/// access asked, as for a prefetch or a pin).
-#[derive(Clone, Copy)]
-struct Touch {
-    chunk: usize,
-    arrival_ns: u64,
-}
-
-impl Touch {
-    /// A run that no access asked for (read-ahead on a stride).
-    const NONE: Touch = Touch {
-        chunk: usize::MAX,
-        arrival_ns: 0,
-    };
 }
 
 /// Claims the chunks the read-ahead policy asks for beside `c` (same source only, up to
@@ -324,22 +309,12 @@ fn place_run(
     src: Where,
     tier: usize,
 ) -> bool {
-    let sample = if r.samples.enabled() {
-        super::sample::Closing {
-            touched: touch.chunk,
-            arrival_ns: touch.arrival_ns,
-            now_ns: attune_sys::os::now_ns(),
-        }
-    } else {
-        super::sample::Closing::NONE
-    };
-    let touched = touch.chunk;
     let len = n * r.chunk;
     reserve_dram(e, len as u64, r.delivery == Delivery::Signal);
     let run = Run {
         c,
         n,
-        touched,
+        touch,
         src,
         tier,
         dst: r.chunk_addr(c),
@@ -352,7 +327,7 @@ fn place_run(
         }
         res
     });
-    publish_run(e, r, &run, sample, result)
+    publish_run(e, r, &run, result)
 }
 
 /// Chunks `[c, c+n)` of a region, claimed by this thread, all from `src` (in far tier
@@ -361,8 +336,8 @@ fn place_run(
 struct Run {
     c: usize,
     n: usize,
-    /// The chunk the access was to.
-    touched: usize,
+    /// The chunk the access was to, and when it came.
+    touch: Touch,
     src: Where,
     tier: usize,
     dst: usize,
@@ -468,27 +443,22 @@ fn place_fills(e: &Pager, r: &Region, c: usize, dst: usize, len: usize) -> Resul
 
 /// Publishes the run's outcome: Resident with its replacement class, or (its data could
 /// not be read back) back to Far with the access failing loudly.
-fn publish_run(
-    e: &Pager,
-    r: &Region,
-    run: &Run,
-    sample: super::sample::Closing,
-    result: Result<(), Errno>,
-) -> bool {
+fn publish_run(e: &Pager, r: &Region, run: &Run, result: Result<(), Errno>) -> bool {
     let Run {
         c,
         n,
-        touched,
+        touch,
         src,
         tier,
         dst,
         len,
     } = *run;
+    let touched = touch.chunk;
     let uffd = e.uffd_for(r.delivery);
     match result {
         Ok(()) => {
             if r.samples.enabled() {
-                super::sample::on_placed(e, r, c, n, sample);
+                super::sample::on_placed(e, r, c, n, touch);
             }
             let now = e.eviction_clock();
             let budget = e.budget();
@@ -535,7 +505,7 @@ fn publish_run(
                     len: whole * r.chunk,
                     ..*run
                 };
-                publish_run(e, r, &head, sample, Ok(()));
+                publish_run(e, r, &head, Ok(()));
                 if r.delivery == Delivery::Thread {
                     let _ = uffd.wake(dst, head.len);
                 }
@@ -547,7 +517,7 @@ fn publish_run(
                     ..*run
                 };
                 let touched_placed = (c..c + whole).contains(&touched);
-                return whole == n || publish_run(e, r, &tail, sample, result) || touched_placed;
+                return whole == n || publish_run(e, r, &tail, result) || touched_placed;
             }
             // The only copy cannot be read back. Never hand the application wrong data and
             // never replay the access forever: it fails loudly with SIGBUS, and we say why.

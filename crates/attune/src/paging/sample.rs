@@ -5,24 +5,21 @@ use super::pager::Pager;
 use crate::region::Region;
 use std::sync::atomic::Ordering::*;
 
-/// How the fault path closes the samples of a run it placed.
+/// The chunk of a run an access asked for, and when that access reached Attune, before
+/// it waited on a chunk being moved (`fault::resolve`).
 #[derive(Clone, Copy)]
-pub struct Closing {
-    /// The chunk an access asked for (`usize::MAX`: none).
-    pub touched: usize,
-    /// When that access reached Attune, before it waited on a chunk being moved (0: no
-    /// access, e.g. a prefetch).
+pub struct Touch {
+    /// `usize::MAX`: no chunk.
+    pub chunk: usize,
+    /// 0: no access, as for a prefetch or a pin.
     pub arrival_ns: u64,
-    /// When the run was placed: the end of the exposure of its untouched chunks.
-    pub now_ns: u64,
 }
 
-impl Closing {
-    /// Sampling off.
-    pub const NONE: Closing = Closing {
-        touched: usize::MAX,
+impl Touch {
+    /// A run that no access asked for (read-ahead on a stride).
+    pub const NONE: Touch = Touch {
+        chunk: usize::MAX,
         arrival_ns: 0,
-        now_ns: 0,
     };
 }
 
@@ -38,18 +35,21 @@ impl Closing {
 /// program's hits, which made it look 95% concentrated in its top tenth. Dropping them
 /// biases nothing: whether a touch came before the clock started says nothing of the
 /// touches after it (Poisson increments are independent).
-pub fn on_placed(e: &Pager, r: &Region, c: usize, n: usize, close: Closing) {
+pub fn on_placed(e: &Pager, r: &Region, c: usize, n: usize, touch: Touch) {
     let window = e.cfg.sample_window_us * 1000;
+    // The end of the untouched chunks' exposure: read once, and only if one was parked
+    // (most placements in a sampled region close no sample).
+    let mut now = 0;
     for i in 0..n {
         let t = r.samples.parked_at[c + i].swap(0, AcqRel);
         if t == 0 {
             continue;
         }
-        if c + i == close.touched && close.arrival_ns != 0 {
-            if close.arrival_ns < t {
+        if c + i == touch.chunk && touch.arrival_ns != 0 {
+            if touch.arrival_ns < t {
                 continue;
             }
-            let d = close.arrival_ns - t;
+            let d = touch.arrival_ns - t;
             if d <= window {
                 r.samples.hits[c + i].fetch_add(1, Relaxed);
                 r.samples.exposure_ns[c + i].fetch_add(d.max(1), Relaxed);
@@ -58,7 +58,10 @@ pub fn on_placed(e: &Pager, r: &Region, c: usize, n: usize, close: Closing) {
                 continue;
             }
         }
-        r.samples.exposure_ns[c + i].fetch_add(close.now_ns.saturating_sub(t).min(window), Relaxed);
+        if now == 0 {
+            now = attune_sys::os::now_ns();
+        }
+        r.samples.exposure_ns[c + i].fetch_add(now.saturating_sub(t).min(window), Relaxed);
     }
 }
 
