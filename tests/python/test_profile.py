@@ -3,7 +3,9 @@ of the accesses (the curve is recovered within the tolerance in docs/design.md),
 uniform one; the data stays intact under sampling; outputs and exit status."""
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 
 import pytest
 
@@ -165,30 +167,49 @@ def test_a_program_on_the_c_api_is_profiled(tmp_path):
     assert t["faults"] > 0 and t["managed_requests"] == 0, t   # through the API, not malloc
 
 
-def test_a_program_that_waits_for_a_cpu_is_flagged(tmp_path, skewed):
+@pytest.fixture
+def shared_dir():
+    """A directory the user `nobody` can write in, and the skewed program in it."""
+    d = tempfile.mkdtemp(prefix="attune-profile-", dir="/tmp")
+    os.chmod(d, 0o777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("user", [None, "nobody"])
+def test_a_program_that_waits_for_a_cpu_is_flagged(shared_dir, skewed, user):
     """The program and two busy loops on one CPU: it runs about a third of the time, so
     its samples are timed across the slices it did not run. The profile says so (stderr
-    and summary), and teaches `attune run` nothing; alone, the same program is recorded."""
-    hist = tmp_path / "history.json"
-    env = dict(os.environ, ATTUNE_HISTORY=str(hist))
+    and summary), and teaches `attune run` nothing; alone, the same program is recorded.
+    Also as nobody: the run-queue times come from the program's own /proc entries."""
+    d = shared_dir
+    prog = os.path.join(d, "skewed")
+    shutil.copy(skewed, prog)
+    os.chmod(prog, 0o755)
+    hist = os.path.join(d, "history.json")
+    env = dict(os.environ, ATTUNE_HISTORY=hist)
+    wrap = ["runuser", "-u", user, "--"] if user else []
     burners = [subprocess.Popen(["taskset", "-c", "0", "sh", "-c", "while :; do :; done"]) for _ in range(2)]
     try:
-        r = subprocess.run(["taskset", "-c", "0", ATT, "profile", "--out", str(tmp_path / "busy"), "--dram", "1G",
-                            "--", skewed, "32", "2"], capture_output=True, text=True, timeout=300, env=env)
+        r = subprocess.run(wrap + ["taskset", "-c", "0", ATT, "profile", "--out", f"{d}/busy", "--dram", "1G",
+                                   "--", prog, "32", "2"], capture_output=True, text=True, timeout=300, env=env)
     finally:
         for b in burners:
             b.kill()
             b.wait()
     assert r.returncode == 0 and "skewed: OK" in r.stdout, r.stderr
-    p = json.loads((tmp_path / "busy" / "profile.json").read_text())
+    with open(f"{d}/busy/profile.json") as f:
+        p = json.load(f)
     assert p["cpu"]["contended"] and p["cpu"]["waited_share"] > 0.3, p["cpu"]
     assert p["cpu"]["waited_seconds"] > 0.5
     assert "warning: the program waited for a CPU" in r.stderr
-    assert "waited for a CPU" in (tmp_path / "busy" / "summary.txt").read_text()
-    assert "recorded in" not in r.stderr and not hist.exists()
-    r = subprocess.run([ATT, "profile", "--out", str(tmp_path / "alone"), "--dram", "1G", "--", skewed, "32", "1"],
+    with open(f"{d}/busy/summary.txt") as f:
+        assert "waited for a CPU" in f.read()
+    assert "recorded in" not in r.stderr and not os.path.exists(hist)
+    r = subprocess.run(wrap + [ATT, "profile", "--out", f"{d}/alone", "--dram", "1G", "--", prog, "32", "1"],
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
-    p = json.loads((tmp_path / "alone" / "profile.json").read_text())
+    with open(f"{d}/alone/profile.json") as f:
+        p = json.load(f)
     if not waited(p, r.stderr):
-        assert "recorded in" in r.stderr and hist.exists(), r.stderr
+        assert "recorded in" in r.stderr and os.path.exists(hist), r.stderr

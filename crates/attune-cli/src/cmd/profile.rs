@@ -562,3 +562,32 @@ fn summary(p: &Value) -> String {
     s += "sources: accesses from Attune's sampler; no hardware counters\n";
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contention_sums_processes_and_takes_a_missing_reading_as_none() {
+        // A forked child whose reading was null, a process without one (an older
+        // runtime), and two that ran 0.9 s and waited 0.1 s each.
+        let ran = json!({"cpu": {"ran_ns": 900_000_000u64, "waited_ns": 100_000_000u64}});
+        let procs = [json!({"cpu": null}), json!({}), ran.clone(), ran];
+        let c = contention(&procs, 0.0);
+        assert_eq!(c["ran_seconds"], json!(1.8));
+        assert!(
+            (c["waited_share"].as_f64().unwrap() - 0.1).abs() < 1e-9,
+            "{c}"
+        );
+        assert_eq!(c["contended"], json!(true));
+        assert!(contention_warning(&c).contains("10.0% of the time"));
+        // Nothing read at all: not contended, no division by zero.
+        let c = contention(&[json!({"cpu": null})], 0.0);
+        assert_eq!(
+            (c["waited_share"].as_f64(), c["contended"].as_bool()),
+            (Some(0.0), Some(false))
+        );
+        // Steal alone counts.
+        assert_eq!(contention(&[json!({})], 0.2)["contended"], json!(true));
+    }
+}
