@@ -35,13 +35,11 @@ pub fn delay_floor_ns(hist_us: &[u64]) -> u64 {
 }
 
 /// The share of the profiled time a program may have waited for a CPU (on a run queue,
-/// or stolen by the hypervisor) before its curve is not to be trusted. Samples are timed
-/// in wall time, and a program that runs in slices has its parks split into those it
-/// touched at full speed and those it left untouched while off the CPU: a uniform
-/// program read 0.25-0.52 of its touches in its hottest tenth with two to four busy
-/// loops on its two CPUs (truth 0.1; waited share 0.37-0.41 with two), 0.13-0.19 alone,
-/// and 0.15-0.20 beside one loop (waited 0.02-0.08) (docs/design/prediction.md, "A
-/// program that waits for a CPU").
+/// or stolen by the hypervisor) before `attune profile` warns and records nothing. Timed
+/// in wall time, a uniform program read 0.25-0.52 of its touches in its hottest tenth
+/// with two to four busy loops on its two CPUs (truth 0.1; waited share 0.37-0.41 with
+/// two); timed by the program's clock, 0.12-0.19 (docs/design/prediction.md, "A program
+/// that waits for a CPU"). Kept while steal is not measured against thread clocks.
 pub const CONTENDED_SHARE: f64 = 0.10;
 
 /// The share of its time a program waited for a CPU: `waited` of `waited + ran` on run

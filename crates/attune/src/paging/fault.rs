@@ -36,15 +36,25 @@ pub fn resolve(e: &Pager, r: &Region, addr: usize) -> bool {
     // Two vDSO clock reads (tens of ns) against a fault of microseconds: the job summary's
     // time in faults (docs/run-report.md).
     let t0 = os::now_ns();
-    let placed = resolve_chunk(e, r, addr, t0);
+    // A parked chunk's touch is timed by the program's clock; read only for those (one
+    // system call per thread). 1: not parked when the touch came, so it is no sample.
+    let arrival = if !r.samples.enabled() {
+        0
+    } else if r.samples.parked_at[r.chunk_of(addr)].load(Acquire) != 0 {
+        super::progclock::sample_now(e).max(2)
+    } else {
+        1
+    };
+    let placed = resolve_chunk(e, r, addr, arrival);
     e.counters
         .fault_ns
         .fetch_add(os::now_ns().saturating_sub(t0), Relaxed);
     placed
 }
 
-/// `arrival_ns`: when the fault reached Attune, before it waited on a chunk being moved;
-/// the access sampler times a parked chunk's touch by it (`sample::on_placed`).
+/// `arrival_ns`: when the fault reached Attune, before it waited on a chunk being moved,
+/// by the program's clock (`progclock`; 0: sampling off, 1: the chunk was not parked
+/// then); the access sampler times a parked chunk's touch by it (`sample::on_placed`).
 fn resolve_chunk(e: &Pager, r: &Region, addr: usize, arrival_ns: u64) -> bool {
     let c = r.chunk_of(addr);
     loop {

@@ -22,6 +22,7 @@ pub mod huge;
 pub(crate) mod limit;
 pub mod ops;
 pub mod pager;
+pub mod progclock;
 mod removes;
 pub mod room;
 pub mod sample;

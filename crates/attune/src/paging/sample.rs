@@ -11,7 +11,8 @@ use std::sync::atomic::Ordering::*;
 pub struct Touch {
     /// `usize::MAX`: no chunk.
     pub chunk: usize,
-    /// 0: no access, as for a prefetch or a pin.
+    /// By the sampler's clock (`progclock::sample_now`); 0: no access, as for a prefetch
+    /// or a pin.
     pub arrival_ns: u64,
 }
 
@@ -24,7 +25,7 @@ impl Touch {
 }
 
 /// Called by the fault path when chunks `[c, c+n)` were placed: the touch of a parked
-/// chunk is a hit after `arrival - parked`; the run's other chunks (read-ahead) are closed
+/// chunk is a hit after `arrival - parked` of the program's run time (`progclock`); the run's other chunks (read-ahead) are closed
 /// untouched. Signal-safe: atomics only.
 ///
 /// A touch that reached Attune before the park's clock started is not a sample of this
@@ -59,7 +60,7 @@ pub fn on_placed(e: &Pager, r: &Region, c: usize, n: usize, touch: Touch) {
             }
         }
         if now == 0 {
-            now = attune_sys::os::now_ns();
+            now = super::progclock::sample_now(e).max(1);
         }
         r.samples.exposure_ns[c + i].fetch_add(now.saturating_sub(t).min(window), Relaxed);
     }

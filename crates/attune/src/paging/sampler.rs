@@ -23,6 +23,7 @@
 //! `sample_rate` asks for sampling all along (`attune profile`).
 
 use super::pager::Pager;
+use super::progclock::{sample_now, CLOCK};
 use super::sample::cells;
 use crate::region::{Region, Where};
 use attune_sys::os::now_ns;
@@ -49,12 +50,18 @@ pub fn sampler_loop(e: &'static Pager) {
     let mut credit = 0.0f64;
     let mut last = now_ns();
     let mut pending: VecDeque<(Arc<Region>, usize, u64)> = VecDeque::new();
+    let mut loops = 0u64;
     loop {
         std::thread::sleep(Duration::from_millis(1));
+        // New threads are followed within 10 ms.
+        if all && loops % 10 == 0 {
+            CLOCK.refresh();
+        }
+        loops += 1;
         let now = now_ns();
         credit = (credit + rate * now.saturating_sub(last) as f64 / 1e9).min(rate / 100.0 + 1.0);
         last = now;
-        expire(&mut pending, now, window);
+        expire(&mut pending, sample_now(e), window);
         let _in = e.enter();
         let regions: Vec<Arc<Region>> = {
             let t = e.regions.read().unwrap_or_else(|p| p.into_inner());
@@ -105,7 +112,9 @@ pub fn sampler_loop(e: &'static Pager) {
 /// the hot part only.
 fn park(e: &Pager, r: &Region, c: usize) -> Option<u64> {
     let s = r.state(c);
-    if s.pinned() || r.samples.parked_at[c].load(Relaxed) != 0 {
+    // No program thread followed yet: no clock to time a sample by.
+    if s.pinned() || r.samples.parked_at[c].load(Relaxed) != 0 || (all(e) && CLOCK.followed() == 0)
+    {
         return None;
     }
     match s.place() {
@@ -116,7 +125,7 @@ fn park(e: &Pager, r: &Region, c: usize) -> Option<u64> {
             if !r.claim_hold(c, s) {
                 return None;
             }
-            let t = now_ns();
+            let t = sample_now(e).max(2);
             r.samples.parked_at[c].store(t, Release);
             r.samples.parks[c].fetch_add(1, Relaxed);
             let restored = r.cas(c, s.with(Where::Fetching, s.tier()), s);
@@ -130,9 +139,10 @@ fn park(e: &Pager, r: &Region, c: usize) -> Option<u64> {
     }
     // Noted before the move: while the chunk is Evicting a touch waits, so the fault that
     // follows always finds the note.
-    let t = now_ns();
+    let t = sample_now(e).max(2);
     r.samples.parked_at[c].store(t, Release);
     if let Some(out) = super::evict::park_chunk(e, r, c) {
+        let out = out.max(t);
         r.samples.parks[c].fetch_add(1, Relaxed);
         // The clock starts when the chunk left the mapping: a touch before could not
         // fault, one after is a touch of the parked chunk even while a staging medium
@@ -148,7 +158,13 @@ fn park(e: &Pager, r: &Region, c: usize) -> Option<u64> {
     }
 }
 
-/// Samples older than the window that no touch closed: censored, exposure = window.
+/// Sampling all along (`attune profile`), not only for the online prediction.
+fn all(e: &Pager) -> bool {
+    e.cfg.sample_rate > 0
+}
+
+/// Samples older than the window (in the program's run time) that no touch closed:
+/// censored, exposure = window.
 fn expire(pending: &mut VecDeque<(Arc<Region>, usize, u64)>, now: u64, window: u64) {
     while let Some((r, c, t)) = pending.front() {
         if now.saturating_sub(*t) < window {
