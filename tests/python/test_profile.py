@@ -28,14 +28,15 @@ def profile(tmp_path, *prog, dram="1G"):
 
 
 def waited(p, stderr):
-    """Whether the program waited for CPUs enough that the profile says its curve is not to
-    be trusted (then it must say so, and record nothing). A uniform program read 0.3-0.5
-    at its top 10% with two CPU burners on this machine's two CPUs (docs/design/
-    prediction.md, "A program that waits for a CPU"): its bounds hold only otherwise."""
+    """Whether the hypervisor stole enough CPU time that the profile says its curve is not
+    to be trusted (then it must say so, and record nothing): a thread's clock may run
+    through steal (docs/design/prediction.md, "A program that waits for a CPU"), and the
+    tests' bounds hold only otherwise. Run-queue waits do not count: the samples are
+    timed by the program's own clock."""
     c = p["cpu"]
     assert c["ran_seconds"] > 0 and 0 <= c["waited_share"] <= 1, c
     if c["contended"]:
-        assert "waited for a CPU" in stderr and "recorded in" not in stderr, stderr
+        assert "hypervisor stole" in stderr and "recorded in" not in stderr, stderr
         print("contended:", c)
     return c["contended"]
 
@@ -177,22 +178,25 @@ def shared_dir():
 
 
 @pytest.mark.parametrize("user", [None, "nobody"])
-def test_a_program_that_waits_for_a_cpu_is_flagged(shared_dir, skewed, user):
-    """The program and two busy loops on one CPU: it runs about a third of the time, so
-    its samples are timed across the slices it did not run. The profile says so (stderr
-    and summary), and teaches `attune run` nothing; alone, the same program is recorded.
-    Also as nobody: the run-queue times come from the program's own /proc entries."""
+def test_a_program_that_waits_for_a_cpu_is_profiled_by_its_own_clock(shared_dir, skewed, user):
+    """The program beside four busy loops on the machine's two CPUs: it runs about a third
+    of the time, in slices. Its samples are timed by its own CPU clock, so its phases read
+    as they would alone, and the profile is recorded, with the wait noted in the summary.
+    Timed in wall time, the same run read its uniform phase 0.43-0.56 at the top tenth
+    (skewed 0.62-0.85); by the program's clock 0.12-0.13 (skewed 0.77-0.79;
+    docs/design/prediction.md, "A program that waits for a CPU"). Also as nobody: thread
+    clocks and run-queue times come from the program's own entries."""
     d = shared_dir
     prog = os.path.join(d, "skewed")
     shutil.copy(skewed, prog)
     os.chmod(prog, 0o755)
     hist = os.path.join(d, "history.json")
-    env = dict(os.environ, ATTUNE_HISTORY=hist)
+    env = dict(os.environ, ATTUNE_HISTORY=hist, PHASES="1")
     wrap = ["runuser", "-u", user, "--"] if user else []
-    burners = [subprocess.Popen(["taskset", "-c", "0", "sh", "-c", "while :; do :; done"]) for _ in range(2)]
+    burners = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(4)]
     try:
-        r = subprocess.run(wrap + ["taskset", "-c", "0", ATT, "profile", "--out", f"{d}/busy", "--dram", "1G",
-                                   "--", prog, "32", "2"], capture_output=True, text=True, timeout=300, env=env)
+        r = subprocess.run(wrap + [ATT, "profile", "--out", f"{d}/busy", "--dram", "1G", "--", prog, "64", "3"],
+                           capture_output=True, text=True, timeout=300, env=env)
     finally:
         for b in burners:
             b.kill()
@@ -200,16 +204,12 @@ def test_a_program_that_waits_for_a_cpu_is_flagged(shared_dir, skewed, user):
     assert r.returncode == 0 and "skewed: OK" in r.stdout, r.stderr
     with open(f"{d}/busy/profile.json") as f:
         p = json.load(f)
-    assert p["cpu"]["contended"] and p["cpu"]["waited_share"] > 0.3, p["cpu"]
-    assert p["cpu"]["waited_seconds"] > 0.5
-    assert "warning: the program waited for a CPU" in r.stderr
+    assert p["cpu"]["waited_share"] > 0.3 and p["cpu"]["waited_seconds"] > 0.5, p["cpu"]
     with open(f"{d}/busy/summary.txt") as f:
-        assert "waited for a CPU" in f.read()
-    assert "recorded in" not in r.stderr and not os.path.exists(hist)
-    r = subprocess.run(wrap + [ATT, "profile", "--out", f"{d}/alone", "--dram", "1G", "--", prog, "32", "1"],
-                       capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode == 0, r.stderr
-    with open(f"{d}/alone/profile.json") as f:
-        p = json.load(f)
-    if not waited(p, r.stderr):
-        assert "recorded in" in r.stderr and os.path.exists(hist), r.stderr
+        assert "cpu: the program waited for a CPU" in f.read()
+    ph = {x["name"]: x["top10_share"] for x in p["phases"]}
+    print(ph, p["cpu"])
+    if waited(p, r.stderr):
+        return
+    assert "recorded in" in r.stderr and os.path.exists(hist), r.stderr
+    assert ph["uniform"] < 0.3 and ph["skewed"] > 0.65, ph

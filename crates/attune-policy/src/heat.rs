@@ -34,13 +34,16 @@ pub fn delay_floor_ns(hist_us: &[u64]) -> u64 {
         * 1000
 }
 
-/// The share of the profiled time a program may have waited for a CPU (on a run queue,
-/// or stolen by the hypervisor) before `attune profile` warns and records nothing. Timed
-/// in wall time, a uniform program read 0.25-0.52 of its touches in its hottest tenth
-/// with two to four busy loops on its two CPUs (truth 0.1; waited share 0.37-0.41 with
-/// two); timed by the program's clock, 0.12-0.19 (docs/design/prediction.md, "A program
-/// that waits for a CPU"). Kept while steal is not measured against thread clocks.
-pub const CONTENDED_SHARE: f64 = 0.10;
+/// The share of the node's CPU time the hypervisor may steal while a program is profiled
+/// before `attune profile` warns and records nothing. Samples are timed by the program's
+/// own CPU clock (`paging/progclock.rs`), which stops while a thread waits on a run queue:
+/// beside two to four busy loops on its two CPUs a uniform program read 0.12-0.19 of its
+/// touches in its hottest tenth (truth 0.1), as alone, where wall time read 0.25-0.52
+/// (docs/design/prediction.md, "A program that waits for a CPU"). Whether a thread's
+/// clock also stops while the hypervisor runs another guest depends on the guest kernel
+/// (`CONFIG_PARAVIRT_TIME_ACCOUNTING` takes steal out of the scheduler's task clock) and
+/// is not measured here, so steal keeps the rule wall time needed for both.
+pub const STOLEN_SHARE: f64 = 0.10;
 
 /// The share of its time a program waited for a CPU: `waited` of `waited + ran` on run
 /// queues, plus the share of all CPUs' time the hypervisor stole meanwhile.
@@ -368,8 +371,6 @@ mod tests {
                 "{ran} {waited} {steal}: {got} != {want}"
             );
         }
-        assert!(waited_share(900, 100, 0.0) >= CONTENDED_SHARE);
-        assert!(waited_share(950, 50, 0.0) < CONTENDED_SHARE);
     }
 
     #[test]

@@ -235,9 +235,10 @@ fn phases() -> serde_json::Value {
 static CPU_SEEN: std::sync::Mutex<Vec<(u32, u64, u64)>> = std::sync::Mutex::new(Vec::new());
 
 /// Time the program's threads ran and waited on a run queue (/proc/self/task/*/schedstat;
-/// Attune's own `attune-*` threads left out): `attune profile` warns when a program that
-/// waited much was sampled (`attune_policy::heat::CONTENDED_SHARE`). A thread's last
-/// reading is kept after it ends; one that lived between two snapshots is missed.
+/// Attune's own `attune-*` threads left out): `attune profile` says how long a program
+/// waited (its samples are timed by the program's clock, so the wait does not skew
+/// them). A thread's last reading is kept after it ends; one that lived between two
+/// snapshots is missed.
 /// Not blocking: a fork while another thread held the list leaves the child's copy locked
 /// for good, and its reports then say null.
 fn program_cpu() -> serde_json::Value {

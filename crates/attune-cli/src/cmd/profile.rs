@@ -137,8 +137,8 @@ pub fn run(a: Args) -> i32 {
         }
         _ => {}
     }
-    // A curve read while the program waited for CPUs would teach `attune run` a hot part
-    // that is not there.
+    // A curve read while the hypervisor stole much of the CPUs may have been timed across
+    // the stolen slices, and would teach `attune run` a hot part that is not there.
     if code == 0 && !contended {
         remember(&profile, &a.command);
     }
@@ -170,8 +170,9 @@ fn cpu_steal() -> Option<(u64, u64)> {
     Some((*f.get(7)?, f.iter().take(8).sum()))
 }
 
-/// How long the program's threads ran and waited for a CPU, and whether that was enough
-/// to distort the curve (`heat::CONTENDED_SHARE`).
+/// How long the program's threads ran and waited for a CPU, and whether the hypervisor
+/// stole enough to distort the curve (`heat::STOLEN_SHARE`). Run-queue waits do not: the
+/// samples are timed by the program's own clock.
 fn contention(procs: &[Value], steal_share: f64) -> Value {
     let sum = |k: &str| {
         procs
@@ -186,21 +187,34 @@ fn contention(procs: &[Value], steal_share: f64) -> Value {
         "waited_seconds": waited as f64 / 1e9,
         "steal_share": steal_share,
         "waited_share": share,
-        "contended": share >= heat::CONTENDED_SHARE,
+        "contended": steal_share >= heat::STOLEN_SHARE,
     })
 }
 
 fn contention_warning(cpu: &Value) -> String {
     format!(
-        "the program waited for a CPU {} of the time (run queues {:.2} s against {:.2} s run, \
-         hypervisor steal {}): samples are timed in wall time, so the curve reads more \
-         concentrated than the program is, and is not recorded for `attune run`; profile on \
-         CPUs the program has to itself",
-        pct(&cpu["waited_share"]),
-        cpu["waited_seconds"].as_f64().unwrap_or(0.0),
-        cpu["ran_seconds"].as_f64().unwrap_or(0.0),
+        "the hypervisor stole {} of the node's CPU time while the program ran: a thread's \
+         clock may run through it (it depends on the guest kernel's steal accounting), so \
+         the curve may read more concentrated than the program is, and is not recorded for \
+         `attune run`; profile on CPUs the program has to itself",
         pct(&cpu["steal_share"]),
     )
+}
+
+/// The run-queue wait, for the summary: it does not distort the curve, but a reader
+/// comparing the wall time with a quiet run wants to know.
+fn wait_note(cpu: &Value) -> Option<String> {
+    let waited = cpu["waited_seconds"].as_f64().unwrap_or(0.0);
+    let ran = cpu["ran_seconds"].as_f64().unwrap_or(0.0);
+    (waited >= 0.1 * (waited + ran) && waited > 0.0).then(|| {
+        format!(
+            "the program waited for a CPU {} of the time (run queues {:.2} s against {:.2} s \
+             run); samples are timed by its own CPU clock, so the curve holds",
+            pct(&cpu["waited_share"]),
+            waited,
+            ran
+        )
+    })
 }
 
 fn read_procs(dir: &Path) -> Vec<Value> {
@@ -556,6 +570,9 @@ fn summary(p: &Value) -> String {
             pct(&ph["top20_share"])
         );
     }
+    if let Some(n) = wait_note(&p["cpu"]) {
+        s += &format!("cpu: {n}\n");
+    }
     if p["cpu"]["contended"] == json!(true) {
         s += &format!("warning: {}\n", contention_warning(&p["cpu"]));
     }
@@ -579,15 +596,20 @@ mod tests {
             (c["waited_share"].as_f64().unwrap() - 0.1).abs() < 1e-9,
             "{c}"
         );
-        assert_eq!(c["contended"], json!(true));
-        assert!(contention_warning(&c).contains("10.0% of the time"));
-        // Nothing read at all: not contended, no division by zero.
+        // Run-queue waits: noted, not a distortion (the program's clock stops).
+        assert_eq!(c["contended"], json!(false));
+        assert!(wait_note(&c).unwrap().contains("10.0% of the time"));
+        // Nothing read at all: nothing to note, no division by zero.
         let c = contention(&[json!({"cpu": null})], 0.0);
         assert_eq!(
             (c["waited_share"].as_f64(), c["contended"].as_bool()),
             (Some(0.0), Some(false))
         );
-        // Steal alone counts.
-        assert_eq!(contention(&[json!({})], 0.2)["contended"], json!(true));
+        assert_eq!(wait_note(&c), None);
+        // Steal counts, from 10%.
+        let c = contention(&[json!({})], 0.2);
+        assert_eq!(c["contended"], json!(true));
+        assert!(contention_warning(&c).contains("stole 20.0%"));
+        assert_eq!(contention(&[json!({})], 0.09)["contended"], json!(false));
     }
 }

@@ -352,10 +352,10 @@ fn staged_fills(e: &Pager, r: &Region, staged: usize, n: usize, out: &mut [u32])
 }
 
 /// [`flush_run`] for the access sampler: the same move, counted as a sample, not an
-/// eviction. Returns when the chunk left the program's mapping (the program's clock,
-/// `progclock`): a staging medium then
-/// still writes it (a 4 KiB file-tier park took tens of µs), and a touch meanwhile
-/// faults and is already a touch of the parked chunk.
+/// eviction. Returns when the chunk left the program's mapping (by the sampler's clock,
+/// `progclock::sample_now`): a staging medium then still writes it (a 4 KiB file-tier
+/// park took tens of µs), and a touch meanwhile faults and is already a touch of the
+/// parked chunk.
 pub(crate) fn park_chunk(e: &Pager, r: &Region, c: usize) -> Option<u64> {
     let mut left = 0;
     match store_run(e, r, c, 1, Some(&mut left)) {

@@ -11,7 +11,8 @@
 //!
 //! Threads are found by the sampler in /proc/self/task; one that appears counts from its
 //! first reading (what it ran before is not counted: a jump would lengthen every pending
-//! sample). One that ends keeps its last reading. Only the first [`SLOTS`] threads count.
+//! sample). One that ends keeps its last reading. Only the first [`SLOTS`] threads count,
+//! ended ones included.
 //! Signal-safe reads: atomics and system calls only.
 
 use attune_sys::os;
@@ -85,9 +86,15 @@ impl ProgramClock {
         let mut sum = 0u64;
         for i in 0..n {
             let last = &self.last[i];
-            let v = match os::thread_cpu_ns(self.tids[i].load(Relaxed)) {
+            let tid = self.tids[i].load(Relaxed);
+            // An ended thread keeps its last reading and is not asked again (its id
+            // may be reused by a new thread, which `refresh` adds as one of its own).
+            let v = match (tid != 0).then(|| os::thread_cpu_ns(tid)).flatten() {
                 Some(v) => last.fetch_max(v, Relaxed).max(v),
-                None => last.load(Relaxed),
+                None => {
+                    self.tids[i].store(0, Relaxed);
+                    last.load(Relaxed)
+                }
             };
             sum += v.saturating_sub(self.base[i].load(Relaxed));
         }

@@ -25,8 +25,8 @@ impl Touch {
 }
 
 /// Called by the fault path when chunks `[c, c+n)` were placed: the touch of a parked
-/// chunk is a hit after `arrival - parked` of the program's run time (`progclock`); the run's other chunks (read-ahead) are closed
-/// untouched. Signal-safe: atomics only.
+/// chunk is a hit after `arrival - parked` of the program's run time (`progclock`); the
+/// run's other chunks (read-ahead) are closed untouched. Signal-safe: atomics only.
 ///
 /// A touch that reached Attune before the park's clock started is not a sample of this
 /// park, and is dropped without exposure: it faulted before the note (it waited on a far
