@@ -205,6 +205,8 @@ fn take_over(e: &'static Engine) -> Result<(), String> {
     // Messages and discard reports the parent's handler read are the parent's.
     p.handler_queue.clear();
     p.removes.clear();
+    // The parent's threads are not the child's; the child's sampler finds its own.
+    crate::paging::progclock::CLOCK.reset();
     p.forks.fetch_add(1, Release);
     Ok(())
 }

@@ -23,7 +23,7 @@
 //! `sample_rate` asks for sampling all along (`attune profile`).
 
 use super::pager::Pager;
-use super::progclock::{sample_now, CLOCK};
+use super::progclock::{sample_now, Listing, CLOCK};
 use super::sample::cells;
 use crate::region::{Region, Where};
 use attune_sys::os::now_ns;
@@ -51,11 +51,12 @@ pub fn sampler_loop(e: &'static Pager) {
     let mut last = now_ns();
     let mut pending: VecDeque<(Arc<Region>, usize, u64)> = VecDeque::new();
     let mut loops = 0u64;
+    let mut threads = Listing::default();
     loop {
         std::thread::sleep(Duration::from_millis(1));
-        // New threads are followed within 10 ms.
-        if all && loops % 10 == 0 {
-            CLOCK.refresh();
+        // New threads are found within a loop of their start, ended ones within 10 ms.
+        if all && (threads.count_moved() || loops % 10 == 0) {
+            CLOCK.refresh(&mut threads);
         }
         loops += 1;
         let now = now_ns();
@@ -112,9 +113,9 @@ pub fn sampler_loop(e: &'static Pager) {
 /// the hot part only.
 fn park(e: &Pager, r: &Region, c: usize) -> Option<u64> {
     let s = r.state(c);
-    // No program thread followed yet: no clock to time a sample by.
-    if s.pinned() || r.samples.parked_at[c].load(Relaxed) != 0 || (all(e) && CLOCK.followed() == 0)
-    {
+    // No program thread followed (none found yet, or all ended): no clock to time a
+    // sample by.
+    if s.pinned() || r.samples.parked_at[c].load(Relaxed) != 0 || (all(e) && !CLOCK.running()) {
         return None;
     }
     match s.place() {
