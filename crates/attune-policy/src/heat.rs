@@ -45,6 +45,10 @@ pub fn delay_floor_ns(hist_us: &[u64]) -> u64 {
 /// is not measured here, so steal keeps the rule wall time needed for both.
 pub const STOLEN_SHARE: f64 = 0.10;
 
+/// The share of its time a program may wait on run queues before `attune profile`'s
+/// summary says so. A note, not a warning: the samples are timed by the program's clock.
+pub const NOTED_WAIT_SHARE: f64 = 0.10;
+
 /// The share of its time a program waited for a CPU: `waited` of `waited + ran` on run
 /// queues, plus the share of all CPUs' time the hypervisor stole meanwhile.
 pub fn waited_share(ran_ns: u64, waited_ns: u64, steal_share: f64) -> f64 {

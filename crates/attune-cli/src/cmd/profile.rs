@@ -206,11 +206,12 @@ fn contention_warning(cpu: &Value) -> String {
 fn wait_note(cpu: &Value) -> Option<String> {
     let waited = cpu["waited_seconds"].as_f64().unwrap_or(0.0);
     let ran = cpu["ran_seconds"].as_f64().unwrap_or(0.0);
-    (waited >= 0.1 * (waited + ran) && waited > 0.0).then(|| {
+    let share = heat::waited_share((ran * 1e9) as u64, (waited * 1e9) as u64, 0.0);
+    (waited > 0.0 && share >= heat::NOTED_WAIT_SHARE).then(|| {
         format!(
-            "the program waited for a CPU {} of the time (run queues {:.2} s against {:.2} s \
-             run); samples are timed by its own CPU clock, so the curve holds",
-            pct(&cpu["waited_share"]),
+            "the program waited for a CPU {:.1}% of the time (run queues {:.2} s against \
+             {:.2} s run); samples are timed by its own CPU clock, so the curve holds",
+            100.0 * share,
             waited,
             ran
         )

@@ -43,7 +43,7 @@ const CELL_BYTES: usize = 64 << 10;
 /// The sampler thread: parks `sample_rate` chunks a second, closes expired samples, and
 /// decides the flags of regions whose prediction window is over.
 pub fn sampler_loop(e: &'static Pager) {
-    let all = e.cfg.sample_rate > 0;
+    let all = all(e);
     let rate = if all { e.cfg.sample_rate } else { ONLINE_RATE } as f64;
     let window = e.cfg.sample_window_us * 1000;
     let mut rng = now_ns() | 1;
