@@ -59,17 +59,28 @@ int main(void) {
      * for no reports, and the old content comes back, as docs/tuning.md says. */
     const char *kf = getenv("ATTUNE_KERNEL_FEATURES");
     int reports = !(kf && (strstr(kf, "-move") || strstr(kf, "-all")));
-    size_t k0 = 5 * ps / 8;            /* a page near the start: evicted first */
-    if (resident_bytes(&a[k0], ps) == 0) {
-        CHECK(madvise(&a[k0], ps, MADV_DONTNEED) == 0, "madvise: %s", strerror(errno));
-        if (reports)
-            CHECK(a[k0] == 0, "a far page read after MADV_DONTNEED is zero (got %#llx)",
-                  (unsigned long long)a[k0]);
-        else
-            CHECK(a[k0] == mix64(k0), "without reports a far page keeps its content");
-        CHECK(a[k0 + ps / 8] == mix64(k0 + ps / 8), "the next page keeps its content");
-        a[k0] = mix64(k0);             /* as before, for the checks below */
+    /* One page in each 64 KiB of the far part, each read at once after the advice: with
+     * 64 KiB chunks the page is part of a far chunk, and the handler thread, acting on
+     * the report, fetches the rest of it while the program reads (the race CI met once
+     * in this test's single trial, 2026-12-07). */
+    size_t trials = 0, wrong = 0, lost = 0;
+    for (size_t off = 5 * ps; off + 2 * ps <= n / 2; off += 16 * ps) {
+        size_t k = off / 8, k1 = k + ps / 8;
+        if (resident_bytes(&a[k], ps) != 0) continue;
+        CHECK(madvise(&a[k], ps, MADV_DONTNEED) == 0, "madvise: %s", strerror(errno));
+        uint64_t got = a[k];
+        wrong += got != (reports ? 0 : mix64(k));
+        lost += a[k1] != mix64(k1);
+        a[k] = mix64(k);               /* as before, for the checks below */
+        trials++;
     }
+    CHECK(trials > 0, "no far page to try");
+    if (reports)
+        CHECK(wrong == 0, "%zu of %zu far pages read after MADV_DONTNEED were not zero", wrong, trials);
+    else
+        CHECK(wrong == 0, "without reports a far page keeps its content (%zu of %zu did not)", wrong, trials);
+    CHECK(lost == 0, "%zu of %zu next pages lost their content", lost, trials);
+    printf("discard: %zu far pages advised and read\n", trials);
 
     /* Discard the first half plus 3 pages, starting 3 pages in (unaligned to 64 KiB
      * chunks at both ends): far chunks, resident ones, partial chunks. */

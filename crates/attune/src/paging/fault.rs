@@ -23,7 +23,7 @@ use crate::region::{Claim, Region, State, Where, HASH_PAGE};
 use attune_policy::budget;
 use attune_policy::readahead::{self, STREAMS};
 use attune_policy::victim::{on_arrival, Arrival};
-use attune_sys::uffd::{Delivery, Msg, EVENT_PAGEFAULT, EVENT_REMOVE};
+use attune_sys::uffd::{Delivery, Msg, Uffd, EVENT_PAGEFAULT, EVENT_REMOVE};
 use attune_sys::{os, Errno};
 use std::sync::atomic::Ordering::*;
 
@@ -131,18 +131,19 @@ fn mark_behind(e: &Pager, r: &Region, c: usize, n: usize) {
     }
 }
 
-/// Places chunk `c` if it is not resident (prefetch and pin).
-pub fn fetch_chunk(e: &Pager, r: &Region, c: usize) {
-    if let Some(Claim::Owned(src, tier)) = r.claim_fetch(c, true) {
-        // A chunk that cannot be read back stays Far (and poisoned in thread delivery):
-        // the application's access reports it. Heated as a touch, but no access: a
-        // parked chunk brought back here closes its sample untouched.
-        let t = Touch {
-            chunk: c,
-            arrival_ns: 0,
-        };
-        let _ = place_run(e, r, c, 1, t, src, tier);
-    }
+/// Places chunk `c` if it is not resident (prefetch and pin); whether this call placed it.
+pub fn fetch_chunk(e: &Pager, r: &Region, c: usize) -> bool {
+    let Some(Claim::Owned(src, tier)) = r.claim_fetch(c, true) else {
+        return false;
+    };
+    // A chunk that cannot be read back stays Far (and poisoned in thread delivery): the
+    // application's access reports it. Heated as a touch, but no access: a parked chunk
+    // brought back here closes its sample untouched.
+    let t = Touch {
+        chunk: c,
+        arrival_ns: 0,
+    };
+    place_run(e, r, c, 1, t, src, tier)
 }
 
 /// The most chunks one fault of `r` claims beyond its own (0: read-ahead off).
@@ -374,16 +375,36 @@ fn fetch_run(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
         place_data(e, r, &half)?;
         return Err(Errno(libc::EIO));
     }
-    place_data(e, r, run)?;
-    if run.src == Where::Far && e.sees_removes() && e.removes.settled() {
-        // A discard report read and not acted on covers part of the run: the kernel may
-        // have dropped those pages before this placement, which then put their old content
-        // back. Dropped again (`super::removes`); still claimed, so a touch waits and then
-        // maps zeros.
-        e.removes.overlapping(run.dst, run.dst + run.len, |lo, hi| {
-            // Pages this placement made: its own, never shared, so they move.
-            let _ = e.drop_pages(lo, hi - lo);
-        });
+    // Discard reports read and not acted on (`super::removes`): the kernel may have dropped
+    // the pages they cover already, and the program, back from its `madvise`, may read
+    // them while this placement maps them. So what they cover is zeroed before the run
+    // is mapped (the handler's own fetch, acting on a report that covers part of a far
+    // chunk, comes here too: mapped with the old content, 1-12 of 512 such pages read
+    // stale in tests/c/discard.c).
+    let reports = run.src == Where::Far && e.sees_removes();
+    let mut seen = 0;
+    if reports && e.removes.settled() {
+        seen = e.removes.last_read();
+        let mut covered = false;
+        e.removes
+            .overlapping_in(0, seen, run.dst, run.dst + run.len, |_, _| covered = true);
+        if covered {
+            place_zeroing(e, r, run, seen)?;
+        } else {
+            place_data(e, r, run)?;
+        }
+    } else {
+        place_data(e, r, run)?;
+    }
+    if reports && e.removes.settled() {
+        // A report read while the placement ran: the kernel may have dropped its pages
+        // before the placement put their old content back. Dropped again; still claimed,
+        // so a touch waits and then maps zeros.
+        e.removes
+            .overlapping_in(seen, u64::MAX, run.dst, run.dst + run.len, |lo, hi| {
+                // Pages this placement made: its own, never shared, so they move.
+                let _ = e.drop_pages(lo, hi - lo);
+            });
     }
     if r.delivery == Delivery::Thread {
         let _ = e.uffd_for(r.delivery).wake(run.dst, run.len);
@@ -393,11 +414,40 @@ fn fetch_run(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
 
 /// [`fetch_run`]'s placement, waking no one.
 fn place_data(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
-    let uffd = e.uffd_for(r.delivery);
-    let (dst, len) = (run.dst, run.len);
+    place_data_at(e, r, run, e.uffd_for(r.delivery), run.dst)
+}
+
+/// [`place_data`] for a run part of which discard reports numbered up to `upto` cover:
+/// placed in a staging buffer first, where those pages are zeroed, then copied into the
+/// region. Their old content is never mapped where the program can read it. Costs one
+/// more copy of the run, on a path only a program's discard of part of a far chunk takes.
+fn place_zeroing(e: &Pager, r: &Region, run: &Run, upto: u64) -> Result<(), Errno> {
+    let io = e.io();
+    let slot = io.staging.claim(run.len).ok_or(Errno(libc::EAGAIN))?;
+    let st = slot.fresh(run.len);
+    let placed = place_data_at(e, r, run, io.internal, st).and_then(|()| {
+        // Holes (a memory tier's pages discarded while far) read as zeros; mapped, so the
+        // copy below reads no missing page of the staging buffer (a SIGBUS inside a
+        // resolver kills the program).
+        crate::tier::file::fill_holes(io.internal, st, run.len);
+        e.removes
+            .overlapping_in(0, upto, run.dst, run.dst + run.len, |lo, hi| {
+                super::fill::fill(st + (lo - run.dst), hi - lo, 0)
+            });
+        e.uffd_for(r.delivery)
+            .place_copy(run.dst, st, run.len, false)
+    });
+    // Dropped with the buffer's next pages, whatever was placed in it.
+    slot.keep(run.len);
+    placed
+}
+
+/// [`place_data`] at `dst` through `uffd` (the run's own address, or a staging buffer).
+fn place_data_at(e: &Pager, r: &Region, run: &Run, uffd: &Uffd, dst: usize) -> Result<(), Errno> {
+    let len = run.len;
     match run.src {
         Where::Far if run.tier == crate::region::FILLED => {
-            place_fills(e, r, run.c, dst, len)?;
+            place_fills(e, uffd, r, run.c, dst, len)?;
             e.counters.fill_placed_bytes.fetch_add(len as u64, Relaxed);
             Ok(())
         }
@@ -431,8 +481,14 @@ fn place_data(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
 /// Places the run `[dst, dst+len)` of chunks `c..` of `r`, all Far in no tier (claimed by
 /// this thread, each with its fill index in its state word), from a buffer filled with
 /// their words; all zero: from the zero buffer. Wakes no one. Signal-safe.
-fn place_fills(e: &Pager, r: &Region, c: usize, dst: usize, len: usize) -> Result<(), Errno> {
-    let uffd = e.uffd_for(r.delivery);
+fn place_fills(
+    e: &Pager,
+    uffd: &Uffd,
+    r: &Region,
+    c: usize,
+    dst: usize,
+    len: usize,
+) -> Result<(), Errno> {
     let n = len / r.chunk;
     if (0..n).all(|i| r.state(c + i).fill_index() == 0) {
         uffd.place_copy(dst, e.zero_addr(), len, false)

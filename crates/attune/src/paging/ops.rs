@@ -490,6 +490,7 @@ impl Pager {
                             // A page a fork left shared cannot move: the chunk stays
                             // resident and the caller writes zeros over it, as over a
                             // pinned one (`tests/stress/soak.c` found such pages not zero).
+                            // After a report: pages placed again since (`let_go`), left.
                             r.settle(c, Where::Resident, s.tier(), 0);
                             return false;
                         }
@@ -525,7 +526,8 @@ impl Pager {
     /// chunks go back to Fresh, as a discard through the interposer does, and the
     /// covered pages of a chunk at an edge are dropped now, a far one fetched first: none
     /// may be evicted with its old content between this and the kernel's own drop.
-    /// Pinned chunks stay (no eviction moves them; the kernel's drop leaves zeros).
+    /// Pinned chunks stay (no eviction moves them; the kernel's drop leaves zeros), and so
+    /// do chunks the program placed pages in again since its `madvise` (`let_go`).
     pub fn removed(&self, start: usize, end: usize) {
         let ps = attune_sys::page_size();
         let mut a = start & !(ps - 1);
@@ -552,10 +554,13 @@ impl Pager {
     }
 
     /// Drops the pages `[a, b)` of chunk `c` of `r` (part of it), which stays resident with
-    /// those pages missing (a touch maps zeros): a far chunk is fetched first.
+    /// those pages missing (a touch maps zeros): a far chunk is fetched first. Called while
+    /// the report of `[a, b)` is read and not acted on, so a fetch here maps zeros there
+    /// (`super::fault::fetch_run`).
     fn drop_part(&self, r: &Region, c: usize, a: usize, b: usize, deadline: u64) {
         let mut spins = 0u32;
         let mut fetched = false;
+        let mut zeroed = false;
         loop {
             let s = r.state(c);
             match s.place() {
@@ -563,19 +568,18 @@ impl Pager {
                 Where::Fetching | Where::Evicting => crate::sync::gate::backoff(&mut spins),
                 Where::Far if fetched => return, // could not be read back: stays poisoned
                 Where::Far => {
-                    super::fault::fetch_chunk(self, r, c);
+                    zeroed = super::fault::fetch_chunk(self, r, c);
                     fetched = true;
                 }
                 Where::Resident => {
                     if !r.claim_hold(c, s) {
                         continue;
                     }
-                    // Fetched here: the kernel may have dropped the range before the
-                    // fetch placed it again, so it is dropped here if it stays.
-                    self.let_go(a, b - a, Some(deadline));
-                    if fetched && mem::any_present(a, b - a) {
-                        // Pages this fetch placed: its own, never shared, so they move.
-                        let _ = self.drop_pages(a, b - a);
+                    // Placed before the report was read (by a fault, or resident all along):
+                    // the kernel's drop follows the read, and the chunk is held until then,
+                    // so no eviction takes the old content to a far tier meanwhile.
+                    if !zeroed {
+                        self.let_go(a, b - a, Some(deadline));
                     }
                     super::huge::split(self, r, c, 1);
                     r.counters.discarded.fetch_add(1, Relaxed);
@@ -586,14 +590,17 @@ impl Pager {
         }
     }
 
-    /// Makes the pages of `[addr, addr+len)` (of chunks the caller holds) go. Where the
-    /// kernel reported the program's discard, its own drop follows the report's read at
-    /// once: this waits for it until `reported` (ns), and moves nothing. On 6.18 a
-    /// `UFFDIO_MOVE` of a range while the program's `MADV_DONTNEED` was dropping it looped
-    /// in the kernel for good (tests/run/raw_madvise.c, 6 runs in 60); and a report of
-    /// `MADV_FREE`, which keeps the pages until reclaim, reads the same: pages still there
-    /// at the deadline stay (either content is right after `MADV_FREE`). Otherwise
-    /// [`Pager::drop_pages`], and whether every page went.
+    /// Makes the pages of `[addr, addr+len)` (of chunks the caller holds) go; whether
+    /// every page went. Where the kernel reported the program's discard, its own drop
+    /// follows the report's read at once: this waits for it until `reported` (ns), and
+    /// moves nothing. On 6.18 a `UFFDIO_MOVE` of a range while the program's
+    /// `MADV_DONTNEED` was dropping it looped in the kernel for good
+    /// (tests/run/raw_madvise.c, 6 runs in 60). Pages still there at the deadline stay,
+    /// and so does their chunk: the program touched them again after its `madvise`
+    /// returned (placed before this caller held the chunk; they are its content now, and a
+    /// chunk called Fresh over them lost a later `attune_discard`, tests/c/discard.c), or
+    /// a report of `MADV_FREE` kept them (either content is right after it). Otherwise
+    /// [`Pager::drop_pages`].
     fn let_go(&self, addr: usize, len: usize, reported: Option<u64>) -> bool {
         let Some(deadline) = reported else {
             return self.drop_pages(addr, len);
@@ -602,7 +609,7 @@ impl Pager {
         while mem::any_present(addr, len) && os::now_ns() < deadline {
             crate::sync::gate::backoff(&mut spins);
         }
-        true
+        !mem::any_present(addr, len)
     }
 
     /// Brings `[addr, addr+len)` into DRAM now (as if faulted), within the budget.

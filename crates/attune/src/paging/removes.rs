@@ -4,10 +4,12 @@
 //! not see: Go's scavenger) is reported on the region's userfaultfd; the program goes on
 //! as soon as the report is read, and the kernel then drops the mapped pages. A chunk in
 //! a far tier is not mapped, so the handler thread acts on each report
-//! (`Pager::removed`). Between the read and that act, a fault's placement may still load
-//! such a chunk's old content, after the kernel's drop: [`Removes`] lets the placement
-//! see the reports read but not acted on, and drop what it placed over them
-//! (`super::fault::fetch_run`).
+//! (`Pager::removed`). Between the read and that act, a fault's placement (or the act's
+//! own fetch of a chunk the report covers part of) would load such a chunk's old content,
+//! after the kernel's drop, where the program may read it at once: [`Removes`] lets the
+//! placement see the reports read but not acted on, and zero what they cover before it
+//! maps the run (`super::fault::fetch_run`). What reports read while the placement ran
+//! cover is dropped after it.
 //!
 //! Each report read gets the next sequence number (`read`); the handler acts on them in
 //! that order and advances `done`. Signal-safe for the placements' side (atomics only).
@@ -89,11 +91,25 @@ impl Removes {
         self.read.load(Acquire) != self.done.load(Acquire)
     }
 
+    /// The last report's sequence number (after [`Removes::settled`]: every report up to
+    /// it is in the ring).
+    pub fn last_read(&self) -> u64 {
+        self.read.load(Acquire)
+    }
+
     /// Calls `f(lo, hi)` for the part of `[a, b)` each report read and not acted on
-    /// covers (after [`Removes::settled`]). Signal-safe.
-    pub fn overlapping(&self, a: usize, b: usize, mut f: impl FnMut(usize, usize)) {
-        let read = self.read.load(Acquire);
-        let done = self.done.load(Acquire);
+    /// covers (after [`Removes::settled`]), of the reports numbered `(after, upto]`.
+    /// Signal-safe.
+    pub fn overlapping_in(
+        &self,
+        after: u64,
+        upto: u64,
+        a: usize,
+        b: usize,
+        mut f: impl FnMut(usize, usize),
+    ) {
+        let read = self.read.load(Acquire).min(upto);
+        let done = self.done.load(Acquire).max(after);
         for n in done + 1..=read {
             let i = (n % RING as u64) as usize;
             let (s, t) = (self.start[i].load(Relaxed), self.end[i].load(Relaxed));
@@ -180,17 +196,37 @@ mod tests {
         let b = r.record(0x30000, 0x31000);
         assert!(r.settled());
         let mut seen = Vec::new();
-        r.overlapping(0x18000, 0x38000, |lo, hi| seen.push((lo, hi)));
+        r.overlapping_in(0, u64::MAX, 0x18000, 0x38000, |lo, hi| seen.push((lo, hi)));
         assert_eq!(seen, [(0x18000, 0x20000), (0x30000, 0x31000)]);
         r.acted(a);
         seen.clear();
-        r.overlapping(0, usize::MAX, |lo, hi| seen.push((lo, hi)));
+        r.overlapping_in(0, u64::MAX, 0, usize::MAX, |lo, hi| seen.push((lo, hi)));
         assert_eq!(seen, [(0x30000, 0x31000)]);
         r.acted(b);
         assert!(!r.settled());
         seen.clear();
-        r.overlapping(0, usize::MAX, |lo, hi| seen.push((lo, hi)));
+        r.overlapping_in(0, u64::MAX, 0, usize::MAX, |lo, hi| seen.push((lo, hi)));
         assert!(seen.is_empty());
+    }
+
+    #[test]
+    fn a_placement_splits_the_reports_it_saw_before_from_those_read_after() {
+        let r = Removes::default();
+        let a = r.record(0x10000, 0x11000);
+        assert!(r.settled());
+        let upto = r.last_read();
+        let b = r.record(0x12000, 0x13000);
+        let mut before = Vec::new();
+        r.overlapping_in(0, upto, 0, usize::MAX, |lo, hi| before.push((lo, hi)));
+        assert_eq!(before, [(0x10000, 0x11000)]);
+        let mut after = Vec::new();
+        r.overlapping_in(upto, u64::MAX, 0, usize::MAX, |lo, hi| after.push((lo, hi)));
+        assert_eq!(after, [(0x12000, 0x13000)]);
+        // Acted on: neither half sees them any more.
+        r.acted(b.max(a));
+        after.clear();
+        r.overlapping_in(0, u64::MAX, 0, usize::MAX, |lo, hi| after.push((lo, hi)));
+        assert!(after.is_empty());
     }
 
     #[test]

@@ -102,7 +102,9 @@ impl FileTier {
     }
 }
 
-pub(super) fn fill_holes(internal: &Uffd, st: usize, len: usize) {
+/// Maps zeros where `[st, st+len)` (a staging buffer, registered with `internal`) holds no
+/// page; pages there are left as they are.
+pub(crate) fn fill_holes(internal: &Uffd, st: usize, len: usize) {
     let ps = attune_sys::page_size();
     let mut a = st;
     while a < st + len {
