@@ -215,8 +215,9 @@ def test_a_program_that_waits_for_a_cpu_is_profiled_by_its_own_clock(shared_dir,
     assert ph["uniform"] < 0.3 and ph["skewed"] > 0.65, ph
 
 
+@pytest.mark.parametrize("user", [None, "nobody"])
 @pytest.mark.parametrize("mode,secs,arg", [("churn", "4", "80"), ("fork", "3", "70")])
-def test_threads_the_profile_has_not_seen_yet_are_timed(tmp_path, mode, secs, arg):
+def test_threads_the_profile_has_not_seen_yet_are_timed(shared_dir, mode, secs, arg, user):
     """The samples' clock follows the threads a program has now: `churn` runs each phase
     in successive threads of 80 ms (100 over the run, a thread per task); `fork` runs both
     phases in a child forked from a parent with 70 idle threads. Before (2026-12-07), the
@@ -225,11 +226,18 @@ def test_threads_the_profile_has_not_seen_yet_are_timed(tmp_path, mode, secs, ar
     then read 0.56-0.57 at its top tenth from 1064-1263 sampled chunks (churn), and the
     child sampled 0-104 chunks in all (fork); now 0.83-0.88 and 0.83-0.88, from 2500 or
     more (uniform 0.14-0.28 and 0.14-0.16). Shorter tasks are a limit: docs/design/
-    prediction.md, "Threads that come and go"."""
-    exe = tmp_path / "threads_skewed"
-    subprocess.run(["gcc", "-O2", "-pthread", os.path.join(ROOT, "tests", "run", "threads_skewed.c"), "-o", str(exe)],
+    prediction.md, "Threads that come and go". Also as nobody: the threads are listed from
+    the program's own /proc entries."""
+    d = shared_dir
+    exe = os.path.join(d, "threads_skewed")
+    subprocess.run(["gcc", "-O2", "-pthread", os.path.join(ROOT, "tests", "run", "threads_skewed.c"), "-o", exe],
                    check=True)
-    r = profile(tmp_path, str(exe), mode, "64", secs, arg)
+    os.chmod(exe, 0o755)
+    wrap = ["runuser", "-u", user, "--"] if user else []
+    env = dict(os.environ, ATTUNE_HISTORY=os.path.join(d, "history.json"))
+    r = subprocess.run(wrap + [ATT, "profile", "--json", "--out", os.path.join(d, "out"), "--dram", "1G", "--",
+                               exe, mode, "64", secs, arg],
+                       capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0 and f"threads_skewed: OK {mode}" in r.stdout, r.stdout + r.stderr
     p = json.loads(r.stdout[r.stdout.index("{"):])
     ph = {x["name"]: x for x in p["phases"]}
