@@ -421,6 +421,8 @@ fn place_data(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
 /// placed in a staging buffer first, where those pages are zeroed, then copied into the
 /// region. Their old content is never mapped where the program can read it. Costs one
 /// more copy of the run, on a path only a program's discard of part of a far chunk takes.
+/// Once loaded, the buffer holds the only copy: a copy into the region that fails for
+/// good (the region unmapped meanwhile) loses it, as it loses the region.
 fn place_zeroing(e: &Pager, r: &Region, run: &Run, upto: u64) -> Result<(), Errno> {
     let io = e.io();
     let slot = io.staging.claim(run.len).ok_or(Errno(libc::EAGAIN))?;
@@ -434,8 +436,21 @@ fn place_zeroing(e: &Pager, r: &Region, run: &Run, upto: u64) -> Result<(), Errn
             .overlapping_in(0, upto, run.dst, run.dst + run.len, |lo, hi| {
                 super::fill::fill(st + (lo - run.dst), hi - lo, 0)
             });
-        e.uffd_for(r.delivery)
-            .place_copy(run.dst, st, run.len, false)
+        // The tier gave its copy up with the load (a memory slot is released, a pool's
+        // pages unclaimed): from here the buffer holds the only one. So a transient
+        // failure (EAGAIN while the program's next discard waits to be read) is retried
+        // from the buffer, never by loading again: retried by the caller, the load read
+        // a released slot, and a whole chunk came back as zeros (tests/c/discard.c, 1 run
+        // in 60 under load).
+        retry_transient(TRANSIENT_RETRY_NS, || {
+            let res = e
+                .uffd_for(r.delivery)
+                .place_copy(run.dst, st, run.len, false);
+            if res == Err(Errno(libc::EAGAIN)) {
+                pump(e);
+            }
+            res
+        })
     });
     // Dropped with the buffer's next pages, whatever was placed in it.
     slot.keep(run.len);
