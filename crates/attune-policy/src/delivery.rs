@@ -150,16 +150,37 @@ pub fn symbol_reason(name: &str) -> Option<Reason> {
         .map(|&(found, access)| Reason { found, access })
 }
 
+/// What the runtime's userfaultfd does for the program, known once it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernel {
+    /// The kernel's own accesses to missing pages are delivered (false: user-mode faults
+    /// only, `vm.unprivileged_userfaultfd=0` for a user who is not root).
+    pub faults: bool,
+    /// The kernel reports the program's own discards (`UFFD_EVENT_REMOVE`, asked for
+    /// where pages move by `UFFDIO_MOVE`: Linux 6.8).
+    pub reports_discards: bool,
+}
+
+impl Kernel {
+    /// Before the runtime runs: what it will do is not known, and counts as served.
+    pub const ASSUMED: Kernel = Kernel {
+        faults: true,
+        reports_discards: true,
+    };
+}
+
 /// Whether a find keeps the program's new allocations with its own allocator, untiered:
 /// the Go runtime (`GO_RUNTIME`) where its stacks would not be served, that is under an
 /// explicit signal delivery (the kernel's signal frames), or where the userfaultfd sees
-/// user-mode faults only (`kernel_faults` false: the handler thread cannot serve those
-/// frames either). Under the handler thread with kernel faults served it is tiered: 120
-/// runs of `go_cgo` without a failure, where a discard Go made without libc had made
-/// 8 in 150 fail before the kernel reported such discards (docs/design/run.md).
-pub fn keeps_out(requested: Requested, reason: Option<Reason>, kernel_faults: bool) -> bool {
+/// user-mode faults only (the handler thread cannot serve those frames either); and
+/// where the kernel does not report discards: Go returns memory with `madvise` made
+/// without libc and then uses it as zeroed, and a chunk in a far tier would come back
+/// with its old content (8 of 150 runs of `go_cgo` failed so before the reports). Under
+/// the handler thread with both it is tiered: 120 runs without a failure
+/// (docs/design/run.md).
+pub fn keeps_out(requested: Requested, reason: Option<Reason>, kernel: Kernel) -> bool {
     reason.is_some_and(|r| r.found == GO_RUNTIME)
-        && (requested == Requested::Signal || !kernel_faults)
+        && (requested == Requested::Signal || !kernel.faults || !kernel.reports_discards)
 }
 
 /// The delivery `attune run` asked for.
@@ -314,18 +335,26 @@ mod tests {
     fn only_the_go_runtime_keeps_memory_out_where_its_stacks_are_not_served() {
         use Requested::*;
         let go = library_reason(GO_RUNTIME);
-        for (requested, kernel_faults, out) in [
-            (Auto, true, false),
-            (Thread, true, false),
-            (Signal, true, true),
-            (Auto, false, true),
-            (Thread, false, true),
-            (Signal, false, true),
+        let k = |faults, reports_discards| Kernel {
+            faults,
+            reports_discards,
+        };
+        for (requested, kernel, out) in [
+            (Auto, k(true, true), false),
+            (Thread, k(true, true), false),
+            (Signal, k(true, true), true),
+            (Auto, k(false, true), true),
+            (Thread, k(false, true), true),
+            (Signal, k(false, true), true),
+            // No discard reports (before 6.8, or `-move`): its own `madvise` is not seen.
+            (Auto, k(true, false), true),
+            (Thread, k(true, false), true),
+            (Signal, k(true, false), true),
         ] {
             assert_eq!(
-                keeps_out(requested, go, kernel_faults),
+                keeps_out(requested, go, kernel),
                 out,
-                "{requested:?}, kernel faults {kernel_faults}"
+                "{requested:?}, {kernel:?}"
             );
             // The Go runtime under auto gets the handler thread, as every find does.
             assert_eq!(choose(Auto, go), Chosen::Thread);
@@ -337,11 +366,17 @@ mod tests {
             None,
         ] {
             for requested in [Auto, Thread, Signal] {
-                for kernel_faults in [true, false] {
-                    assert!(!keeps_out(requested, other, kernel_faults), "{other:?}");
+                for kernel in [
+                    k(true, true),
+                    k(false, true),
+                    k(true, false),
+                    k(false, false),
+                ] {
+                    assert!(!keeps_out(requested, other, kernel), "{other:?}");
                 }
             }
         }
+        assert_eq!(Kernel::ASSUMED, k(true, true));
     }
 
     #[test]

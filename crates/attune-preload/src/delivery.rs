@@ -36,8 +36,11 @@ static DECIDED: AtomicBool = AtomicBool::new(false);
 /// at after that.
 static KEPT_OUT: AtomicBool = AtomicBool::new(false);
 /// True once the Go runtime was found under `--fault-mode thread`: its stacks then need the
-/// kernel's faults served, or new requests stay out (`keep_out_if_user_mode_only`).
+/// kernel's faults served, or new requests stay out (`keep_out_if_unserved`).
 static STACKS_NEED_KERNEL_FAULTS: AtomicBool = AtomicBool::new(false);
+/// True once the Go runtime was found: its discards made without libc need the kernel's
+/// reports, or new requests stay out (`keep_out_if_unserved`).
+static GO_FOUND: AtomicBool = AtomicBool::new(false);
 
 // The loader scan names an object with Go's build-ID note by the policy's key.
 const _: () = {
@@ -96,23 +99,29 @@ pub fn check(at_start: bool) {
         delivery::library_reason(&f.what)
     };
     let access = reason.map(|r| r.access).unwrap_or("");
-    // Before the runtime starts, kernel faults count as served; `keep_out_if_user_mode_only`
-    // looks again once it runs.
-    let kernel_faults = attune::runtime::engine_if_started()
-        .map(|e| !e.pager.user_mode_only())
-        .unwrap_or(true);
-    if delivery::keeps_out(requested(), reason, kernel_faults) {
-        keep_out(format!(
-            "{} carries {} ({access}), whose stacks no {} serves (docs/design/run.md, \
-             \"Programs whose stacks are in their heap\")",
-            f.object,
-            f.what,
-            if kernel_faults {
-                "signal delivery"
+    if reason.is_some_and(|r| r.found == delivery::GO_RUNTIME) {
+        GO_FOUND.store(true, Relaxed);
+    }
+    // Before the runtime starts, what the kernel does counts as served;
+    // `keep_out_if_unserved` looks again once it runs.
+    let kernel = kernel_now().unwrap_or(delivery::Kernel::ASSUMED);
+    if delivery::keeps_out(requested(), reason, kernel) {
+        let carries = format!("{} carries {} ({access})", f.object, f.what);
+        keep_out(
+            if kernel.faults && !kernel.reports_discards && requested() != Requested::Signal {
+                unreported(&carries)
             } else {
-                "delivery of user-mode faults only"
-            }
-        ));
+                format!(
+                    "{carries}, whose stacks no {} serves (docs/design/run.md, \"Programs whose \
+                 stacks are in their heap\")",
+                    if kernel.faults {
+                        "signal delivery"
+                    } else {
+                        "delivery of user-mode faults only"
+                    }
+                )
+            },
+        );
         return;
     }
     if reason.is_some_and(|r| r.found == delivery::GO_RUNTIME) && requested() == Requested::Thread {
@@ -121,7 +130,7 @@ pub fn check(at_start: bool) {
         STACKS_NEED_KERNEL_FAULTS.store(true, Relaxed);
         with(|st| st.reason = Some(format!("{} carries {} ({access})", f.object, f.what)));
         if !at_start {
-            keep_out_if_user_mode_only();
+            keep_out_if_unserved();
         }
         return;
     }
@@ -161,33 +170,54 @@ pub fn check(at_start: bool) {
         &format!("attune run: {text}: new regions use the handler thread{tail}"),
     );
     if !at_start {
-        keep_out_if_user_mode_only();
+        keep_out_if_unserved();
     }
 }
 
-/// After a find, under a userfaultfd that sees user-mode faults only (an unprivileged user
-/// where `vm.unprivileged_userfaultfd=0`), the handler thread cannot serve the kernel's
-/// accesses either: new requests then go to the program's allocator, untiered but
-/// correct, and the user is told how to get kernel faults served. Called after the runtime
-/// starts, and after a late find.
-pub fn keep_out_if_user_mode_only() {
+/// What the runtime's userfaultfd does for the program, once it runs.
+fn kernel_now() -> Option<delivery::Kernel> {
+    attune::runtime::engine_if_started().map(|e| delivery::Kernel {
+        faults: !e.pager.user_mode_only(),
+        reports_discards: e.pager.sees_removes(),
+    })
+}
+
+/// The warning for the Go runtime where the kernel does not report discards.
+fn unreported(carries: &str) -> String {
+    format!(
+        "{carries}, which returns memory with madvise made without libc and then uses it as \
+         zeroed; this kernel does not report such discards to the runtime (that needs \
+         UFFDIO_MOVE, Linux 6.8), so a page held in a far tier would come back with its old \
+         content (docs/design/run.md, \"Discards the interposer does not see\")"
+    )
+}
+
+/// After a find, once the runtime runs (called when it starts, and after a late find):
+/// - under a userfaultfd that sees user-mode faults only (an unprivileged user where
+///   `vm.unprivileged_userfaultfd=0`), the handler thread cannot serve the kernel's
+///   accesses either: new requests then go to the program's allocator, untiered but
+///   correct, and the user is told how to get kernel faults served;
+/// - the Go runtime, where the kernel does not report discards: the same
+///   (`attune_policy::delivery::keeps_out`).
+pub fn keep_out_if_unserved() {
     let found = DECIDED.load(Relaxed) || STACKS_NEED_KERNEL_FAULTS.load(Relaxed);
     if !found || KEPT_OUT.load(Relaxed) {
         return;
     }
-    let Some(e) = attune::runtime::engine_if_started() else {
+    let Some(kernel) = kernel_now() else {
         return;
     };
-    if !e.pager.user_mode_only() {
-        return;
+    let reason = with(|st| st.reason.clone()).unwrap_or_default();
+    if !kernel.faults {
+        keep_out(format!(
+            "{reason}; this process's userfaultfd sees user-mode faults only \
+             (vm.unprivileged_userfaultfd=0), so those kernel accesses would fail with EFAULT \
+             on non-resident pages. Kernel faults are served where /dev/userfaultfd is handed \
+             to the job (docs/design/run.md, \"Fault delivery\")",
+        ));
+    } else if GO_FOUND.load(Relaxed) && !kernel.reports_discards {
+        keep_out(unreported(&reason));
     }
-    keep_out(format!(
-        "{}; this process's userfaultfd sees user-mode faults only \
-         (vm.unprivileged_userfaultfd=0), so those kernel accesses would fail with EFAULT \
-         on non-resident pages. Kernel faults are served where /dev/userfaultfd is handed \
-         to the job (docs/design/run.md, \"Fault delivery\")",
-        with(|st| st.reason.clone()).unwrap_or_default(),
-    ));
 }
 
 /// From now on new requests stay with the program's allocator, untiered, for `why`

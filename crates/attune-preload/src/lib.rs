@@ -109,7 +109,7 @@ fn ready() -> bool {
             if ok {
                 delivery::absorb_runtime_libraries();
                 delivery::note_heap_owners();
-                delivery::keep_out_if_user_mode_only();
+                delivery::keep_out_if_unserved();
                 if SMALL.load(Relaxed) && !delivery::settle_small_arenas() {
                     SMALL.store(false, Relaxed);
                     THRESHOLD.store(settings().threshold, Relaxed);

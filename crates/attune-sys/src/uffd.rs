@@ -373,6 +373,14 @@ impl Uffd {
         self.features & feature != 0
     }
 
+    /// Whether `feature` was asked for when this descriptor was opened, and is in force.
+    /// For a feature that changes what the descriptor delivers (a report of discards, say),
+    /// [`Uffd::has`] is not enough: `UFFDIO_API` answers with every feature the kernel
+    /// has, asked for or not. Signal-safe.
+    pub fn asked(&self, feature: u64) -> bool {
+        self.wanted & feature != 0 && self.has(feature)
+    }
+
     /// Whether anonymous memory can be write-protected (Linux 5.7): the fallback for a
     /// move needs it.
     pub fn has_write_protect(&self) -> bool {

@@ -541,7 +541,7 @@ impl Pager {
 
     /// Whether the regions' descriptors report discards (`feature::EVENT_REMOVE`).
     pub fn sees_removes(&self) -> bool {
-        self.uffd_thread.has(feature::EVENT_REMOVE)
+        self.uffd_thread.asked(feature::EVENT_REMOVE)
     }
 
     /// Drops the pages of `[addr, addr+len)` (a region's, page-aligned, its chunks held by
