@@ -431,7 +431,7 @@ fn place_zeroing(e: &Pager, r: &Region, run: &Run, upto: u64) -> Result<(), Errn
         // Holes (a memory tier's pages discarded while far) read as zeros; mapped, so the
         // copy below reads no missing page of the staging buffer (a SIGBUS inside a
         // resolver kills the program).
-        crate::tier::file::fill_holes(io.internal, st, run.len);
+        crate::tier::fill_holes(io.internal, st, run.len);
         e.removes
             .overlapping_in(0, upto, run.dst, run.dst + run.len, |lo, hi| {
                 super::fill::fill(st + (lo - run.dst), hi - lo, 0)

@@ -102,17 +102,6 @@ impl FileTier {
     }
 }
 
-/// Maps zeros where `[st, st+len)` (a staging buffer, registered with `internal`) holds no
-/// page; pages there are left as they are.
-pub(crate) fn fill_holes(internal: &Uffd, st: usize, len: usize) {
-    let ps = attune_sys::page_size();
-    let mut a = st;
-    while a < st + len {
-        let _ = internal.zeropage(a, ps);
-        a += ps;
-    }
-}
-
 impl super::Medium for FileTier {
     /// Writes the pages at `src` (region memory) to `off`. `dirty(staging_addr)` is asked
     /// after the move: the pieces the file does not hold yet.

@@ -598,11 +598,11 @@ pub(crate) fn store_staged(
         // resolver a fault on a hole of the staging buffer is a second SIGBUS, which the
         // kernel delivers by killing the program (tests/run/raw_madvise.c, signal
         // delivery: killed in 6 runs of 8 before).
-        file::fill_holes(io.internal, st, len);
+        fill_holes(io.internal, st, len);
     }
     let mut r = write(st);
     if matches!(r, Err(Errno(libc::EFAULT))) {
-        file::fill_holes(io.internal, st, len);
+        fill_holes(io.internal, st, len);
         r = write(st);
     }
     if let Err(e) = r {
@@ -618,6 +618,17 @@ pub(crate) fn store_staged(
     // Written: the staged pages are dropped with the buffer's next ones (`KEEP_BATCH`).
     slot.keep(len);
     Ok(())
+}
+
+/// Maps zeros where `[st, st+len)` (a staging buffer, registered with `internal`) holds no
+/// page; pages there are left as they are.
+pub(crate) fn fill_holes(internal: &Uffd, st: usize, len: usize) {
+    let ps = attune_sys::page_size();
+    let mut a = st;
+    while a < st + len {
+        let _ = internal.zeropage(a, ps);
+        a += ps;
+    }
 }
 
 /// The longest run a fault loads from a medium that copies it into place (file and
