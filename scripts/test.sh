@@ -594,6 +594,19 @@ if [ -x "$GO" ] && HOME="$RT" GOCACHE="$RT/gocache" GOPATH="$RT/gopath" GOFLAGS=
   # A kernel that does not report discards (before 6.8; here UFFDIO_MOVE masked): Go's
   # own madvise would bring a far page's old content back, so it is kept untiered too.
   expect run-go-cgo-no-move 0 "carries the Go runtime.*does not report such discards.*go_cgo: OK.*left new allocations untiered.*check_report: OK" sh -c "ATTUNE_KERNEL_FEATURES=-move '$ATT' run --fault-mode thread --dram 16M --report '$RT/go-no-move.json' -- '$RT/go_cgo' 96 2>&1 | tr '\n' ' ' && $CHECK '$RT/go-no-move.json' --exit 0 --min-procs 1"
+  # A Go library (c-shared) loaded by a C program that imports POSIX AIO: the program's
+  # own find comes first in the loader's order, and the library's Go runtime must still be
+  # judged. Before, the scan stopped at the first find: under signal delivery it died of
+  # SIGSEGV as Go started, and without discard reports it was tiered.
+  if HOME="$RT" GOCACHE="$RT/gocache" GOPATH="$RT/gopath" CGO_ENABLED=1 "$GO" build -buildmode=c-shared \
+      -o "$RT/libgoshared.so" tests/run/go_shared.go >"$OUT/build-go-shared.log" 2>&1 &&
+    gcc -O2 tests/run/go_shared_main.c -o "$RT/go_shared" -L"$RT" -lgoshared -Wl,-rpath,"$RT" >>"$OUT/build-go-shared.log" 2>&1; then
+    expect run-go-shared-signal 0 "libgoshared.so carries the Go runtime.*whose stacks no signal delivery serves.*go_shared: OK 96 MiB" sh -c "'$ATT' run --fault-mode signal --dram 16M -- '$RT/go_shared' 96 2>&1 | tr '\n' ' '"
+    expect run-go-shared-no-move 0 "libgoshared.so carries the Go runtime.*does not report such discards.*go_shared: OK 96 MiB" sh -c "ATTUNE_KERNEL_FEATURES=-move '$ATT' run --dram 16M -- '$RT/go_shared' 96 2>&1 | tr '\n' ' '"
+    expect run-go-shared-auto 0 "go_shared: OK 96 MiB.*check_report: OK" sh -c "('$ATT' run -q --dram 16M --report '$RT/go-shared.json' -- '$RT/go_shared' 96 && $CHECK '$RT/go-shared.json' --exit 0 --min-procs 1 --regions-by thread --min-evictions 1000) 2>&1 | tr '\n' ' '"
+  else
+    fail=$((fail+1)); failed+=(build-go-shared); echo "FAIL build-go-shared"; tail -n 5 "$OUT/build-go-shared.log"
+  fi
 else
   echo "skip run-go-cgo (no Go toolchain: $GO)"; tail -n 3 "$OUT/build-go-cgo.log" 2>/dev/null
 fi

@@ -169,18 +169,41 @@ impl Kernel {
     };
 }
 
-/// Whether a find keeps the program's new allocations with its own allocator, untiered:
-/// the Go runtime (`GO_RUNTIME`) where its stacks would not be served, that is under an
-/// explicit signal delivery (the kernel's signal frames), or where the userfaultfd sees
-/// user-mode faults only (the handler thread cannot serve those frames either); and
-/// where the kernel does not report discards: Go returns memory with `madvise` made
-/// without libc and then uses it as zeroed, and a chunk in a far tier would come back
-/// with its old content (8 of 150 runs of `go_cgo` failed so before the reports). Under
-/// the handler thread with both it is tiered: 120 runs without a failure
-/// (docs/design/run.md).
-pub fn keeps_out(requested: Requested, reason: Option<Reason>, kernel: Kernel) -> bool {
-    reason.is_some_and(|r| r.found == GO_RUNTIME)
-        && (requested == Requested::Signal || !kernel.faults || !kernel.reports_discards)
+/// Why a find keeps the program's new allocations with its own allocator, untiered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeptOut {
+    /// The Go runtime under an explicit signal delivery: the kernel writes signal frames on
+    /// its goroutine stacks, and cannot fault a missing page in for one.
+    SignalFrames,
+    /// The userfaultfd sees user-mode faults only (`vm.unprivileged_userfaultfd=0` for a
+    /// user who is not root): the handler thread cannot serve the kernel's accesses the find
+    /// makes (a Go stack's signal frames, an io_uring's buffers) any more than a signal can.
+    UserModeFaults,
+    /// The Go runtime where the kernel does not report discards: Go returns memory with
+    /// `madvise` made without libc and then uses it as zeroed, and a chunk in a far tier
+    /// would come back with its old content (8 of 150 runs of `go_cgo` failed so before
+    /// the reports).
+    UnreportedDiscards,
+}
+
+/// Whether, and why, a find keeps the program's new allocations with its own allocator:
+/// the Go runtime (`GO_RUNTIME`) where its stacks or its discards would not be served;
+/// under `auto`, any find where the kernel's faults are not delivered (the handler thread
+/// it would give serves nothing more than a signal). An explicit `thread` or `signal` with
+/// another find is kept: the user was told its limit. Under the handler thread with both
+/// kernel features the Go runtime is tiered: 120 runs without a failure
+/// (docs/design/run.md). The first reason that holds is given, in the order above.
+pub fn keeps_out(requested: Requested, reason: Option<Reason>, kernel: Kernel) -> Option<KeptOut> {
+    let go = reason?.found == GO_RUNTIME;
+    if go && requested == Requested::Signal {
+        Some(KeptOut::SignalFrames)
+    } else if !kernel.faults && (go || requested == Requested::Auto) {
+        Some(KeptOut::UserModeFaults)
+    } else if go && !kernel.reports_discards {
+        Some(KeptOut::UnreportedDiscards)
+    } else {
+        None
+    }
 }
 
 /// The delivery `attune run` asked for.
@@ -332,7 +355,8 @@ mod tests {
     }
 
     #[test]
-    fn only_the_go_runtime_keeps_memory_out_where_its_stacks_are_not_served() {
+    fn what_keeps_memory_out_and_why() {
+        use KeptOut::*;
         use Requested::*;
         let go = library_reason(GO_RUNTIME);
         let k = |faults, reports_discards| Kernel {
@@ -340,30 +364,34 @@ mod tests {
             reports_discards,
         };
         for (requested, kernel, out) in [
-            (Auto, k(true, true), false),
-            (Thread, k(true, true), false),
-            (Signal, k(true, true), true),
-            (Auto, k(false, true), true),
-            (Thread, k(false, true), true),
-            (Signal, k(false, true), true),
+            (Auto, k(true, true), None),
+            (Thread, k(true, true), None),
+            (Signal, k(true, true), Some(SignalFrames)),
+            (Auto, k(false, true), Some(UserModeFaults)),
+            (Thread, k(false, true), Some(UserModeFaults)),
+            // Either reason holds; the signal frames come first.
+            (Signal, k(false, true), Some(SignalFrames)),
             // No discard reports (before 6.8, or `-move`): its own `madvise` is not seen.
-            (Auto, k(true, false), true),
-            (Thread, k(true, false), true),
-            (Signal, k(true, false), true),
+            (Auto, k(true, false), Some(UnreportedDiscards)),
+            (Thread, k(true, false), Some(UnreportedDiscards)),
+            (Signal, k(true, false), Some(SignalFrames)),
+            (Auto, k(false, false), Some(UserModeFaults)),
+            (Thread, k(false, false), Some(UserModeFaults)),
         ] {
             assert_eq!(
                 keeps_out(requested, go, kernel),
                 out,
                 "{requested:?}, {kernel:?}"
             );
-            // The Go runtime under auto gets the handler thread, as every find does.
-            assert_eq!(choose(Auto, go), Chosen::Thread);
         }
+        // The Go runtime under auto gets the handler thread, as every find does.
+        assert_eq!(choose(Auto, go), Chosen::Thread);
+        // Other finds: only under auto, and only where the kernel's faults are not
+        // delivered; an explicit choice stays.
         for other in [
             library_reason("liburing.so.2"),
             library_reason("/usr/lib/libfabric.so.1"),
             symbol_reason("aio_read"),
-            None,
         ] {
             for requested in [Auto, Thread, Signal] {
                 for kernel in [
@@ -372,7 +400,9 @@ mod tests {
                     k(true, false),
                     k(false, false),
                 ] {
-                    assert!(!keeps_out(requested, other, kernel), "{other:?}");
+                    let out = (requested == Auto && !kernel.faults).then_some(UserModeFaults);
+                    assert_eq!(keeps_out(requested, other, kernel), out, "{other:?}");
+                    assert_eq!(keeps_out(requested, None, kernel), None);
                 }
             }
         }

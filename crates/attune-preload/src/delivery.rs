@@ -18,6 +18,9 @@ struct State {
     generation: (u64, u64),
     /// Why new regions get the handler thread, once known.
     reason: Option<String>,
+    /// The find the keep-out rule judges (`delivery::keeps_out`), and its description: the
+    /// first find, or the Go runtime once found (its rule is the wider one).
+    found: Option<(delivery::Reason, String)>,
     /// Why new requests stay with the program's allocator, once they do.
     kept_out: Option<String>,
 }
@@ -26,21 +29,14 @@ static STATE: Mutex<State> = Mutex::new(State {
     seen: elf::Seen::new(),
     generation: (0, 0),
     reason: None,
+    found: None,
     kept_out: None,
 });
 /// True once new regions get the handler thread.
 static DECIDED: AtomicBool = AtomicBool::new(false);
-/// True once new requests go to the program's allocator (`keep_out`): the program carries
-/// the Go runtime, or it hands memory to the kernel and this process's userfaultfd sees
-/// user-mode faults only, so no delivery serves those kernel accesses. Nothing is looked
-/// at after that.
+/// True once new requests go to the program's allocator (`keep_out`, for a
+/// `delivery::KeptOut`). Nothing is looked at after that.
 static KEPT_OUT: AtomicBool = AtomicBool::new(false);
-/// True once the Go runtime was found under `--fault-mode thread`: its stacks then need the
-/// kernel's faults served, or new requests stay out (`keep_out_if_unserved`).
-static STACKS_NEED_KERNEL_FAULTS: AtomicBool = AtomicBool::new(false);
-/// True once the Go runtime was found: its discards made without libc need the kernel's
-/// reports, or new requests stay out (`keep_out_if_unserved`).
-static GO_FOUND: AtomicBool = AtomicBool::new(false);
 
 // The loader scan names an object with Go's build-ID note by the policy's key.
 const _: () = {
@@ -74,7 +70,8 @@ pub fn initial_mode() -> &'static str {
 /// Looks at the objects loaded since the last look (all of them the first time), under
 /// every requested mode: an object that keeps the program's memory out
 /// (`delivery::keeps_out`, the Go runtime) does so whatever was asked; under `auto`, any
-/// other find gives new regions the handler thread. `at_start`: the runtime is not
+/// other find gives new regions the handler thread. Every object with a find is judged,
+/// in the loader's order, until one keeps memory out. `at_start`: the runtime is not
 /// running yet, so no region has been made under signal delivery.
 pub fn check(at_start: bool) {
     if KEPT_OUT.load(Relaxed) {
@@ -83,7 +80,7 @@ pub fn check(at_start: bool) {
     let found = with(|st| {
         let generation = elf::generation();
         if !at_start && generation == st.generation {
-            return None;
+            return Vec::new();
         }
         st.generation = generation;
         elf::scan_new(
@@ -92,59 +89,52 @@ pub fn check(at_start: bool) {
             &|sym| delivery::symbol_reason(sym).is_some(),
         )
     });
-    let Some(f) = found else { return };
+    for f in found {
+        judge(f, at_start);
+        if KEPT_OUT.load(Relaxed) {
+            return;
+        }
+    }
+}
+
+/// One object's find (`check`).
+fn judge(f: elf::Found, at_start: bool) {
     let reason = if f.by_import {
         delivery::symbol_reason(&f.what)
     } else {
         delivery::library_reason(&f.what)
     };
-    let access = reason.map(|r| r.access).unwrap_or("");
-    if reason.is_some_and(|r| r.found == delivery::GO_RUNTIME) {
-        GO_FOUND.store(true, Relaxed);
-    }
+    let Some(reason) = reason else { return };
+    let go = reason.found == delivery::GO_RUNTIME;
+    let text = if go {
+        format!("{} carries {} ({})", f.object, f.what, reason.access)
+    } else if f.by_import {
+        format!("{} imports {} ({})", f.object, f.what, reason.access)
+    } else {
+        format!("{} is loaded ({})", f.what, reason.access)
+    };
+    with(|st| {
+        if st.found.is_none() || go {
+            st.found = Some((reason, text.clone()));
+        }
+        if go && requested() == Requested::Thread {
+            // Asked for the handler thread: the report says what it serves.
+            st.reason = Some(text.clone());
+        }
+    });
     // Before the runtime starts, what the kernel does counts as served;
     // `keep_out_if_unserved` looks again once it runs.
     let kernel = kernel_now().unwrap_or(delivery::Kernel::ASSUMED);
-    if delivery::keeps_out(requested(), reason, kernel) {
-        let carries = format!("{} carries {} ({access})", f.object, f.what);
-        keep_out(
-            if kernel.faults && !kernel.reports_discards && requested() != Requested::Signal {
-                unreported(&carries)
-            } else {
-                format!(
-                    "{carries}, whose stacks no {} serves (docs/design/run.md, \"Programs whose \
-                 stacks are in their heap\")",
-                    if kernel.faults {
-                        "signal delivery"
-                    } else {
-                        "delivery of user-mode faults only"
-                    }
-                )
-            },
-        );
-        return;
-    }
-    if reason.is_some_and(|r| r.found == delivery::GO_RUNTIME) && requested() == Requested::Thread {
-        // Asked for the handler thread: it serves the stacks if the kernel's faults reach
-        // it, which is known once the runtime runs.
-        STACKS_NEED_KERNEL_FAULTS.store(true, Relaxed);
-        with(|st| st.reason = Some(format!("{} carries {} ({access})", f.object, f.what)));
-        if !at_start {
-            keep_out_if_unserved();
-        }
+    if let Some(why) = delivery::keeps_out(requested(), Some(reason), kernel) {
+        keep_out(kept_out_text(why, &text));
         return;
     }
     if requested() != Requested::Auto
         || DECIDED.load(Relaxed)
-        || delivery::choose(Requested::Auto, reason) != Chosen::Thread
+        || delivery::choose(Requested::Auto, Some(reason)) != Chosen::Thread
     {
         return;
     }
-    let text = if f.by_import {
-        format!("{} imports {} ({access})", f.object, f.what)
-    } else {
-        format!("{} is loaded ({access})", f.what)
-    };
     attune::paging::THREAD_FOR_NEW_REGIONS.store(true, Relaxed);
     DECIDED.store(true, Relaxed);
     with(|st| st.reason = Some(text.clone()));
@@ -169,9 +159,6 @@ pub fn check(at_start: bool) {
         level,
         &format!("attune run: {text}: new regions use the handler thread{tail}"),
     );
-    if !at_start {
-        keep_out_if_unserved();
-    }
 }
 
 /// What the runtime's userfaultfd does for the program, once it runs.
@@ -182,41 +169,44 @@ fn kernel_now() -> Option<delivery::Kernel> {
     })
 }
 
-/// The warning for the Go runtime where the kernel does not report discards.
-fn unreported(carries: &str) -> String {
-    format!(
-        "{carries}, which returns memory with madvise made without libc and then uses it as \
-         zeroed; this kernel does not report such discards to the runtime (that needs \
-         UFFDIO_MOVE, Linux 6.8), so a page held in a far tier would come back with its old \
-         content (docs/design/run.md, \"Discards the interposer does not see\")"
-    )
+/// The warning for a find that keeps memory out (`what`: the find, described).
+fn kept_out_text(why: delivery::KeptOut, what: &str) -> String {
+    match why {
+        delivery::KeptOut::SignalFrames => format!(
+            "{what}, whose stacks no signal delivery serves (docs/design/run.md, \"Programs \
+             whose stacks are in their heap\")"
+        ),
+        delivery::KeptOut::UserModeFaults => format!(
+            "{what}; this process's userfaultfd sees user-mode faults only \
+             (vm.unprivileged_userfaultfd=0), so those kernel accesses would fail with EFAULT \
+             on non-resident pages. Kernel faults are served where /dev/userfaultfd is handed \
+             to the job (docs/design/run.md, \"Fault delivery\")"
+        ),
+        delivery::KeptOut::UnreportedDiscards => format!(
+            "{what}, which returns memory with madvise made without libc and then uses it as \
+             zeroed; this kernel does not report such discards to the runtime (that needs \
+             UFFDIO_MOVE, Linux 6.8), so a page held in a far tier would come back with its \
+             old content (docs/design/run.md, \"Discards the interposer does not see\")"
+        ),
+    }
 }
 
-/// After a find, once the runtime runs (called when it starts, and after a late find):
-/// - under a userfaultfd that sees user-mode faults only (an unprivileged user where
-///   `vm.unprivileged_userfaultfd=0`), the handler thread cannot serve the kernel's
-///   accesses either: new requests then go to the program's allocator, untiered but
-///   correct, and the user is told how to get kernel faults served;
-/// - the Go runtime, where the kernel does not report discards: the same
-///   (`attune_policy::delivery::keeps_out`).
+/// Once the runtime runs (when it starts; a later find is judged as it is made): a find
+/// made before judged again by the keep-out rule (`attune_policy::delivery::keeps_out`)
+/// with what the kernel does for this process now known. A process kept out says why, and
+/// how to get the kernel's faults served where that is the reason.
 pub fn keep_out_if_unserved() {
-    let found = DECIDED.load(Relaxed) || STACKS_NEED_KERNEL_FAULTS.load(Relaxed);
-    if !found || KEPT_OUT.load(Relaxed) {
+    if KEPT_OUT.load(Relaxed) {
         return;
     }
     let Some(kernel) = kernel_now() else {
         return;
     };
-    let reason = with(|st| st.reason.clone()).unwrap_or_default();
-    if !kernel.faults {
-        keep_out(format!(
-            "{reason}; this process's userfaultfd sees user-mode faults only \
-             (vm.unprivileged_userfaultfd=0), so those kernel accesses would fail with EFAULT \
-             on non-resident pages. Kernel faults are served where /dev/userfaultfd is handed \
-             to the job (docs/design/run.md, \"Fault delivery\")",
-        ));
-    } else if GO_FOUND.load(Relaxed) && !kernel.reports_discards {
-        keep_out(unreported(&reason));
+    let Some((reason, text)) = with(|st| st.found.clone()) else {
+        return;
+    };
+    if let Some(why) = delivery::keeps_out(requested(), Some(reason), kernel) {
+        keep_out(kept_out_text(why, &text));
     }
 }
 

@@ -57,8 +57,8 @@ const DT_STRSZ: i64 = 10;
 const DT_PLTREL: i64 = 20;
 const DT_JMPREL: i64 = 23;
 
-/// What a scan found first: the object, and the library name or imported symbol that
-/// matched.
+/// What a scan found in one object: the object, and the library name or imported symbol
+/// that matched.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Found {
     /// The loader's name of the object (the program itself: its `/proc/self/exe` path).
@@ -112,18 +112,21 @@ struct Scan<'a> {
     seen: &'a mut Seen,
     library: &'a dyn Fn(&str) -> bool,
     import: &'a dyn Fn(&str) -> bool,
-    found: Option<Found>,
+    found: Vec<Found>,
 }
 
 /// Scans the objects loaded since the last scan with `seen` (all, the first time) and
-/// returns the first whose own name satisfies `library`, which carries the Go runtime
-/// where `library` accepts [`GO_RUNTIME`], or which imports a symbol that satisfies
-/// `import`. Every object looked at is added to `seen`, also after a find.
+/// returns, in the loader's order, each whose own name satisfies `library`, which carries
+/// the Go runtime where `library` accepts [`GO_RUNTIME`], or which imports a symbol that
+/// satisfies `import` (one find an object, in that order). Every object looked at is added
+/// to `seen`. All finds, not the first: a program that imports POSIX AIO and loads a Go
+/// library has both judged (`tests/run/go_shared_main.c`; stopping at the program's own
+/// import left the Go runtime's stacks under signal delivery, and it died of SIGSEGV).
 pub fn scan_new(
     seen: &mut Seen,
     library: &dyn Fn(&str) -> bool,
     import: &dyn Fn(&str) -> bool,
-) -> Option<Found> {
+) -> Vec<Found> {
     unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
         // SAFETY: data is the &mut Scan passed below; info is valid for the call, and the
         // loader's lock keeps the object mapped while we read its dynamic section.
@@ -142,16 +145,13 @@ pub fn scan_new(
                 return 0;
             }
             s.seen.0.push((base, name.clone()));
-            if s.found.is_some() {
-                return 0; // only record the rest as seen
-            }
             if name.is_empty() {
                 // The program itself.
                 name = std::fs::read_link("/proc/self/exe")
                     .map(|p| p.to_string_lossy().into_owned())
                     .unwrap_or_else(|_| "the program".into());
             } else if (s.library)(&name) {
-                s.found = Some(Found {
+                s.found.push(Found {
                     object: name.clone(),
                     what: name,
                     by_import: false,
@@ -160,7 +160,7 @@ pub fn scan_new(
             }
             let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
             if (s.library)(GO_RUNTIME) && has_go_note(base, phdrs) {
-                s.found = Some(Found {
+                s.found.push(Found {
                     object: name,
                     what: GO_RUNTIME.into(),
                     by_import: false,
@@ -171,7 +171,7 @@ pub fn scan_new(
                 return 0;
             };
             if let Some(sym) = find_import(base, base + dynamic.p_vaddr as usize, s.import) {
-                s.found = Some(Found {
+                s.found.push(Found {
                     object: name,
                     what: sym,
                     by_import: true,
@@ -184,7 +184,7 @@ pub fn scan_new(
         seen,
         library,
         import,
-        found: None,
+        found: Vec::new(),
     };
     // SAFETY: the callback reads only what the loader hands it and the dynamic sections
     // of loaded objects; scan outlives the call.
@@ -375,19 +375,23 @@ mod tests {
     fn this_test_binary_imports_what_it_calls_and_nothing_else() {
         let mut seen = Seen::default();
         // Every Rust test binary imports `malloc` (through std's allocator).
-        let f = scan_new(&mut seen, &|_| false, &|s| s == "malloc").expect("malloc import");
+        let found = scan_new(&mut seen, &|_| false, &|s| s == "malloc");
+        // The program first, in the loader's order, and then every library that imports
+        // it too (libstdc++'s and libgcc's allocations): not only the first.
+        let f = found.first().expect("malloc import");
         assert!(f.by_import);
         assert_eq!(f.what, "malloc");
+        assert!(found.iter().all(|f| f.by_import && f.what == "malloc"));
         assert!(!seen.is_empty());
         // A name nothing imports is not found, and nothing is found twice.
         let mut fresh = Seen::default();
         assert_eq!(
             scan_new(&mut fresh, &|_| false, &|s| s == "no_such_symbol_xyz"),
-            None
+            vec![]
         );
         assert_eq!(
             scan_new(&mut fresh, &|_| true, &|_| true),
-            None,
+            vec![],
             "all seen already"
         );
     }
@@ -428,14 +432,24 @@ mod tests {
         }
         // This Rust test binary and its libraries carry no Go note.
         let mut seen = Seen::default();
-        assert_eq!(scan_new(&mut seen, &|n| n == GO_RUNTIME, &|_| false), None);
+        assert_eq!(
+            scan_new(&mut seen, &|n| n == GO_RUNTIME, &|_| false),
+            vec![]
+        );
     }
 
     #[test]
     fn libraries_by_name_and_generation() {
         let mut seen = Seen::default();
-        let f = scan_new(&mut seen, &|n| n.contains("libc.so"), &|_| false).expect("libc loaded");
+        let found = scan_new(&mut seen, &|n| n.contains("libc.so"), &|_| false);
+        let [f] = &found[..] else {
+            panic!("libc once: {found:?}")
+        };
         assert!(!f.by_import && f.object.contains("libc.so"));
+        // Every object matched: the test binary's libraries by any name.
+        let mut all = Seen::default();
+        let libs = scan_new(&mut all, &|n| n.contains(".so"), &|_| false);
+        assert!(libs.len() >= 2, "{libs:?}");
         let (adds, subs) = generation();
         assert!(adds >= seen.len() as u64 && subs <= adds, "{adds} {subs}");
     }
