@@ -382,17 +382,11 @@ fn fetch_run(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
     // chunk, comes here too: mapped with the old content, 1-12 of 512 such pages read
     // stale in tests/c/discard.c).
     let reports = run.src == Where::Far && e.sees_removes();
-    let mut seen = 0;
-    if reports && e.removes.settled() {
-        seen = e.removes.last_read();
-        let mut covered = false;
-        e.removes
-            .overlapping_in(0, seen, run.dst, run.dst + run.len, |_, _| covered = true);
-        if covered {
-            place_zeroing(e, r, run, seen)?;
-        } else {
-            place_data(e, r, run)?;
-        }
+    // `settled` waits while a read is under way, so `seen` misses no report just read.
+    let pending = reports && e.removes.settled();
+    let seen = e.removes.last_read();
+    if pending && e.removes.covers(seen, run.dst, run.dst + run.len) {
+        place_zeroing(e, r, run, seen)?;
     } else {
         place_data(e, r, run)?;
     }

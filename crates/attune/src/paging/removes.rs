@@ -97,6 +97,14 @@ impl Removes {
         self.read.load(Acquire)
     }
 
+    /// Whether a report numbered up to `upto`, read and not acted on, covers part of
+    /// `[a, b)` (after [`Removes::settled`]). Signal-safe.
+    pub fn covers(&self, upto: u64, a: usize, b: usize) -> bool {
+        let mut covered = false;
+        self.overlapping_in(0, upto, a, b, |_, _| covered = true);
+        covered
+    }
+
     /// Calls `f(lo, hi)` for the part of `[a, b)` each report read and not acted on
     /// covers (after [`Removes::settled`]), of the reports numbered `(after, upto]`.
     /// Signal-safe.
@@ -219,6 +227,10 @@ mod tests {
         let mut before = Vec::new();
         r.overlapping_in(0, upto, 0, usize::MAX, |lo, hi| before.push((lo, hi)));
         assert_eq!(before, [(0x10000, 0x11000)]);
+        // The range the first covers, not the one only the later report does.
+        assert!(r.covers(upto, 0x10800, 0x20000));
+        assert!(!r.covers(upto, 0x11000, 0x20000));
+        assert!(r.covers(u64::MAX, 0x11000, 0x20000));
         let mut after = Vec::new();
         r.overlapping_in(upto, u64::MAX, 0, usize::MAX, |lo, hi| after.push((lo, hi)));
         assert_eq!(after, [(0x12000, 0x13000)]);
