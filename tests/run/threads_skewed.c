@@ -1,8 +1,10 @@
 /* skewed.c's two phases (uniform, then HOT 10% of pages taking 90% of the accesses),
  * run where `attune profile`'s clock must follow threads it has not seen before:
- *   threads_skewed churn MIB SECONDS SLICE_MS
+ *   threads_skewed churn MIB SECONDS SLICE_MS [BEFORE]
  *       each phase runs in successive threads of SLICE_MS each, one at a time (a program
- *       that starts a thread per task: hundreds over the run);
+ *       that starts a thread per task: hundreds over the run); BEFORE threads (default 0)
+ *       run first, 64 at a time, each for 3 ms: a program that has started thousands of
+ *       threads when its phases begin;
  *   threads_skewed fork MIB SECONDS IDLE
  *       the parent starts IDLE threads that wait, then forks; the child runs both phases
  *       on the memory it inherited and the parent waits for it.
@@ -70,6 +72,26 @@ static int churn(double secs, int skewed, double slice_ms) {
     return n;
 }
 
+static void *brief_main(void *p) {
+    (void)p;
+    double end = now() + 0.003;
+    while (now() < end) {
+    }
+    return NULL;
+}
+
+/* `n` threads of 3 ms, 64 at a time. */
+static int before(int n) {
+    pthread_t t[64];
+    for (int done = 0; done < n; done += 64) {
+        int k = n - done < 64 ? n - done : 64;
+        for (int i = 0; i < k; i++)
+            if (pthread_create(&t[i], NULL, brief_main, NULL) != 0) return -1;
+        for (int i = 0; i < k; i++) pthread_join(t[i], NULL);
+    }
+    return 0;
+}
+
 static int phases(const char *mode, double secs, double slice_ms) {
     int threads = 0;
     for (int skewed = 0; skewed < 2; skewed++) {
@@ -109,7 +131,7 @@ static void *idle_main(void *p) {
 
 int main(int argc, char **argv) {
     if (argc < 5 || (strcmp(argv[1], "churn") && strcmp(argv[1], "fork"))) {
-        fprintf(stderr, "usage: threads_skewed churn|fork MIB SECONDS SLICE_MS|IDLE\n");
+        fprintf(stderr, "usage: threads_skewed churn|fork MIB SECONDS SLICE_MS|IDLE [BEFORE]\n");
         return 2;
     }
     size_t mib = strtoul(argv[2], 0, 10);
@@ -122,7 +144,13 @@ int main(int argc, char **argv) {
         return 2;
     }
     memset(a, 0, pages * 4096);
-    if (!strcmp(argv[1], "churn")) return phases("churn", secs, arg);
+    if (!strcmp(argv[1], "churn")) {
+        if (argc > 5 && before(atoi(argv[5])) != 0) {
+            fprintf(stderr, "threads_skewed: cannot start a thread\n");
+            return 2;
+        }
+        return phases("churn", secs, arg);
+    }
     int idle = (int)arg;
     pthread_t *t = calloc(idle, sizeof *t);
     if (!t || pipe(gate) != 0) return 2;

@@ -14,36 +14,58 @@
 //! at the first listing counts from its first reading (what it ran before the profile is
 //! not the profile's); one born since counts from its start, so the time it ran before it
 //! was found is added when it is (a late correction, at most a listing period: until then
-//! readings missed it). One that ends keeps its last reading, and its slot is never given
-//! to another thread: a reader may still be raising that reading, and a slot taken over
-//! would get it. Between a thread's start and its listing no reading has it: a program of
-//! 10 ms tasks read skewed (docs/design/prediction.md, "Threads that come and go").
-//! At most [`LIVE`] threads are followed at once (a reading costs a system call for each),
-//! and [`SLOTS`] over the run; a program that starts threads past that is timed by the
-//! threads it has, whose clock stops when they end (the sampler then parks nothing).
+//! readings missed it). Between a thread's start and its listing no reading has it: a
+//! program of 10 ms tasks read skewed (docs/design/prediction.md, "Threads that come and
+//! go").
+//!
+//! At most [`LIVE`] threads are followed at once (a reading costs a system call for each).
+//! A thread that ends keeps what it was last read at: the sampler, at its next listing,
+//! moves that into `retired` and gives its slot to a thread not followed yet, so a program
+//! that starts threads for ever is timed for ever (before 2026-12-07 a slot was never
+//! given again, and after 4096 threads the clock stood still and the sampler parked
+//! nothing). Two rules make the hand-over safe for readers, which run in fault handlers
+//! and never wait:
+//! - a slot's reading carries the slot's generation in its top bits, and a reader raises
+//!   it only by a compare-and-swap on the generation it loaded: a reader that read the
+//!   old thread's clock, stalled, and came back after the hand-over cannot raise the new
+//!   thread's reading with it;
+//! - the sampler changes slots and `retired` only with `epoch` odd, and a reader whose
+//!   sum saw the epoch move (or odd) gives the last reading instead (`high`), so no sum
+//!   counts a thread both in its slot and in `retired`, or in neither. The clock never
+//!   goes back (`high`).
+//!
 //! A forked child starts its own clock ([`ProgramClock::reset`]): its parent's threads
 //! are not its own, and a clock of only those would stand still.
 //! Signal-safe reads: atomics and system calls only.
 
 use attune_sys::os;
-use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{fence, AtomicI32, AtomicU64, AtomicUsize, Ordering::*};
 
 /// Threads the clock follows at once. Random-access throughput under `attune profile`
 /// against `attune run` was 0.95-1.03 with 64 threads following 64
 /// (docs/design/prediction.md, "A program that waits for a CPU").
 pub const LIVE: usize = 64;
 
-/// Threads the clock follows over a run: 96 KiB of slots.
-pub const SLOTS: usize = 4096;
+/// A slot's reading: the thread's clock in ns in the low bits (2^52 ns, 52 days of one
+/// thread's CPU time), the slot's generation above.
+const NS_BITS: u32 = 52;
+const NS: u64 = (1 << NS_BITS) - 1;
 
 pub struct ProgramClock {
-    /// 0: the thread ended (or the slot is not used yet).
-    tids: [AtomicI32; SLOTS],
+    /// 0: no thread in the slot.
+    tids: [AtomicI32; LIVE],
     /// The thread's clock when it was added.
-    base: [AtomicU64; SLOTS],
-    /// Its highest reading since.
-    last: [AtomicU64; SLOTS],
+    base: [AtomicU64; LIVE],
+    /// Its highest reading since, under the slot's generation.
+    last: [AtomicU64; LIVE],
+    /// Slots used so far.
     n: AtomicUsize,
+    /// What threads that ended ran while followed.
+    retired: AtomicU64,
+    /// Odd while the sampler moves threads in or out of slots.
+    epoch: AtomicU64,
+    /// The highest reading given.
+    high: AtomicU64,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -54,18 +76,38 @@ const U0: AtomicU64 = AtomicU64::new(0);
 impl ProgramClock {
     pub const fn new() -> ProgramClock {
         ProgramClock {
-            tids: [I0; SLOTS],
-            base: [U0; SLOTS],
-            last: [U0; SLOTS],
+            tids: [I0; LIVE],
+            base: [U0; LIVE],
+            last: [U0; LIVE],
             n: AtomicUsize::new(0),
+            retired: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
+            high: AtomicU64::new(0),
         }
     }
 
-    /// Marks the threads that ended and adds the program's threads not yet followed
-    /// (sampler thread only; `seen` is its listing of the time before).
+    /// Raises slot `i`'s reading to `v` if it still has generation `gen` (the slot's
+    /// reading as its reader loaded it); returns the slot's reading in ns.
+    fn raise(&self, i: usize, mut cur: u64, v: u64) -> u64 {
+        let gen = cur & !NS;
+        loop {
+            if cur & !NS != gen || cur & NS >= v {
+                return cur & NS;
+            }
+            match self.last[i].compare_exchange_weak(cur, gen | (v & NS), Relaxed, Relaxed) {
+                Ok(_) => return v & NS,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Marks the threads that ended, hands their slots to threads not followed yet, and
+    /// adds the program's threads while slots are free (sampler thread only; `seen` is its
+    /// listing of the time before).
     pub fn refresh(&self, seen: &mut Listing) {
         let n = self.n.load(Acquire);
         let mut live = Vec::with_capacity(LIVE);
+        let mut ended = Vec::new();
         for i in 0..n {
             let tid = self.tids[i].load(Relaxed);
             if tid == 0 {
@@ -73,25 +115,26 @@ impl ProgramClock {
             }
             match os::thread_cpu_ns(tid) {
                 Some(v) => {
-                    self.last[i].fetch_max(v, Relaxed);
+                    self.raise(i, self.last[i].load(Relaxed), v);
                     live.push(tid);
                 }
-                None => self.tids[i].store(0, Relaxed),
+                None => ended.push(i),
             }
         }
         let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+            self.change(|| self.retire(&ended));
             return;
         };
         let first = !seen.listed;
         let before = std::mem::take(&mut seen.tids);
         seen.listed = true;
-        let mut n = n;
+        let mut new = Vec::new();
         for t in dir.flatten() {
             let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
                 continue;
             };
             seen.tids.push(tid);
-            if live.len() >= LIVE || n >= SLOTS || live.contains(&tid) {
+            if live.len() + new.len() >= LIVE || live.contains(&tid) {
                 continue;
             }
             let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
@@ -103,13 +146,53 @@ impl ProgramClock {
             };
             // Born since the last listing: all it ran is the profile's.
             let base = if first || before.contains(&tid) { v } else { 0 };
-            self.tids[n].store(tid, Relaxed);
-            self.base[n].store(base, Relaxed);
-            self.last[n].store(v, Relaxed);
-            n += 1;
-            self.n.store(n, Release);
-            live.push(tid);
+            new.push((tid, base, v));
         }
+        if ended.is_empty() && new.is_empty() {
+            return;
+        }
+        self.change(|| {
+            self.retire(&ended);
+            let mut n = self.n.load(Relaxed);
+            let mut free = (0..n).filter(|&i| self.tids[i].load(Relaxed) == 0);
+            for (tid, base, v) in new {
+                let i = match free.next() {
+                    Some(i) => i,
+                    None if n < LIVE => {
+                        n += 1;
+                        n - 1
+                    }
+                    None => break,
+                };
+                // The generation a retired slot got stays; a reader of the one before
+                // cannot raise this reading.
+                let gen = self.last[i].load(Relaxed) & !NS;
+                self.base[i].store(base, Relaxed);
+                self.last[i].store(gen | (v & NS), Relaxed);
+                self.tids[i].store(tid, Relaxed);
+            }
+            self.n.store(n, Release);
+        });
+    }
+
+    /// Moves the slots' last readings into `retired` and frees them (inside `change`).
+    fn retire(&self, slots: &[usize]) {
+        for &i in slots {
+            // A new generation first: a reader still raising the old one fails.
+            let last = self.last[i].fetch_add(1 << NS_BITS, Relaxed) & NS;
+            let ran = last.saturating_sub(self.base[i].load(Relaxed));
+            self.retired.fetch_add(ran, Relaxed);
+            self.tids[i].store(0, Relaxed);
+        }
+    }
+
+    /// Runs the sampler's change of slots and `retired` with the epoch odd.
+    fn change(&self, f: impl FnOnce()) {
+        let e = self.epoch.load(Relaxed);
+        self.epoch.store(e + 1, Relaxed);
+        fence(Release);
+        f();
+        self.epoch.store(e + 2, Release);
     }
 
     /// Whether a thread is followed now (a clock that runs).
@@ -118,32 +201,46 @@ impl ProgramClock {
         self.tids[..n].iter().any(|t| t.load(Relaxed) != 0)
     }
 
-    /// The program's run time so far, in ns (0 before any thread is followed).
+    /// The program's run time so far, in ns (0 before any thread is followed). Never goes
+    /// back; stands still while the sampler hands slots over.
     pub fn now(&self) -> u64 {
-        let n = self.n.load(Acquire);
-        let mut sum = 0u64;
-        for i in 0..n {
-            let last = &self.last[i];
-            let tid = self.tids[i].load(Relaxed);
-            // An ended thread keeps its last reading and is not asked again.
-            let v = match (tid != 0).then(|| os::thread_cpu_ns(tid)).flatten() {
-                Some(v) => last.fetch_max(v, Relaxed).max(v),
-                None => {
-                    if tid != 0 {
-                        self.tids[i].store(0, Relaxed);
-                    }
-                    last.load(Relaxed)
+        let e = self.epoch.load(Acquire);
+        if e & 1 == 0 {
+            let mut sum = self.retired.load(Relaxed);
+            let n = self.n.load(Acquire);
+            for i in 0..n {
+                let tid = self.tids[i].load(Relaxed);
+                if tid == 0 {
+                    continue;
                 }
-            };
-            sum += v.saturating_sub(self.base[i].load(Relaxed));
+                let cur = self.last[i].load(Relaxed);
+                // An ended thread keeps its last reading until the sampler retires it.
+                let v = match os::thread_cpu_ns(tid) {
+                    Some(v) => self.raise(i, cur, v),
+                    None => cur & NS,
+                };
+                sum += v.saturating_sub(self.base[i].load(Relaxed));
+            }
+            fence(Acquire);
+            if self.epoch.load(Relaxed) == e {
+                return self.high.fetch_max(sum, Relaxed).max(sum);
+            }
         }
-        sum
+        self.high.load(Relaxed)
     }
 
     /// Forgets every thread: a forked child's clock is its own (its threads are new; its
     /// parent's cannot be read from it). The child's only thread calls it, before its
     /// sampler starts.
     pub fn reset(&self) {
+        for t in &self.tids {
+            t.store(0, Relaxed);
+        }
+        self.retired.store(0, Relaxed);
+        self.high.store(0, Relaxed);
+        // Even: the parent's sampler may have forked mid-change, and no sampler of the
+        // child's would end it.
+        self.epoch.store(0, Relaxed);
         self.n.store(0, Release);
     }
 }
@@ -256,7 +353,110 @@ mod tests {
             "the clock moved for {grew} of {} tasks",
             3 * LIVE
         );
-        assert!(c.n.load(Relaxed) <= SLOTS);
+        assert!(c.n.load(Relaxed) <= LIVE);
+    }
+
+    #[test]
+    fn readers_during_hand_overs_count_each_thread_once_and_never_go_back() {
+        // Tasks of 10 ms, two at a time, 2 * LIVE of them, found and retired by a sampler
+        // with its own listing while two readers read the clock without pause. The clock
+        // then holds at most what the process ran (a thread counted twice, in its slot and
+        // as retired, would pass it by 10 ms each), and most of what the tasks ran.
+        let c: &'static ProgramClock = Box::leak(Box::new(ProgramClock::new()));
+        let process = os::process_cpu_ns;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let (mut last, mut reads) = (0u64, 0u64);
+                    while !stop.load(Relaxed) {
+                        let now = c.now();
+                        assert!(now >= last, "the clock went back: {now} < {last}");
+                        last = now;
+                        reads += 1;
+                        std::thread::sleep(std::time::Duration::from_micros(200));
+                    }
+                    reads
+                })
+            })
+            .collect();
+        let task = || {
+            std::thread::spawn(|| {
+                let end = os::now_ns() + 10_000_000;
+                while os::now_ns() < end {
+                    std::hint::spin_loop();
+                }
+                os::thread_cpu_ns(os::gettid()).unwrap_or(0)
+            })
+        };
+        let mut listing = Listing::default();
+        c.refresh(&mut listing);
+        let (cpu0, clock0) = (process(), c.now());
+        let mut tasks_ran = 0;
+        for _ in 0..LIVE {
+            let pair = [task(), task()];
+            c.refresh(&mut listing);
+            for t in pair {
+                tasks_ran += t.join().unwrap();
+            }
+        }
+        c.refresh(&mut listing);
+        stop.store(true, Relaxed);
+        for r in readers {
+            assert!(r.join().unwrap() > 0);
+        }
+        let (ran, clock) = (process() - cpu0, c.now() - clock0);
+        // The process clock sums the other threads' times as of their last tick (4 ms).
+        assert!(
+            clock <= ran + 40_000_000,
+            "the clock read {clock} ns where the process ran {ran}"
+        );
+        assert!(
+            clock >= tasks_ran / 2,
+            "the clock read {clock} ns where the tasks ran {tasks_ran}"
+        );
+        assert!(c.n.load(Relaxed) <= LIVE);
+    }
+
+    #[test]
+    fn a_reading_from_a_slot_handed_over_is_not_raised_into_the_new_thread() {
+        // A reader loaded slot 0's reading of the thread before, then the slot changed
+        // hands (a new generation): its raise fails and leaves the new reading.
+        let c = ProgramClock::new();
+        c.last[0].store(5_000, Relaxed);
+        let old = c.last[0].load(Relaxed);
+        c.retire(&[0]);
+        assert_eq!(c.retired.load(Relaxed), 5_000);
+        let gen = c.last[0].load(Relaxed) & !NS;
+        assert_ne!(gen, old & !NS);
+        c.last[0].store(gen | 100, Relaxed);
+        // (What it returns is the slot's reading; its sum saw the epoch move and is not
+        // given.)
+        assert_eq!(c.raise(0, old, 9_000), 100);
+        assert_eq!(c.last[0].load(Relaxed), gen | 100);
+        // Its own generation's reader raises it.
+        let cur = c.last[0].load(Relaxed);
+        assert_eq!(c.raise(0, cur, 9_000), 9_000);
+        assert_eq!(c.last[0].load(Relaxed), gen | 9_000);
+        // Lower readings leave it.
+        assert_eq!(c.raise(0, c.last[0].load(Relaxed), 50), 9_000);
+    }
+
+    #[test]
+    fn a_sum_that_saw_a_hand_over_gives_the_last_reading() {
+        let c = ProgramClock::new();
+        c.high.store(777, Relaxed);
+        c.epoch.store(1, Relaxed);
+        assert_eq!(c.now(), 777);
+        c.epoch.store(2, Relaxed);
+        c.retired.store(1_000, Relaxed);
+        assert_eq!(c.now(), 1_000);
+        // Lower sums do not take it back.
+        c.retired.store(10, Relaxed);
+        assert_eq!(c.now(), 1_000);
+        c.reset();
+        assert_eq!(c.now(), 0);
     }
 
     #[test]
