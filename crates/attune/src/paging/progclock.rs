@@ -18,8 +18,9 @@
 //! program of 10 ms tasks read skewed (docs/design/prediction.md, "Threads that come and
 //! go").
 //!
-//! At most [`LIVE`] threads are followed at once (a reading costs a system call for each).
-//! A thread that ends keeps what it was last read at: the sampler, at its next listing,
+//! At most [`LIVE`] threads are followed at once (a reading costs a system call for each);
+//! past that, a thread not followed that ran takes the slot of a followed one that barely
+//! did ([`ProgramClock::refresh`]). A thread that ends keeps what it was last read at: the sampler, at its next listing,
 //! moves that into `retired` and gives its slot to a thread not followed yet, so a program
 //! that starts threads for ever is timed for ever (before 2026-12-07 a slot was never
 //! given again, and after 4096 threads the clock stood still and the sampler parked
@@ -45,6 +46,11 @@ use std::sync::atomic::{fence, AtomicI32, AtomicU64, AtomicUsize, Ordering::*};
 /// against `attune run` was 0.95-1.03 with 64 threads following 64
 /// (docs/design/prediction.md, "A program that waits for a CPU").
 pub const LIVE: usize = 64;
+
+/// What a thread not followed must have run since the last listing (10 ms at most) to
+/// take a followed thread's slot: a tenth of that period, so threads that wake now and then
+/// do not trade slots.
+const SWAP_NS: u64 = 1_000_000;
 
 /// A slot's reading: the thread's clock in ns in the low bits (2^52 ns, 52 days of one
 /// thread's CPU time), the slot's generation above.
@@ -103,11 +109,18 @@ impl ProgramClock {
 
     /// Marks the threads that ended, hands their slots to threads not followed yet, and
     /// adds the program's threads while slots are free (sampler thread only; `seen` is its
-    /// listing of the time before).
+    /// listing of the time before). With every slot taken, the followed thread that ran
+    /// least since the last listing gives its slot to one not followed that ran more than
+    /// twice as much (and at least [`SWAP_NS`]): a program with more than [`LIVE`] threads
+    /// is timed by those that run. A pool of threads that wake now and then, found first,
+    /// would otherwise hold a clock that barely moves (`progclock::tests`: 8-11 ms in
+    /// 100 ms of two spinning threads).
     pub fn refresh(&self, seen: &mut Listing) {
         let n = self.n.load(Acquire);
         let mut live = Vec::with_capacity(LIVE);
         let mut ended = Vec::new();
+        let mut idle = Vec::new();
+        let mut readings = Vec::with_capacity(seen.readings.len());
         for i in 0..n {
             let tid = self.tids[i].load(Relaxed);
             if tid == 0 {
@@ -117,35 +130,77 @@ impl ProgramClock {
                 Some(v) => {
                     self.raise(i, self.last[i].load(Relaxed), v);
                     live.push(tid);
+                    if let Some(was) = seen.reading(tid) {
+                        idle.push((v.saturating_sub(was), i));
+                    }
+                    readings.push((tid, v));
                 }
                 None => ended.push(i),
             }
         }
         let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
-            self.change(|| self.retire(&ended));
+            if !ended.is_empty() {
+                self.change(|| self.retire(&ended));
+            }
             return;
         };
         let first = !seen.listed;
         let before = std::mem::take(&mut seen.tids);
         seen.listed = true;
-        let mut new = Vec::new();
+        // Threads not followed are read only while a slot is free or a followed thread ran
+        // less than SWAP_NS (a system call each): with every slot running, listing costs no
+        // reading.
+        let wanted = live.len() < LIVE || idle.iter().any(|&(ran, _)| ran < SWAP_NS);
+        // (tid, base, reading, what it ran since the last listing)
+        let mut candidates = Vec::new();
         for t in dir.flatten() {
             let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
                 continue;
             };
             seen.tids.push(tid);
-            if live.len() + new.len() >= LIVE || live.contains(&tid) {
+            if !wanted || live.contains(&tid) || seen.ours.contains(&tid) {
                 continue;
             }
-            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-            if comm.starts_with("attune-") {
-                continue;
+            if seen.reading(tid).is_none() {
+                let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+                if comm.starts_with("attune-") {
+                    seen.ours.push(tid);
+                    continue;
+                }
             }
             let Some(v) = os::thread_cpu_ns(tid) else {
                 continue;
             };
             // Born since the last listing: all it ran is the profile's.
-            let base = if first || before.contains(&tid) { v } else { 0 };
+            let born = !first && before.binary_search(&tid).is_err();
+            let base = if born { 0 } else { v };
+            let ran = match seen.reading(tid) {
+                Some(was) => v.saturating_sub(was),
+                None if born => v,
+                None => 0,
+            };
+            candidates.push((tid, base, v, ran));
+            readings.push((tid, v));
+        }
+        readings.sort_unstable();
+        seen.readings = readings;
+        seen.tids.sort_unstable();
+        seen.ours.retain(|t| seen.tids.binary_search(t).is_ok());
+        // Those that ran most first; each takes a free slot, or the slot of the followed
+        // thread that ran least if it ran more than twice as much.
+        candidates.sort_by_key(|c| std::cmp::Reverse(c.3));
+        idle.sort_unstable_by_key(|&(ran, _)| std::cmp::Reverse(ran));
+        let mut free = LIVE - live.len();
+        let mut new = Vec::new();
+        for (tid, base, v, ran) in candidates {
+            if free > 0 {
+                free -= 1;
+            } else if let Some(&(_, i)) = idle.last().filter(|l| ran >= SWAP_NS.max(2 * l.0)) {
+                idle.pop();
+                ended.push(i);
+            } else {
+                break;
+            }
             new.push((tid, base, v));
         }
         if ended.is_empty() && new.is_empty() {
@@ -251,9 +306,19 @@ pub struct Listing {
     listed: bool,
     tids: Vec<i32>,
     count: Option<u64>,
+    /// The program's threads as read at the last listing (followed, and those not
+    /// followed where they were read).
+    readings: Vec<(i32, u64)>,
+    /// Attune's own threads, left out.
+    ours: Vec<i32>,
 }
 
 impl Listing {
+    fn reading(&self, tid: i32) -> Option<u64> {
+        let i = self.readings.binary_search_by_key(&tid, |r| r.0).ok()?;
+        Some(self.readings[i].1)
+    }
+
     /// Whether the process's thread count moved since the last call (/proc/self/stat:
     /// one read, where listing the threads reads a file per thread).
     pub fn count_moved(&mut self) -> bool {
@@ -295,8 +360,17 @@ pub fn sample_now(e: &super::pager::Pager) -> u64 {
 mod tests {
     use super::*;
 
+    /// The tests that start threads run one at a time: the clock follows LIVE threads of
+    /// the whole test process, and one test starts LIVE threads that sleep.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     #[test]
     fn a_spinning_thread_advances_the_clock_and_a_sleeping_one_does_not() {
+        let _serial = serial();
         let c = ProgramClock::new();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let s2 = stop.clone();
@@ -305,7 +379,13 @@ mod tests {
                 std::hint::spin_loop();
             }
         });
-        c.refresh(&mut Listing::default());
+        // Listed as the sampler lists: other tests' threads (64 that sleep, in one) may
+        // take the slots first, and the spinner then takes one of theirs.
+        let mut listing = Listing::default();
+        for _ in 0..3 {
+            c.refresh(&mut listing);
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         let t0 = (c.now(), os::now_ns());
         std::thread::sleep(std::time::Duration::from_millis(100));
         let t1 = (c.now(), os::now_ns());
@@ -322,6 +402,7 @@ mod tests {
 
     #[test]
     fn threads_that_come_and_go_past_the_live_count_are_followed() {
+        let _serial = serial();
         // A thread per task, one at a time: 3 * LIVE of them, each found while it spins.
         let c = ProgramClock::new();
         let spin = |ms: u64| {
@@ -357,7 +438,61 @@ mod tests {
     }
 
     #[test]
+    fn threads_that_run_take_the_slots_of_idle_ones_past_the_live_count() {
+        let _serial = serial();
+        // LIVE threads that sleep are found first and take every slot; then two spin.
+        let c = ProgramClock::new();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sleepers: Vec<_> = (0..LIVE)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Relaxed) {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                })
+            })
+            .collect();
+        let mut listing = Listing::default();
+        c.refresh(&mut listing);
+        assert_eq!(c.n.load(Relaxed), LIVE);
+        let spinners: Vec<_> = (0..2)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    let end = os::now_ns() + 300_000_000;
+                    while os::now_ns() < end {
+                        std::hint::spin_loop();
+                    }
+                    os::thread_cpu_ns(os::gettid()).unwrap_or(0)
+                })
+            })
+            .collect();
+        // Listed as the sampler lists: the spinners, born since, get slots of threads that
+        // did not run.
+        for _ in 0..4 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            c.refresh(&mut listing);
+        }
+        let t0 = c.now();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let ran = c.now() - t0;
+        let spun: u64 = spinners.into_iter().map(|t| t.join().unwrap()).sum();
+        stop.store(true, Relaxed);
+        for t in sleepers {
+            t.join().unwrap();
+        }
+        // The spinners ran up to 200 ms of CPU in those 100 ms (two CPUs), less what other
+        // tests took; the sleepers' slots alone would have read almost nothing.
+        assert!(
+            ran > 30_000_000,
+            "the clock moved {ran} ns in 100 ms; the spinners ran {spun} ns in 300 ms"
+        );
+        assert!(c.n.load(Relaxed) <= LIVE);
+    }
+
+    #[test]
     fn readers_during_hand_overs_count_each_thread_once_and_never_go_back() {
+        let _serial = serial();
         // Tasks of 10 ms, two at a time, 2 * LIVE of them, found and retired by a sampler
         // with its own listing while two readers read the clock without pause. The clock
         // then holds at most what the process ran (a thread counted twice, in its slot and
@@ -461,6 +596,7 @@ mod tests {
 
     #[test]
     fn a_reset_clock_follows_nothing_until_it_finds_threads_again() {
+        let _serial = serial();
         let c = ProgramClock::new();
         c.refresh(&mut Listing::default());
         assert!(c.running());
