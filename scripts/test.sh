@@ -385,6 +385,7 @@ gcc -O2 tests/run/c_matrix.c -o "$RT/c_matrix" && gcc -O2 tests/run/fork_exec.c 
   && gcc -O2 tests/run/fixed_commit.c -o "$RT/fixed_commit" \
   && gcc -O2 tests/run/fixed_lost.c -o "$RT/fixed_lost" \
   && gcc -O2 tests/run/fills.c -o "$RT/fills" \
+  && gcc -O2 tests/run/coro_stacks.c -o "$RT/coro_stacks" \
   && gcc -O2 -static tests/run/crash.c -o "$RT/crash_static" \
   && g++ -O2 -std=c++17 tests/run/cpp_vectors.cpp -o "$RT/cpp_vectors" -lpthread \
   && gcc -O2 -fopenmp tests/run/omp_stream.c -o "$RT/omp_stream" || { fail=$((fail+1)); failed+=(build-run-tests); }
@@ -610,6 +611,13 @@ if [ -x "$GO" ] && HOME="$RT" GOCACHE="$RT/gocache" GOPATH="$RT/gopath" GOFLAGS=
 else
   echo "skip run-go-cgo (no Go toolchain: $GO)"; tail -n 3 "$OUT/build-go-cgo.log" 2>/dev/null
 fi
+# Coroutines on stacks the program allocates (makecontext): 64 on 1 MiB stacks, four
+# times the budget, every frame checked. Under auto they get the handler thread (tiered,
+# every region by the handler, evictions counted); under an explicit signal delivery they
+# stay untiered with a warning. Before, auto gave signal delivery and the program was
+# killed by SIGSEGV at once (docs/design/run.md, "Programs whose stacks are in their heap").
+expect run-coro-stacks-auto 0 "coro_stacks: OK 64 coroutines.*check_report: OK" sh -c "('$ATT' run -q --dram 16M --report '$RT/coro.json' -- '$RT/coro_stacks' 64 1024 4 && $CHECK '$RT/coro.json' --exit 0 --min-procs 1 --regions-by thread --min-evictions 1000) 2>&1 | tr '\n' ' '"
+expect run-coro-stacks-signal 0 "imports makecontext.*whose stacks no signal delivery serves.*coro_stacks: OK 64 coroutines" sh -c "'$ATT' run --fault-mode signal --dram 16M -- '$RT/coro_stacks' 64 1024 4 2>&1 | tr '\n' ' '"
 # Programs linked with their own allocator: its blocks go back to it, its API keeps
 # working (also on large blocks from malloc that the runtime manages), nothing is mixed.
 for lib in jemalloc tcmalloc mimalloc; do
@@ -787,7 +795,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && command -v runuser >/dev/n
   mkdir -p "$UP/bin" "$UP/lib" "$UP/work"; chmod 1777 "$UP/work"
   cp "$PREFIX/bin/attune" "$PREFIX/bin/attune-lab" "$UP/bin/"; cp "$PREFIX"/lib/*.so "$UP/lib/"
   for t in smoke integrity stress fork_exec fork_inherit fork_discard discard signal_mode small small_threads errors protect_change sigbus_chain readahead deny_syscalls writeback free_in_run partial_load; do cp "$OUT/$t" "$UP/bin/"; done
-  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$RT/async_late" "$RT/own_uffd" "$RT/huge_pages" "$RT/heap_syscalls_jemalloc" "$RT/munmap_part" "$RT/dlopen_ctor" "$RT/libdlopen_ctor.so" "$RT/fixed_commit" "$RT/fixed_lost" "$RT/fills" "$RT/raw_madvise" "$UP/bin/" 2>/dev/null
+  cp "$RT/c_matrix" "$RT/allocators_jemalloc" "$RT/async_uring" "$RT/async_posix" "$RT/async_late" "$RT/own_uffd" "$RT/huge_pages" "$RT/heap_syscalls_jemalloc" "$RT/munmap_part" "$RT/dlopen_ctor" "$RT/libdlopen_ctor.so" "$RT/fixed_commit" "$RT/fixed_lost" "$RT/fills" "$RT/raw_madvise" "$RT/coro_stacks" "$UP/bin/" 2>/dev/null
   gcc -O2 -Wno-stringop-overflow tests/run/syscalls_io.c -o "$UP/bin/syscalls_io" -lpthread || { fail=$((fail+1)); failed+=(build-syscalls-io); }
   chmod -R a+rX "$UP/bin" "$UP/lib"
   cp tests/run/numpy_work.py "$UP/bin/"
@@ -945,6 +953,9 @@ assert d["user_mode_only"] == (not full and not dev), d
     expect unpriv-run-java-heap 0 "JavaHeap: OK.*heaps committed in place \(MAP_FIXED\): [1-9]" sh -c "runuser -u nobody -- env HOME='$UP/work' TMPDIR='$UP/work' '$UP/bin/attune' run --dram 48M -- java -Xmx1g -XX:MinHeapFreeRatio=5 -XX:MaxHeapFreeRatio=10 -cp '$UP/bin' JavaHeap 160 4 2>&1 | tr '\n' ' '"
   [ -f "$RT/libjniheapio.so" ] && cp "$RT/JniHeapIo.class" "$RT/libjniheapio.so" "$UP/bin/" && chmod 644 "$UP/bin/JniHeapIo.class" && chmod 755 "$UP/bin/libjniheapio.so" &&
     expect unpriv-run-java-jni-io 0 "check_report: OK" sh -c "runuser -u nobody -- env HOME='$UP/work' TMPDIR='$UP/work' '$UP/bin/attune' run -q --dram 32M --report '$UP/work/jni.json' -- java -Xmx1g -Djava.io.tmpdir='$UP/work' -Djni.lib='$UP/bin/libjniheapio.so' -cp '$UP/bin' JniHeapIo 96 && $CHECK '$UP/work/jni.json' --exit 0 --min-procs 1 --user-mode-only --regions-by signal"
+  # Coroutines on the program's stacks as nobody: no delivery serves the kernel's frame
+  # writes there; untiered, with the warning, every frame checked.
+  [ -x "$UP/bin/coro_stacks" ] && expect unpriv-run-coro-stacks 0 "imports makecontext.*user-mode faults only.*coro_stacks: OK 64 coroutines" sh -c "runuser -u nobody -- '$UP/bin/attune' run --dram 16M -- '$UP/bin/coro_stacks' 64 1024 4 2>&1 | tr '\n' ' '"
   # The Go program as nobody: its userfaultfd sees user-mode faults only, so no delivery
   # serves its stacks: untiered, with the warning.
   [ -x "$RT/go_cgo" ] && cp "$RT/go_cgo" "$UP/bin/" && chmod 755 "$UP/bin/go_cgo" &&

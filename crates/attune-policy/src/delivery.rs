@@ -119,7 +119,26 @@ const SYMBOLS: &[(&str, &str)] = &[
         "vmsplice",
         "vmsplice: pages are read from a pipe after the call returns",
     ),
+    (
+        MAKECONTEXT,
+        "user-level threads on stacks the program allocates, where the kernel writes \
+         signal frames and the signal resolver would run",
+    ),
 ];
+
+/// glibc's `makecontext`: a context that runs on a stack the program gave it (ucontext
+/// coroutines, tasking runtimes built on it). Such a stack in managed memory is the Go
+/// runtime's case (`GO_RUNTIME`): under signal delivery a fault there could not be
+/// resolved (`tests/run/coro_stacks.c`, 64 coroutines on 1 MiB `malloc`ed stacks, was
+/// killed by SIGSEGV in 0.02 s under `attune run`), so the find gives the handler thread,
+/// and memory is kept out where no delivery serves the stacks (`keeps_out`).
+pub const MAKECONTEXT: &str = "makecontext";
+
+/// Whether a find runs the program's code on stacks in memory it allocated: the kernel's
+/// signal frames and the signal resolver would land there.
+pub fn runs_on_program_stacks(r: Reason) -> bool {
+    r.found == GO_RUNTIME || r.found == MAKECONTEXT
+}
 
 /// The name the loader scan gives an object linked by Go's linker (its build-ID note):
 /// with cgo, the Go runtime maps its heap through libc, so `attune run` manages it, and
@@ -172,8 +191,9 @@ impl Kernel {
 /// Why a find keeps the program's new allocations with its own allocator, untiered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeptOut {
-    /// The Go runtime under an explicit signal delivery: the kernel writes signal frames on
-    /// its goroutine stacks, and cannot fault a missing page in for one.
+    /// Stacks in the program's memory (the Go runtime, `makecontext`) under an explicit
+    /// signal delivery: the kernel writes signal frames on them, and cannot fault a missing
+    /// page in for one.
     SignalFrames,
     /// The userfaultfd sees user-mode faults only (`vm.unprivileged_userfaultfd=0` for a
     /// user who is not root): the handler thread cannot serve the kernel's accesses the find
@@ -187,17 +207,20 @@ pub enum KeptOut {
 }
 
 /// Whether, and why, a find keeps the program's new allocations with its own allocator:
-/// the Go runtime (`GO_RUNTIME`) where its stacks or its discards would not be served;
-/// under `auto`, any find where the kernel's faults are not delivered (the handler thread
-/// it would give serves nothing more than a signal). An explicit `thread` or `signal` with
-/// another find is kept: the user was told its limit. Under the handler thread with both
-/// kernel features the Go runtime is tiered: 120 runs without a failure
-/// (docs/design/run.md). The first reason that holds is given, in the order above.
+/// stacks in the program's memory (`runs_on_program_stacks`) where no delivery serves
+/// them; the Go runtime where its discards would not be seen; under `auto`, any find where
+/// the kernel's faults are not delivered (the handler thread it would give serves nothing
+/// more than a signal). An explicit `thread` or `signal` with another find is kept: the
+/// user was told its limit. Under the handler thread with both kernel features the Go
+/// runtime is tiered: 120 runs without a failure (docs/design/run.md). The first reason
+/// that holds is given, in the order above.
 pub fn keeps_out(requested: Requested, reason: Option<Reason>, kernel: Kernel) -> Option<KeptOut> {
-    let go = reason?.found == GO_RUNTIME;
-    if go && requested == Requested::Signal {
+    let reason = reason?;
+    let go = reason.found == GO_RUNTIME;
+    let stacks = runs_on_program_stacks(reason);
+    if stacks && requested == Requested::Signal {
         Some(KeptOut::SignalFrames)
-    } else if !kernel.faults && (go || requested == Requested::Auto) {
+    } else if !kernel.faults && (stacks || requested == Requested::Auto) {
         Some(KeptOut::UserModeFaults)
     } else if go && !kernel.reports_discards {
         Some(KeptOut::UnreportedDiscards)
@@ -386,6 +409,26 @@ mod tests {
         }
         // The Go runtime under auto gets the handler thread, as every find does.
         assert_eq!(choose(Auto, go), Chosen::Thread);
+        // Coroutines on the program's stacks: Go's rules for the stacks, not for discards.
+        let coro = symbol_reason("makecontext");
+        assert!(coro.is_some_and(runs_on_program_stacks));
+        for (requested, kernel, out) in [
+            (Auto, k(true, true), None),
+            (Thread, k(true, true), None),
+            (Signal, k(true, true), Some(SignalFrames)),
+            (Auto, k(false, true), Some(UserModeFaults)),
+            (Thread, k(false, true), Some(UserModeFaults)),
+            (Auto, k(true, false), None),
+            (Thread, k(true, false), None),
+            (Signal, k(true, false), Some(SignalFrames)),
+        ] {
+            assert_eq!(
+                keeps_out(requested, coro, kernel),
+                out,
+                "{requested:?}, {kernel:?}"
+            );
+        }
+        assert_eq!(choose(Auto, coro), Chosen::Thread);
         // Other finds: only under auto, and only where the kernel's faults are not
         // delivered; an explicit choice stays.
         for other in [
@@ -417,7 +460,9 @@ mod tests {
             ("lio_listio", true),
             ("io_submit", true),
             ("vmsplice", true),
-            ("aio_error", false), // status only, no buffer
+            ("makecontext", true),
+            ("swapcontext", false), // switches to contexts makecontext made
+            ("aio_error", false),   // status only, no buffer
             ("aio_return", false),
             ("read", false),
             ("splice", false), // between descriptors: no user memory

@@ -19,7 +19,7 @@ struct State {
     /// Why new regions get the handler thread, once known.
     reason: Option<String>,
     /// The find the keep-out rule judges (`delivery::keeps_out`), and its description: the
-    /// first find, or the Go runtime once found (its rule is the wider one).
+    /// first find, or a later one whose rule is wider (`judge`).
     found: Option<(delivery::Reason, String)>,
     /// Why new requests stay with the program's allocator, once they do.
     kept_out: Option<String>,
@@ -113,11 +113,20 @@ fn judge(f: elf::Found, at_start: bool) {
     } else {
         format!("{} is loaded ({})", f.what, reason.access)
     };
+    // The keep-out rule is widest for the Go runtime, then for stacks in the program's
+    // memory: the find judged again once the runtime runs is the widest seen.
+    let rank = |r: delivery::Reason| {
+        (r.found == delivery::GO_RUNTIME) as u8 * 2 + delivery::runs_on_program_stacks(r) as u8
+    };
     with(|st| {
-        if st.found.is_none() || go {
+        if st
+            .found
+            .as_ref()
+            .is_none_or(|(was, _)| rank(reason) > rank(*was))
+        {
             st.found = Some((reason, text.clone()));
         }
-        if go && requested() == Requested::Thread {
+        if delivery::runs_on_program_stacks(reason) && requested() == Requested::Thread {
             // Asked for the handler thread: the report says what it serves.
             st.reason = Some(text.clone());
         }
