@@ -45,6 +45,9 @@ command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 # The file tier on a disk that fails its reads: a FUSE file system of the tests'
 # (tests/c/eio_fs.c; this machine's kernel has no device-mapper or block fault injection).
 [ -e /usr/include/fuse3/fuse.h ] || need+=(libfuse3-dev)
+# Fibers of Boost.Context (tests/run/fiber_stacks.cpp): stacks switched by a library's own
+# assembly, found by the library's name (docs/design/run.md).
+[ -e /usr/include/boost/context/fiber.hpp ] || need+=(libboost-context-dev)
 command -v fusermount3 >/dev/null || need+=(fuse3)
 # The unprivileged numpy test runs the system's Python as nobody (a per-user Python under
 # /root cannot be read by another user).

@@ -618,6 +618,14 @@ fi
 # killed by SIGSEGV at once (docs/design/run.md, "Programs whose stacks are in their heap").
 expect run-coro-stacks-auto 0 "coro_stacks: OK 64 coroutines.*check_report: OK" sh -c "('$ATT' run -q --dram 16M --report '$RT/coro.json' -- '$RT/coro_stacks' 64 1024 4 && $CHECK '$RT/coro.json' --exit 0 --min-procs 1 --regions-by thread --min-evictions 1000) 2>&1 | tr '\n' ' '"
 expect run-coro-stacks-signal 0 "imports makecontext.*whose stacks no signal delivery serves.*coro_stacks: OK 64 coroutines" sh -c "'$ATT' run --fault-mode signal --dram 16M -- '$RT/coro_stacks' 64 1024 4 2>&1 | tr '\n' ' '"
+# The same with Boost.Context's fibers, switched by the library's own assembly: found by
+# the library's name. Before, killed by SIGSEGV under auto.
+if g++ -O2 -std=c++17 tests/run/fiber_stacks.cpp -o "$RT/fiber_stacks" -lboost_context >"$OUT/build-fiber.log" 2>&1; then
+  expect run-fiber-stacks-auto 0 "fiber_stacks: OK 64 fibers.*check_report: OK" sh -c "('$ATT' run -q --dram 16M --report '$RT/fiber.json' -- '$RT/fiber_stacks' 64 1024 4 && $CHECK '$RT/fiber.json' --exit 0 --min-procs 1 --regions-by thread --min-evictions 1000) 2>&1 | tr '\n' ' '"
+  expect run-fiber-stacks-signal 0 "libboost_context.so.* is loaded.*whose stacks no signal delivery serves.*fiber_stacks: OK 64 fibers" sh -c "'$ATT' run --fault-mode signal --dram 16M -- '$RT/fiber_stacks' 64 1024 4 2>&1 | tr '\n' ' '"
+else
+  fail=$((fail+1)); failed+=(build-fiber-stacks); echo "FAIL build-fiber-stacks"; tail -n 5 "$OUT/build-fiber.log"
+fi
 # Programs linked with their own allocator: its blocks go back to it, its API keeps
 # working (also on large blocks from malloc that the runtime manages), nothing is mixed.
 for lib in jemalloc tcmalloc mimalloc; do

@@ -79,7 +79,31 @@ const LIBRARIES: &[(&str, &str)] = &[
         "libze_loader.so",
         "a GPU driver: registered host memory is read and written by the device",
     ),
+    (
+        "libboost_context.so",
+        "fibers on stacks the library allocates, switched by its own assembly: the kernel \
+         writes signal frames there and the signal resolver would run",
+    ),
+    (
+        "libabt.so",
+        "Argobots: user-level threads on stacks the library allocates, switched by its \
+         own assembly: the kernel writes signal frames there and the signal resolver \
+         would run",
+    ),
+    (
+        "libqthread.so",
+        "Qthreads: user-level threads on stacks the library allocates, switched by its \
+         own assembly: the kernel writes signal frames there and the signal resolver \
+         would run",
+    ),
 ];
+
+/// Libraries (soname prefixes of [`LIBRARIES`]) that run the program's code on stacks
+/// they allocate and switch to without a libc call (`runs_on_program_stacks`).
+/// `tests/run/fiber_stacks.cpp` (64 Boost.Context fibers on 1 MiB stacks) was killed by
+/// SIGSEGV in 0.03 s under `attune run` before its row; Argobots and Qthreads switch the
+/// same way and are named by their rows alone (not installed here).
+const STACK_LIBRARIES: &[&str] = &["libboost_context.so", "libabt.so", "libqthread.so"];
 
 /// Imported symbols that hand program memory to the kernel asynchronously.
 const SYMBOLS: &[(&str, &str)] = &[
@@ -137,7 +161,7 @@ pub const MAKECONTEXT: &str = "makecontext";
 /// Whether a find runs the program's code on stacks in memory it allocated: the kernel's
 /// signal frames and the signal resolver would land there.
 pub fn runs_on_program_stacks(r: Reason) -> bool {
-    r.found == GO_RUNTIME || r.found == MAKECONTEXT
+    r.found == GO_RUNTIME || r.found == MAKECONTEXT || STACK_LIBRARIES.contains(&r.found)
 }
 
 /// The name the loader scan gives an object linked by Go's linker (its build-ID note):
@@ -412,6 +436,19 @@ mod tests {
         // Coroutines on the program's stacks: Go's rules for the stacks, not for discards.
         let coro = symbol_reason("makecontext");
         assert!(coro.is_some_and(runs_on_program_stacks));
+        for lib in [
+            "/usr/lib/x86_64-linux-gnu/libboost_context.so.1.74.0",
+            "libabt.so.1",
+            "libqthread.so.20",
+        ] {
+            let r = library_reason(lib);
+            assert!(r.is_some_and(runs_on_program_stacks), "{lib}");
+            assert_eq!(keeps_out(Signal, r, k(true, true)), Some(SignalFrames));
+            assert_eq!(keeps_out(Auto, r, k(true, false)), None);
+        }
+        for other in ["liburing.so.2", "libfabric.so.1"] {
+            assert!(!library_reason(other).is_some_and(runs_on_program_stacks));
+        }
         for (requested, kernel, out) in [
             (Auto, k(true, true), None),
             (Thread, k(true, true), None),
