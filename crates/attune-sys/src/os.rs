@@ -3,15 +3,21 @@
 use crate::{Errno, SysResult};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-/// Monotonic time in nanoseconds. Signal-safe.
-pub fn now_ns() -> u64 {
+/// A clock's time in nanoseconds; None for a clock id the kernel does not know (EINVAL:
+/// a thread's clock after it ended). Signal-safe.
+fn clock_ns(clock: libc::clockid_t) -> Option<u64> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: ts is a valid out-parameter.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    // SAFETY: ts is a valid out-parameter; an unknown clock id is EINVAL.
+    let r = unsafe { libc::clock_gettime(clock, &mut ts) };
+    (r == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+/// Monotonic time in nanoseconds. Signal-safe.
+pub fn now_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0)
 }
 
 /// CPU time thread `tid` of this process has run so far, in ns (its `CPUCLOCK_SCHED`
@@ -19,26 +25,13 @@ pub fn now_ns() -> u64 {
 /// thread that has ended or is not this process's. Signal-safe.
 pub fn thread_cpu_ns(tid: i32) -> Option<u64> {
     // The kernel's MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED): (~tid << 3) | 4 | 2.
-    let clock: libc::clockid_t = ((!tid) << 3) | 6;
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid out-parameter; a clock id the kernel does not know is EINVAL.
-    let r = unsafe { libc::clock_gettime(clock, &mut ts) };
-    (r == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+    clock_ns(((!tid) << 3) | 6)
 }
 
 /// CPU time every thread of this process has run so far, in ns (`CLOCK_PROCESS_CPUTIME_ID`:
 /// the caller's own exact, the others' as of their last scheduler tick). Signal-safe.
 pub fn process_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid out-parameter; the clock always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0)
 }
 
 /// Kernel thread id of the caller. Signal-safe.
