@@ -405,87 +405,115 @@ mod tests {
     fn what_keeps_memory_out_and_why() {
         use KeptOut::*;
         use Requested::*;
-        let go = library_reason(GO_RUNTIME);
         let k = |faults, reports_discards| Kernel {
             faults,
             reports_discards,
         };
-        for (requested, kernel, out) in [
-            (Auto, k(true, true), None),
-            (Thread, k(true, true), None),
-            (Signal, k(true, true), Some(SignalFrames)),
-            (Auto, k(false, true), Some(UserModeFaults)),
-            (Thread, k(false, true), Some(UserModeFaults)),
-            // Either reason holds; the signal frames come first.
-            (Signal, k(false, true), Some(SignalFrames)),
-            // No discard reports (before 6.8, or `-move`): its own `madvise` is not seen.
-            (Auto, k(true, false), Some(UnreportedDiscards)),
-            (Thread, k(true, false), Some(UnreportedDiscards)),
-            (Signal, k(true, false), Some(SignalFrames)),
-            (Auto, k(false, false), Some(UserModeFaults)),
-            (Thread, k(false, false), Some(UserModeFaults)),
-        ] {
-            assert_eq!(
-                keeps_out(requested, go, kernel),
-                out,
-                "{requested:?}, {kernel:?}"
-            );
-        }
-        // The Go runtime under auto gets the handler thread, as every find does.
-        assert_eq!(choose(Auto, go), Chosen::Thread);
-        // Coroutines on the program's stacks: Go's rules for the stacks, not for discards.
-        let coro = symbol_reason("makecontext");
-        assert!(coro.is_some_and(runs_on_program_stacks));
-        for lib in [
-            "/usr/lib/x86_64-linux-gnu/libboost_context.so.1.74.0",
-            "libabt.so.1",
-            "libqthread.so.20",
-        ] {
-            let r = library_reason(lib);
-            assert!(r.is_some_and(runs_on_program_stacks), "{lib}");
-            assert_eq!(keeps_out(Signal, r, k(true, true)), Some(SignalFrames));
-            assert_eq!(keeps_out(Auto, r, k(true, false)), None);
-        }
-        for other in ["liburing.so.2", "libfabric.so.1"] {
-            assert!(!library_reason(other).is_some_and(runs_on_program_stacks));
-        }
-        for (requested, kernel, out) in [
-            (Auto, k(true, true), None),
-            (Thread, k(true, true), None),
-            (Signal, k(true, true), Some(SignalFrames)),
-            (Auto, k(false, true), Some(UserModeFaults)),
-            (Thread, k(false, true), Some(UserModeFaults)),
-            (Auto, k(true, false), None),
-            (Thread, k(true, false), None),
-            (Signal, k(true, false), Some(SignalFrames)),
-        ] {
-            assert_eq!(
-                keeps_out(requested, coro, kernel),
-                out,
-                "{requested:?}, {kernel:?}"
-            );
-        }
-        assert_eq!(choose(Auto, coro), Chosen::Thread);
-        // Other finds: only under auto, and only where the kernel's faults are not
-        // delivered; an explicit choice stays.
-        for other in [
+        // What is kept out for each kind of find: the Go runtime; stacks in the program's
+        // memory (makecontext and the stack libraries: Go's rules for the stacks, not
+        // for discards); any other find (only under auto, only where the kernel's faults
+        // are not delivered: an explicit choice stays).
+        let go = [library_reason(GO_RUNTIME)];
+        let stacks = [
+            symbol_reason("makecontext"),
+            library_reason("/usr/lib/x86_64-linux-gnu/libboost_context.so.1.74.0"),
+            library_reason("libabt.so.1"),
+            library_reason("libqthread.so.20"),
+        ];
+        let other = [
             library_reason("liburing.so.2"),
             library_reason("/usr/lib/libfabric.so.1"),
             symbol_reason("aio_read"),
+        ];
+        for (requested, kernel, for_go, for_stacks, for_other) in [
+            (Auto, k(true, true), None, None, None),
+            (Thread, k(true, true), None, None, None),
+            (
+                Signal,
+                k(true, true),
+                Some(SignalFrames),
+                Some(SignalFrames),
+                None,
+            ),
+            (
+                Auto,
+                k(false, true),
+                Some(UserModeFaults),
+                Some(UserModeFaults),
+                Some(UserModeFaults),
+            ),
+            (
+                Thread,
+                k(false, true),
+                Some(UserModeFaults),
+                Some(UserModeFaults),
+                None,
+            ),
+            // Either reason holds; the signal frames come first.
+            (
+                Signal,
+                k(false, true),
+                Some(SignalFrames),
+                Some(SignalFrames),
+                None,
+            ),
+            // No discard reports (before 6.8, or `-move`): Go's own `madvise` is not seen.
+            (Auto, k(true, false), Some(UnreportedDiscards), None, None),
+            (Thread, k(true, false), Some(UnreportedDiscards), None, None),
+            (
+                Signal,
+                k(true, false),
+                Some(SignalFrames),
+                Some(SignalFrames),
+                None,
+            ),
+            (
+                Auto,
+                k(false, false),
+                Some(UserModeFaults),
+                Some(UserModeFaults),
+                Some(UserModeFaults),
+            ),
+            (
+                Thread,
+                k(false, false),
+                Some(UserModeFaults),
+                Some(UserModeFaults),
+                None,
+            ),
+            (
+                Signal,
+                k(false, false),
+                Some(SignalFrames),
+                Some(SignalFrames),
+                None,
+            ),
         ] {
-            for requested in [Auto, Thread, Signal] {
-                for kernel in [
-                    k(true, true),
-                    k(false, true),
-                    k(true, false),
-                    k(false, false),
-                ] {
-                    let out = (requested == Auto && !kernel.faults).then_some(UserModeFaults);
-                    assert_eq!(keeps_out(requested, other, kernel), out, "{other:?}");
-                    assert_eq!(keeps_out(requested, None, kernel), None);
+            for (finds, out) in [
+                (&go[..], for_go),
+                (&stacks, for_stacks),
+                (&other, for_other),
+            ] {
+                for &find in finds {
+                    assert!(find.is_some());
+                    assert_eq!(
+                        keeps_out(requested, find, kernel),
+                        out,
+                        "{find:?}, {requested:?}, {kernel:?}"
+                    );
                 }
             }
+            assert_eq!(keeps_out(requested, None, kernel), None);
         }
+        // Each of them under auto gets the handler thread, as every find does.
+        for find in go.iter().chain(&stacks).chain(&other) {
+            assert_eq!(choose(Auto, *find), Chosen::Thread);
+        }
+        assert!(stacks
+            .iter()
+            .chain(&go)
+            .all(|f| f.is_some_and(runs_on_program_stacks)));
+        assert!(!other.iter().any(|f| f.is_some_and(runs_on_program_stacks)));
         assert_eq!(Kernel::ASSUMED, k(true, true));
     }
 
