@@ -964,6 +964,12 @@ assert d["user_mode_only"] == (not full and not dev), d
   # Coroutines on the program's stacks as nobody: no delivery serves the kernel's frame
   # writes there; untiered, with the warning, every frame checked.
   [ -x "$UP/bin/coro_stacks" ] && expect unpriv-run-coro-stacks 0 "imports makecontext.*user-mode faults only.*coro_stacks: OK 64 coroutines" sh -c "runuser -u nobody -- '$UP/bin/attune' run --dram 16M -- '$UP/bin/coro_stacks' 64 1024 4 2>&1 | tr '\n' ' '"
+  # The same for Boost.Context's fibers (found by the library's name), and for the Go
+  # library behind the program's own POSIX AIO find (every find judged).
+  [ -x "$RT/fiber_stacks" ] && cp "$RT/fiber_stacks" "$UP/bin/" && chmod 755 "$UP/bin/fiber_stacks" &&
+    expect unpriv-run-fiber-stacks 0 "libboost_context.so.* is loaded.*user-mode faults only.*fiber_stacks: OK 64 fibers" sh -c "runuser -u nobody -- '$UP/bin/attune' run --dram 16M -- '$UP/bin/fiber_stacks' 64 1024 4 2>&1 | tr '\n' ' '"
+  [ -x "$RT/go_shared" ] && cp "$RT/go_shared" "$RT/libgoshared.so" "$UP/bin/" && chmod 755 "$UP/bin/go_shared" "$UP/bin/libgoshared.so" &&
+    expect unpriv-run-go-shared 0 "libgoshared.so carries the Go runtime.*user-mode faults only.*go_shared: OK 96 MiB" sh -c "runuser -u nobody -- env LD_LIBRARY_PATH='$UP/bin' '$UP/bin/attune' run --dram 16M -- '$UP/bin/go_shared' 96 2>&1 | tr '\n' ' '"
   # The Go program as nobody: its userfaultfd sees user-mode faults only, so no delivery
   # serves its stacks: untiered, with the warning.
   [ -x "$RT/go_cgo" ] && cp "$RT/go_cgo" "$UP/bin/" && chmod 755 "$UP/bin/go_cgo" &&
