@@ -2,7 +2,8 @@
  * run where `attune profile`'s clock must follow threads it has not seen before:
  *   threads_skewed churn MIB SECONDS SLICE_MS [BEFORE]
  *       each phase runs in successive threads of SLICE_MS each, one at a time (a program
- *       that starts a thread per task: hundreds over the run); BEFORE threads (default 0)
+ *       that starts a thread per task: hundreds over the run; every second one ends by
+ *       pthread_exit); BEFORE threads (default 0)
  *       run first, 64 at a time, each for 3 ms: a program that has started thousands of
  *       threads when its phases begin;
  *   threads_skewed fork MIB SECONDS IDLE
@@ -47,11 +48,14 @@ static void run(double end, int skewed) {
     }
 }
 
-struct slice { double end; int skewed; };
+struct slice { double end; int skewed, exits; };
 
+/* A task; every second one ends by pthread_exit rather than a return (both are a thread's
+ * end the profile's clock must see). */
 static void *slice_main(void *p) {
     struct slice *s = p;
     run(s->end, s->skewed);
+    if (s->exits) pthread_exit(NULL);
     return NULL;
 }
 
@@ -60,7 +64,7 @@ static int churn(double secs, int skewed, double slice_ms) {
     double end = now() + secs;
     int n = 0;
     while (now() < end) {
-        struct slice s = {now() + slice_ms / 1000, skewed};
+        struct slice s = {now() + slice_ms / 1000, skewed, n & 1};
         if (s.end > end) s.end = end;
         pthread_t t;
         if (pthread_create(&t, NULL, slice_main, &s) != 0 || pthread_join(t, NULL) != 0) {

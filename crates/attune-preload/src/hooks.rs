@@ -689,6 +689,18 @@ pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int
     status(mem::advise(addr, len, advice))
 }
 
+/// The program's threads run behind the runtime's hooks once it installs them (the
+/// program clock of `attune profile`: `attune_sys::threads`); until then libc's.
+#[no_mangle]
+pub extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    start: attune_sys::threads::StartRoutine,
+    arg: *mut c_void,
+) -> c_int {
+    attune_sys::threads::create(thread, attr, start, arg)
+}
+
 // The C API (allocate_TM, attune_*, the phase marks) is libattune's, linked into this
 // library: a program linked against libattune.so binds to these definitions first (the
 // preload comes first in the lookup order), so its own calls and its large mallocs share

@@ -7,7 +7,9 @@
 //! `attune_sys::libc_alloc`), so the program's small objects cost nothing extra and its
 //! allocator's API keeps working.
 //!
-//! * `hooks.rs`: the exported symbols (the only entry points the program calls).
+//! * `hooks.rs`: the exported symbols (the only entry points the program calls), and
+//!   `pthread_create`, whose threads the profile's clock follows from start to end
+//!   (`attune_sys::threads`).
 //! * `foreign.rs`: other allocators' own entry points that take a pointer.
 //! * libattune's `io.rs` (linked in with the C API): system calls on the program's
 //!   buffers, retried where the kernel cannot fault managed pages in.

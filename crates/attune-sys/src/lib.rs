@@ -24,7 +24,7 @@
 //! Modules: [`kernel`] (the newer kernel features used, and the mask that turns them
 //! off; [`probe`] asks the kernel which it has), [`uffd`] (userfaultfd ioctls), [`mem`] (mmap/madvise/files, raw mmap for the
 //! interposer), [`numa`] (memory policy, page migration, mlock), [`pagemap`] (written-page tracking), [`libc_alloc`] (the program's allocator behind the interposer, and glibc's heap for the runtime's own data),
-//! [`signal`] (SIGBUS hook), [`small_heap`] (mimalloc heaps in managed memory), [`os`] (small helpers: eventfd, time, thread ids, /proc), `raw` (the runtime's own read/write/pread/pwrite/sendmsg/recvmsg as system calls),
+//! [`signal`] (SIGBUS hook), [`small_heap`] (mimalloc heaps in managed memory), [`threads`] (the program's threads from start to end, behind the interposer's `pthread_create`), [`os`] (small helpers: eventfd, time, thread ids, /proc), `raw` (the runtime's own read/write/pread/pwrite/sendmsg/recvmsg as system calls),
 //! [`perf`] (software perf counters: page faults), [`global`] (the process-wide published runtime), [`elf`] (the loaded objects and what they import), [`caller`] (exported entry points that pass on their caller's address), [`unix`] (peer credentials, descriptor passing, memory files for shared regions, the far pool and the boards of a memory cgroup's runtimes).
 
 pub mod caller;
@@ -42,6 +42,7 @@ pub mod probe;
 mod raw;
 pub mod signal;
 pub mod small_heap;
+pub mod threads;
 pub mod uffd;
 pub mod unix;
 

@@ -760,6 +760,11 @@ impl NextFn {
     pub fn resolve(&self) {
         self.get();
     }
+    /// The definition's address (looked up now if it was not yet), for a caller that
+    /// calls it with a signature no method here has.
+    pub fn addr(&self) -> usize {
+        self.get()
+    }
     fn get(&self) -> usize {
         let f = self.addr.load(Acquire);
         if f != 0 {

@@ -660,7 +660,13 @@ pub fn spawn_runtime_thread(name: &str, body: impl FnOnce() + Send + 'static) ->
         // 2 MiB, as Rust's default: the fault handler's and evictor's frames are small.
         libc::pthread_attr_setstacksize(&mut attr, 2 << 20);
         let mut t: libc::pthread_t = 0;
+        // Inside the runtime while it starts the thread: the interposer's pthread_create
+        // (`threads::create`) then leaves it to libc, not followed as the program's.
+        let entered = crate::libc_alloc::enter_runtime();
         let e = libc::pthread_create(&mut t, &attr, runtime_thread_start, arg.cast());
+        if entered {
+            crate::libc_alloc::leave_runtime();
+        }
         libc::pthread_attr_destroy(&mut attr);
         if e != 0 {
             drop(Box::from_raw(arg));

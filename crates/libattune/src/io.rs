@@ -123,6 +123,7 @@ extern "C" fn resolve_at_load() {
         f.resolve();
     }
     attune_sys::signal::resolve_at_load();
+    attune_sys::threads::resolve_at_load();
 }
 
 #[used]
