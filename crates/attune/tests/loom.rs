@@ -1,7 +1,8 @@
 //! A model check (loom) of the runtime's lock-free protocols, on their own sources: the
 //! fork gate (`src/sync/gate.rs`), the small allocator's flag gate (`src/sync/flag_gate.rs`,
-//! its symmetric case), the chunk state machine (`src/region.rs`) and the remote tier's
-//! windows fetched ahead (`src/tier/remote/ahead.rs`). loom runs every
+//! its symmetric case), the chunk state machine (`src/region.rs`), the remote tier's
+//! windows fetched ahead (`src/tier/remote/ahead.rs`) and the program clock's slots
+//! (`src/paging/progclock.rs`). loom runs every
 //! interleaving of the threads below, and every result the C11 memory model lets a load
 //! return, up to a bound of preemptions; a `loom::cell::UnsafeCell` stands for what the
 //! protocol protects, so an access that is not ordered after the previous one fails.
@@ -57,6 +58,10 @@ mod region;
 #[allow(dead_code)]
 #[path = "../src/tier/remote/ahead.rs"]
 mod ahead;
+
+#[allow(dead_code)]
+#[path = "../src/paging/progclock.rs"]
+mod progclock;
 
 use flag_gate::FlagGate;
 use gate::Gate;
@@ -416,5 +421,55 @@ fn a_window_is_reused_only_after_the_load_placing_from_it_gave_it_back() {
             a.arrive(0, 0);
         }
         first.join().unwrap();
+    });
+}
+
+/// The program clock's slots (`src/paging/progclock.rs`): a thread that claims its own
+/// slot as it begins, while the sampler's listing claims one for it too, ends in at most
+/// one (both claim, then look for the other: sequentially consistent, so at least one
+/// sees it), and in one whenever either claim says it succeeded. Without the look (a
+/// mutation) the model finds the thread published twice.
+#[test]
+fn progclock_a_thread_claimed_by_itself_and_the_sampler_at_once_holds_one_slot() {
+    model(|| {
+        let c = Arc::new(progclock::ProgramClock::new());
+        // A third thread's slot is taken first: the two claims race for the two left.
+        assert!(c.claim(9, 0, 1));
+        let itself = {
+            let c = c.clone();
+            thread::spawn(move || c.claim(7, 0, 10))
+        };
+        let sampler = c.claim(7, 0, 20);
+        let itself = itself.join().unwrap();
+        assert!(!(sampler && itself), "thread 7 published twice");
+        assert_eq!(c.slots_of(7), (sampler || itself) as usize);
+        assert_eq!(c.slots_of(9), 1);
+    });
+}
+
+/// A reader's sum while the sampler retires an ended thread and a new thread claims a
+/// slot (perhaps the one just freed) counts the ended thread once, in its slot or as
+/// retired, and never goes back. The thread ids are not this process's, so their clocks
+/// cannot be read and the last readings stand: 100 ns for the ended one, 50 for the new.
+/// With the epoch left unchanged by `change` (a mutation) the model finds a sum of 200.
+#[test]
+fn progclock_a_sum_during_a_hand_over_counts_each_thread_once() {
+    model(|| {
+        let c = Arc::new(progclock::ProgramClock::new());
+        assert!(c.claim(5, 0, 100));
+        let sampler = {
+            let c = c.clone();
+            thread::spawn(move || c.change(|| c.retire(&[0])))
+        };
+        let beginner = {
+            let c = c.clone();
+            thread::spawn(move || assert!(c.claim(9, 0, 50)))
+        };
+        let (a, b) = (c.now(), c.now());
+        assert!(a <= b, "the clock went back: {a} then {b}");
+        assert!(b <= 150, "a thread counted twice: {b}");
+        sampler.join().unwrap();
+        beginner.join().unwrap();
+        assert_eq!(c.now(), 150);
     });
 }

@@ -353,17 +353,13 @@ fn staged_fills(e: &Pager, r: &Region, staged: usize, n: usize, out: &mut [u32])
 
 /// [`flush_run`] for the access sampler: the same move, counted as a sample, not an
 /// eviction. Returns when the chunk left the program's mapping (by the sampler's clock,
-/// `progclock::sample_now`): a staging medium then still writes it (a 4 KiB file-tier
+/// `Pager::sample_now`): a staging medium then still writes it (a 4 KiB file-tier
 /// park took tens of µs), and a touch meanwhile faults and is already a touch of the
 /// parked chunk.
 pub(crate) fn park_chunk(e: &Pager, r: &Region, c: usize) -> Option<u64> {
     let mut left = 0;
     match store_run(e, r, c, 1, Some(&mut left)) {
-        Some(b) if b > 0 => Some(if left == 0 {
-            super::progclock::sample_now(e)
-        } else {
-            left
-        }),
+        Some(b) if b > 0 => Some(if left == 0 { e.sample_now() } else { left }),
         _ => None,
     }
 }
@@ -426,7 +422,7 @@ fn store_run(
         };
         let mut dirty = |staged: usize, all: bool| -> Staged {
             if let Some(left) = sample.as_deref_mut() {
-                *left = super::progclock::sample_now(e);
+                *left = e.sample_now();
             }
             if e.cfg.fills && staged_fills(e, r, staged, n, &mut fills) {
                 filled = true;

@@ -41,7 +41,7 @@ pub fn resolve(e: &Pager, r: &Region, addr: usize) -> bool {
     let arrival = if !r.samples.enabled() {
         0
     } else if r.samples.parked_at[r.chunk_of(addr)].load(Acquire) != 0 {
-        super::progclock::sample_now(e).max(2)
+        e.sample_now().max(2)
     } else {
         1
     };

@@ -371,6 +371,19 @@ pub static THREAD_FOR_NEW_REGIONS: AtomicBool = AtomicBool::new(false);
 pub struct InitError(pub String);
 
 impl Pager {
+    /// The time samples are timed by: the program's clock under `attune profile`
+    /// (`sample_rate` set; `super::progclock`), wall time for the online prediction alone,
+    /// which pays no system call per thread for it and whose cross-check on even and odd
+    /// chunks kept a uniform region whole beside two busy loops (3 of 3,
+    /// `tests/c/predict_online.c`). Signal-safe.
+    pub fn sample_now(&self) -> u64 {
+        if self.cfg.sample_rate > 0 {
+            super::progclock::CLOCK.now()
+        } else {
+            attune_sys::os::now_ns()
+        }
+    }
+
     /// Builds the paging engine: userfaultfds, tiers, buffers. `arena_space` is the
     /// virtual size of the small-object arenas, which reserve tier offsets like regions.
     /// Its threads are started by the composition root (`crate::engine`).

@@ -42,13 +42,18 @@
 //! are not its own, and a clock of only those would stand still.
 //! Signal-safe reads: atomics and system calls only.
 
+use crate::sync::shim::{fence, AtomicI32, AtomicU64, AtomicUsize, Ordering::*};
 use attune_sys::os;
-use std::sync::atomic::{fence, AtomicI32, AtomicU64, AtomicUsize, Ordering::*};
 
 /// Threads the clock follows at once. Random-access throughput under `attune profile`
 /// against `attune run` was 0.95-1.03 with 64 threads following 64
 /// (docs/design/prediction.md, "A program that waits for a CPU").
+#[cfg(not(loom))]
 pub const LIVE: usize = 64;
+/// Three slots in the model (crates/attune/tests/loom.rs): enough for two claims of one
+/// thread and a third thread, and small enough for every interleaving.
+#[cfg(loom)]
+pub const LIVE: usize = 3;
 
 /// What a thread not followed must have run since the last listing (10 ms at most) to
 /// take a followed thread's slot: a tenth of that period, so threads that wake now and then
@@ -77,17 +82,34 @@ pub struct ProgramClock {
     high: AtomicU64,
 }
 
+#[cfg(not(loom))]
 #[allow(clippy::declare_interior_mutable_const)]
 const I0: AtomicI32 = AtomicI32::new(0);
+#[cfg(not(loom))]
 #[allow(clippy::declare_interior_mutable_const)]
 const U0: AtomicU64 = AtomicU64::new(0);
 
 impl ProgramClock {
+    #[cfg(not(loom))]
     pub const fn new() -> ProgramClock {
         ProgramClock {
             tids: [I0; LIVE],
             base: [U0; LIVE],
             last: [U0; LIVE],
+            n: AtomicUsize::new(0),
+            retired: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
+            high: AtomicU64::new(0),
+        }
+    }
+
+    /// Loom's atomics are not `const`.
+    #[cfg(loom)]
+    pub fn new() -> ProgramClock {
+        ProgramClock {
+            tids: std::array::from_fn(|_| AtomicI32::new(0)),
+            base: std::array::from_fn(|_| AtomicU64::new(0)),
+            last: std::array::from_fn(|_| AtomicU64::new(0)),
             n: AtomicUsize::new(0),
             retired: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
@@ -227,7 +249,7 @@ impl ProgramClock {
     /// slot gives its own back. Of two claims of one thread at once, at least one sees the
     /// other (both swap, then look, all sequentially consistent): a thread is never in
     /// two slots, and if both give way the next listing adds it.
-    fn claim(&self, tid: i32, base: u64, v: u64) -> bool {
+    pub(crate) fn claim(&self, tid: i32, base: u64, v: u64) -> bool {
         for i in 0..LIVE {
             if self.tids[i]
                 .compare_exchange(0, -tid, SeqCst, SeqCst)
@@ -281,7 +303,7 @@ impl ProgramClock {
     }
 
     /// Moves the slots' last readings into `retired` and frees them (inside `change`).
-    fn retire(&self, slots: &[usize]) {
+    pub(crate) fn retire(&self, slots: &[usize]) {
         for &i in slots {
             // A new generation first: a reader still raising the old one fails.
             let last = self.last[i].fetch_add(1 << NS_BITS, Relaxed) & NS;
@@ -293,12 +315,22 @@ impl ProgramClock {
     }
 
     /// Runs the sampler's change of slots and `retired` with the epoch odd.
-    fn change(&self, f: impl FnOnce()) {
+    pub(crate) fn change(&self, f: impl FnOnce()) {
         let e = self.epoch.load(Relaxed);
         self.epoch.store(e + 1, Relaxed);
         fence(Release);
         f();
         self.epoch.store(e + 2, Release);
+    }
+
+    /// The slots that hold thread `tid`, published or being claimed (the model's check:
+    /// crates/attune/tests/loom.rs).
+    #[cfg(all(test, loom))]
+    pub(crate) fn slots_of(&self, tid: i32) -> usize {
+        self.tids
+            .iter()
+            .filter(|t| t.load(SeqCst).abs() == tid)
+            .count()
     }
 
     /// Whether a thread is followed now (a clock that runs).
@@ -392,22 +424,14 @@ impl Default for ProgramClock {
     }
 }
 
-/// The clock of this process's samples.
+/// The clock of this process's samples ([`super::pager::Pager::sample_now`]). Loom's
+/// model compiles this crate with its own atomics, which are not `const`.
+#[cfg(not(loom))]
 pub static CLOCK: ProgramClock = ProgramClock::new();
+#[cfg(loom)]
+pub static CLOCK: std::sync::LazyLock<ProgramClock> = std::sync::LazyLock::new(ProgramClock::new);
 
-/// The time samples are timed by: the program's clock under `attune profile`
-/// (`sample_rate` set), wall time for the online prediction alone, which pays no
-/// system call per thread for it and whose cross-check on even and odd chunks kept a
-/// uniform region whole beside two busy loops (3 of 3, `tests/c/predict_online.c`).
-pub fn sample_now(e: &super::pager::Pager) -> u64 {
-    if e.cfg.sample_rate > 0 {
-        CLOCK.now()
-    } else {
-        os::now_ns()
-    }
-}
-
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering::*;
 pub struct Touch {
     /// `usize::MAX`: no chunk.
     pub chunk: usize,
-    /// By the sampler's clock (`progclock::sample_now`); 0: no access, as for a prefetch
+    /// By the sampler's clock (`Pager::sample_now`); 0: no access, as for a prefetch
     /// or a pin.
     pub arrival_ns: u64,
 }
@@ -60,7 +60,7 @@ pub fn on_placed(e: &Pager, r: &Region, c: usize, n: usize, touch: Touch) {
             }
         }
         if now == 0 {
-            now = super::progclock::sample_now(e).max(1);
+            now = e.sample_now().max(1);
         }
         r.samples.exposure_ns[c + i].fetch_add(now.saturating_sub(t).min(window), Relaxed);
     }

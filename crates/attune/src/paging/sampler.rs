@@ -23,7 +23,7 @@
 //! `sample_rate` asks for sampling all along (`attune profile`).
 
 use super::pager::Pager;
-use super::progclock::{sample_now, Listing, CLOCK};
+use super::progclock::{Listing, CLOCK};
 use super::sample::cells;
 use crate::region::{Region, Where};
 use attune_sys::os::now_ns;
@@ -73,7 +73,7 @@ pub fn sampler_loop(e: &'static Pager) {
         // (docs/design/prediction.md, "A program that waits for a CPU").
         credit = (credit + rate * now.saturating_sub(last) as f64 / 1e9).min(rate / 10.0 + 1.0);
         last = now;
-        expire(&mut pending, sample_now(e), window);
+        expire(&mut pending, e.sample_now(), window);
         let _in = e.enter();
         let regions: Vec<Arc<Region>> = {
             let t = e.regions.read().unwrap_or_else(|p| p.into_inner());
@@ -137,7 +137,7 @@ fn park(e: &Pager, r: &Region, c: usize) -> Option<u64> {
             if !r.claim_hold(c, s) {
                 return None;
             }
-            let t = sample_now(e).max(2);
+            let t = e.sample_now().max(2);
             r.samples.parked_at[c].store(t, Release);
             r.samples.parks[c].fetch_add(1, Relaxed);
             let restored = r.cas(c, s.with(Where::Fetching, s.tier()), s);
@@ -151,7 +151,7 @@ fn park(e: &Pager, r: &Region, c: usize) -> Option<u64> {
     }
     // Noted before the move: while the chunk is Evicting a touch waits, so the fault that
     // follows always finds the note.
-    let t = sample_now(e).max(2);
+    let t = e.sample_now().max(2);
     r.samples.parked_at[c].store(t, Release);
     if let Some(out) = super::evict::park_chunk(e, r, c) {
         let out = out.max(t);
