@@ -66,9 +66,7 @@ pub fn after_fork_in_child() {
     WRITING.store(false, Release);
     FINAL_WRITTEN.store(false, Release);
     // The parent's threads are not this process's.
-    if let Ok(mut s) = CPU_SEEN.try_lock() {
-        s.clear();
-    }
+    attune::paging::cputimes::forget();
 }
 
 /// Minor and major page faults of this process so far (/proc/self/stat fields 10 and 12).
@@ -231,49 +229,19 @@ fn phases() -> serde_json::Value {
         .collect()
 }
 
-/// Per thread of the program: (tid, ns ran, ns waited) at its last reading.
-static CPU_SEEN: std::sync::Mutex<Vec<(u32, u64, u64)>> = std::sync::Mutex::new(Vec::new());
-
-/// Time the program's threads ran and waited on a run queue (/proc/self/task/*/schedstat;
-/// Attune's own `attune-*` threads left out): `attune profile` says how long a program
-/// waited (its samples are timed by the program's clock, so the wait does not skew
-/// them). A thread's last reading is kept after it ends; one that lived between two
-/// snapshots is missed.
-/// Not blocking: a fork while another thread held the list leaves the child's copy locked
-/// for good, and its reports then say null.
+/// Time the program's threads ran and waited on a run queue (`attune::paging::cputimes`):
+/// `attune profile` says how long a program waited (its samples are timed by the
+/// program's clock, so the wait does not skew them). Null if a report on another thread
+/// holds the list.
 fn program_cpu() -> serde_json::Value {
-    let mut seen = match CPU_SEEN.try_lock() {
-        Ok(s) => s,
-        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => return serde_json::Value::Null,
-    };
-    for t in std::fs::read_dir("/proc/self/task")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if comm.starts_with("attune-") {
-            continue;
-        }
-        let stat = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
-        let mut f = stat
-            .split_whitespace()
-            .map(|x| x.parse::<u64>().unwrap_or(0));
-        let (ran, waited) = (f.next().unwrap_or(0), f.next().unwrap_or(0));
-        match seen.iter_mut().find(|s| s.0 == tid) {
-            Some(s) => (s.1, s.2) = (ran.max(s.1), waited.max(s.2)),
-            None => seen.push((tid, ran, waited)),
-        }
+    match attune::paging::cputimes::snapshot() {
+        Some(t) => json!({
+            "ran_ns": t.ran_ns,
+            "waited_ns": t.waited_ns,
+            "threads": t.threads,
+        }),
+        None => serde_json::Value::Null,
     }
-    json!({
-        "ran_ns": seen.iter().map(|s| s.1).sum::<u64>(),
-        "waited_ns": seen.iter().map(|s| s.2).sum::<u64>(),
-        "threads": seen.len(),
-    })
 }
 
 /// Per-chunk sample counts of each sampled region (compact arrays).

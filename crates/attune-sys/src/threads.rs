@@ -45,7 +45,8 @@ pub fn resolve_at_load() {
 }
 
 /// Installs the hooks every program thread started from now on calls: `begin` first
-/// thing in the thread, `end` at its end. Once per process: later calls (a forked child's
+/// thing in the thread (it must not allocate: the program's allocator may not be ready
+/// for this thread), `end` at its end (inside the runtime: it may allocate). Once per process: later calls (a forked child's
 /// runtime starting again) keep the first hooks. Not signal-safe (it may allocate the key).
 pub fn follow(begin: fn(), end: fn()) {
     if HOOKS.set(Hooks { begin, end }).is_err() {
@@ -125,7 +126,12 @@ extern "C-unwind" fn begin_then_start(p: *mut c_void) -> *mut c_void {
         if key >= 0 {
             // SAFETY: key is a live key made by `follow`; any non-null value makes glibc
             // run the destructor at the thread's end.
-            unsafe { libc::pthread_setspecific(key as libc::pthread_key_t, 1 as *const c_void) };
+            unsafe {
+                libc::pthread_setspecific(
+                    key as libc::pthread_key_t,
+                    std::ptr::dangling::<c_void>(),
+                )
+            };
         }
     }
     start(arg)
@@ -133,7 +139,13 @@ extern "C-unwind" fn begin_then_start(p: *mut c_void) -> *mut c_void {
 
 extern "C" fn at_end(_: *mut c_void) {
     if let Some(h) = HOOKS.get() {
+        // Inside the runtime: what the hook allocates comes from glibc's heap, not the
+        // program's allocator, which may be tearing down this thread's cache.
+        let entered = crate::libc_alloc::enter_runtime();
         (h.end)();
+        if entered {
+            crate::libc_alloc::leave_runtime();
+        }
     }
 }
 

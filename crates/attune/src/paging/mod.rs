@@ -12,9 +12,12 @@
 //! * `room.rs`: a fault waiting for the node daemon to grow a full far tier.
 //! * `fault.rs`: the fault path (claim, read-ahead, place) and both deliveries.
 //! * `ops.rs`: allocate, free, pin, hold, discard, prefetch.
-//! * `sampler.rs`: the sampler thread and the online flag prediction.
+//! * `sampler.rs`: the sampler thread and the online flag prediction; `progclock.rs`, the
+//!   program's clock it times samples by; `cputimes.rs`, what the program's threads ran
+//!   and waited for a CPU.
 
 mod behind;
+pub mod cputimes;
 pub mod evict;
 pub mod fault;
 pub mod fill;

@@ -56,7 +56,13 @@ pub fn sampler_loop(e: &'static Pager) {
         // Threads the program starts from now on are followed from their start to their
         // end; the listing below finds the others (docs/design/prediction.md, "Threads
         // that come and go").
-        attune_sys::threads::follow(|| CLOCK.begin_thread(), || CLOCK.end_thread());
+        attune_sys::threads::follow(
+            || CLOCK.begin_thread(),
+            || {
+                CLOCK.end_thread();
+                super::cputimes::at_thread_end();
+            },
+        );
     }
     loop {
         std::thread::sleep(Duration::from_millis(1));
