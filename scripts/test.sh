@@ -386,6 +386,7 @@ gcc -O2 tests/run/c_matrix.c -o "$RT/c_matrix" && gcc -O2 tests/run/fork_exec.c 
   && gcc -O2 tests/run/fixed_lost.c -o "$RT/fixed_lost" \
   && gcc -O2 tests/run/fills.c -o "$RT/fills" \
   && gcc -O2 tests/run/coro_stacks.c -o "$RT/coro_stacks" \
+  && gcc -O2 -pthread tests/run/thread_cancel.c -o "$RT/thread_cancel" \
   && gcc -O2 -static tests/run/crash.c -o "$RT/crash_static" \
   && g++ -O2 -std=c++17 tests/run/cpp_vectors.cpp -o "$RT/cpp_vectors" -lpthread \
   && gcc -O2 -fopenmp tests/run/omp_stream.c -o "$RT/omp_stream" || { fail=$((fail+1)); failed+=(build-run-tests); }
@@ -617,6 +618,11 @@ fi
 # stay untiered with a warning. Before, auto gave signal delivery and the program was
 # killed by SIGSEGV at once (docs/design/run.md, "Programs whose stacks are in their heap").
 expect run-coro-stacks-auto 0 "coro_stacks: OK 64 coroutines.*check_report: OK" sh -c "('$ATT' run -q --dram 16M --report '$RT/coro.json' -- '$RT/coro_stacks' 64 1024 4 && $CHECK '$RT/coro.json' --exit 0 --min-procs 1 --regions-by thread --min-evictions 1000) 2>&1 | tr '\n' ' '"
+# Threads that return, exit, are cancelled and are detached, under the interposer's
+# pthread_create: libc's as it is (run), and behind the profile's hooks (profile: every
+# thread's end is seen, 4 a round and the main thread, in the report's cpu threads).
+expect run-thread-ends 0 "thread_cancel: OK 200 rounds" sh -c "'$ATT' run --dram 16M -- '$RT/thread_cancel' 200 2>&1 | tr '\n' ' '"
+expect profile-thread-ends 0 "thread_cancel: OK 200 rounds.*threads 801" sh -c "('$ATT' profile --dram 16M --out '$RT/thread_ends' -- '$RT/thread_cancel' 200 && python3 -c \"import glob, json; print('threads', sum(json.load(open(f))['cpu']['threads'] for f in glob.glob('$RT/thread_ends/procs/*.json')))\") 2>&1 | tr '\n' ' '"
 expect run-coro-stacks-signal 0 "imports makecontext.*whose stacks no signal delivery serves.*coro_stacks: OK 64 coroutines" sh -c "'$ATT' run --fault-mode signal --dram 16M -- '$RT/coro_stacks' 64 1024 4 2>&1 | tr '\n' ' '"
 # The same with Boost.Context's fibers, switched by the library's own assembly: found by
 # the library's name. Before, killed by SIGSEGV under auto.
