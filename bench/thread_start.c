@@ -21,6 +21,10 @@ static double now(void) {
 
 int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 20000;
+    if (n <= 0) {
+        fprintf(stderr, "usage: thread_start [N>0]\n");
+        return 2;
+    }
     char *big = malloc(64 << 20);
     if (!big) return 1;
     memset(big, 1, 64 << 20);

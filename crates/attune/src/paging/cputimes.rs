@@ -146,6 +146,14 @@ mod tests {
         assert_eq!(parse("x 1 2"), None);
     }
 
+    fn times(ran_ns: u64, waited_ns: u64, threads: u64) -> Times {
+        Times {
+            ran_ns,
+            waited_ns,
+            threads,
+        }
+    }
+
     #[test]
     fn readings_rise_per_thread_and_a_thread_gone_from_the_listing_is_summed_once() {
         let mut s = Seen::default();
@@ -154,34 +162,13 @@ mod tests {
         // A later reading replaces; a lower one (read before, noted after) does not.
         s.note(1, 15, 3);
         s.note(1, 12, 1);
-        assert_eq!(
-            s.sum(),
-            Times {
-                ran_ns: 35,
-                waited_ns: 5,
-                threads: 2
-            }
-        );
+        assert_eq!(s.sum(), times(35, 5, 2));
         s.fold(&[2]);
         assert_eq!((s.live.len(), s.gone.threads), (1, 1));
-        assert_eq!(
-            s.sum(),
-            Times {
-                ran_ns: 35,
-                waited_ns: 5,
-                threads: 2
-            }
-        );
+        assert_eq!(s.sum(), times(35, 5, 2));
         // Its tid given again: a new thread.
         s.note(1, 4, 0);
-        assert_eq!(
-            s.sum(),
-            Times {
-                ran_ns: 39,
-                waited_ns: 5,
-                threads: 3
-            }
-        );
+        assert_eq!(s.sum(), times(39, 5, 3));
     }
 
     #[test]
