@@ -412,6 +412,167 @@ def test_a_claim_is_bounded_by_the_claimants_memory_cgroup(workdir, daemon):
         g.remove()
 
 
+# A runtime of the protocol's own: registers with a board, claiming `argv[2]` bytes, and
+# writes 8 MiB in its slot. For each line on its standard input it reports (the same
+# claim, and the boards it took), takes what the daemon pushed (a new board after a
+# move), and prints how many runtimes its board counts, the sum of the others' slots and
+# how many boards it was given after its welcome.
+BOARD_CLIENT = """
+import mmap, os
+def recv_fds_frame(s):
+    hdr, fds, _, _ = socket.recv_fds(s, 4, 4)
+    if not hdr:
+        raise EOFError
+    while len(hdr) < 4:
+        hdr += s.recv(4 - len(hdr))
+    n = struct.unpack("<I", hdr)[0]
+    body = b""
+    while len(body) < n:
+        body += s.recv(n - len(body))
+    return json.loads(body), fds
+want = int(sys.argv[2])
+s = connect(SOCK)
+s.sendall(frame({"op": "hello", "version": 1, "workflow": sys.argv[1], "flags": "CAP",
+                 "want": want, "protected": 0, "board": True}))
+while True:
+    r, fds = recv_fds_frame(s)
+    if r["op"] == "welcome":
+        break
+def attach(slot, fd):
+    words = mmap.mmap(fd, 4096 * 8)
+    struct.pack_into("<Q", words, slot * 8, 8 * MIB)
+    return words
+slot, boards = r["board"], 0
+words = attach(slot, fds[-1])
+print(json.dumps({"pid": os.getpid(), "slot": slot}), flush=True)
+for line in sys.stdin:
+    u = {"op": "usage", "resident": 8 * MIB, "pinned": 0, "protected": 0, "want": want, "faults": 0,
+         "evictions": 0, "fetched_bytes": 0, "evicted_bytes": 0, "sample_parks": 0, "sample_hits": 0, "ack": 0}
+    s.sendall(frame(dict(u, boards=boards) if boards else u))
+    s.settimeout(0.2)
+    try:
+        while True:
+            r, fds = recv_fds_frame(s)
+            if r["op"] == "board":
+                boards += 1
+                struct.pack_into("<Q", words, slot * 8, 0)
+                slot, words = r.get("board"), (attach(r["board"], fds[0]) if r.get("board") else None)
+    except (socket.timeout, BlockingIOError):
+        pass
+    s.settimeout(10)
+    w = struct.unpack_from("<4096Q", words) if words else [0]
+    print(json.dumps({"count": w[0], "peers": sum(w[1:]) - (w[slot] if words else 0),
+                      "boards": boards}), flush=True)
+"""
+
+MOVER = """
+import sys, time
+buf = bytearray(160 << 20)  # more than the first group's limit
+for i in range(0, len(buf), 4096):
+    buf[i] = (i >> 12) & 255
+print("ready", flush=True)
+sys.stdin.readline()  # moved to another group
+time.sleep(4)
+bad = sum(1 for i in range(0, len(buf), 4096) if buf[i] != (i >> 12) & 255)
+print("mover: bad", bad, flush=True)
+"""
+
+
+@needs_cgroup
+def test_a_runtime_moved_to_another_cgroup_is_counted_in_the_new_one(workdir, daemon):
+    """`attune run` of a program of 160 MiB in a job's cgroup of 128 MiB, beside another
+    runtime there, is moved to a group of 512 MiB (a Slurm step, an administrator's
+    `cgclassify`). The daemon reads the process's cgroup again at its reports, once a
+    second: its claim is capped by the new limit, not the old, it leaves the old group's board (whose runtime then counts
+    no peer) and gets the new group's (whose runtime counts it). Before, the daemon read
+    the group once, at connection: the old group's runtime kept counting the mover's
+    pages as its peers' and the new group's never saw them. All as nobody."""
+    from test_daemon import NOBODY_PRELUDE
+    d = daemon("--dram", "1G", "--move-limit", "off")
+    g1, g2 = Cgroup("from", 128 * MIB), Cgroup("to", 512 * MIB)
+    procs = []
+
+    def board_client(g, name, want=64 * MIB):
+        prog = NOBODY_PRELUDE + f"SOCK = {d.sock!r}\n" + BOARD_CLIENT
+        p = subprocess.Popen(g.wrap(["runuser", "-u", "nobody", "--", "python3", "-c", prog, name, str(want)]),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(p)
+        p.first = p.stdout.readline()
+        assert p.first, p.communicate(timeout=10)
+        return p
+
+    def show(p):
+        p.stdin.write("\n")
+        p.stdin.flush()
+        return json.loads(p.stdout.readline())
+
+    def want_of(name):
+        return {w["name"]: w["want"] for w in d.status()["workflows"]}.get(name)
+
+    try:
+        stay, other = board_client(g1, "stay"), board_client(g2, "other")
+        before = set((g1.path / "cgroup.procs").read_text().split())
+        prog = workdir / "mover.py"
+        prog.write_text(MOVER)
+        os.chmod(workdir, 0o755)
+        os.chmod(prog, 0o644)
+        mover = subprocess.Popen(g1.wrap(as_nobody_argv([ATTUNE, "run", "--dram", "1G", "--", "python3", prog])),
+                                 env=d.env(ATTUNE_WORKFLOW="mover", ATTUNE_LOG="info", ATTUNE_FAR="file",
+                                           ATTUNE_TIER_FILE_DIRECT="true"), stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(mover)
+        assert mover.stdout.readline().strip() == "ready", mover.communicate(timeout=30)
+        deadline = time.time() + 10
+        while not (show(stay)["count"] == 2 and show(stay)["peers"] >= 32 * MIB) and time.time() < deadline:
+            time.sleep(0.1)
+        seen = show(stay)
+        assert seen["count"] == 2 and seen["peers"] >= 32 * MIB and seen["boards"] == 0, seen
+        assert show(other) == {"count": 1, "peers": 0, "boards": 0}
+        for pid in set((g1.path / "cgroup.procs").read_text().split()) - before:
+            (g2.path / "cgroup.procs").write_text(pid)
+        mover.stdin.write("go\n")
+        mover.stdin.flush()
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            s, o = show(stay), show(other)
+            if s["count"] == 1 and s["peers"] == 0 and o["count"] == 2 and o["peers"] >= 32 * MIB:
+                break
+            time.sleep(0.2)
+        assert s["count"] == 1 and s["peers"] == 0, s
+        assert o["count"] == 2 and o["peers"] >= 32 * MIB, o
+        out, err = mover.communicate(timeout=60)
+        assert mover.returncode == 0 and "mover: bad 0" in out, out + err
+        assert "memory cgroup changed: slot" in err, err
+        # A claim of 1 TiB counts at most its group's limit, the group it is in now.
+        claimer = board_client(g1, "claimer", want=1 << 40)
+        assert want_of("claimer") == 128 * MIB
+        assert show(stay)["count"] == 2
+        (g2.path / "cgroup.procs").write_text(str(json.loads(claimer.first)["pid"]))
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            c = show(claimer)
+            if c["boards"] == 1 and want_of("claimer") == 512 * MIB:
+                break
+            time.sleep(0.2)
+        assert want_of("claimer") == 512 * MIB
+        # It reads the new group's board (the other client and itself), and its report on
+        # it freed its old slot: the first group counts its one runtime again.
+        assert c == {"count": 2, "peers": 8 * MIB, "boards": 1}, c
+        assert show(stay) == {"count": 1, "peers": 0, "boards": 0}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.stdin.close()
+                p.kill()
+                p.wait()
+        g1.remove()
+        g2.remove()
+
+
+def as_nobody_argv(argv):
+    return ["runuser", "-u", "nobody", "--", *map(str, argv)]
+
+
 def fill_together(workdir, d, user, n, mib, tag):
     """`n` `attune run` programs filling `mib` MiB each (`rand_update`), started at once in
     one job's cgroup of 256 MiB (as `user`, None: root; the cgroup is joined as root, then

@@ -182,6 +182,10 @@ pub struct Usage {
     /// `pool_top` only from a report made after the process saw its latest pool size.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub applied: u64,
+    /// How many [`Reply::Board`] this connection applied: the daemon frees the slots of
+    /// the boards the process left only once it reports on the new one.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub boards: u32,
     pub ack: u64,
 }
 
@@ -244,6 +248,17 @@ pub enum Reply {
         /// 0 from a daemon before this field: the room is then not divided.
         #[serde(default)]
         runtimes: u32,
+    },
+    /// The process moved to another memory cgroup (the daemon reads its cgroup again
+    /// about once a second): its slot on the new group's board (None: the new group has
+    /// no limit, or its board is full), the board's memory file attached (`fds` = 1).
+    /// The process stops writing its old slot; the daemon frees that slot at its first
+    /// report that counts this reply (`Usage::boards`). Pushed, no id.
+    Board {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        board: Option<u32>,
+        #[serde(default, skip_serializing_if = "is_zero_usize")]
+        fds: usize,
     },
     /// A shared region: its memory file is attached (`fds` = 1).
     Shared {
@@ -350,6 +365,10 @@ fn is_zero(n: &u64) -> bool {
 }
 
 fn is_zero_usize(n: &usize) -> bool {
+    *n == 0
+}
+
+fn is_zero_u32(n: &u32) -> bool {
     *n == 0
 }
 
@@ -582,7 +601,9 @@ impl Request {
 impl Reply {
     pub fn fds(&self) -> usize {
         match self {
-            Reply::Shared { fds, .. } | Reply::Welcome { fds, .. } => *fds,
+            Reply::Shared { fds, .. } | Reply::Welcome { fds, .. } | Reply::Board { fds, .. } => {
+                *fds
+            }
             _ => 0,
         }
     }

@@ -551,6 +551,27 @@ impl Client {
         e.cgroup.set_board(board);
     }
 
+    /// The process moved to another memory cgroup: the daemon gives the new group's board
+    /// (or none). The old slot reads 0 from here on; a fault that read the old board
+    /// before the switch may still write it once, which is harmless: the daemon frees
+    /// the slot for another runtime only at the next report, after this.
+    fn moved_board(&self, slot: Option<u32>, fd: Option<OwnedFd>) {
+        let Some(e) = self.engine else { return };
+        // Boards stay mapped for the process's life (`CgroupStats::set_board`).
+        let old = e.cgroup.board();
+        self.take_board(slot, fd);
+        if let Some(b) = old {
+            b.publish(0);
+        }
+        crate::info!(
+            "memory cgroup changed: {}",
+            match e.cgroup.board() {
+                Some(b) => format!("slot {} on the new group's board", b.slot),
+                None => "no board in the new group (peers from attuned's reports)".into(),
+            }
+        );
+    }
+
     fn set_peers(&self, resident: u64, runtimes: u32) {
         if let Some(e) = self.engine {
             e.cgroup.peers.store(resident, Relaxed);
@@ -567,10 +588,11 @@ impl Client {
     }
 
     /// Sends a usage report; returns false when the connection is gone.
-    fn usage(&self, sock: &UnixStream, far: &mut FarRate) -> bool {
+    fn usage(&self, sock: &UnixStream, far: &mut FarRate, boards: u32) -> bool {
         let mut u = Usage {
             flags: self.flags_now().to_string(),
             want: self.want_now(),
+            boards,
             ..Default::default()
         };
         if let Some(e) = self.engine {
@@ -653,6 +675,8 @@ impl Client {
         let mut last_resident = 0u64;
         let mut last_asks = 0u64;
         let mut far = FarRate::default();
+        // `Reply::Board` applied on this connection (`Usage::boards`).
+        let mut boards = 0u32;
         loop {
             // Report every 200 ms, and at once when the footprint moved by a MiB or more
             // (a big allocation should not run 200 ms on a budget sized for less).
@@ -676,7 +700,7 @@ impl Client {
                 || last.elapsed() >= REPORT_EVERY
                 || want.abs_diff(last_want) >= 1 << 20
             {
-                if !self.usage(&sock, &mut far) {
+                if !self.usage(&sock, &mut far, boards) {
                     return;
                 }
                 last = Instant::now();
@@ -696,6 +720,12 @@ impl Client {
                     _,
                 )) => self.apply(grant, seq, move_limit, far_grant, pool),
                 Ok((Reply::Peers { resident, runtimes }, _)) => self.set_peers(resident, runtimes),
+                Ok((Reply::Board { board, .. }, mut fds)) => {
+                    self.moved_board(board, fds.pop());
+                    boards = boards.wrapping_add(1);
+                    // Reported at once: the daemon frees the old slot on this report.
+                    last = Instant::now() - REPORT_EVERY;
+                }
                 Ok((r, fds)) => {
                     let id = match &r {
                         Reply::Shared { id, .. }

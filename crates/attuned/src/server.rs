@@ -7,7 +7,7 @@ use attune_proto::{FrameReader, ReadError, Reply, Request};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub type Shared = Arc<Mutex<State>>;
 
@@ -60,18 +60,35 @@ fn connection(sock: UnixStream, state: Shared) {
     let _ = sock.set_write_timeout(Some(Duration::from_millis(500)));
     let Ok(w) = sock.try_clone() else { return };
     let writer: Writer = Arc::new(Mutex::new(w));
-    let cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", cred.pid)).unwrap_or_default();
-    let placement = crate::state::Placement {
-        job: slurm_job(&cgroup),
-        mem_limit: memory_limit(&cgroup, &|p| std::fs::read_to_string(p).ok()),
-        mem_group: attune::topology::limiting_cgroup(&cgroup, &|p| std::fs::read_to_string(p).ok())
-            .map(|(_, g)| g.dir)
-            .unwrap_or_default(),
-    };
-    let id = lock(&state).add_client(cred.pid, cred.uid, placement, writer.clone());
+    // The process's /proc directory, held: its cgroup is read through it, so a pid the
+    // kernel gives to another process after this one ends never lends its cgroup.
+    let proc_dir = std::fs::File::open(format!("/proc/{}", cred.pid)).ok();
+    let first = placement(proc_dir.as_ref()).unwrap_or_default();
+    let id = lock(&state).add_client(cred.pid, cred.uid, first, writer.clone());
+    let mut placed = Instant::now();
     let mut rd = FrameReader::default();
     loop {
         match rd.read(&sock, Request::fds) {
+            // A process may be moved to another memory cgroup (a Slurm step, an
+            // administrator's `cgclassify`): its group is read again at a report once a
+            // second, outside the lock, so its claim and its board follow it.
+            Ok((req @ Request::Usage(_), _)) if placed.elapsed() >= PLACEMENT_EVERY => {
+                placed = Instant::now();
+                let now = placement(proc_dir.as_ref());
+                let board = {
+                    let mut st = lock(&state);
+                    st.requests += 1;
+                    let _ = handle(&mut st, id, cred.uid, req, Vec::new());
+                    now.and_then(|p| st.replace_placement(id, p))
+                };
+                if let Some((reply, fds)) = board {
+                    let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+                    let s = writer.lock().unwrap_or_else(|p| p.into_inner());
+                    if attune_proto::write_frame(&s, &reply, &raw).is_err() {
+                        break;
+                    }
+                }
+            }
             Ok((req @ Request::Stage { .. }, fds)) => {
                 lock(&state).requests += 1;
                 let reply = crate::stage::run(
@@ -138,6 +155,26 @@ fn connection(sock: UnixStream, state: Shared) {
         }
     }
     lock(&state).remove_client(id);
+}
+
+/// How often a reporting client's memory cgroup is read again: a move is followed within
+/// a second, as the runtime follows its own limit (`paging::limit`); a reading costs three
+/// to five small files.
+const PLACEMENT_EVERY: Duration = Duration::from_secs(1);
+
+/// Where the process of `proc_dir` (its /proc directory) runs, as the kernel says. None
+/// when its cgroup cannot be read (it ended: its connection is about to close).
+fn placement(proc_dir: Option<&std::fs::File>) -> Option<crate::state::Placement> {
+    let path = format!("/proc/self/fd/{}/cgroup", proc_dir?.as_raw_fd());
+    let cgroup = std::fs::read_to_string(path).ok()?;
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    Some(crate::state::Placement {
+        job: slurm_job(&cgroup),
+        mem_limit: memory_limit(&cgroup, &read),
+        mem_group: attune::topology::limiting_cgroup(&cgroup, &read)
+            .map(|(_, g)| g.dir)
+            .unwrap_or_default(),
+    })
 }
 
 fn err(id: u64, errno: i32, message: impl Into<String>) -> Option<(Reply, Vec<OwnedFd>)> {
@@ -349,6 +386,9 @@ pub fn handle(
                 pool: segment,
                 peers_told: None,
                 board_slot: None,
+                board_asked: board,
+                boards_sent: 0,
+                left_boards: Vec::new(),
             });
             st.rebalance();
             st.clients
@@ -767,6 +807,23 @@ mod tests {
     use attune_proto::SharedHeld;
     use std::os::unix::net::UnixStream;
     use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn a_process_that_ended_lends_no_cgroup_through_its_proc_directory() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
+        let dir = std::fs::File::open(format!("/proc/{}", child.id())).unwrap();
+        let mine = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let alive = placement(Some(&dir)).expect("a live process has a cgroup");
+        assert_eq!(alive.job, slurm_job(&mine));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // Its pid may be given to another process now; the directory held is its own.
+        assert!(placement(Some(&dir)).is_none());
+        assert!(placement(None).is_none());
+    }
 
     fn state() -> (State, Vec<UnixStream>) {
         let o = |k: &'static str, v: &str| (k, v.to_string());

@@ -65,8 +65,8 @@ pub struct Placement {
     pub mem_limit: u64,
     /// The directory of the cgroup whose limit that is (empty: none): runtimes in one such
     /// group share its limit, and are told what the others hold (`State::tell_peers`).
-    /// Read once, at connection: a process moved to another group later is counted in
-    /// the first.
+    /// Read at connection and again about once a second while the process reports
+    /// (`State::replace_placement`).
     pub mem_group: String,
 }
 
@@ -113,6 +113,13 @@ pub struct Registration {
     pub peers_told: Option<(u64, u32)>,
     /// Its slot on its group's board (`State::join_board`).
     pub board_slot: Option<u32>,
+    /// It reads boards (`Hello { board }`): a move to another group sends it the new one.
+    pub board_asked: bool,
+    /// `Reply::Board` sent on this connection, and the slots of the boards it left, kept
+    /// until its report counts them all (`Usage::boards`): until then it may still write
+    /// there, and a newcomer given the slot would read its figure as its own.
+    pub boards_sent: u32,
+    pub left_boards: Vec<(String, u32)>,
 }
 
 /// The board of one memory cgroup's runtimes (`attune_proto::BOARD_WORDS`): the memory
@@ -385,14 +392,89 @@ impl State {
             for (name, _) in c.shared_refs {
                 self.release_if_unused(&name);
             }
-            if let Some(slot) = c.reg.as_ref().and_then(|r| r.board_slot) {
-                self.leave_board(&c.placement.mem_group, slot);
+            if let Some(r) = &c.reg {
+                if let Some(slot) = r.board_slot {
+                    self.leave_board(&c.placement.mem_group, slot);
+                }
+                for (group, slot) in &r.left_boards {
+                    self.leave_board(group, *slot);
+                }
             }
             if c.reg.is_some() {
                 request_rebalance();
                 self.tell_peers(&c.placement);
             }
         }
+    }
+
+    /// Client `id`'s process is now in `now` (its cgroup, read again from the kernel):
+    /// if that changed, it counts in the new group from here on. Its claim is capped by
+    /// the new limit at the next rebalance; the old group's runtimes are told it left and
+    /// the new group's that it came; it is told it has no peers, then the new group's
+    /// (a runtime reads them from its board when it has one). A registered runtime that
+    /// reads boards gets the reply to send: its slot on the new group's board, or none.
+    /// Its old slot stays reserved until its report counts that reply (`Usage::boards`).
+    pub fn replace_placement(&mut self, id: u64, now: Placement) -> Option<(Reply, Vec<OwnedFd>)> {
+        let c = self.clients.get_mut(&id)?;
+        if c.placement == now {
+            return None;
+        }
+        let old = std::mem::replace(&mut c.placement, now.clone());
+        crate::log_user(
+            c.uid,
+            &format!(
+                "client {id} pid {} uid {}: memory cgroup {:?} (limit {}) -> {:?} (limit {}), job {:?} -> {:?}",
+                c.pid,
+                c.uid,
+                old.mem_group,
+                show_limit(old.mem_limit),
+                now.mem_group,
+                show_limit(now.mem_limit),
+                old.job,
+                now.job
+            ),
+        );
+        let writer = c.writer.clone();
+        let r = c.reg.as_mut()?;
+        request_rebalance();
+        if old.mem_group == now.mem_group {
+            // The same group, another limit: its runtimes' step changes, nothing else.
+            self.tell_peers(&now);
+            return None;
+        }
+        if let Some(slot) = r.board_slot.take() {
+            r.left_boards.push((old.mem_group.clone(), slot));
+        }
+        let (asked, welcomed) = (r.board_asked, r.welcomed);
+        if welcomed {
+            r.peers_told = Some((0, 0));
+            self.outbox.push((
+                writer,
+                Reply::Peers {
+                    resident: 0,
+                    runtimes: 0,
+                },
+            ));
+        }
+        self.tell_peers(&old);
+        self.tell_peers(&now);
+        if !asked || !welcomed {
+            return None;
+        }
+        let joined = self.join_board(id);
+        let r = self.clients.get_mut(&id)?.reg.as_mut()?;
+        r.boards_sent += 1;
+        let (board, fds) = match joined {
+            Some((slot, fd)) => (Some(slot), vec![fd]),
+            None => (None, Vec::new()),
+        };
+        Some((
+            Reply::Board {
+                board,
+                fds: fds.len(),
+            },
+            fds,
+        ))
     }
 
     /// Tells each welcomed runtime of `group`'s memory cgroup what the other runtimes
@@ -694,6 +776,12 @@ impl State {
                 freed = p.size < before;
             }
         }
+        // It writes its new board's slot only now: the old ones are free for others.
+        let left = if u.boards >= r.boards_sent {
+            std::mem::take(&mut r.left_boards)
+        } else {
+            Vec::new()
+        };
         let mut u = u;
         u.tiers
             .retain(|(name, _)| name.len() <= 32 && valid_name(name));
@@ -708,6 +796,9 @@ impl State {
                 self.last_reclaim_ms = Some(rc.started.elapsed().as_secs_f64() * 1e3);
                 self.reclaim = None;
             }
+        }
+        for (group, slot) in left {
+            self.leave_board(&group, slot);
         }
         if want_changed || freed {
             request_rebalance();
@@ -898,6 +989,15 @@ impl State {
     }
 }
 
+/// A limit for the log: bytes in MiB, or "none".
+fn show_limit(l: u64) -> String {
+    if l == u64::MAX {
+        "none".into()
+    } else {
+        format!("{} MiB", l >> 20)
+    }
+}
+
 /// Sends a frame to a client; a client that cannot take it within the write timeout is
 /// shut down (its reader thread then cleans up).
 pub fn push(w: &Writer, msg: &Reply) {
@@ -940,6 +1040,9 @@ mod tests {
             pool: None,
             peers_told: None,
             board_slot: None,
+            board_asked: true,
+            boards_sent: 0,
+            left_boards: Vec::new(),
         });
         id
     }
@@ -1059,6 +1162,106 @@ mod tests {
         st.remove_client(b);
         st.remove_client(c);
         assert!(!st.boards.contains_key("/g1") && st.boards.contains_key("/g2"));
+    }
+
+    #[test]
+    fn a_runtime_moved_to_another_group_joins_its_board_and_frees_the_old_slot_on_report() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut st = state();
+        let mut keep = Vec::new();
+        let (a, b, c) = (
+            member(&mut st, "/g1", &mut keep),
+            member(&mut st, "/g1", &mut keep),
+            member(&mut st, "/g2", &mut keep),
+        );
+        let map =
+            |fd| attune_sys::unix::SharedWords::attach(fd, attune_proto::BOARD_WORDS).unwrap();
+        let (sa, fa) = st.join_board(a).unwrap();
+        let (sb, fb) = st.join_board(b).unwrap();
+        let (sc, fc) = st.join_board(c).unwrap();
+        let (g1, old_b, g2) = (map(fa), map(fb), map(fc));
+        report(&mut st, a, 50 * M);
+        report(&mut st, c, 30 * M);
+        report(&mut st, b, 70 * M);
+        old_b.words()[sb as usize].store(70 * M, Relaxed);
+        let g1_placement = st.clients[&b].placement.clone();
+        // The same placement read again: nothing happens.
+        assert!(st.replace_placement(b, g1_placement.clone()).is_none());
+        assert!(told(&mut st).is_empty());
+        // b is moved to /g2, of 512 MiB.
+        let moved = Placement {
+            job: "42".into(),
+            mem_limit: 512 * M,
+            mem_group: "/g2".into(),
+        };
+        let (reply, mut fds) = st.replace_placement(b, moved.clone()).unwrap();
+        let Reply::Board {
+            board: Some(nb),
+            fds: 1,
+        } = reply
+        else {
+            panic!("{reply:?}");
+        };
+        assert!(nb != sc && nb >= 1);
+        // b forgets its old peers, then hears of c; a hears it is alone; c hears of b.
+        assert_eq!(
+            told(&mut st),
+            [(a, 0, 0), (b, 0, 0), (b, 30 * M, 1), (c, 70 * M, 1)]
+        );
+        let new_b = map(fds.pop().unwrap());
+        assert_eq!(new_b.words()[0].load(Relaxed), 2);
+        new_b.words()[nb as usize].store(70 * M, Relaxed);
+        assert_eq!(g2.words()[nb as usize].load(Relaxed), 70 * M);
+        // Until b reports on its new board, its old slot stays its own: a newcomer to /g1
+        // gets another one.
+        let d = member(&mut st, "/g1", &mut keep);
+        let (sd, _) = st.join_board(d).unwrap();
+        assert!(sd != sb && sd != sa);
+        assert_eq!(g1.words()[0].load(Relaxed), 3);
+        // A report that has not seen the reply keeps the slot; one that has frees it.
+        report(&mut st, b, 70 * M);
+        assert_eq!(g1.words()[0].load(Relaxed), 3);
+        st.usage(
+            b,
+            Usage {
+                resident: 70 * M,
+                want: 64 * M,
+                boards: 1,
+                ..Usage::default()
+            },
+        );
+        assert_eq!(g1.words()[sb as usize].load(Relaxed), 0);
+        assert_eq!(g1.words()[0].load(Relaxed), 2);
+        // Its claim is capped by the new limit, its job is the new one's.
+        assert_eq!(st.clients[&b].placement, moved);
+        // Moved out of any limited group: no board, and c is alone again.
+        let _ = told(&mut st);
+        let (reply, fds) = st.replace_placement(b, Placement::default()).unwrap();
+        assert!(
+            matches!(
+                reply,
+                Reply::Board {
+                    board: None,
+                    fds: 0
+                }
+            ) && fds.is_empty()
+        );
+        assert_eq!(told(&mut st), [(b, 0, 0), (c, 0, 0)]);
+        assert_eq!(g2.words()[0].load(Relaxed), 2, "kept until b's report");
+        // A client that goes frees the slots it left unreported too.
+        st.remove_client(b);
+        assert_eq!(g2.words()[0].load(Relaxed), 1);
+        assert_eq!(g2.words()[nb as usize].load(Relaxed), 0);
+        // An unregistered connection (a launcher) follows its group, told nothing.
+        let free = st.add_client(
+            1,
+            1000,
+            Placement::default(),
+            Arc::new(Mutex::new(UnixStream::pair().unwrap().0)),
+        );
+        assert!(st.replace_placement(free, g1_placement.clone()).is_none());
+        assert_eq!(st.clients[&free].placement, g1_placement);
+        let _ = (sa, sd);
     }
 
     #[test]
