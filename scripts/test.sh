@@ -937,6 +937,12 @@ assert d["user_mode_only"] == (not full and not dev), d
   cp "$RT/killed_run.sh" "$UP/bin/" && chmod 755 "$UP/bin/killed_run.sh"
   expect unpriv-run-sigkill-takes-the-program-and-leaves-nothing 0 "program ended with its launcher; directories left 1, after the next run 0" runuser -u nobody -- "$UP/bin/killed_run.sh" "$UP/bin/attune"
   expect unpriv-run-c 0 "c_matrix: OK" runuser -u nobody -- "$UP/bin/attune" run -q --dram 32M -- "$UP/bin/c_matrix" 128
+  # Threads that return, exit, are cancelled or detached, as a user: the interposer's
+  # pthread_create (libc's until the profiler's hooks) and, under profile, each thread's
+  # clock from its start routine to its key destructor.
+  cp "$RT/thread_cancel" "$UP/bin/" && chmod 755 "$UP/bin/thread_cancel"
+  expect unpriv-run-thread-ends 0 "thread_cancel: OK 200 rounds" runuser -u nobody -- "$UP/bin/attune" run -q --dram 16M -- "$UP/bin/thread_cancel" 200
+  expect unpriv-profile-thread-ends 0 "thread_cancel: OK 200 rounds.*threads 801" sh -c "(runuser -u nobody -- env HOME='$UP/work' ATTUNE_HISTORY=off '$UP/bin/attune' profile --dram 16M --out '$UP/work/thread_ends' -- '$UP/bin/thread_cancel' 200 && python3 -c \"import glob, json; print('threads', sum(json.load(open(f))['cpu']['threads'] for f in glob.glob('$UP/work/thread_ends/procs/*.json')))\") 2>&1 | tr '\n' ' '"
   # Secure execution: a program linked with libattune, set-user-ID nobody and run by root,
   # ignores the caller's ATTUNE_* (ATTUNE_CONFIG into a directory only root can read);
   # the same program without the bit reads the file, so the check can tell them apart.
