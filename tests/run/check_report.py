@@ -14,7 +14,7 @@ TOP = {"schema": str, "command": list, "program": str, "managed": bool, "wall_se
 TOTALS = ["peak_resident_bytes_max", "budget_bytes", "faults", "evictions", "fetched_bytes",
           "evicted_bytes", "moved_bytes", "os_minor_faults", "os_major_faults",
           "fault_ns", "budget_overruns", "room_waits", "room_wait_ns", "direct_reclaims", "evictor_evicted_bytes", "dropped_behind_bytes", "readahead_bytes", "readahead_used_bytes",
-          "demand_bytes", "readahead_touched_bytes", "huge_collapses", "huge_splits", "huge_bytes", "clean_bytes", "filled_bytes", "fill_placed_bytes", "load_errors",
+          "demand_bytes", "readahead_touched_bytes", "huge_collapses", "huge_splits", "huge_bytes", "clean_bytes", "filled_bytes", "fill_placed_bytes", "zeroed_placed_bytes", "zeroed_placed_ns", "load_errors",
           "online_split_regions", "online_kept_regions", "online_pinned_bytes",
           "managed_requests",
           "fallback_requests", "fixed_adopted", "fixed_released"]

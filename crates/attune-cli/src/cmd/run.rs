@@ -816,6 +816,13 @@ pub fn text_report(r: &Value) -> String {
             u(&t["fill_placed_bytes"])
         );
     }
+    if t["zeroed_placed_bytes"].as_u64().unwrap_or(0) > 0 {
+        s += &format!(
+            "  discards while far: {} placed through a staging buffer that zeroed what the program discarded, in {:.1} ms\n",
+            u(&t["zeroed_placed_bytes"]),
+            t["zeroed_placed_ns"].as_u64().unwrap_or(0) as f64 / 1e6
+        );
+    }
     if t["huge_collapses"].as_u64().unwrap_or(0) > 0 {
         s += &format!(
             "  huge pages: {} spans of 2 MiB collapsed ({} split again by moves out); {} on huge pages at the last snapshot\n",

@@ -386,7 +386,15 @@ fn fetch_run(e: &Pager, r: &Region, run: &Run) -> Result<(), Errno> {
     let pending = reports && e.removes.settled();
     let seen = e.removes.last_read();
     if pending && e.removes.covers(seen, run.dst, run.dst + run.len) {
-        place_zeroing(e, r, run, seen)?;
+        let t0 = os::now_ns();
+        let placed = place_zeroing(e, r, run, seen);
+        e.counters
+            .zeroed_placed_ns
+            .fetch_add(os::now_ns().saturating_sub(t0), Relaxed);
+        placed?;
+        e.counters
+            .zeroed_placed_bytes
+            .fetch_add(run.len as u64, Relaxed);
     } else {
         place_data(e, r, run)?;
     }

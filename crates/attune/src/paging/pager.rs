@@ -105,6 +105,11 @@ pub struct Counters {
     /// faults placed from such words: no tier wrote or read them.
     pub filled_bytes: AtomicU64,
     pub fill_placed_bytes: AtomicU64,
+    /// Bytes placed through a staging buffer because discard reports read and not yet
+    /// acted on covered part of the run (`fault::place_zeroing`), and the time those
+    /// placements took (ns), copy and load included.
+    pub zeroed_placed_bytes: AtomicU64,
+    pub zeroed_placed_ns: AtomicU64,
     /// Faults that found every far tier full and waited for the node daemon to grow one
     /// (`super::room`), and the time they waited (ns).
     pub room_waits: AtomicU64,
@@ -115,7 +120,7 @@ impl Counters {
     /// The counters the statistics report, by their names there (`attune_stats_json`'s
     /// `engine` object, each process snapshot of the `attune run` report and its totals):
     /// one list, so they cannot drift apart. Page movement, then the online prediction.
-    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 28] {
+    pub fn statistics(&self) -> [(&'static str, &AtomicU64); 30] {
         [
             ("faults", &self.faults),
             ("fault_ns", &self.fault_ns),
@@ -144,6 +149,8 @@ impl Counters {
             ("clean_bytes", &self.clean_bytes),
             ("filled_bytes", &self.filled_bytes),
             ("fill_placed_bytes", &self.fill_placed_bytes),
+            ("zeroed_placed_bytes", &self.zeroed_placed_bytes),
+            ("zeroed_placed_ns", &self.zeroed_placed_ns),
             ("load_errors", &self.load_errors),
         ]
     }
