@@ -127,6 +127,7 @@ impl Engine {
             )?;
         }
         if cfg.sample_rate > 0 || cfg.predict_window_ms > 0 {
+            crate::paging::sampler::follow_threads(pager);
             spawn(
                 "attune-sample",
                 "sampler",

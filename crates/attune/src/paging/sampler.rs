@@ -40,6 +40,24 @@ pub const ONLINE_RATE: u64 = 1000;
 /// The cell the online prediction decides on, in bytes (see `predict`).
 const CELL_BYTES: usize = 64 << 10;
 
+/// Under `attune profile` (`sample_rate` set): threads the program starts from now on are
+/// followed from their start to their end; the sampler's listing finds the others
+/// (docs/design/prediction.md, "Threads that come and go"). Called by the thread that
+/// starts the sampler, before it goes on: installed by the sampler thread itself, the
+/// hooks missed the first threads a program started while that thread waited for a CPU
+/// (2 of 801 in `profile-thread-ends`, once in a CI run).
+pub fn follow_threads(e: &Pager) {
+    if all(e) {
+        attune_sys::threads::follow(
+            || CLOCK.begin_thread(),
+            || {
+                CLOCK.end_thread();
+                super::cputimes::at_thread_end();
+            },
+        );
+    }
+}
+
 /// The sampler thread: parks `sample_rate` chunks a second, closes expired samples, and
 /// decides the flags of regions whose prediction window is over.
 pub fn sampler_loop(e: &'static Pager) {
@@ -52,18 +70,6 @@ pub fn sampler_loop(e: &'static Pager) {
     let mut pending: VecDeque<(Arc<Region>, usize, u64)> = VecDeque::new();
     let mut loops = 0u64;
     let mut threads = Listing::default();
-    if all {
-        // Threads the program starts from now on are followed from their start to their
-        // end; the listing below finds the others (docs/design/prediction.md, "Threads
-        // that come and go").
-        attune_sys::threads::follow(
-            || CLOCK.begin_thread(),
-            || {
-                CLOCK.end_thread();
-                super::cputimes::at_thread_end();
-            },
-        );
-    }
     loop {
         std::thread::sleep(Duration::from_millis(1));
         // New threads are found within a loop of their start, ended ones within 10 ms.
