@@ -69,26 +69,6 @@ fn connection(sock: UnixStream, state: Shared) {
     let mut rd = FrameReader::default();
     loop {
         match rd.read(&sock, Request::fds) {
-            // A process may be moved to another memory cgroup (a Slurm step, an
-            // administrator's `cgclassify`): its group is read again at a report once a
-            // second, outside the lock, so its claim and its board follow it.
-            Ok((req @ Request::Usage(_), _)) if placed.elapsed() >= PLACEMENT_EVERY => {
-                placed = Instant::now();
-                let now = placement(proc_dir.as_ref());
-                let board = {
-                    let mut st = lock(&state);
-                    st.requests += 1;
-                    let _ = handle(&mut st, id, cred.uid, req, Vec::new());
-                    now.and_then(|p| st.replace_placement(id, p))
-                };
-                if let Some((reply, fds)) = board {
-                    let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
-                    let s = writer.lock().unwrap_or_else(|p| p.into_inner());
-                    if attune_proto::write_frame(&s, &reply, &raw).is_err() {
-                        break;
-                    }
-                }
-            }
             Ok((req @ Request::Stage { .. }, fds)) => {
                 lock(&state).requests += 1;
                 let reply = crate::stage::run(
@@ -105,10 +85,25 @@ fn connection(sock: UnixStream, state: Shared) {
                 }
             }
             Ok((req, fds)) => {
+                // A process may be moved to another memory cgroup (a Slurm step, an
+                // administrator's `cgclassify`): its group is read again at a report once
+                // a second, outside the lock, so its claim and its board follow it. A
+                // report has no reply of its own: the reply is the new board, if any.
+                let moved = match &req {
+                    Request::Usage(_) if placed.elapsed() >= PLACEMENT_EVERY => {
+                        placed = Instant::now();
+                        placement(proc_dir.as_ref())
+                    }
+                    _ => None,
+                };
                 let (reply, registered) = {
                     let mut st = lock(&state);
                     st.requests += 1;
                     let reply = handle(&mut st, id, cred.uid, req, fds);
+                    let reply = match moved {
+                        Some(now) => st.replace_placement(id, now),
+                        None => reply,
+                    };
                     let c = st.clients.get(&id);
                     (
                         reply,
