@@ -445,20 +445,19 @@ impl State {
         if let Some(slot) = r.board_slot.take() {
             r.left_boards.push((old.mem_group.clone(), slot));
         }
-        let (asked, welcomed) = (r.board_asked, r.welcomed);
-        if welcomed {
-            r.peers_told = Some((0, 0));
-            self.outbox.push((
-                writer,
-                Reply::Peers {
-                    resident: 0,
-                    runtimes: 0,
-                },
-            ));
-        }
+        // Reports come after the welcome (a `Hello` is answered in one step).
+        r.peers_told = Some((0, 0));
+        let asked = r.board_asked;
+        self.outbox.push((
+            writer,
+            Reply::Peers {
+                resident: 0,
+                runtimes: 0,
+            },
+        ));
         self.tell_peers(&old);
         self.tell_peers(&now);
-        if !asked || !welcomed {
+        if !asked {
             return None;
         }
         let joined = self.join_board(id);
@@ -1119,23 +1118,30 @@ mod tests {
         assert_eq!(report(&mut st, b, 90 * M), [(b, 0, 1)]);
     }
 
+    fn map(fd: OwnedFd) -> attune_sys::unix::SharedWords {
+        attune_sys::unix::SharedWords::attach(fd, attune_proto::BOARD_WORDS).unwrap()
+    }
+
+    /// Runtimes a and b in /g1 and c in /g2, each on its group's board: (client, slot,
+    /// the board as it maps it).
+    fn on_boards(
+        st: &mut State,
+        keep: &mut Vec<UnixStream>,
+    ) -> [(u64, u32, attune_sys::unix::SharedWords); 3] {
+        ["/g1", "/g1", "/g2"].map(|g| {
+            let id = member(st, g, keep);
+            let (slot, fd) = st.join_board(id).unwrap();
+            (id, slot, map(fd))
+        })
+    }
+
     #[test]
     fn runtimes_of_one_group_share_a_board_and_see_each_other_on_it() {
         use std::sync::atomic::Ordering::Relaxed;
         let mut st = state();
         let mut keep = Vec::new();
-        let (a, b, other) = (
-            member(&mut st, "/g1", &mut keep),
-            member(&mut st, "/g1", &mut keep),
-            member(&mut st, "/g2", &mut keep),
-        );
-        let (sa, fa) = st.join_board(a).unwrap();
-        let (sb, fb) = st.join_board(b).unwrap();
-        let (so, fo) = st.join_board(other).unwrap();
+        let [(a, sa, wa), (b, sb, wb), (_, _, wo)] = on_boards(&mut st, &mut keep);
         assert!(sa != sb && sa >= 1 && sb >= 1, "{sa} {sb}");
-        let map =
-            |fd| attune_sys::unix::SharedWords::attach(fd, attune_proto::BOARD_WORDS).unwrap();
-        let (wa, wb, wo) = (map(fa), map(fb), map(fo));
         // One file for the group: what a writes, b reads; two runtimes counted.
         wa.words()[sa as usize].store(40 * M, Relaxed);
         assert_eq!(wb.words()[sa as usize].load(Relaxed), 40 * M);
@@ -1143,7 +1149,6 @@ mod tests {
         // Another group's board is another file.
         assert_eq!(wo.words()[0].load(Relaxed), 1);
         assert_eq!(wo.words()[sa as usize].load(Relaxed), 0);
-        let _ = so;
         // A runtime that goes reads 0 at once and its slot is taken again.
         st.remove_client(a);
         assert_eq!(wb.words()[sa as usize].load(Relaxed), 0);
@@ -1169,17 +1174,7 @@ mod tests {
         use std::sync::atomic::Ordering::Relaxed;
         let mut st = state();
         let mut keep = Vec::new();
-        let (a, b, c) = (
-            member(&mut st, "/g1", &mut keep),
-            member(&mut st, "/g1", &mut keep),
-            member(&mut st, "/g2", &mut keep),
-        );
-        let map =
-            |fd| attune_sys::unix::SharedWords::attach(fd, attune_proto::BOARD_WORDS).unwrap();
-        let (sa, fa) = st.join_board(a).unwrap();
-        let (sb, fb) = st.join_board(b).unwrap();
-        let (sc, fc) = st.join_board(c).unwrap();
-        let (g1, old_b, g2) = (map(fa), map(fb), map(fc));
+        let [(a, sa, g1), (b, sb, old_b), (c, sc, g2)] = on_boards(&mut st, &mut keep);
         report(&mut st, a, 50 * M);
         report(&mut st, c, 30 * M);
         report(&mut st, b, 70 * M);
@@ -1225,14 +1220,16 @@ mod tests {
             b,
             Usage {
                 resident: 70 * M,
-                want: 64 * M,
+                want: 1 << 40,
                 boards: 1,
                 ..Usage::default()
             },
         );
         assert_eq!(g1.words()[sb as usize].load(Relaxed), 0);
         assert_eq!(g1.words()[0].load(Relaxed), 2);
-        // Its claim is capped by the new limit, its job is the new one's.
+        // Its claim is capped by the new limit (the old one was 256 MiB), its job is the
+        // new one's.
+        assert_eq!(st.clients[&b].reg.as_ref().unwrap().want, 512 * M);
         assert_eq!(st.clients[&b].placement, moved);
         // Moved out of any limited group: no board, and c is alone again.
         let _ = told(&mut st);
@@ -1261,7 +1258,6 @@ mod tests {
         );
         assert!(st.replace_placement(free, g1_placement.clone()).is_none());
         assert_eq!(st.clients[&free].placement, g1_placement);
-        let _ = (sa, sd);
     }
 
     #[test]
