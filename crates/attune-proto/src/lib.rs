@@ -184,8 +184,8 @@ pub struct Usage {
     pub applied: u64,
     /// How many [`Reply::Board`] this connection applied: the daemon frees the slots of
     /// the boards the process left only once it reports on the new one.
-    #[serde(default, skip_serializing_if = "is_zero_u32")]
-    pub boards: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub boards: u64,
     pub ack: u64,
 }
 
@@ -365,10 +365,6 @@ fn is_zero(n: &u64) -> bool {
 }
 
 fn is_zero_usize(n: &usize) -> bool {
-    *n == 0
-}
-
-fn is_zero_u32(n: &u32) -> bool {
     *n == 0
 }
 

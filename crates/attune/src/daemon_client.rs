@@ -588,7 +588,7 @@ impl Client {
     }
 
     /// Sends a usage report; returns false when the connection is gone.
-    fn usage(&self, sock: &UnixStream, far: &mut FarRate, boards: u32) -> bool {
+    fn usage(&self, sock: &UnixStream, far: &mut FarRate, boards: u64) -> bool {
         let mut u = Usage {
             flags: self.flags_now().to_string(),
             want: self.want_now(),
@@ -676,7 +676,7 @@ impl Client {
         let mut last_asks = 0u64;
         let mut far = FarRate::default();
         // `Reply::Board` applied on this connection (`Usage::boards`).
-        let mut boards = 0u32;
+        let mut boards = 0u64;
         loop {
             // Report every 200 ms, and at once when the footprint moved by a MiB or more
             // (a big allocation should not run 200 ms on a budget sized for less).
@@ -722,7 +722,7 @@ impl Client {
                 Ok((Reply::Peers { resident, runtimes }, _)) => self.set_peers(resident, runtimes),
                 Ok((Reply::Board { board, .. }, mut fds)) => {
                     self.moved_board(board, fds.pop());
-                    boards = boards.wrapping_add(1);
+                    boards += 1;
                     // Reported at once: the daemon frees the old slot on this report.
                     last = Instant::now() - REPORT_EVERY;
                 }

@@ -118,7 +118,7 @@ pub struct Registration {
     /// `Reply::Board` sent on this connection, and the slots of the boards it left, kept
     /// until its report counts them all (`Usage::boards`): until then it may still write
     /// there, and a newcomer given the slot would read its figure as its own.
-    pub boards_sent: u32,
+    pub boards_sent: u64,
     pub left_boards: Vec<(String, u32)>,
 }
 
