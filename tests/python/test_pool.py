@@ -516,7 +516,8 @@ def test_a_runtime_moved_to_another_cgroup_is_counted_in_the_new_one(workdir, da
         prog.write_text(MOVER)
         os.chmod(workdir, 0o755)
         os.chmod(prog, 0o644)
-        mover = subprocess.Popen(g1.wrap(as_nobody_argv([ATTUNE, "run", "--dram", "1G", "--", "python3", prog])),
+        mover = subprocess.Popen(g1.wrap(["runuser", "-u", "nobody", "--", ATTUNE, "run", "--dram", "1G", "--",
+                                          "python3", prog]),
                                  env=d.env(ATTUNE_WORKFLOW="mover", ATTUNE_LOG="info", ATTUNE_FAR="file",
                                            ATTUNE_TIER_FILE_DIRECT="true"), stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -567,10 +568,6 @@ def test_a_runtime_moved_to_another_cgroup_is_counted_in_the_new_one(workdir, da
                 p.wait()
         g1.remove()
         g2.remove()
-
-
-def as_nobody_argv(argv):
-    return ["runuser", "-u", "nobody", "--", *map(str, argv)]
 
 
 def fill_together(workdir, d, user, n, mib, tag):
